@@ -1,0 +1,50 @@
+"""torch-supervisor: the training-session runtime for PyTorch.
+
+Initialise or recover the training state from a log directory, checkpoint it in the
+background without ever corrupting one, write TensorBoard summaries, run session-run hooks,
+and share one stop condition across threads and ranks.
+"""
+from __future__ import annotations
+
+from supervisor.clock import Clock, SystemClock
+from supervisor.coordinator import Coordinator, LooperThread
+from supervisor.creator import Restored, SessionCreator
+from supervisor.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    LogdirInUseError,
+    NanLossDuringTrainingError,
+    RecoverableError,
+    SupervisorError,
+)
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, StepCall
+from supervisor.session import MonitoredSession, SingularMonitoredSession, StepContext
+from supervisor.state import TrainingState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "Clock",
+    "Coordinator",
+    "Hook",
+    "LogdirInUseError",
+    "LooperThread",
+    "MonitoredSession",
+    "NanLossDuringTrainingError",
+    "RecoverableError",
+    "Restored",
+    "RunArgs",
+    "RunContext",
+    "RunValues",
+    "SessionCreator",
+    "SingularMonitoredSession",
+    "StepCall",
+    "StepContext",
+    "SupervisorError",
+    "SystemClock",
+    "TrainingState",
+]

@@ -1,0 +1,101 @@
+"""Argument checks shared by every constructor: the message names the argument, the value and
+the fix, e.g. ``max_to_keep must be a positive integer or None, got 0``."""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Iterable
+
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_hooks",
+]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None, allow_none: bool = False) -> int | None:
+    """Validates an integer argument, ``value >= minimum`` when a minimum is given."""
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or (minimum is not None and value < minimum):
+        kind = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
+        raise _error(value, f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    strictly_positive: bool = False,
+    allow_none: bool = False,
+) -> float | None:
+    """Validates a real number (not bool, not NaN), optionally ``>= minimum`` or ``> 0``."""
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+    if ok and strictly_positive and not value > 0:
+        ok = False
+    if ok and minimum is not None and value < minimum:
+        ok = False
+    if not ok:
+        kind = "a positive number" if strictly_positive else (
+            "a non-negative number" if minimum == 0 else
+            f"a number >= {minimum}" if minimum is not None else "a number")
+        raise _error(value, f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_callable(name: str, value: Any, *, allow_none: bool = True, signature: str = "") -> Callable | None:
+    if value is None and allow_none:
+        return None
+    if not callable(value):
+        hint = f" such as {signature}" if signature else ""
+        raise TypeError(f"{name} must be a callable{hint}{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def check_hooks(name: str, hooks: Any) -> list:
+    """Validates a sequence of `supervisor.Hook` instances and returns it as a list."""
+    from supervisor.hook import Hook
+
+    if hooks is None:
+        return []
+    if isinstance(hooks, Hook) or not isinstance(hooks, Iterable) or isinstance(hooks, (str, bytes)):
+        raise TypeError(f"{name} must be a list of supervisor.Hook instances, got {hooks!r}; wrap a single hook in a list")
+    hooks = list(hooks)
+    for i, hook in enumerate(hooks):
+        if isinstance(hook, type) and issubclass(hook, Hook):
+            raise TypeError(f"{name}[{i}] is the class {hook.__name__}, not an instance; write {hook.__name__}(...)")
+        if not isinstance(hook, Hook):
+            raise TypeError(f"{name}[{i}] must be a supervisor.Hook instance, got {hook!r}; subclass supervisor.Hook")
+    return hooks
+
+
+def _error(value: Any, message: str) -> Exception:
+    # A value of the wrong type is a TypeError; the right type out of range is a ValueError.
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return ValueError(message)
+    return TypeError(message)

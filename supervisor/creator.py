@@ -1,0 +1,128 @@
+"""Session creators: what makes the training state ready each time a session is created (§4).
+
+`MonitoredSession` calls ``creator.create(session)`` at its creation and again after every
+recoverable error. The base `SessionCreator` keeps the state in memory (nothing to restore
+from); the checkpoint engine's creator (``supervisor.checkpoint``) restores from the newest
+verified checkpoint. Both follow SPEC §4's order:
+
+1. restore if there is something to restore from (then ``init_fn`` is not called);
+2. else ``init_fn(session)`` and ``global_step = 0``;
+3. ``local_init_fn(session)``, every time;
+4. ``ready_fn(session)``: ``None``/``""`` when ready, else a description of what is not ready;
+   the default check fails on uninitialised lazy parameters;
+5. one INFO line saying which of the above happened.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from supervisor._validate import check_bool, check_callable
+from supervisor.state import TrainingState
+
+__all__ = ["SessionCreator", "Restored", "default_ready_fn"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What `SessionCreator.restore` found: the step and where it came from."""
+
+    global_step: int
+    path: str
+
+
+def default_ready_fn(session: Any) -> str | None:
+    """Reports uninitialised lazy parameters (``torch.nn.UninitializedParameter``), if any."""
+    import torch
+
+    missing = []
+    for name, obj in session.state.items():
+        if isinstance(obj, torch.nn.Module):
+            for pname, p in obj.named_parameters(remove_duplicate=False):
+                if isinstance(p, torch.nn.parameter.UninitializedParameter):
+                    missing.append(f"{name}.{pname}")
+    if not missing:
+        return None
+    return (f"uninitialised lazy parameters {', '.join(missing)}; run a forward pass on a sample "
+            "batch in init_fn (and build the optimizer after it)")
+
+
+class SessionCreator:
+    """Makes the training state ready; the base class keeps it in memory.
+
+    On a re-creation after a recoverable error the in-memory state is kept as it is and the
+    global step goes back to where the failed ``run`` started (nothing else to restore from).
+
+    Args:
+        state: the `TrainingState`.
+        init_fn: ``init_fn(session)``, called when nothing was restored (e.g. a warm start).
+        local_init_fn: ``local_init_fn(session)``, called at every creation.
+        ready_fn: ``ready_fn(session) -> None | str``; defaults to `default_ready_fn`.
+        is_chief: whether this process writes (checkpoints, summaries).
+        logdir: the log directory, or None.
+        summary_writer: where summaries go, or None.
+    """
+
+    #: A creator that can restore re-runs init_fn when a re-creation finds nothing to restore
+    #: (TF's behaviour); the in-memory creator keeps the state it has instead.
+    reinitialise_on_recreate = False
+
+    def __init__(
+        self,
+        state: TrainingState | None = None,
+        *,
+        init_fn: Callable[[Any], Any] | None = None,
+        local_init_fn: Callable[[Any], Any] | None = None,
+        ready_fn: Callable[[Any], Any] | None = None,
+        is_chief: bool = True,
+        logdir: str | None = None,
+        summary_writer: Any = None,
+    ) -> None:
+        if state is not None and not isinstance(state, TrainingState):
+            raise TypeError(f"state must be a supervisor.TrainingState, got {state!r}; build one with TrainingState({{...}})")
+        self.state = state if state is not None else TrainingState()
+        self.init_fn = check_callable("init_fn", init_fn, signature="init_fn(session)")
+        self.local_init_fn = check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)")
+        self.ready_fn = check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str")
+        self.is_chief = check_bool("is_chief", is_chief)
+        self.logdir = logdir
+        self.summary_writer = summary_writer
+        self.checkpoints: Any = None  # a checkpoint manager, set by creators that have one
+        self._created = 0
+
+    def restore(self, session: Any) -> Restored | None:
+        """Restores the state from a checkpoint; the in-memory creator has none."""
+        return None
+
+    def create(self, session: Any) -> int | None:
+        """Makes the state ready; returns the global step to continue from (None: keep it)."""
+        first = self._created == 0
+        self._created += 1
+        restored = self.restore(session)
+        if restored is not None:
+            step: int | None = restored.global_step
+            message = ("restored step=%d from %s", restored.global_step, restored.path)
+        elif first or self.reinitialise_on_recreate:
+            if self.init_fn is not None:
+                self.init_fn(session)
+            step = 0
+            message = ("initialised from scratch",)
+        else:
+            step = None
+            message = ("re-created with the in-memory state at step %d", session.global_step)
+        if self.local_init_fn is not None:
+            self.local_init_fn(session)
+        self.check_ready(session)
+        logger.info(*message)
+        return step
+
+    def check_ready(self, session: Any) -> None:
+        not_ready = (self.ready_fn or default_ready_fn)(session)
+        if not_ready:
+            raise RuntimeError(f"model not ready after initialisation: {not_ready}")
+
+    def close(self, *, failed: bool) -> None:
+        """Releases what the creator holds (locks, writers). ``failed``: closing on an error."""

@@ -1,0 +1,168 @@
+"""The session-run hook protocol (SPEC §3.2): `Hook`, `RunArgs`, `RunContext`, `RunValues`.
+
+A hook is called at fixed points of a `MonitoredSession`'s life. Every method of `Hook` is a
+no-op, so a hook overrides only what it needs, and a method a hook does not override is never
+called (it costs nothing on that path). The whole call order, as pseudocode::
+
+    for h in hooks: h.begin()
+    create the session (initialise or restore the training state)
+    for h in hooks: h.after_create_session(session, coord)
+    while not stop requested:
+        for h in hooks: args_h = h.before_run(run_context)      # may ask for fetches / feeds
+        try:
+            result = step_fn(*args, **kwargs, **all_feeds)
+        except RecoverableError:
+            re-create the session from the latest checkpoint
+            for h in hooks: h.after_create_session(session, coord)
+            retry the same run from before_run
+        global_step += 1
+        for h in hooks: h.after_run(run_context, RunValues(results=<fetches of args_h>))
+    on a clean close (normal exit, stop requested, StopIteration):
+        for h in hooks: h.end(session)
+    on a close caused by an exception:
+        for h in hooks: h.on_exception(session, exc)            # cleanup only
+
+All hook calls go in list order.
+
+Example: a user hook that stops training once the learning rate falls below a floor::
+
+    class StopAtLowLR(supervisor.Hook):
+        def __init__(self, optimizer, floor):
+            self.optimizer, self.floor = optimizer, floor
+
+        def after_run(self, run_context, run_values):
+            if self.optimizer.param_groups[0]["lr"] < self.floor:
+                run_context.request_stop()
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+__all__ = ["Hook", "RunArgs", "RunContext", "RunValues", "StepCall", "overrides", "resolve_fetches"]
+
+
+class Hook:
+    """Base class of session-run hooks; override the methods you need (all are no-ops)."""
+
+    def begin(self) -> None:
+        """Called once, before the session is created. Hooks may not use the session here."""
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        """Called after every session creation, including re-creation after a recoverable
+        error. The training state is initialised or restored at this point."""
+
+    def before_run(self, run_context: RunContext) -> RunArgs | None:
+        """Called before each step; return `RunArgs` to ask for fetches or add feeds."""
+        return None
+
+    def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
+        """Called after each successful step; ``run_values.results`` mirrors the fetches this
+        hook asked for in ``before_run`` (``None`` if it asked for nothing)."""
+
+    def end(self, session: Any) -> None:
+        """Called once on a clean close: normal exit, stop requested, or `StopIteration`."""
+
+    def on_exception(self, session: Any, exc: BaseException) -> None:
+        """Called once when the session closes because of an exception. Release resources
+        here; the training state may be mid-step."""
+
+
+def overrides(hook: Hook, method: str) -> bool:
+    """Whether ``hook``'s class overrides `Hook`'s no-op ``method``."""
+    return getattr(type(hook), method, None) is not getattr(Hook, method)
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """What a hook wants from the coming step.
+
+    Args:
+        fetches: what to hand back in ``run_values.results``: a key of the step function's
+            returned dict, a zero-argument callable evaluated after the step, or a
+            list/tuple/dict of those (the results mirror the structure). Objects come back
+            as they are: a tensor stays a tensor (no forced ``.item()``).
+        feeds: extra keyword arguments for the step function, e.g. ``{"summarize": True}``.
+    """
+
+    fetches: Any = None
+    feeds: Mapping[str, Any] | None = None
+
+
+class StepCall(NamedTuple):
+    """The call a `MonitoredSession.run` was asked to make (``run_context.original_args``)."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+
+
+class RunContext:
+    """What a hook sees of the current step: the original call, the session, and a stop switch."""
+
+    __slots__ = ("original_args", "session", "_stop_requested")
+
+    def __init__(self, original_args: StepCall, session: Any) -> None:
+        self.original_args = original_args
+        self.session = session
+        self._stop_requested = False
+
+    def request_stop(self) -> None:
+        """Ends training after this step: ``session.should_stop()`` becomes True."""
+        self._stop_requested = True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+
+class RunValues(NamedTuple):
+    """The results of one step for one hook: ``results`` mirrors the hook's `RunArgs.fetches`."""
+
+    results: Any = None
+
+
+# A step function that returns a single value rather than a dict (the common ``return loss``)
+# exposes it to fetches under this key, so e.g. NanTensorHook() and the summary service work.
+SINGLE_OUTPUT_KEY = "loss"
+
+
+def resolve_fetches(fetches: Any, output: Any, hook: Hook | None = None) -> Any:
+    """Resolves a hook's fetches against one step's ``output`` (see `RunArgs`)."""
+    if fetches is None:
+        return None
+    if isinstance(fetches, str):
+        return _fetch_key(fetches, output, hook)
+    if callable(fetches):
+        return fetches()
+    if isinstance(fetches, Mapping):
+        return {k: resolve_fetches(v, output, hook) for k, v in fetches.items()}
+    if isinstance(fetches, (list, tuple)):
+        values = [resolve_fetches(f, output, hook) for f in fetches]
+        return values if isinstance(fetches, list) else tuple(values)
+    raise TypeError(
+        f"{_who(hook)} asked for fetches={fetches!r}; a fetch must be a key of the step "
+        "function's returned dict, a zero-argument callable, or a list/tuple/dict of those"
+    )
+
+
+def _fetch_key(key: str, output: Any, hook: Hook | None) -> Any:
+    if isinstance(output, Mapping):
+        try:
+            return output[key]
+        except KeyError:
+            raise KeyError(
+                f"{_who(hook)} fetched {key!r} but the step function's result has only the keys "
+                f"{sorted(map(str, output))}; return it in the dict, e.g. {{{key!r}: ...}}"
+            ) from None
+    if output is not None and key == SINGLE_OUTPUT_KEY:
+        return output
+    raise KeyError(
+        f"{_who(hook)} fetched {key!r} but the step function returned "
+        f"{type(output).__name__}, not a dict; return a dict such as {{{key!r}: value}}"
+    )
+
+
+def _who(hook: Hook | None) -> str:
+    return type(hook).__name__ if hook is not None else "a hook"

@@ -1,0 +1,442 @@
+"""`MonitoredSession`: the one engine behind every front door (SPEC §3).
+
+It owns the global step, runs hooks at fixed points of every step, shares one stop condition
+(a `Coordinator`) with the service threads, recovers from recoverable errors, and closes
+cleanly (``end`` hooks) or on an error (``on_exception`` hooks, first error re-raised).
+
+Example::
+
+    with MonitoredSession(SessionCreator(TrainingState({"model": net})),
+                          hooks=[StopAtStepHook(last_step=100)]) as s:
+        while not s.should_stop():
+            s.run(train_step, next(batches))
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import signal
+import threading
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Callable
+
+from supervisor._validate import check_bool, check_hooks, check_int, check_number
+from supervisor.clock import Clock, resolve_clock
+from supervisor.coordinator import Coordinator
+from supervisor.creator import SessionCreator
+from supervisor.errors import RecoverableError
+from supervisor.hook import Hook, RunContext, RunValues, StepCall, overrides, resolve_fetches
+
+__all__ = ["MonitoredSession", "SingularMonitoredSession", "StepContext"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_BACKOFF_SECS = 60.0
+
+
+class StepContext:
+    """What ``run_step_fn``'s ``step_fn(step_context)`` receives (TF's ``StepContext``)."""
+
+    __slots__ = ("session", "_monitored")
+
+    def __init__(self, monitored: MonitoredSession) -> None:
+        self.session = monitored
+        self._monitored = monitored
+
+    def run_with_hooks(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One step through the hooks: ``session.run(fn, *args, **kwargs)``."""
+        return self._monitored.run(fn, *args, **kwargs)
+
+    def request_stop(self) -> None:
+        """Ends the session cleanly at once: raises `StopIteration`, which the ``with`` swallows
+        after running ``end`` hooks. No per-step hook runs for the rest of this step."""
+        self._monitored._request_stop(reason="step_fn requested stop")
+        raise StopIteration("step_fn has requested the iterations to stop")
+
+
+class MonitoredSession:
+    """Runs steps through hooks, with init-or-recover, stop agreement and clean shutdown.
+
+    Args:
+        session_creator: makes the training state ready (`SessionCreator`; its checkpoint-aware
+            subclass restores from a log directory). Default: an empty in-memory state.
+        hooks: `Hook` instances, called in list order.
+        stop_grace_secs: how long threads may take to stop at close before they are named in
+            the error.
+        recoverable_exceptions: exception types that re-create the session and retry the step.
+        max_recoveries: how many recoveries in a row (without a successful step between them)
+            before the error is re-raised.
+        recovery_backoff_secs: wait before the first re-creation; doubled each consecutive
+            recovery, at most 60 s.
+        handle_signals: install SIGTERM/SIGINT handlers that request a clean stop (main thread
+            only; restored at close). A second SIGINT raises `KeyboardInterrupt` at once.
+        clock: injectable clock (`supervisor.testing.FakeClock` in tests).
+    """
+
+    _recovery_enabled = True
+
+    def __init__(
+        self,
+        session_creator: SessionCreator | None = None,
+        hooks: Any = (),
+        *,
+        stop_grace_secs: float = 120,
+        recoverable_exceptions: Any = (RecoverableError,),
+        max_recoveries: int = 10,
+        recovery_backoff_secs: float = 1.0,
+        handle_signals: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
+        if session_creator is not None and not isinstance(session_creator, SessionCreator):
+            raise TypeError(
+                f"session_creator must be a supervisor.SessionCreator, got {session_creator!r}"
+            )
+        self._creator = session_creator if session_creator is not None else SessionCreator()
+        self._hooks: list[Hook] = check_hooks("hooks", hooks)
+        self._stop_grace_secs = check_number("stop_grace_secs", stop_grace_secs, minimum=0)
+        self._recoverable = _check_exception_types(recoverable_exceptions) if self._recovery_enabled else ()
+        self._max_recoveries = check_int("max_recoveries", max_recoveries, minimum=0)
+        self._backoff_secs = check_number("recovery_backoff_secs", recovery_backoff_secs, minimum=0)
+        check_bool("handle_signals", handle_signals)
+        self._clock = resolve_clock(clock)
+
+        self._before_hooks = [h for h in self._hooks if overrides(h, "before_run")]
+        self._after_hooks = [h for h in self._hooks if overrides(h, "after_run")]
+        self._global_step = 0
+        self._last_output: Any = None
+        self._coord = Coordinator()
+        self._stop_event = self._coord._stop_event
+        self._stop_reason: str | None = None
+        self._closed = False
+        self._recoveries = 0
+        self._boundary_lock = threading.Lock()
+        self._boundary_actions: list[Callable[[MonitoredSession], Any]] = []
+        self._signals = _SignalHandlers(self) if handle_signals else None
+        try:
+            for hook in self._hooks_overriding("begin"):
+                hook.begin()
+            self._create_session()
+        except BaseException as exc:
+            raise self._close_on_error(exc) from None
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    @property
+    def state(self) -> Mapping[str, Any]:
+        """Read-only view of the training state (name -> stateful object)."""
+        return MappingProxyType(self._creator.state._objects)
+
+    @property
+    def logdir(self) -> str | None:
+        return self._creator.logdir
+
+    @property
+    def is_chief(self) -> bool:
+        return self._creator.is_chief
+
+    @property
+    def summary_writer(self) -> Any:
+        """The summary writer, or None when this session does not write summaries."""
+        return self._creator.summary_writer
+
+    @property
+    def coord(self) -> Coordinator:
+        """The coordinator of the current session incarnation (new after each recovery)."""
+        return self._coord
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        return tuple(self._hooks)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the session stopped (a hook, a signal, an error...), or None while running."""
+        return self._stop_reason
+
+    @property
+    def last_output(self) -> Any:
+        """What the latest successful step function returned."""
+        return self._last_output
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---------------------------------------------------------------- stepping
+    def should_stop(self) -> bool:
+        return self._stop_event.is_set() or self._closed
+
+    def request_stop(self, exc: BaseException | None = None) -> None:
+        """Ends training after the current step; an ``exc`` is re-raised at close."""
+        self._request_stop(exc, reason="request_stop() called")
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Runs one step: ``before_run`` hooks, ``fn(*args, **kwargs, **feeds)``, global step
+        + 1, ``after_run`` hooks. Returns what ``fn`` returned."""
+        if self._stop_event.is_set() or self._closed:
+            self._refuse_run()
+        while True:
+            start_step = self._global_step
+            try:
+                output = self._run_once(fn, args, kwargs)
+            except self._recoverable as exc:
+                self._recover(exc, start_step)
+                continue
+            if self._recoveries:
+                self._recoveries = 0
+            return output
+
+    def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
+        """Runs ``step_fn(step_context)`` (TF's ``run_step_fn``); recoverable errors retry it."""
+        names = [p.name for p in inspect.signature(step_fn).parameters.values()] if callable(step_fn) else None
+        if names != ["step_context"]:
+            raise ValueError(
+                f"step_fn must take exactly one argument named step_context, got {step_fn!r} "
+                f"with arguments {names}; define it as def step_fn(step_context): ..."
+            )
+        if self._stop_event.is_set() or self._closed:
+            self._refuse_run()
+        while True:
+            start_step = self._global_step
+            try:
+                return step_fn(StepContext(self))
+            except self._recoverable as exc:
+                self._recover(exc, start_step)
+
+    def call_at_boundary(self, action: Callable[[MonitoredSession], Any]) -> None:
+        """Runs ``action(session)`` on the training thread after the next step (thread-safe).
+        This is how services act on a consistent state, e.g. a checkpoint capture."""
+        with self._boundary_lock:
+            self._boundary_actions.append(action)
+
+    def save_checkpoint(self, wait: bool = False) -> str:
+        """Checkpoints now, at this step boundary, through the commit protocol; returns the
+        checkpoint's path. ``wait=True`` blocks until it is committed."""
+        manager = self._creator.checkpoints
+        if manager is None or not self._creator.is_chief:
+            why = "is not the chief" if manager is not None else "has no checkpoint directory"
+            raise RuntimeError(f"save_checkpoint: this session {why}; only the chief of a session "
+                               "with a logdir/checkpoint_dir writes checkpoints")
+        return manager.save(self._global_step, self._creator.state, wait=wait)
+
+    def _run_once(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        before, after = self._before_hooks, self._after_hooks
+        if not before and not after:
+            output = fn(*args, **kwargs)
+            self._global_step += 1
+            self._last_output = output
+            if self._boundary_actions:
+                self._run_boundary_actions()
+            return output
+        context = RunContext(StepCall(fn, args, kwargs), self)
+        fetches: dict[int, Any] = {}
+        feeds: dict[str, Any] = {}
+        feeders: dict[str, Hook] = {}
+        for hook in before:
+            run_args = hook.before_run(context)
+            if run_args is None:
+                continue
+            if run_args.fetches is not None:
+                fetches[id(hook)] = run_args.fetches
+            if run_args.feeds:
+                _merge_feeds(feeds, feeders, run_args.feeds, hook, kwargs)
+        output = fn(*args, **kwargs, **feeds) if feeds else fn(*args, **kwargs)
+        self._global_step += 1
+        self._last_output = output
+        results = {key: resolve_fetches(f, output, hook) for hook in before
+                   if (f := fetches.get(key := id(hook))) is not None} if fetches else None
+        for hook in after:
+            hook.after_run(context, RunValues(results.get(id(hook)) if results else None))
+        if context._stop_requested:
+            self._request_stop(reason=f"a hook requested stop at step {self._global_step}")
+        if self._boundary_actions:
+            self._run_boundary_actions()
+        return output
+
+    def _run_boundary_actions(self) -> None:
+        with self._boundary_lock:
+            actions, self._boundary_actions = self._boundary_actions, []
+        for action in actions:
+            action(self)
+
+    def _refuse_run(self) -> None:
+        if self._closed:
+            raise RuntimeError("run called on a closed session")
+        self._coord.raise_requested_exception()
+        raise RuntimeError("run called after should_stop was requested")
+
+    def _request_stop(self, exc: BaseException | None = None, *, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason if exc is None else f"{type(exc).__name__}: {exc}"
+            logger.info("stop requested: %s", self._stop_reason)
+        self._coord.request_stop(exc)
+
+    # ---------------------------------------------------------------- creation and recovery
+    def _hooks_overriding(self, method: str) -> list[Hook]:
+        return [h for h in self._hooks if overrides(h, method)]
+
+    def _create_session(self) -> None:
+        step = self._creator.create(self)
+        if step is not None:
+            self._global_step = int(step)
+        for hook in self._hooks_overriding("after_create_session"):
+            hook.after_create_session(self, self._coord)
+
+    def _recover(self, exc: BaseException, start_step: int) -> None:
+        self._recoveries += 1
+        if self._recoveries > self._max_recoveries:
+            logger.warning("giving up after %d recoveries in a row at step %d",
+                           self._max_recoveries, start_step)
+            raise exc.with_traceback(exc.__traceback__)
+        backoff = min(self._backoff_secs * 2 ** (self._recoveries - 1), _MAX_BACKOFF_SECS)
+        logger.warning("recoverable error at step %d (%s: %s); re-creating the session in %.1f s "
+                       "(recovery %d of at most %d)", start_step, type(exc).__name__, exc,
+                       backoff, self._recoveries, self._max_recoveries)
+        self._coord.request_stop()
+        self._coord.join(stop_grace_secs=self._stop_grace_secs)
+        self._clock.sleep(backoff)
+        self._coord = Coordinator()
+        self._stop_event = self._coord._stop_event
+        self._global_step = start_step
+        with self._boundary_lock:
+            self._boundary_actions.clear()
+        self._create_session()
+
+    # ---------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Closes cleanly: stops and joins threads, runs ``end`` hooks, releases resources.
+        Re-raises an exception a thread recorded. Closing twice raises `RuntimeError`."""
+        self._close(None)
+
+    def __enter__(self) -> MonitoredSession:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, StopIteration):
+            self._request_stop(reason="StopIteration (data exhausted)")
+            exc = None
+        self._close(exc)
+        return exc_type is not None  # only reached for StopIteration: swallow it
+
+    def _close(self, exc: BaseException | None) -> None:
+        if self._closed:
+            raise RuntimeError("session is already closed")
+        if exc is not None:
+            first = self._close_on_error(exc)
+            if first is exc:
+                raise exc
+            raise first.with_traceback(first.__traceback__)
+        self._request_stop(reason="session closed")
+        try:
+            self._coord.join(stop_grace_secs=self._stop_grace_secs)
+            for hook in self._hooks_overriding("end"):
+                hook.end(self)
+        except BaseException as error:
+            first = self._close_on_error(error)
+            raise first.with_traceback(first.__traceback__) from None
+        self._closed = True
+        if self._signals is not None:
+            self._signals.restore()
+        self._creator.close(failed=False)
+
+    def _close_on_error(self, exc: BaseException) -> BaseException:
+        """Stops everything after ``exc``; returns the first exception, to be re-raised."""
+        self._closed = True
+        if not self._coord.joined:
+            self._request_stop(exc, reason="error")
+        straggler_error = None
+        try:
+            self._coord.join(stop_grace_secs=self._stop_grace_secs)
+        except RuntimeError as err:
+            if err is not self._coord.exception:
+                straggler_error = err
+        except BaseException:  # noqa: BLE001 - it is the recorded first exception, kept below
+            pass
+        first = self._coord.exception or exc
+        if straggler_error is not None and hasattr(first, "add_note"):
+            first.add_note(str(straggler_error))
+        for hook in self._hooks_overriding("on_exception"):
+            try:
+                hook.on_exception(self, first)
+            except Exception:  # noqa: BLE001 - cleanup must reach every hook
+                logger.exception("%s.on_exception failed while closing after %s",
+                                 type(hook).__name__, type(first).__name__)
+        if self._signals is not None:
+            self._signals.restore()
+        try:
+            self._creator.close(failed=True)
+        except Exception:  # noqa: BLE001 - the first error is the one the user must see
+            logger.exception("closing the session creator failed after %s", type(first).__name__)
+        return first
+
+
+class SingularMonitoredSession(MonitoredSession):
+    """A `MonitoredSession` for the chief alone, without recovery, exposing the raw state."""
+
+    _recovery_enabled = False
+
+    def raw_state(self) -> dict[str, Any]:
+        """The training state's objects as a plain, mutable dict."""
+        return self._creator.state._objects
+
+
+def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook, kwargs: dict) -> None:
+    if not isinstance(new, Mapping):
+        raise TypeError(f"{type(hook).__name__}.before_run returned feeds={new!r}; feeds must be a dict")
+    for name, value in new.items():
+        if name in kwargs:
+            raise RuntimeError(f"{type(hook).__name__} feeds {name!r}, which the caller of run() "
+                               "already passed; the step was not run")
+        if name in feeders:
+            raise RuntimeError(f"{type(feeders[name]).__name__} and {type(hook).__name__} both feed "
+                               f"{name!r}; the step was not run")
+        feeds[name] = value
+        feeders[name] = hook
+
+
+def _check_exception_types(types: Any) -> tuple[type[BaseException], ...]:
+    if isinstance(types, type):
+        types = (types,)
+    try:
+        types = tuple(types)
+    except TypeError:
+        types = None
+    if types is None or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise TypeError("recoverable_exceptions must be a tuple of exception types such as "
+                        f"(supervisor.RecoverableError,), got {types!r}")
+    return types
+
+
+class _SignalHandlers:
+    """SIGTERM/SIGINT → a clean stop at the next step boundary; a second SIGINT interrupts."""
+
+    _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
+
+    def __init__(self, session: MonitoredSession) -> None:
+        self._session = session
+        self._previous: dict[int, Any] = {}
+        self._received: str | None = None
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("not on the main thread: SIGTERM/SIGINT handlers not installed")
+            return
+        for signum in self._SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self._received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self._received is None:
+            self._received = name
+            # Locks may be held by the interrupted code: request the stop from another thread.
+            threading.Thread(target=self._session._request_stop,
+                             kwargs={"reason": f"received {name}"}, daemon=True).start()
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
