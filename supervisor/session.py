@@ -71,6 +71,8 @@ class MonitoredSession:
             recovery, at most 60 s.
         handle_signals: install SIGTERM/SIGINT handlers that request a clean stop (main thread
             only; restored at close). A second SIGINT raises `KeyboardInterrupt` at once.
+        coord: the coordinator to share with service threads (default: a new one). A recovery
+            replaces it with a fresh one, as TF did.
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
     """
 
@@ -86,8 +88,11 @@ class MonitoredSession:
         max_recoveries: int = 10,
         recovery_backoff_secs: float = 1.0,
         handle_signals: bool = False,
+        coord: Coordinator | None = None,
         clock: Clock | None = None,
     ) -> None:
+        if coord is not None and not isinstance(coord, Coordinator):
+            raise TypeError(f"coord must be a supervisor.Coordinator or None, got {coord!r}")
         if session_creator is not None and not isinstance(session_creator, SessionCreator):
             raise TypeError(
                 f"session_creator must be a supervisor.SessionCreator, got {session_creator!r}"
@@ -105,7 +110,7 @@ class MonitoredSession:
         self._after_hooks = [h for h in self._hooks if overrides(h, "after_run")]
         self._global_step = 0
         self._last_output: Any = None
-        self._coord = Coordinator()
+        self._coord = coord if coord is not None else Coordinator()
         self._stop_event = self._coord._stop_event
         self._stop_reason: str | None = None
         self._closed = False
@@ -147,6 +152,11 @@ class MonitoredSession:
     def coord(self) -> Coordinator:
         """The coordinator of the current session incarnation (new after each recovery)."""
         return self._coord
+
+    @property
+    def checkpoint_manager(self) -> Any:
+        """The checkpoint manager of this session, or None when it does not write checkpoints."""
+        return self._creator.checkpoints
 
     @property
     def hooks(self) -> tuple[Hook, ...]:
