@@ -19,8 +19,10 @@ from supervisor.errors import (
     SupervisorError,
 )
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, StepCall
-from supervisor.session import MonitoredSession, SingularMonitoredSession, StepContext
+from supervisor.session import MonitoredSession, StepContext
 from supervisor.state import TrainingState
+from supervisor.supervisor import Supervisor
+from supervisor.training_session import MonitoredTrainingSession, SingularMonitoredSession
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,7 @@ __all__ = [
     "LogdirInUseError",
     "LooperThread",
     "MonitoredSession",
+    "MonitoredTrainingSession",
     "NanLossDuringTrainingError",
     "RecoverableError",
     "Restored",
@@ -44,6 +47,7 @@ __all__ = [
     "SingularMonitoredSession",
     "StepCall",
     "StepContext",
+    "Supervisor",
     "SupervisorError",
     "SystemClock",
     "TrainingState",

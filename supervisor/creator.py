@@ -66,6 +66,9 @@ class SessionCreator:
         summary_writer: where summaries go, or None.
     """
 
+    #: Whether `close` closes ``summary_writer`` (a front door that opened it for this session).
+    owns_summary_writer = False
+
     #: A creator that can restore re-runs init_fn when a re-creation finds nothing to restore
     #: (TF's behaviour); the in-memory creator keeps the state it has instead.
     reinitialise_on_recreate = False
@@ -125,4 +128,7 @@ class SessionCreator:
             raise RuntimeError(f"model not ready after initialisation: {not_ready}")
 
     def close(self, *, failed: bool) -> None:
-        """Releases what the creator holds (locks, writers). ``failed``: closing on an error."""
+        """Releases what the creator holds (locks, writers). ``failed``: closing on an error.
+        Subclasses call ``super().close(failed=failed)`` last."""
+        if self.owns_summary_writer and self.summary_writer is not None:
+            self.summary_writer.close()

@@ -28,7 +28,7 @@ from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunContext, RunValues, StepCall, overrides, resolve_fetches
 
-__all__ = ["MonitoredSession", "SingularMonitoredSession", "StepContext"]
+__all__ = ["MonitoredSession", "StepContext"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,11 @@ class MonitoredSession:
     def state(self) -> Mapping[str, Any]:
         """Read-only view of the training state (name -> stateful object)."""
         return MappingProxyType(self._creator.state._objects)
+
+    @property
+    def training_state(self) -> Any:
+        """The `TrainingState` itself (what checkpoint managers save and restore)."""
+        return self._creator.state
 
     @property
     def logdir(self) -> str | None:
@@ -382,16 +387,6 @@ class MonitoredSession:
         except Exception:  # noqa: BLE001 - the first error is the one the user must see
             logger.exception("closing the session creator failed after %s", type(first).__name__)
         return first
-
-
-class SingularMonitoredSession(MonitoredSession):
-    """A `MonitoredSession` for the chief alone, without recovery, exposing the raw state."""
-
-    _recovery_enabled = False
-
-    def raw_state(self) -> dict[str, Any]:
-        """The training state's objects as a plain, mutable dict."""
-        return self._creator.state._objects
 
 
 def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook, kwargs: dict) -> None:

@@ -277,7 +277,7 @@ def test_singular_session_does_not_recover():
 def test_singular_session_exposes_raw_state():
     model = torch.nn.Linear(2, 2)
     creator = SessionCreator(TrainingState({"model": model}))
-    with SingularMonitoredSession(creator) as s:
+    with SingularMonitoredSession(session_creator=creator) as s:
         raw = s.raw_state()
         assert raw["model"] is model
         raw["extra"] = model  # mutable, unlike s.state

@@ -1,0 +1,138 @@
+"""`CheckpointSaverHook` and `CheckpointSaverListener` (SPEC §7, §8), on the checkpoint engine.
+
+The hook saves once at session creation (step 0 — skipped when the session was restored from
+a checkpoint of that same step, which would only rewrite it), then every ``save_secs`` or
+``save_steps`` at the step boundary, then at ``end`` if the step changed since the last save.
+Saves go through the session's checkpoint manager (capture now, write in the background).
+
+Listeners see committed checkpoints: when a hook has listeners, each save waits for its commit
+before ``after_save`` runs (an evaluation triggered there must find the checkpoint on disk).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable
+
+from supervisor.clock import Clock
+from supervisor.hook import Hook
+
+from hooks._common import check_schedule
+from hooks.timer import SecondOrStepTimer
+
+__all__ = ["CheckpointSaverHook", "CheckpointSaverListener"]
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointSaverListener:
+    """Called around every save of a `CheckpointSaverHook` (TF's interface)."""
+
+    def begin(self) -> None:
+        """Once, before the session is created."""
+
+    def before_save(self, session: Any, global_step_value: int) -> None:
+        """Before each save, on the training thread."""
+
+    def after_save(self, session: Any, global_step_value: int) -> bool | None:
+        """After each save is committed; return True to request a stop (ignored for the save
+        at session creation)."""
+
+    def end(self, session: Any, global_step_value: int) -> None:
+        """Once, at the end of a clean session, after the final save."""
+
+
+class CheckpointSaverHook(Hook):
+    """Saves checkpoints every N seconds or steps, at creation and at the end.
+
+    Args:
+        checkpoint_dir: where checkpoints go. The session's own checkpoint manager is used when
+            it writes to this directory; otherwise the hook opens one (taking the directory's
+            ownership lock) for the session's lifetime.
+        save_secs, save_steps: the schedule; exactly one must be given.
+        listeners: `CheckpointSaverListener` instances.
+        checkpoint_basename: name prefix of the checkpoints the hook's own manager writes.
+        clock: injectable clock.
+    """
+
+    def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
+                 save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (),
+                 checkpoint_basename: str = "model.ckpt", *, clock: Clock | None = None) -> None:
+        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
+            raise TypeError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}")
+        steps, secs = check_schedule("CheckpointSaverHook", ("save_steps", save_steps), ("save_secs", save_secs))
+        listeners = list(listeners or ())
+        for i, listener in enumerate(listeners):
+            if not isinstance(listener, CheckpointSaverListener):
+                raise TypeError(f"listeners[{i}] must be a hooks.CheckpointSaverListener instance, got {listener!r}")
+        self._dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self._timer = SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)
+        self._listeners = listeners
+        self._basename = checkpoint_basename
+        self._clock = clock
+        self._manager: Any = None
+        self._own_manager: Any = None
+
+    def begin(self) -> None:
+        for listener in self._listeners:
+            listener.begin()
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        self._manager = self._resolve_manager(session)
+        step = session.global_step
+        if self._manager.last_saved_step != step:
+            self._save(session, step)
+        self._timer.update_last_triggered_step(step)
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        session = run_context.session
+        step = session.global_step
+        if self._timer.should_trigger_for_step(step):
+            self._timer.update_last_triggered_step(step)
+            if self._save(session, step):
+                run_context.request_stop()
+
+    def end(self, session: Any) -> None:
+        step = session.global_step
+        try:
+            if step != self._timer.last_triggered_step():
+                self._save(session, step)
+            self._manager.wait()
+            for listener in self._listeners:
+                listener.end(session, step)
+        finally:
+            self._close_own(failed=False)
+
+    def on_exception(self, session: Any, exc: BaseException) -> None:
+        self._close_own(failed=True)
+
+    def _resolve_manager(self, session: Any) -> Any:
+        manager = session.checkpoint_manager
+        if manager is not None and os.path.abspath(manager.directory) == self._dir:
+            return manager
+        if self._own_manager is None:
+            from supervisor.checkpoint import CheckpointManager
+
+            self._own_manager = CheckpointManager(self._dir, basename=self._basename, clock=self._clock)
+            self._own_manager.open()
+        return self._own_manager
+
+    def _save(self, session: Any, step: int) -> bool:
+        """Saves at ``step``; returns whether a listener asked to stop."""
+        for listener in self._listeners:
+            listener.before_save(session, step)
+        path = self._manager.save(step, session.training_state, wait=bool(self._listeners))
+        writer = session.summary_writer
+        if writer is not None:
+            writer.add_session_log("CHECKPOINT", step, checkpoint_path=path)
+        stop = False
+        for listener in self._listeners:
+            if listener.after_save(session, step):
+                logger.info("%s requested a stop after the checkpoint of step %d", type(listener).__name__, step)
+                stop = True
+        return stop
+
+    def _close_own(self, *, failed: bool) -> None:
+        if self._own_manager is not None:
+            manager, self._own_manager = self._own_manager, None
+            manager.close(failed=failed)

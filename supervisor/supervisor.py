@@ -1,0 +1,274 @@
+"""`Supervisor`: front door 1, time-based services in threads (SPEC §6).
+
+Example::
+
+    sv = Supervisor("runs/mnist", model=model, optimizer=opt,
+                    hooks=[StopAtStepHook(last_step=10_000)], save_model_secs=300)
+    with sv.managed_session() as s:
+        while not s.should_stop():
+            s.run(train_step, next(batches))
+
+``managed_session()`` initialises or restores the training state from ``logdir``, starts the
+checkpoint, summary and step-rate services, and on a clean end (loop finished, stop requested,
+`StopIteration`, SIGTERM/SIGINT) writes a final checkpoint if the step changed. An exception
+from the body or a service stops the services, joins them within ``stop_grace_secs`` and is
+re-raised; no final checkpoint is written then, so the newest checkpoint on disk is always a
+state the loop reached cleanly.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+from supervisor import _validate as v
+from supervisor.clock import Clock, resolve_clock
+from supervisor.coordinator import Coordinator, LooperThread
+from supervisor.creator import SessionCreator
+from supervisor.distributed import default_is_chief
+from supervisor.services import SupervisorServices
+from supervisor.session import MonitoredSession
+from supervisor.state import TrainingState
+
+__all__ = ["Supervisor"]
+
+
+class Supervisor:
+    """Initialise-or-recover, background checkpoints and summaries, one stop condition.
+
+    Args:
+        logdir: where checkpoints and TensorBoard events go; None disables both.
+        model, optimizer: shorthands for the state entries ``"model"`` and ``"optimizer"``.
+        state: more named stateful objects (schedulers, scalers, data loaders...).
+        hooks: `supervisor.Hook` instances, called in list order.
+        is_chief: whether this process writes; default: rank 0 of torch.distributed.
+        init_fn, local_init_fn, ready_fn: see SPEC §4 (``fn(session)``).
+        summary_fn: ``summary_fn(session) -> {tag: scalar}``, called by the summary service.
+        save_model_secs: checkpoint interval; 0 disables the checkpoint service.
+        save_summaries_secs: summary and step-rate interval; 0 disables both.
+        checkpoint_basename: checkpoints are ``<logdir>/<basename>-<step>/``.
+        max_to_keep, keep_checkpoint_every_n_hours: retention (SPEC §5.5).
+        stop_grace_secs: how long service threads may take to stop.
+        recovery_wait_secs: how often a non-chief polls for the chief's checkpoint.
+        save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
+        handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
+        clock: injectable clock for tests.
+    """
+
+    def __init__(
+        self,
+        logdir: str | os.PathLike | None,
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        state: Mapping[str, Any] | None = None,
+        hooks: Iterable[Any] = (),
+        is_chief: bool | None = None,
+        init_fn: Callable[[Any], Any] | None = None,
+        local_init_fn: Callable[[Any], Any] | None = None,
+        ready_fn: Callable[[Any], Any] | None = None,
+        summary_fn: Callable[[Any], Mapping[str, Any]] | None = None,
+        save_model_secs: float = 600,
+        save_summaries_secs: float = 120,
+        checkpoint_basename: str = "model.ckpt",
+        max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float = 10000.0,
+        stop_grace_secs: float = 120,
+        recovery_wait_secs: float = 30,
+        save_mode: str = "async",
+        handle_signals: bool = True,
+        clock: Clock | None = None,
+    ) -> None:
+        self._logdir = _check_logdir("logdir", logdir)
+        self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
+        self._hooks = v.check_hooks("hooks", hooks)
+        self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
+        self._init_fns = {
+            "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
+            "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
+            "ready_fn": v.check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str"),
+        }
+        self._summary_fn = v.check_callable("summary_fn", summary_fn, signature="summary_fn(session) -> dict")
+        self._save_model_secs = v.check_number("save_model_secs", save_model_secs, minimum=0)
+        self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)
+        self._checkpoint_options = check_checkpoint_options(
+            basename=checkpoint_basename, max_to_keep=max_to_keep,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode)
+        self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
+        self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
+        self._handle_signals = v.check_bool("handle_signals", handle_signals)
+        self._clock = resolve_clock(clock)
+        self._coord = Coordinator()
+        self._session: MonitoredSession | None = None
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- the session
+    def managed_session(self) -> _ManagedSession:
+        """A context manager yielding the initialised or restored session (SPEC §3, §4)."""
+        return _ManagedSession(self)
+
+    def _open_session(self) -> MonitoredSession:
+        with self._lock:
+            if self._session is not None:
+                raise RuntimeError("this Supervisor already has an open managed_session(); "
+                                   "close it before opening another")
+            self._coord.clear_stop()
+            creator = make_session_creator(
+                self._state, self._logdir, is_chief=self._is_chief,
+                checkpoint_options=self._checkpoint_options,
+                summary_dir=self._logdir if self._is_chief and self._save_summaries_secs else None,
+                max_wait_secs=7200, recovery_wait_secs=self._recovery_wait_secs, clock=self._clock,
+                **self._init_fns)
+            services = SupervisorServices(save_model_secs=self._save_model_secs,
+                                          save_summaries_secs=self._save_summaries_secs,
+                                          summary_fn=self._summary_fn, clock=self._clock)
+            self._session = MonitoredSession(
+                creator, [services, *self._hooks], stop_grace_secs=self._stop_grace_secs,
+                recoverable_exceptions=(), handle_signals=self._handle_signals,
+                coord=self._coord, clock=self._clock)
+            return self._session
+
+    def _session_closed(self) -> None:
+        with self._lock:
+            self._session = None
+
+    # ---------------------------------------------------------------- TF's Supervisor API
+    @property
+    def coord(self) -> Coordinator:
+        return self._coord
+
+    @property
+    def is_chief(self) -> bool:
+        return self._is_chief
+
+    @property
+    def logdir(self) -> str | None:
+        return self._logdir
+
+    @property
+    def save_path(self) -> str | None:
+        """The checkpoint path prefix, ``<logdir>/<checkpoint_basename>``, or None."""
+        if self._logdir is None:
+            return None
+        return os.path.join(self._logdir, self._checkpoint_options["basename"])
+
+    @property
+    def summary_writer(self) -> Any:
+        """The open session's summary writer, or None (no session, non-chief, or disabled)."""
+        return self._session.summary_writer if self._session is not None else None
+
+    @property
+    def global_step(self) -> int:
+        """The open session's global step (the last session's once it closed; 0 before)."""
+        return self._session.global_step if self._session is not None else self._last_step
+
+    _last_step = 0
+
+    def request_stop(self, ex: BaseException | None = None) -> None:
+        if self._session is not None:
+            self._session.request_stop(ex)
+        else:
+            self._coord.request_stop(ex)
+
+    def should_stop(self) -> bool:
+        return self._coord.should_stop()
+
+    def stop_on_exception(self) -> Any:
+        return self._coord.stop_on_exception()
+
+    def wait_for_stop(self, timeout: float | None = None) -> bool:
+        return self._coord.wait_for_stop(timeout)
+
+    def stop(self, threads: Iterable[threading.Thread] | None = None, ignore_live_threads: bool = False) -> None:
+        """Requests a stop and joins the service and user threads (re-raising a thread's error)."""
+        self._coord.request_stop()
+        self._coord.join(threads, stop_grace_secs=self._stop_grace_secs, ignore_live_threads=ignore_live_threads)
+
+    def loop(self, interval_secs: float, target: Callable[..., Any], args: Iterable[Any] = (),
+             kwargs: dict | None = None) -> LooperThread:
+        """Starts a user service: ``target(*args, **kwargs)`` every ``interval_secs`` on this
+        supervisor's coordinator (joined when the session closes)."""
+        return LooperThread.loop(self._coord, interval_secs, target, args, kwargs, clock=self._clock)
+
+    def summary_computed(self, summaries: Mapping[str, Any], global_step: int | None = None) -> None:
+        """Appends user scalars ``{tag: value}`` to the session's events file."""
+        writer = self.summary_writer
+        if writer is None:
+            raise RuntimeError("writing a summary requires a summary writer: the Supervisor needs a "
+                               "logdir, save_summaries_secs > 0, an open managed_session(), and to be chief")
+        if not isinstance(summaries, Mapping):
+            raise TypeError(f"summaries must be a dict of tag -> scalar, got {summaries!r}")
+        writer.add_scalars(dict(summaries), self.global_step if global_step is None else global_step)
+
+
+class _ManagedSession:
+    """The context manager behind `Supervisor.managed_session`."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+        self._session: MonitoredSession | None = None
+
+    def __enter__(self) -> MonitoredSession:
+        self._session = self._supervisor._open_session()
+        return self._session
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        session, sv = self._session, self._supervisor
+        try:
+            return session.__exit__(exc_type, exc, tb)
+        finally:
+            sv._last_step = session.global_step
+            sv._session_closed()
+
+
+def _check_logdir(name: str, logdir: Any) -> str | None:
+    if logdir is None:
+        return None
+    if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
+        raise TypeError(f"{name} must be a directory path or None (None disables checkpoints and "
+                        f"summaries), got {logdir!r}")
+    path = os.fspath(logdir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} exists and is not a directory; choose another path")
+    return path
+
+
+def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
+                             save_mode: Any) -> dict[str, Any]:
+    """Validates the checkpoint arguments the front doors share, at their construction."""
+    if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
+        raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
+    return {
+        "basename": basename,
+        "max_to_keep": v.check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True),
+        "keep_checkpoint_every_n_hours": v.check_number(
+            "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
+        "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
+    }
+
+
+def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
+                         checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
+                         max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
+                         **init_fns: Any) -> SessionCreator:
+    """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
+    (taking the ownership lock), wait-and-restore on workers, in memory without a directory."""
+    writer = None
+    if summary_dir is not None and is_chief:
+        from supervisor.summary import SummaryWriterCache
+
+        writer = SummaryWriterCache.get(summary_dir)
+    if checkpoint_dir is None:
+        creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
+        creator.owns_summary_writer = writer is not None
+        return creator
+    from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
+
+    if is_chief:
+        manager = CheckpointManager(checkpoint_dir, clock=clock, **(checkpoint_options or {}))
+        creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
+    else:
+        creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
+                                       recovery_wait_secs=recovery_wait_secs, clock=clock, **init_fns)
+    creator.owns_summary_writer = writer is not None
+    return creator

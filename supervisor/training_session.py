@@ -1,0 +1,215 @@
+"""`MonitoredTrainingSession` and `SingularMonitoredSession`: front door 2, step hooks (SPEC §7).
+
+Example::
+
+    with MonitoredTrainingSession("runs/exp", model=model, optimizer=opt,
+                                  save_checkpoint_steps=500,
+                                  hooks=[StopAtStepHook(last_step=10_000)]) as s:
+        while not s.should_stop():
+            s.run(train_step, next(batches))
+
+The chief's hooks are, in order: ``chief_only_hooks``, `StepCounterHook`, `SummarySaverHook`,
+`CheckpointSaverHook`, then ``hooks``. Workers get only ``hooks``, never restore on their own
+(they wait for the chief's checkpoint) and never write.
+
+TensorFlow's rule for the intervals: leave both ``save_checkpoint_secs`` and
+``save_checkpoint_steps`` alone to get the default (600 s); give one to choose it; giving both a
+value is a `ValueError`. Same for the summary pair (default: every 100 steps). 0 or None
+disables the service.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Mapping
+
+from supervisor import _validate as v
+from supervisor.clock import Clock, resolve_clock
+from supervisor.distributed import default_is_chief
+from supervisor.errors import RecoverableError
+from supervisor.session import MonitoredSession, _check_exception_types
+from supervisor.state import TrainingState
+from supervisor.supervisor import _check_logdir, check_checkpoint_options, make_session_creator
+
+__all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
+
+
+class _Default:
+    """Marks an argument left at its default (TF's ``USE_DEFAULT``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_CKPT_SECS, _CKPT_STEPS = _Default(600), _Default(None)
+_SUMMARY_STEPS, _SUMMARY_SECS = _Default(100), _Default(None)
+
+
+def _interval_pair(service: str, secs: Any, steps: Any) -> tuple[float | None, int | None]:
+    """Resolves a (secs, steps) pair with TF's defaults rule and validates it."""
+    secs_given, steps_given = not isinstance(secs, _Default), not isinstance(steps, _Default)
+    if secs_given and steps_given and secs and steps:
+        raise ValueError(f"give either save_{service}_secs or save_{service}_steps, not both "
+                         f"(got {secs!r} and {steps!r}); set the other to None")
+    if secs_given or steps_given:
+        secs = secs if secs_given else None
+        steps = steps if steps_given else None
+    else:
+        secs, steps = secs.value, steps.value
+    secs = v.check_number(f"save_{service}_secs", secs, minimum=0, allow_none=True)
+    steps = v.check_int(f"save_{service}_steps", steps, minimum=0, allow_none=True)
+    return secs or None, steps or None
+
+
+def _build(
+    checkpoint_dir: Any, model: Any, optimizer: Any, *, state: Mapping[str, Any] | None, is_chief: bool,
+    hooks: Iterable[Any], chief_only_hooks: Iterable[Any], save_checkpoint_secs: Any,
+    save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
+    log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
+    keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
+    ready_fn: Any, save_mode: str, clock: Clock,
+) -> tuple[Any, list[Any]]:
+    """Validates the front-door arguments; returns the session creator and the hook list."""
+    checkpoint_dir = _check_logdir("checkpoint_dir", checkpoint_dir)
+    summary_dir = _check_logdir("summary_dir", summary_dir) or checkpoint_dir
+    training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
+    user_hooks = v.check_hooks("hooks", hooks)
+    chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
+    ckpt_secs, ckpt_steps = _interval_pair("checkpoint", save_checkpoint_secs, save_checkpoint_steps)
+    summary_secs, summary_steps = _interval_pair("summaries", save_summaries_secs, save_summaries_steps)
+    log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
+    options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
+                                       keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                                       save_mode=save_mode)
+    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
+    init_fns = {
+        "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
+        "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
+        "ready_fn": v.check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str"),
+    }
+    writes_summaries = is_chief and summary_dir is not None and (log_steps or summary_secs or summary_steps)
+    creator = make_session_creator(
+        training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
+        summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
+        recovery_wait_secs=30, clock=clock, **init_fns)
+    wants = (writes_summaries and (log_steps or summary_secs or summary_steps)) or (
+        checkpoint_dir is not None and (ckpt_secs or ckpt_steps))
+    if not is_chief or not wants:
+        return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
+
+    import hooks as builtin  # lazily: supervisor never imports hooks at import time
+
+    all_hooks = list(chief_hooks)
+    if writes_summaries and log_steps:
+        all_hooks.append(builtin.StepCounterHook(every_n_steps=log_steps, summary_writer=creator.summary_writer, clock=clock))
+    if writes_summaries and (summary_secs or summary_steps):
+        all_hooks.append(builtin.SummarySaverHook(save_steps=summary_steps, save_secs=summary_secs,
+                                                  summary_writer=creator.summary_writer, clock=clock))
+    if checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
+        all_hooks.append(builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock))
+    return creator, all_hooks + user_hooks
+
+
+def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
+    checkpoint_dir: str | os.PathLike | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+    *,
+    state: Mapping[str, Any] | None = None,
+    is_chief: bool | None = None,
+    hooks: Iterable[Any] = (),
+    chief_only_hooks: Iterable[Any] = (),
+    save_checkpoint_secs: Any = _CKPT_SECS,
+    save_checkpoint_steps: Any = _CKPT_STEPS,
+    save_summaries_steps: Any = _SUMMARY_STEPS,
+    save_summaries_secs: Any = _SUMMARY_SECS,
+    log_step_count_steps: int | None = 100,
+    summary_dir: str | os.PathLike | None = None,
+    max_to_keep: int | None = 5,
+    keep_checkpoint_every_n_hours: float = 10000.0,
+    stop_grace_secs: float = 120,
+    max_wait_secs: float = 7200,
+    init_fn: Callable[[Any], Any] | None = None,
+    local_init_fn: Callable[[Any], Any] | None = None,
+    ready_fn: Callable[[Any], Any] | None = None,
+    recoverable_exceptions: Any = (RecoverableError,),
+    max_recoveries: int = 10,
+    save_mode: str = "async",
+    handle_signals: bool = True,
+    clock: Clock | None = None,
+) -> MonitoredSession:
+    """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
+    ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling."""
+    clock = resolve_clock(clock)
+    chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
+    _check_exception_types(recoverable_exceptions)
+    creator, all_hooks = _build(
+        checkpoint_dir, model, optimizer, state=state, is_chief=chief, hooks=hooks,
+        chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
+        save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
+        save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
+        summary_dir=summary_dir, max_to_keep=max_to_keep,
+        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, max_wait_secs=max_wait_secs,
+        init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, save_mode=save_mode, clock=clock)
+    return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
+                            recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
+                            handle_signals=handle_signals, clock=clock)
+
+
+class SingularMonitoredSession(MonitoredSession):
+    """`MonitoredTrainingSession` for the chief alone, without recovery, exposing the raw state.
+
+    Takes `MonitoredTrainingSession`'s arguments less the distributed ones (``is_chief``,
+    ``max_wait_secs``) and the recovery ones; or an explicit ``session_creator`` (then the
+    chief hooks are not added: pass the hooks you want).
+    """
+
+    _recovery_enabled = False
+
+    def __init__(
+        self,
+        checkpoint_dir: str | os.PathLike | None = None,
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        state: Mapping[str, Any] | None = None,
+        hooks: Iterable[Any] = (),
+        chief_only_hooks: Iterable[Any] = (),
+        save_checkpoint_secs: Any = _CKPT_SECS,
+        save_checkpoint_steps: Any = _CKPT_STEPS,
+        save_summaries_steps: Any = _SUMMARY_STEPS,
+        save_summaries_secs: Any = _SUMMARY_SECS,
+        log_step_count_steps: int | None = 100,
+        summary_dir: str | os.PathLike | None = None,
+        max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float = 10000.0,
+        stop_grace_secs: float = 120,
+        init_fn: Callable[[Any], Any] | None = None,
+        local_init_fn: Callable[[Any], Any] | None = None,
+        ready_fn: Callable[[Any], Any] | None = None,
+        save_mode: str = "async",
+        handle_signals: bool = True,
+        session_creator: Any = None,
+        clock: Clock | None = None,
+    ) -> None:
+        clock = resolve_clock(clock)
+        if session_creator is not None:
+            creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
+        else:
+            creator, all_hooks = _build(
+                checkpoint_dir, model, optimizer, state=state, is_chief=True, hooks=hooks,
+                chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
+                save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
+                save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
+                summary_dir=summary_dir, max_to_keep=max_to_keep,
+                keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, max_wait_secs=0,
+                init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, save_mode=save_mode,
+                clock=clock)
+        super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
+                         handle_signals=handle_signals, clock=clock)
+
+    def raw_state(self) -> dict[str, Any]:
+        """The training state's objects as a plain, mutable dict."""
+        return self._creator.state._objects
