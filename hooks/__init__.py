@@ -1,0 +1,67 @@
+"""The built-in hook library of torch-supervisor (SPEC §8), TensorFlow's session-run hooks
+rebuilt for PyTorch, plus the hook protocol re-exported from `supervisor`.
+
+Example::
+
+    import hooks
+    from supervisor import MonitoredSession
+
+    with MonitoredSession(hooks=[hooks.StopAtStepHook(last_step=1000),
+                                 hooks.NanTensorHook(),
+                                 hooks.LoggingTensorHook(["loss"], every_n_iter=100)]) as s:
+        while not s.should_stop():
+            s.run(train_step, next(batches))
+
+`hooks` imports `supervisor`; `supervisor` never imports `hooks` at import time.
+"""
+from __future__ import annotations
+
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues
+
+from hooks.basic import FeedFnHook, FinalOpsHook, GlobalStepWaiterHook
+# from hooks.checkpoint import CheckpointSaverHook, CheckpointSaverListener  (written by the checkpoint work)
+from hooks.early_stopping import (
+    EarlyStoppingHook,
+    make_early_stopping_hook,
+    read_eval_metrics,
+    stop_if_higher_hook,
+    stop_if_lower_hook,
+    stop_if_no_decrease_hook,
+    stop_if_no_increase_hook,
+)
+from hooks.logging_hook import LoggingTensorHook
+from hooks.nan import NanTensorHook
+from hooks.profiler import ProfilerHook
+from hooks.progress import ProgressBarHook
+from hooks.step_counter import StepCounterHook
+from hooks.stop import StopAtSecsHook, StopAtStepHook
+from hooks.summary import SummarySaverHook
+from hooks.timer import NeverTriggerTimer, SecondOrStepTimer
+
+__all__ = [
+    # "CheckpointSaverHook", "CheckpointSaverListener",
+    "EarlyStoppingHook",
+    "FeedFnHook",
+    "FinalOpsHook",
+    "GlobalStepWaiterHook",
+    "Hook",
+    "LoggingTensorHook",
+    "NanTensorHook",
+    "NeverTriggerTimer",
+    "ProfilerHook",
+    "ProgressBarHook",
+    "RunArgs",
+    "RunContext",
+    "RunValues",
+    "SecondOrStepTimer",
+    "StepCounterHook",
+    "StopAtSecsHook",
+    "StopAtStepHook",
+    "SummarySaverHook",
+    "make_early_stopping_hook",
+    "read_eval_metrics",
+    "stop_if_higher_hook",
+    "stop_if_lower_hook",
+    "stop_if_no_decrease_hook",
+    "stop_if_no_increase_hook",
+]

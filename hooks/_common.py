@@ -1,0 +1,83 @@
+"""Helpers shared by the built-in hooks: argument pairs, the summary-writer slot, scalars."""
+from __future__ import annotations
+
+import logging
+import numbers
+import os
+from typing import Any
+
+from supervisor._validate import check_int, check_number
+
+logger = logging.getLogger(__name__)
+
+
+def check_schedule(owner: str, steps: tuple[str, Any], secs: tuple[str, Any]) -> tuple[int | None, float | None]:
+    """Validates a TF-style "every N steps or every N seconds" pair: exactly one must be set.
+
+    Returns ``(every_steps, every_secs)`` with the unset one None.
+    """
+    (steps_name, every_steps), (secs_name, every_secs) = steps, secs
+    if (every_steps is None) == (every_secs is None):
+        both = every_steps is not None
+        fix = (f"set {steps_name}=None to schedule by seconds, or {secs_name}=None to schedule by steps"
+               if both else f"e.g. {steps_name}=100 or {secs_name}=60")
+        raise ValueError(f"{owner}: exactly one of {steps_name} and {secs_name} must be given, got "
+                         f"{steps_name}={every_steps!r} and {secs_name}={every_secs!r}; {fix}")
+    return (check_int(steps_name, every_steps, minimum=1, allow_none=True),
+            check_number(secs_name, every_secs, strictly_positive=True, allow_none=True))
+
+
+def check_output_dir(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise TypeError(f"{name} must be a directory path or None, got {value!r}")
+    return os.fspath(value)
+
+
+def check_summary_writer(name: str, value: Any) -> Any:
+    if value is not None and not callable(getattr(value, "add_scalars", None)):
+        raise TypeError(f"{name} must be a supervisor.summary.SummaryWriter (or an object with its "
+                        f"add_scalar/add_scalars/add_session_log/flush methods) or None, got {value!r}")
+    return value
+
+
+class WriterSlot:
+    """Where a hook's summaries go, resolved like TF: the ``summary_writer`` argument, else
+    ``SummaryWriterCache.get(output_dir)`` at ``begin``, else the session's writer at every
+    ``after_create_session`` (None there: the hook writes nothing and says so once)."""
+
+    __slots__ = ("owner", "_given", "_output_dir", "writer", "_warned")
+
+    def __init__(self, owner: str, summary_writer: Any, output_dir: str | None) -> None:
+        self.owner = owner
+        self._given = check_summary_writer("summary_writer", summary_writer)
+        self._output_dir = check_output_dir("output_dir", output_dir)
+        self.writer: Any = summary_writer
+        self._warned = False
+
+    def begin(self) -> None:
+        if self._given is None and self._output_dir is not None:
+            from supervisor.summary import SummaryWriterCache
+
+            self.writer = SummaryWriterCache.get(self._output_dir)
+
+    def after_create_session(self, session: Any) -> None:
+        if self._given is None and self._output_dir is None:
+            self.writer = getattr(session, "summary_writer", None)
+        if self.writer is None and not self._warned:
+            self._warned = True
+            logger.warning("%s writes no summaries: it was given no summary_writer or output_dir and "
+                           "the session has no summary writer", self.owner)
+
+
+def scalar_or_none(value: Any) -> float | None:
+    """``value`` as a float if it is a real number or a 0-dim tensor/array, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        item = value.item()
+        return float(item) if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
+    return None

@@ -1,0 +1,164 @@
+"""TensorBoard event writing (SPEC §9): `SummaryWriter` and `SummaryWriterCache`.
+
+A thin layer over the ``tensorboard`` package's own event-file writer, so what it writes loads
+in TensorBoard (and its ``EventAccumulator``) exactly like TensorFlow's summaries: scalars as
+``simple_value`` summaries, session starts/stops/checkpoints as ``SessionLog`` events.
+`supervisor.testing.InMemorySummaryWriter` has the same interface for tests.
+
+Example::
+
+    writer = SummaryWriterCache.get("/tmp/run")        # shared by every hook writing there
+    writer.add_scalar("loss", torch.tensor(0.25), step=100)
+    writer.add_session_log("CHECKPOINT", 100, checkpoint_path="/tmp/run/model.ckpt-100")
+    writer.flush()
+"""
+from __future__ import annotations
+
+import logging
+import numbers
+import os
+import threading
+import time
+from typing import Any
+
+from supervisor._validate import check_int, check_number
+
+__all__ = ["SummaryWriter", "SummaryWriterCache", "SESSION_LOG_STATUSES"]
+
+logger = logging.getLogger(__name__)
+
+SESSION_LOG_STATUSES = ("START", "STOP", "CHECKPOINT")
+
+
+class SummaryWriter:
+    """Appends TensorBoard events to a new ``events.out.tfevents.*`` file in ``logdir``.
+
+    Writes are queued and written by the ``tensorboard`` writer's background thread, flushed at
+    least every ``flush_secs``; `flush` blocks until everything queued is on disk. Thread-safe.
+
+    Args:
+        logdir: directory of the events file (created if missing).
+        filename_suffix: appended to the events file's name.
+        flush_secs: the longest time events wait in memory before being written.
+        max_queue: events queued before a write blocks until the writer thread catches up.
+    """
+
+    def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
+                 max_queue: int = 10) -> None:
+        if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
+            raise TypeError(f"logdir must be a non-empty path, got {logdir!r}")
+        if not isinstance(filename_suffix, str):
+            raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
+        check_number("flush_secs", flush_secs, strictly_positive=True)
+        check_int("max_queue", max_queue, minimum=1)
+        # Imported here: the protobuf modules cost ~100 ms, paid only by sessions that write.
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+        self.logdir = os.fspath(logdir)
+        self._writer = EventFileWriter(self.logdir, max_queue_size=max_queue, flush_secs=flush_secs,
+                                       filename_suffix=filename_suffix)
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add_scalar(self, tag: str, value: Any, step: int, walltime: float | None = None) -> None:
+        """Writes one scalar; ``value`` is a number or a 0-dim (or one-element) tensor/array."""
+        self.add_scalars({tag: value}, step, walltime)
+
+    def add_scalars(self, values: dict[str, Any], step: int, walltime: float | None = None) -> None:
+        """Writes several scalars at one step, as one event (``{tag: value}``)."""
+        summary = self._summary_pb2.Summary(value=[
+            self._summary_pb2.Summary.Value(tag=_check_tag(tag), simple_value=_to_float(tag, value))
+            for tag, value in values.items()
+        ])
+        self._add(step, walltime, summary=summary)
+
+    def add_session_log(self, status: str, step: int, *, checkpoint_path: str | None = None, msg: str = "") -> None:
+        """Writes a ``SessionLog`` event: ``"START"`` (TensorBoard then drops the events of a
+        crashed run at steps >= ``step``), ``"STOP"`` or ``"CHECKPOINT"``."""
+        if status not in SESSION_LOG_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(map(repr, SESSION_LOG_STATUSES))}, got {status!r}")
+        session_log = self._event_pb2.SessionLog(
+            status=self._event_pb2.SessionLog.SessionStatus.Value(status),
+            checkpoint_path=os.fspath(checkpoint_path) if checkpoint_path is not None else "",
+            msg=msg,
+        )
+        self._add(step, None, session_log=session_log)
+
+    def flush(self) -> None:
+        """Blocks until every event added so far is written to the file."""
+        if not self._closed:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the file and stops the writer thread; closing twice is a no-op."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
+    def __enter__(self) -> SummaryWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SummaryWriter(logdir={self.logdir!r}{', closed' if self._closed else ''})"
+
+    def _add(self, step: int, walltime: float | None, **fields: Any) -> None:
+        if self._closed:
+            raise RuntimeError(f"the summary writer of {self.logdir} is closed; nothing can be added to it")
+        step = check_int("step", step)
+        wall_time = time.time() if walltime is None else check_number("walltime", walltime)
+        self._writer.add_event(self._event_pb2.Event(wall_time=wall_time, step=step, **fields))
+
+
+class SummaryWriterCache:
+    """One `SummaryWriter` per log directory, shared by every hook and service writing there
+    (TF's ``FileWriterCache``): several writers on one directory would make TensorBoard read
+    interleaved files."""
+
+    _lock = threading.Lock()
+    _writers: dict[str, SummaryWriter] = {}
+
+    @staticmethod
+    def get(logdir: str | os.PathLike) -> SummaryWriter:
+        """The writer of ``logdir``, created on first use (or after it was closed)."""
+        key = os.path.abspath(os.fspath(logdir))
+        with SummaryWriterCache._lock:
+            writer = SummaryWriterCache._writers.get(key)
+            if writer is None or writer.closed:
+                writer = SummaryWriterCache._writers[key] = SummaryWriter(key)
+            return writer
+
+    @staticmethod
+    def clear() -> None:
+        """Closes every cached writer and forgets them."""
+        with SummaryWriterCache._lock:
+            writers = list(SummaryWriterCache._writers.values())
+            SummaryWriterCache._writers.clear()
+        for writer in writers:
+            writer.close()
+
+
+def _check_tag(tag: Any) -> str:
+    if not isinstance(tag, str) or not tag:
+        raise TypeError(f"a summary tag must be a non-empty string, got {tag!r}")
+    return tag
+
+
+def _to_float(tag: str, value: Any) -> float:
+    if isinstance(value, numbers.Real):
+        return float(value)
+    numel = getattr(value, "numel", None) or getattr(value, "size", None)
+    count = numel() if callable(numel) else numel
+    if count == 1:
+        # ``.item()`` also copies a CUDA value to the host; summaries are written rarely.
+        return float(value.item() if hasattr(value, "item") else value)
+    shape = tuple(getattr(value, "shape", ()))
+    raise TypeError(f"summary {tag!r} needs a number or a 0-dim tensor, got {type(value).__name__}"
+                    f"{f' of shape {shape}' if shape else ''}; reduce it first, e.g. value.mean()")
