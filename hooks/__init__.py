@@ -19,7 +19,7 @@ from __future__ import annotations
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues
 
 from hooks.basic import FeedFnHook, FinalOpsHook, GlobalStepWaiterHook
-# from hooks.checkpoint import CheckpointSaverHook, CheckpointSaverListener  (written by the checkpoint work)
+from hooks.checkpoint import CheckpointSaverHook, CheckpointSaverListener
 from hooks.early_stopping import (
     EarlyStoppingHook,
     make_early_stopping_hook,
@@ -39,7 +39,8 @@ from hooks.summary import SummarySaverHook
 from hooks.timer import NeverTriggerTimer, SecondOrStepTimer
 
 __all__ = [
-    # "CheckpointSaverHook", "CheckpointSaverListener",
+    "CheckpointSaverHook",
+    "CheckpointSaverListener",
     "EarlyStoppingHook",
     "FeedFnHook",
     "FinalOpsHook",

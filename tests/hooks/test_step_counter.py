@@ -1,0 +1,106 @@
+"""StepCounterHook: global_step/sec at TF's steps, writer resolution, stalled-step warning."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from hooks import StepCounterHook
+from supervisor import MonitoredSession, RecoverableError, SessionCreator
+from supervisor.summary import SummaryWriterCache
+from supervisor.testing import FakeClock, InMemorySummaryWriter
+
+from tests.hooks._helpers import loss_step, run_steps
+
+TAG = "global_step/sec"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "advance_secs", "steps", "rates"),
+    [
+        ({"every_n_steps": 10}, 0.5, [11, 21], [2.0, 2.0]),
+        ({"every_n_steps": 5}, 0.25, [6, 11, 16, 21, 26], [4.0] * 5),
+        # By seconds: the first step (t=0.5) starts the measurement; then every >= 2 s.
+        ({"every_n_steps": None, "every_n_secs": 2.0}, 0.5, [5, 9, 13, 17, 21, 25, 29], [2.0] * 7),
+    ],
+)
+def test_writes_the_step_rate_on_schedule(clock, writer, schedule, advance_secs, steps, rates):
+    hook = StepCounterHook(**schedule, summary_writer=writer, clock=clock)
+    run_steps([hook], 30, clock=clock, advance_secs=advance_secs)
+    assert writer.scalar_steps(TAG) == steps
+    assert writer.scalar_values(TAG) == pytest.approx(rates)
+
+
+def test_logs_the_rate_at_info(clock, writer, caplog):
+    caplog.set_level(logging.INFO, logger="hooks.step_counter")
+    run_steps([StepCounterHook(every_n_steps=10, summary_writer=writer, clock=clock)], 12, clock=clock,
+              advance_secs=0.1)
+    assert [r.getMessage() for r in caplog.records if r.name == "hooks.step_counter"] == ["global_step/sec: 10"]
+
+
+def test_output_dir_writes_real_events_through_the_cache(clock, tmp_path):
+    run_steps([StepCounterHook(every_n_steps=10, output_dir=str(tmp_path), clock=clock)], 30, clock=clock,
+              advance_secs=0.5)
+    SummaryWriterCache.get(str(tmp_path)).flush()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars(TAG)] == [(11, 2.0), (21, 2.0)]
+
+
+def test_falls_back_to_the_session_writer(clock, writer):
+    run_steps([StepCounterHook(every_n_steps=10, clock=clock)], 12, clock=clock, advance_secs=0.5,
+              creator=SessionCreator(summary_writer=writer))
+    assert writer.scalar_steps(TAG) == [11]
+
+
+def test_without_any_writer_warns_once_and_still_logs(clock, caplog):
+    caplog.set_level(logging.INFO)
+    hook = StepCounterHook(every_n_steps=10, clock=clock)
+    run_steps([hook], 22, clock=clock, advance_secs=0.5)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "StepCounterHook writes no summaries" in warnings[0].getMessage()
+    assert sum("global_step/sec: 2" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_explicit_writer_wins_over_output_dir(clock, writer, tmp_path):
+    run_steps([StepCounterHook(every_n_steps=10, summary_writer=writer, output_dir=str(tmp_path), clock=clock)],
+              12, clock=clock, advance_secs=0.5)
+    assert writer.scalar_steps(TAG) == [11]
+    assert not list(tmp_path.iterdir())
+
+
+def test_recovery_restarts_the_measurement(clock, writer):
+    def step():
+        clock.advance(0.5)
+        if session.global_step == 14 and not failed:
+            failed.append(True)
+            clock.advance(1000)  # time lost to the failure must not count as a slow step rate
+            raise RecoverableError("flaky")
+        return loss_step()
+
+    failed: list = []
+    hook = StepCounterHook(every_n_steps=10, summary_writer=writer, clock=clock)
+    with MonitoredSession(hooks=[hook], clock=FakeClock()) as session:
+        for _ in range(30):
+            session.run(step)
+    # 11 before the failure; after it the first step (15) restarts the count: 25.
+    assert writer.scalar_steps(TAG) == [11, 25]
+    assert writer.scalar_values(TAG) == pytest.approx([2.0, 2.0])
+
+
+def test_warns_when_the_global_step_does_not_advance(caplog):
+    hook = StepCounterHook(every_n_steps=10, summary_writer=InMemorySummaryWriter())
+    context = SimpleNamespace(session=SimpleNamespace(global_step=7))
+    for _ in range(8):
+        hook.after_run(context, None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 5  # the first few only
+    assert "has not advanced: it is still 7" in warnings[0]
+
+
+def test_does_not_warn_when_the_step_advances(clock, writer, caplog):
+    run_steps([StepCounterHook(every_n_steps=1, summary_writer=writer, clock=clock)], 5, clock=clock,
+              advance_secs=1)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
