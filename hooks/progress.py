@@ -14,7 +14,13 @@ from hooks.stop import StopAtStepHook
 from hooks.timer import SecondOrStepTimer
 
 try:  # tqdm is an optional extra (``torch-supervisor[progress]``)
-    from tqdm.auto import tqdm as _tqdm
+    from tqdm.auto import tqdm as _auto_tqdm
+
+    class _tqdm(_auto_tqdm):  # type: ignore[misc,valid-type]
+        # tqdm's monitor thread outlives every bar (it is never joined); the bar is updated
+        # every step anyway, so it has nothing to do here.
+        monitor_interval = 0
+
 except ImportError:  # pragma: no cover - exercised by patching _tqdm to None
     _tqdm = None
 
