@@ -43,32 +43,40 @@ def check_summary_writer(name: str, value: Any) -> Any:
 
 
 class WriterSlot:
-    """Where a hook's summaries go, resolved like TF: the ``summary_writer`` argument, else
-    ``SummaryWriterCache.get(output_dir)`` at ``begin``, else the session's writer at every
-    ``after_create_session`` (None there: the hook writes nothing and says so once)."""
+    """Where a hook's summaries go, resolved at every ``after_create_session``: the
+    ``summary_writer`` argument, else ``SummaryWriterCache.get(output_dir)``, else the
+    session's writer (TF's order). A non-chief session writes no events (SPEC §9) unless it
+    was handed a writer object; a chief without any writer writes nothing and says so once."""
 
-    __slots__ = ("owner", "_given", "_output_dir", "writer", "_warned")
+    __slots__ = ("owner", "_given", "_output_dir", "writer", "_told")
 
     def __init__(self, owner: str, summary_writer: Any, output_dir: str | None) -> None:
         self.owner = owner
         self._given = check_summary_writer("summary_writer", summary_writer)
         self._output_dir = check_output_dir("output_dir", output_dir)
         self.writer: Any = summary_writer
-        self._warned = False
+        self._told = False
 
-    def begin(self) -> None:
-        if self._given is None and self._output_dir is not None:
+    def after_create_session(self, session: Any) -> None:
+        if self._given is not None:
+            self.writer = self._given
+        elif not getattr(session, "is_chief", True):
+            self.writer = None
+            self._tell_once(logging.INFO, "%s writes no summaries: this process is not the chief")
+        elif self._output_dir is not None:
             from supervisor.summary import SummaryWriterCache
 
             self.writer = SummaryWriterCache.get(self._output_dir)
-
-    def after_create_session(self, session: Any) -> None:
-        if self._given is None and self._output_dir is None:
+        else:
             self.writer = getattr(session, "summary_writer", None)
-        if self.writer is None and not self._warned:
-            self._warned = True
-            logger.warning("%s writes no summaries: it was given no summary_writer or output_dir and "
-                           "the session has no summary writer", self.owner)
+            if self.writer is None:
+                self._tell_once(logging.WARNING, "%s writes no summaries: it was given no summary_writer or "
+                                "output_dir and the session has no summary writer")
+
+    def _tell_once(self, level: int, message: str) -> None:
+        if not self._told:
+            self._told = True
+            logger.log(level, message, self.owner)
 
 
 def scalar_or_none(value: Any) -> float | None:

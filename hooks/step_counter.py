@@ -29,7 +29,7 @@ class StepCounterHook(Hook):
         every_n_secs: write every this many seconds.
         output_dir: write through ``SummaryWriterCache.get(output_dir)``.
         summary_writer: write here (wins over ``output_dir``); with neither, the session's
-            writer is used.
+            writer is used. Non-chief processes write nothing (unless given a writer).
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
     """
 
@@ -42,9 +42,6 @@ class StepCounterHook(Hook):
         self._last_step: int | None = None
         self._stall_warnings = 0
         self.tag = "global_step/sec"
-
-    def begin(self) -> None:
-        self._slot.begin()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._slot.after_create_session(session)

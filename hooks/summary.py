@@ -52,7 +52,7 @@ class SummarySaverHook(Hook):
         save_secs: write every this many seconds.
         output_dir: write through ``SummaryWriterCache.get(output_dir)``.
         summary_writer: write here (wins over ``output_dir``); with neither, the session's
-            writer is used.
+            writer is used. Non-chief processes write nothing (unless given a writer).
         summary_fn: ``summary_fn(session) -> {tag: scalar}``, called on summary steps.
         fetches: which step outputs to write (see above).
         feed_summarize: feed ``summarize=True`` to the step function on summary steps.
@@ -79,7 +79,6 @@ class SummarySaverHook(Hook):
         self._request = False
 
     def begin(self) -> None:
-        self._slot.begin()
         self._first = True
 
     def after_create_session(self, session: Any, coord: Any) -> None:

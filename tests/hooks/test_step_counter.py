@@ -104,3 +104,10 @@ def test_does_not_warn_when_the_step_advances(clock, writer, caplog):
     run_steps([StepCounterHook(every_n_steps=1, summary_writer=writer, clock=clock)], 5, clock=clock,
               advance_secs=1)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_non_chief_writes_no_events_and_does_not_warn(clock, tmp_path, caplog):
+    run_steps([StepCounterHook(every_n_steps=10, output_dir=str(tmp_path), clock=clock)], 22, clock=clock,
+              advance_secs=0.5, creator=SessionCreator(is_chief=False))
+    assert not list(tmp_path.iterdir())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -131,3 +131,10 @@ def test_without_a_writer_it_writes_nothing_feeds_nothing_and_warns_once(caplog)
     assert seen == [{}] * 5
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "SummarySaverHook writes no summaries" in warnings[0]
+
+
+def test_a_non_chief_writes_nothing_even_with_the_session_writer(writer, tmp_path):
+    run_steps([SummarySaverHook(save_steps=1), SummarySaverHook(save_steps=1, output_dir=str(tmp_path))], 3,
+              creator=SessionCreator(summary_writer=writer, is_chief=False))
+    assert writer.scalars == [] and writer.session_logs == []
+    assert not list(tmp_path.iterdir())
