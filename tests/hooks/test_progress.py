@@ -58,3 +58,31 @@ def test_the_bar_is_closed_on_an_error():
     with pytest.raises(ZeroDivisionError):
         run_steps([hook], 3, step_fn=lambda: 1 / 0 if hook._bar is not None else {})
     assert hook._bar is None
+
+
+def test_the_bar_goes_back_with_the_step_after_a_recovery():
+    from supervisor import MonitoredSession, RecoverableError, Restored, SessionCreator
+    from supervisor.testing import FakeClock
+
+    class RestoresStep1OnRecreation(SessionCreator):
+        creations = 0
+
+        def restore(self, session):
+            self.creations += 1
+            return Restored(1, "model.ckpt-1") if self.creations > 1 else None
+
+    failures = [RecoverableError("flaky")]
+
+    def step():
+        if session.global_step == 3 and failures:
+            raise failures.pop()
+        return {}
+
+    hook = ProgressBarHook(tqdm_kwargs={"file": io.StringIO()})
+    positions = []
+    with MonitoredSession(RestoresStep1OnRecreation(), hooks=[hook], clock=FakeClock()) as session:
+        for _ in range(5):
+            session.run(step)
+            positions.append(hook._bar.n)
+    # The 4th run fails at step 3 and is retried from the checkpoint of step 1.
+    assert positions == [1, 2, 3, 2, 3]
