@@ -88,7 +88,7 @@ class SummarySaverHook(Hook):
         # The decision is about the step about to be taken: the post-increment step.
         self._request = self._first or self._timer.should_trigger_for_step(run_context.session.global_step + 1)
         if self._request and self._slot.writer is None:
-            self._request = False  # nowhere to write (said once at WARNING): ask for nothing
+            self._request = False  # nowhere to write (said once at creation): ask for nothing
         return self._run_args if self._request else None
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
