@@ -100,6 +100,12 @@ class Coordinator:
             raise exc.with_traceback(exc.__traceback__)
 
     @property
+    def stop_event(self) -> threading.Event:
+        """The event set by the first stop request; wait on it (e.g. ``clock.wait(event, t)``)
+        instead of sleeping so a stop ends the wait at once. Do not set it directly."""
+        return self._stop_event
+
+    @property
     def exception(self) -> BaseException | None:
         """The exception recorded by the first stop request, or None."""
         return self._exception

@@ -159,6 +159,12 @@ class InMemorySummaryWriter:
     def close(self) -> None:
         self.closed = True
 
+    def __enter__(self) -> InMemorySummaryWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
     def scalar_steps(self, tag: str) -> list[int]:
         return [e.step for e in self.scalars if e.tag == tag]
 

@@ -23,4 +23,4 @@ def no_leaked_threads():
 
 
 # Threads owned by libraries for the process's lifetime, not by a test.
-_ALLOWED_PREFIXES = ("pydevd", "ThreadPoolExecutor-", "Dummy-")
+_ALLOWED_PREFIXES = ("pydevd", "ThreadPoolExecutor-", "Dummy-", "tqdm_monitor")
