@@ -101,12 +101,17 @@ class StepCall(NamedTuple):
 class RunContext:
     """What a hook sees of the current step: the original call, the session, and a stop switch."""
 
-    __slots__ = ("original_args", "session", "_stop_requested")
+    __slots__ = ("_fn", "_args", "_kwargs", "session", "_stop_requested")
 
-    def __init__(self, original_args: StepCall, session: Any) -> None:
-        self.original_args = original_args
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, session: Any) -> None:
+        self._fn, self._args, self._kwargs = fn, args, kwargs
         self.session = session
         self._stop_requested = False
+
+    @property
+    def original_args(self) -> StepCall:
+        """The step function and the arguments the caller passed to ``run``."""
+        return StepCall(self._fn, self._args, self._kwargs)
 
     def request_stop(self) -> None:
         """Ends training after this step: ``session.should_stop()`` becomes True."""

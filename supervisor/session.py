@@ -26,7 +26,7 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
-from supervisor.hook import Hook, RunContext, RunValues, StepCall, overrides, resolve_fetches
+from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
 
 __all__ = ["MonitoredSession", "StepContext"]
 
@@ -247,17 +247,20 @@ class MonitoredSession:
             if self._boundary_actions:
                 self._run_boundary_actions()
             return output
-        context = RunContext(StepCall(fn, args, kwargs), self)
-        fetches: dict[int, Any] = {}
-        feeds: dict[str, Any] = {}
-        feeders: dict[str, Hook] = {}
+        context = RunContext(fn, args, kwargs, self)
+        fetches: dict[int, Any] | None = None
+        feeds: dict[str, Any] | None = None
         for hook in before:
             run_args = hook.before_run(context)
             if run_args is None:
                 continue
             if run_args.fetches is not None:
+                if fetches is None:
+                    fetches = {}
                 fetches[id(hook)] = run_args.fetches
             if run_args.feeds:
+                if feeds is None:
+                    feeds, feeders = {}, {}
                 _merge_feeds(feeds, feeders, run_args.feeds, hook, kwargs)
         output = fn(*args, **kwargs, **feeds) if feeds else fn(*args, **kwargs)
         self._global_step += 1
