@@ -34,7 +34,7 @@ class FakeClock:
     def __init__(self, start_secs: float = 1_000_000.0) -> None:
         self._now = float(start_secs)
         self._cond = threading.Condition()
-        self._waiters = 0
+        self._deadlines: dict[object, float] = {}
 
     def time(self) -> float:
         return self._now
@@ -53,25 +53,34 @@ class FakeClock:
         self.advance(max(0.0, secs))
 
     def wait(self, event: threading.Event, timeout_secs: float | None) -> bool:
-        deadline = None if timeout_secs is None else self._now + timeout_secs
+        key = object()
         with self._cond:
-            self._waiters += 1
+            deadline = float("inf") if timeout_secs is None else self._now + timeout_secs
+            self._deadlines[key] = deadline
             self._cond.notify_all()
             try:
-                while not event.is_set() and (deadline is None or self._now < deadline):
+                while not event.is_set() and self._now < deadline:
                     # The event has no hook into our condition: poll it every 5 ms (real time).
                     self._cond.wait(0.005)
             finally:
-                self._waiters -= 1
+                del self._deadlines[key]
                 self._cond.notify_all()
         return event.is_set()
 
     def wait_for_waiters(self, count: int = 1, timeout_secs: float = 10.0) -> None:
-        """Blocks (real time) until ``count`` threads are waiting on this clock; lets a test know
-        a looper finished its tick and is waiting for the next one."""
+        """Blocks (real time) until ``count`` threads wait on this clock for a future time.
+
+        After `advance`, a thread whose deadline passed counts again only once it has done its
+        work and waits for its next deadline, so this tells a test that looper threads finished
+        the ticks the advance caused.
+        """
+        def settled() -> bool:
+            return sum(1 for d in self._deadlines.values() if d > self._now) >= count
+
         with self._cond:
-            if not self._cond.wait_for(lambda: self._waiters >= count, timeout_secs):
-                raise TimeoutError(f"{count} waiter(s) expected on the fake clock, {self._waiters} after {timeout_secs} s")
+            if not self._cond.wait_for(settled, timeout_secs):
+                raise TimeoutError(f"{count} waiter(s) expected on the fake clock after {timeout_secs} s; "
+                                   f"deadlines {sorted(self._deadlines.values())} at now={self._now}")
 
     def __repr__(self) -> str:
         return f"FakeClock(now={self._now})"
