@@ -8,10 +8,16 @@ checkpoint format stores them beside the entries.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-__all__ = ["TrainingState", "RESERVED_NAMES"]
+from supervisor.errors import CheckpointError
+
+__all__ = ["TrainingState", "RESERVED_NAMES", "unwrap_module", "strip_wrapper_prefixes"]
+
+# What wrappers put in front of the wrapped module's keys: DDP / DataParallel and torch.compile.
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 # Names the checkpoint format uses for its own records next to the user's entries.
 RESERVED_NAMES = frozenset({"global_step", "rng", "__meta__"})
@@ -65,6 +71,42 @@ class TrainingState(Mapping):
         inner = ", ".join(f"{k}={type(v).__name__}" for k, v in self._objects.items())
         return f"TrainingState({inner})"
 
+    def state_dict(self) -> dict[str, Any]:
+        """Returns ``{name: obj.state_dict()}``, wrapped modules under their unwrapped keys.
+
+        The values are the objects' own state dicts (live tensors, not copies); the checkpoint
+        engine copies them into its staging buffers.
+        """
+        return {name: unwrap_module(obj).state_dict() for name, obj in self._objects.items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Loads ``{name: sd}`` into the entries; the reserved names of the checkpoint format
+        (``global_step``, ``rng``, ``__meta__``) are ignored, so a whole checkpoint can be passed.
+
+        Modules load into the module inside any wrapper; a state dict that still carries a
+        wrapper's ``module.`` / ``_orig_mod.`` prefix (e.g. saved by hand from a DDP model) has
+        it stripped. With ``strict=True`` (the default) the entry names must match exactly and
+        modules load strictly.
+
+        Raises:
+            CheckpointError: names missing or unexpected entries, or the entry that failed.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping of entry name -> state dict, got {type(state_dict).__name__}")
+        missing = [n for n in self._objects if n not in state_dict]
+        unexpected = [n for n in state_dict if n not in self._objects and n not in RESERVED_NAMES]
+        if strict and (missing or unexpected):
+            parts = []
+            if missing:
+                parts.append(f"missing entries {missing} (in the training state, not in the checkpoint)")
+            if unexpected:
+                parts.append(f"unexpected entries {unexpected} (in the checkpoint, not in the training state)")
+            raise CheckpointError("the checkpoint does not match the training state: " + "; ".join(parts)
+                                  + ". Add or rename the entries, or load with strict=False")
+        for name, obj in self._objects.items():
+            if name in state_dict:
+                _load_entry(name, unwrap_module(obj), state_dict[name], strict)
+
 
 def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
     if not isinstance(name, str) or not name:
@@ -81,3 +123,67 @@ def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
             f"{argument} must have state_dict() and load_state_dict(sd) methods to be checkpointed, "
             f"got {type(obj).__name__}; wrap it in an object that provides them"
         )
+
+
+def unwrap_module(obj: Any) -> Any:
+    """Returns the module inside DDP / DataParallel / ``torch.compile`` wrappers (any nesting);
+    any other object is returned as it is."""
+    import torch
+
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while isinstance(obj, torch.nn.Module):
+        if isinstance(obj, wrappers):
+            obj = obj.module
+        elif isinstance(getattr(obj, "_orig_mod", None), torch.nn.Module):
+            obj = obj._orig_mod
+        else:
+            break
+    return obj
+
+
+def strip_wrapper_prefixes(state_dict: Mapping[str, Any], expected_keys: Any = ()) -> Mapping[str, Any]:
+    """Strips ``module.`` / ``_orig_mod.`` prefixes that every key carries and the target's keys
+    do not (``expected_keys``), repeatedly; returns ``state_dict`` itself when nothing is stripped.
+
+    A module whose own first child is named ``module`` keeps its keys: the prefix is stripped only
+    when the target's keys do not all carry it too.
+    """
+    expected = list(expected_keys)
+    result = state_dict
+    changed = True
+    while changed and result:
+        changed = False
+        for prefix in _WRAPPER_PREFIXES:
+            keys = [k for k in result if isinstance(k, str)]
+            if len(keys) == len(result) and all(k.startswith(prefix) for k in keys) and not (
+                    expected and all(k.startswith(prefix) for k in expected)):
+                result = _strip(result, prefix)
+                changed = True
+    return result
+
+
+def _strip(state_dict: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    out: OrderedDict[str, Any] = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items())
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        # Module versions (e.g. BatchNorm's) are keyed by module path: strip those too.
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (k[len(prefix):] if k.startswith(prefix) else ("" if k == prefix[:-1] else k), v)
+            for k, v in metadata.items())
+    return out
+
+
+def _load_entry(name: str, obj: Any, entry: Any, strict: bool) -> None:
+    import torch
+
+    try:
+        if isinstance(obj, torch.nn.Module):
+            entry = strip_wrapper_prefixes(entry, obj.state_dict().keys())
+            obj.load_state_dict(entry, strict=strict)
+        else:
+            obj.load_state_dict(entry)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of a user object's load is reported with its name
+        raise CheckpointError(f"loading the entry {name!r} ({type(obj).__name__}) failed: "
+                              f"{type(e).__name__}: {e}") from e

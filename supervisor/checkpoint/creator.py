@@ -1,0 +1,133 @@
+"""Session creators backed by checkpoints (SPEC §4).
+
+`CheckpointSessionCreator` (the chief) restores from the newest verified checkpoint at every
+session creation, else runs ``init_fn``; it owns the `CheckpointManager` that writes. The
+`WorkerSessionCreator` (non-chief processes) never writes and takes no lock: it waits until the
+chief's first verified checkpoint exists and restores it.
+
+Example::
+
+    manager = CheckpointManager(logdir)
+    creator = CheckpointSessionCreator(TrainingState.from_arguments(model=net, optimizer=opt), manager)
+    with MonitoredSession(creator) as s:
+        ...
+        s.save_checkpoint(wait=True)
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Iterable
+
+from supervisor._validate import check_bool, check_choice, check_number
+from supervisor.checkpoint.manager import CheckpointManager, _check_basename, _check_trusted_globals
+from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
+from supervisor.clock import Clock, resolve_clock
+from supervisor.creator import Restored, SessionCreator
+from supervisor.errors import CheckpointCorruptError
+from supervisor.state import TrainingState
+
+__all__ = ["CheckpointSessionCreator", "WorkerSessionCreator"]
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointSessionCreator(SessionCreator):
+    """The chief's creator: restore-or-init from a `CheckpointManager`'s directory.
+
+    The manager is opened (ownership lock) at the first creation and closed with the session.
+    When the manager has no ``on_error``, a fatal background save failure is routed to the
+    session's ``request_stop``, so the session stops and its ``close`` re-raises it.
+
+    Args:
+        state: the `TrainingState`.
+        manager: the `CheckpointManager` that saves and restores.
+        init_fn, local_init_fn, ready_fn, summary_writer: as `supervisor.SessionCreator`.
+        logdir: the log directory (default: the manager's directory).
+    """
+
+    reinitialise_on_recreate = True
+
+    def __init__(self, state: TrainingState | None, manager: CheckpointManager, *,
+                 init_fn: Callable[[Any], Any] | None = None,
+                 local_init_fn: Callable[[Any], Any] | None = None,
+                 ready_fn: Callable[[Any], Any] | None = None,
+                 logdir: str | None = None, summary_writer: Any = None) -> None:
+        if not isinstance(manager, CheckpointManager):
+            raise TypeError(f"manager must be a supervisor.checkpoint.CheckpointManager, got {manager!r}")
+        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
+                         is_chief=True, logdir=logdir if logdir is not None else manager.directory,
+                         summary_writer=summary_writer)
+        self.checkpoints = manager
+        self._routes_errors = manager.on_error is None
+
+    def restore(self, session: Any) -> Restored | None:
+        manager: CheckpointManager = self.checkpoints
+        manager.open()
+        if self._routes_errors:
+            manager.on_error = session.request_stop
+        return manager.restore(self.state)
+
+    def close(self, *, failed: bool) -> None:
+        self.checkpoints.close(failed=failed)
+
+
+class WorkerSessionCreator(SessionCreator):
+    """A non-chief's creator: waits for the chief's verified checkpoint and restores it.
+
+    Never writes and takes no lock. Polls every ``recovery_wait_secs`` (on the injectable clock)
+    for at most ``max_wait_secs``.
+
+    Args:
+        state: the `TrainingState`.
+        checkpoint_dir: the chief's checkpoint directory.
+        max_wait_secs: how long to wait for a checkpoint before `TimeoutError`.
+        recovery_wait_secs: the pause between two looks.
+        basename, verify, trusted_globals, save_rng: as `CheckpointManager` (``save_rng``:
+            restore this rank's RNG state when the checkpoint has one).
+        clock: injectable clock.
+        init_fn, local_init_fn, ready_fn, logdir, summary_writer: as `SessionCreator`.
+    """
+
+    reinitialise_on_recreate = True
+
+    def __init__(self, state: TrainingState | None, checkpoint_dir: str | os.PathLike, *,
+                 max_wait_secs: float = 7200, recovery_wait_secs: float = 30,
+                 basename: str = "model.ckpt", verify: str = "full", trusted_globals: Iterable[Any] = (),
+                 save_rng: bool = True, clock: Clock | None = None,
+                 init_fn: Callable[[Any], Any] | None = None,
+                 local_init_fn: Callable[[Any], Any] | None = None,
+                 ready_fn: Callable[[Any], Any] | None = None,
+                 logdir: str | None = None, summary_writer: Any = None) -> None:
+        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
+            raise TypeError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}")
+        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
+                         is_chief=False, logdir=logdir, summary_writer=summary_writer)
+        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
+        self.recovery_wait_secs = check_number("recovery_wait_secs", recovery_wait_secs, strictly_positive=True)
+        self.basename = _check_basename(basename)
+        self.verify = check_choice("verify", verify, VERIFY_MODES)
+        self.trusted_globals = _check_trusted_globals(trusted_globals)
+        self.save_rng = check_bool("save_rng", save_rng)
+        self._clock = resolve_clock(clock)
+
+    def restore(self, session: Any) -> Restored:
+        start = self._clock.monotonic()
+        last_problem = "no checkpoint had been written"
+        while True:
+            try:
+                loaded = find_and_load(self.checkpoint_dir, self.basename, verify=self.verify,
+                                       trusted_globals=self.trusted_globals)
+            except CheckpointCorruptError as e:  # the chief may still write a good one
+                loaded, last_problem = None, str(e)
+            if loaded is not None:
+                return apply_checkpoint(loaded, self.state, restore_rng=self.save_rng)
+            waited = self._clock.monotonic() - start
+            if waited >= self.max_wait_secs:
+                raise TimeoutError(
+                    f"waited {waited:.0f} s (max_wait_secs={self.max_wait_secs:g}) for the chief's "
+                    f"first verified checkpoint in {self.checkpoint_dir}; {last_problem}. Check that "
+                    "the chief is running and writes to this directory, or raise max_wait_secs")
+            logger.info("waiting for the chief's checkpoint in %s (%.0f s so far)", self.checkpoint_dir, waited)
+            self._clock.sleep(min(self.recovery_wait_secs, self.max_wait_secs - waited))

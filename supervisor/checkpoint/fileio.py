@@ -1,0 +1,201 @@
+"""File I/O of the checkpoint engine: checksums computed while writing, fsync helpers.
+
+Checksum choice (measured on the project's 2-core machine, 256 MiB in 8 MiB chunks, stdlib only):
+``zlib.crc32`` 2238 MiB/s, ``zlib.adler32`` 2218 MiB/s, ``hashlib.sha1`` 1483 MiB/s,
+``hashlib.sha256`` 1352 MiB/s, ``hashlib.blake2b`` 661 MiB/s, ``hashlib.md5`` 584 MiB/s.
+CRC-32 is the fastest and, unlike Adler-32, detects every burst error up to 32 bits — it guards
+against torn writes and bit rot, which is its job here (a checkpoint is not a security boundary:
+``weights_only`` loading is). ``zlib.crc32`` releases the GIL on large buffers, so the writer
+checksums chunk ``k`` on a helper thread while the main writer thread writes it (`ChecksumWriter`):
+the checksum costs next to nothing on top of the write itself.
+
+Checksums are written as ``"crc32:%08x"``; the prefix names the algorithm so the format can grow.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, Any, Callable
+
+__all__ = [
+    "CHECKSUM_ALGORITHM",
+    "ChecksumWriter",
+    "Opener",
+    "checksum_file",
+    "default_opener",
+    "format_checksum",
+    "fsync_dir",
+]
+
+CHECKSUM_ALGORITHM = "crc32"
+
+#: ``opener(path) -> binary file`` opened for writing a new file. The writer calls it for every
+#: file it creates inside a checkpoint; tests pass one that raises ``ENOSPC``/``EIO`` from
+#: ``write``. The returned object needs ``write``, ``fileno`` and ``close``.
+Opener = Callable[[str], IO[bytes]]
+
+_CHUNK_BYTES = 8 << 20  # large enough to amortise syscalls, small enough to pipeline
+_PIPELINE_MIN_BYTES = 1 << 20  # below this a thread hand-off costs more than it saves
+_COALESCE_BYTES = 1 << 20  # torch.save issues many tiny header writes: batch them
+
+
+def default_opener(path: str) -> IO[bytes]:
+    """Opens ``path`` for exclusive binary writing, unbuffered (`ChecksumWriter` batches)."""
+    return open(path, "xb", buffering=0)
+
+
+def format_checksum(value: int) -> str:
+    return f"{CHECKSUM_ALGORITHM}:{value & 0xFFFFFFFF:08x}"
+
+
+class ChecksumWriter:
+    """A write-only file wrapper that checksums every byte on its way to disk.
+
+    Small writes are copied into a 1 MiB batch; large ones (tensor storages handed over by
+    ``torch.save`` as memoryviews, never copied) are written in 8 MiB chunks while a helper
+    thread computes their CRC. No reference to a caller's buffer outlives ``write``. ``write``
+    never raises: the first error is recorded and raised by `raise_if_failed` / `sync`.
+
+    Example::
+
+        with ChecksumWriter(default_opener(path)) as w:
+            torch.save(obj, w)
+            w.sync()
+        w.nbytes, w.checksum
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self._crc = 0
+        self._nbytes = 0
+        self._batch = bytearray()
+        self._pool: ThreadPoolExecutor | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def checksum(self) -> str:
+        return format_checksum(self._crc)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        n = view.nbytes
+        if self._error is not None or self._closed:
+            # Never raise into torch's C++ zip writer: an exception there leaves it inconsistent
+            # and its destructor then aborts the whole process. Record, pretend, re-raise later.
+            return n
+        try:
+            if n < _PIPELINE_MIN_BYTES:
+                self._batch += view
+                if len(self._batch) >= _COALESCE_BYTES:
+                    self._flush_batch()
+            else:
+                self._flush_batch()
+                self._write_large(view)
+        except BaseException as e:  # noqa: BLE001 - re-raised by raise_if_failed()
+            self._error = e
+            return n
+        self._nbytes += n
+        return n
+
+    def raise_if_failed(self) -> None:
+        """Re-raises the first error a `write` recorded (see `write` for why it is deferred)."""
+        if self._error is not None:
+            error = self._error
+            raise error
+
+    def _write_large(self, view: memoryview) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="supervisor-checksum")
+        future: Future = self._pool.submit(zlib.crc32, view, self._crc)
+        try:
+            for start in range(0, view.nbytes, _CHUNK_BYTES):
+                _write_all(self._raw, view[start:start + _CHUNK_BYTES])
+        finally:
+            # The view may point into memory torch frees once write() returns: always wait.
+            crc = future.result()
+        self._crc = crc
+
+    def _flush_batch(self) -> None:
+        if self._batch:
+            self._crc = zlib.crc32(self._batch, self._crc)
+            _write_all(self._raw, memoryview(self._batch))
+            self._batch = bytearray()
+
+    def flush(self) -> None:
+        """Nothing to do: ``torch.save`` calls this mid-way; `sync` writes the batch at the end."""
+
+    def sync(self) -> None:
+        """Writes what is batched and fsyncs the file (data and size); raises a recorded error."""
+        self.raise_if_failed()
+        self._flush_batch()
+        flush = getattr(self._raw, "flush", None)
+        if flush is not None:
+            flush()
+        os.fsync(self._raw.fileno())
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        finally:
+            self._raw.close()
+
+    def __enter__(self) -> ChecksumWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _write_all(raw: IO[bytes], view: memoryview) -> None:
+    # An unbuffered file may write less than asked (signals, pipe-like targets): loop.
+    while view.nbytes:
+        written = raw.write(view)
+        if written is None:  # a non-blocking raw file that would block; cannot happen for files
+            raise OSError(f"short write to {getattr(raw, 'name', raw)!r}")
+        if written >= view.nbytes:
+            return
+        view = view[written:]
+
+
+def checksum_file(path: str, *, chunk_bytes: int = _CHUNK_BYTES) -> tuple[int, str]:
+    """Returns ``(size, checksum)`` of the file at ``path``, read once in chunks."""
+    crc = 0
+    size = 0
+    buffer = bytearray(chunk_bytes)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                break
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return size, format_checksum(crc)
+
+
+def fsync_dir(path: str) -> None:
+    """Makes a directory's entries (created, renamed, removed files) durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open directories; renames there are durable enough
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        # Some filesystems refuse fsync on directories (EINVAL); that is not a data error.
+        if e.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,183 @@
+"""The on-disk layout of checkpoints (SPEC §2, §5.1).
+
+::
+
+    logdir/
+      checkpoint                      # index, TF text format (index.py)
+      model.ckpt-1200/                # one committed checkpoint
+        MANIFEST.json                 # written last: sizes + checksums of every file
+        state.pt                      # torch.save of the payload below
+      model.ckpt-1300.tmp-<hex>/      # being written (or left by a crash; removed at open)
+      model.ckpt-100.deleting-<hex>/  # being deleted by retention (readers skip it)
+      .supervisor.lock                # ownership lock (lock.py)
+
+``state.pt`` holds one mapping, loadable by hand with ``torch.load(path, weights_only=True)``::
+
+    {"__meta__": {"format": ..., "format_version": 1, "torch_version": ..., "entries": [...]},
+     "global_step": 1200,
+     "rng": {0: {...}},               # per rank (supervisor.rng); absent with save_rng=False
+     "model": {...}, "optimizer": {...}, ...}   # one state dict per training-state entry
+
+Note: ``state.pt``'s zip records carry no per-record CRC (torch's own CRC pass is skipped, see
+`supervisor.checkpoint.commit`): ``torch.load`` does not need it, and the manifest's checksum
+covers every byte of the file. ``unzip -t`` reports CRC errors on such a file; use
+``python -m supervisor verify`` instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "STATE_FILE",
+    "MANIFEST_FILE",
+    "INDEX_FILE",
+    "LOCK_FILE",
+    "FileRecord",
+    "Manifest",
+    "checkpoint_name",
+    "list_committed",
+    "make_payload",
+    "read_manifest",
+    "step_of",
+    "temp_name",
+    "deleting_name",
+    "is_transient",
+]
+
+FORMAT_NAME = "torch-supervisor-checkpoint"
+FORMAT_VERSION = 1
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "MANIFEST.json"
+INDEX_FILE = "checkpoint"
+LOCK_FILE = ".supervisor.lock"
+META_KEY = "__meta__"
+STEP_KEY = "global_step"
+RNG_KEY = "rng"
+
+_TRANSIENT = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|deleting)-[0-9a-f]{32}$")
+
+
+def checkpoint_name(basename: str, step: int) -> str:
+    return f"{basename}-{int(step)}"
+
+
+def step_of(name: str, basename: str) -> int | None:
+    """The step in a committed checkpoint's name ``<basename>-<step>``, else None."""
+    match = re.fullmatch(re.escape(basename) + r"-(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def temp_name(name: str) -> str:
+    return f"{name}.tmp-{os.urandom(16).hex()}"
+
+
+def deleting_name(name: str) -> str:
+    return f"{name}.deleting-{os.urandom(16).hex()}"
+
+
+def is_transient(name: str) -> bool:
+    """Whether ``name`` is a checkpoint being written or deleted (never a committed one)."""
+    return _TRANSIENT.match(name) is not None
+
+
+def list_committed(directory: str, basename: str) -> list[tuple[int, str]]:
+    """``(step, name)`` of every directory named like a committed checkpoint, by step.
+
+    Whether it verifies is a separate question (restore.py); a crash can only leave temp
+    directories behind, so a missing manifest here means damage, not an interrupted write.
+    """
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        step = step_of(name, basename)
+        if step is not None and os.path.isdir(os.path.join(directory, name)):
+            found.append((step, name))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of a checkpoint: its size in bytes and its checksum (``crc32:%08x``)."""
+
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``MANIFEST.json``: what a committed checkpoint contains; written last."""
+
+    step: int
+    wall_time: float
+    torch_version: str
+    world_size: int
+    files: Mapping[str, FileRecord] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "step": self.step,
+            "wall_time": self.wall_time,
+            "torch_version": self.torch_version,
+            "world_size": self.world_size,
+            "files": {name: {"bytes": r.size, "checksum": r.checksum} for name, r in self.files.items()},
+        }, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parses a manifest; `ValueError` says what is wrong with it."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON ({e})") from e
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            raise ValueError(f"not a {FORMAT_NAME} manifest")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"format version {version!r} is not supported (this torch-supervisor "
+                             f"reads version {FORMAT_VERSION}); upgrade torch-supervisor")
+        try:
+            files = {str(name): FileRecord(_int(r["bytes"]), str(r["checksum"]))
+                     for name, r in data["files"].items()}
+            return cls(step=_int(data["step"]), wall_time=float(data["wall_time"]),
+                       torch_version=str(data["torch_version"]), world_size=_int(data["world_size"]),
+                       files=files, format_version=version)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"malformed manifest ({type(e).__name__}: {e})") from e
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def read_manifest(checkpoint_path: str) -> Manifest:
+    """Reads ``<checkpoint_path>/MANIFEST.json``; `FileNotFoundError` or `ValueError`."""
+    with open(os.path.join(checkpoint_path, MANIFEST_FILE), encoding="utf-8") as f:
+        return Manifest.from_json(f.read())
+
+
+def make_payload(step: int, entries: Mapping[str, Any], rng: Mapping[int, Any] | None,
+                 torch_version: str) -> dict[str, Any]:
+    """The mapping ``state.pt`` holds (see the module docstring)."""
+    payload: dict[str, Any] = {
+        META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                   "torch_version": str(torch_version), "entries": [str(n) for n in entries]},
+        STEP_KEY: int(step),
+    }
+    if rng is not None:
+        payload[RNG_KEY] = dict(rng)
+    payload.update(entries)
+    return payload

@@ -1,0 +1,187 @@
+"""The index file ``logdir/checkpoint`` (SPEC §5.3), in TensorFlow's text format.
+
+::
+
+    model_checkpoint_path: "model.ckpt-200"
+    all_model_checkpoint_paths: "model.ckpt-100"
+    all_model_checkpoint_paths: "model.ckpt-200"
+    all_model_checkpoint_timestamps: 1763700000.5
+    all_model_checkpoint_timestamps: 1763700600.1
+    last_preserved_timestamp: 1763699000.0
+
+Paths are written relative to the logdir, oldest first; ``model_checkpoint_path`` is what a
+restore picks, and a person may edit it by hand to restart from an older checkpoint. The file is
+rewritten atomically (temp file, fsync, ``os.replace``, fsync of the directory), so a reader
+always sees the old or the new index, never a mix.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, replace
+
+from supervisor.checkpoint.fileio import fsync_dir
+from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE
+
+__all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
+           "parse_index", "format_index"]
+
+logger = logging.getLogger(__name__)
+
+_LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(.*?)\s*$")
+_STRING_KEYS = ("model_checkpoint_path", "all_model_checkpoint_paths")
+_FLOAT_KEYS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """The index's content (TF's ``CheckpointState`` proto).
+
+    Attributes:
+        model_checkpoint_path: the checkpoint to restore from.
+        all_model_checkpoint_paths: the checkpoints retention manages, oldest first.
+        all_model_checkpoint_timestamps: when each of those was saved (seconds since the epoch).
+        last_preserved_timestamp: when the last checkpoint kept by
+            ``keep_checkpoint_every_n_hours`` was saved (None when never written).
+    """
+
+    model_checkpoint_path: str
+    all_model_checkpoint_paths: tuple[str, ...] = ()
+    all_model_checkpoint_timestamps: tuple[float, ...] = ()
+    last_preserved_timestamp: float | None = None
+
+
+def parse_index(text: str) -> CheckpointState:
+    """Parses the text format; `ValueError` names the offending line."""
+    values: dict[str, list] = {key: [] for key in _STRING_KEYS + _FLOAT_KEYS}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if match is None or match.group(1) not in values:
+            raise ValueError(f"line {number} is not a checkpoint index field: {line!r}")
+        key, raw = match.groups()
+        try:
+            values[key].append(_unquote(raw) if key in _STRING_KEYS else float(raw))
+        except ValueError as e:
+            raise ValueError(f"line {number} ({key}) has a malformed value {raw!r}: {e}") from e
+    latest = values["model_checkpoint_path"]
+    if not latest or not latest[-1]:
+        raise ValueError("it names no model_checkpoint_path")
+    preserved = values["last_preserved_timestamp"]
+    return CheckpointState(
+        model_checkpoint_path=latest[-1],
+        all_model_checkpoint_paths=tuple(values["all_model_checkpoint_paths"]),
+        all_model_checkpoint_timestamps=tuple(values["all_model_checkpoint_timestamps"]),
+        last_preserved_timestamp=preserved[-1] if preserved else None,
+    )
+
+
+def format_index(state: CheckpointState) -> str:
+    lines = [f"model_checkpoint_path: {_quote(state.model_checkpoint_path)}"]
+    lines += [f"all_model_checkpoint_paths: {_quote(p)}" for p in state.all_model_checkpoint_paths]
+    lines += [f"all_model_checkpoint_timestamps: {float(t)!r}" for t in state.all_model_checkpoint_timestamps]
+    if state.last_preserved_timestamp is not None:
+        lines.append(f"last_preserved_timestamp: {float(state.last_preserved_timestamp)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def read_index(directory: str) -> CheckpointState | None:
+    """The index as written (paths as they are in the file); None when there is no index file.
+
+    Raises:
+        ValueError: the file exists but cannot be parsed (the message names the file).
+        OSError: the file exists but cannot be read.
+    """
+    path = os.path.join(directory, INDEX_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
+    try:
+        return parse_index(text)
+    except ValueError as e:
+        raise ValueError(f"the checkpoint index {path} is unreadable: {e}") from e
+
+
+def write_index(directory: str, state: CheckpointState) -> None:
+    """Atomically replaces ``directory/checkpoint`` with ``state``."""
+    path = os.path.join(directory, INDEX_FILE)
+    tmp = f"{path}.tmp-{os.urandom(16).hex()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(format_index(state))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState | None:
+    """The index of ``checkpoint_dir`` with absolute paths, or None (TF's semantics: a missing
+    or unreadable index gives None, the latter with a WARNING)."""
+    directory = os.fspath(checkpoint_dir)
+    try:
+        state = read_index(directory)
+    except (ValueError, OSError) as e:
+        logger.warning("%s; checkpoint index ignored", e)
+        return None
+    if state is None:
+        return None
+    absolute = lambda p: p if os.path.isabs(p) else os.path.join(directory, p)  # noqa: E731
+    return replace(state, model_checkpoint_path=absolute(state.model_checkpoint_path),
+                   all_model_checkpoint_paths=tuple(absolute(p) for p in state.all_model_checkpoint_paths))
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+    """The path of the checkpoint the index names, if it exists (committed); else None.
+
+    Like TF, this reads the index only and does not verify checksums;
+    `supervisor.checkpoints_iterator` yields verified checkpoints only.
+    """
+    state = get_checkpoint_state(checkpoint_dir)
+    if state is None:
+        return None
+    path = state.model_checkpoint_path
+    return path if os.path.isfile(os.path.join(path, MANIFEST_FILE)) else None
+
+
+# ---------------------------------------------------------------- text-format strings
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\"}
+
+
+def _quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _unquote(raw: str) -> str:
+    if len(raw) < 2 or raw[0] != raw[-1] or raw[0] not in "\"'":
+        raise ValueError("expected a quoted string")
+    body, out, i = raw[1:-1], [], 0
+    while i < len(body):
+        char = body[i]
+        if char != "\\":
+            out.append(char)
+            i += 1
+            continue
+        nxt = body[i + 1:i + 2]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif re.match(r"[0-7]{3}", body[i + 1:i + 4]):
+            out.append(chr(int(body[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            raise ValueError(f"unknown escape \\{nxt}")
+    return "".join(out)

@@ -1,0 +1,395 @@
+"""`CheckpointManager`: save, restore and retain the checkpoints of one logdir (SPEC §5).
+
+The one object the session, the front doors and the checkpoint hook talk to. It composes the
+parts: the ownership lock (lock.py), the capture into reused staging buffers (staging.py, on
+the caller's thread — the only part that blocks training), the background writer (writer.py)
+running the commit protocol (commit.py), the index (index.py), retention decisions
+(retention.py, pure) and verify-then-fall-back restore (restore.py).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Iterable
+
+import torch
+
+from supervisor import distributed
+from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_number
+from supervisor.checkpoint import retention
+from supervisor.checkpoint.commit import clean_transient, move_aside, remove_tree, write_checkpoint
+from supervisor.checkpoint.fileio import Opener
+from supervisor.checkpoint.format import checkpoint_name, make_payload
+from supervisor.checkpoint.index import CheckpointState, read_index, write_index
+from supervisor.checkpoint.lock import OwnershipLock
+from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
+from supervisor.checkpoint.staging import StagingArea
+from supervisor.checkpoint.writer import BackgroundWriter
+from supervisor.clock import Clock, resolve_clock
+from supervisor.creator import Restored
+from supervisor.errors import CheckpointError
+from supervisor.rng import capture_rng_state
+from supervisor.state import TrainingState
+
+__all__ = ["CheckpointManager"]
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointManager:
+    """Writes checkpoints of a `TrainingState` into ``directory`` and restores the newest good one.
+
+    Example::
+
+        manager = CheckpointManager(logdir, max_to_keep=3)
+        manager.open()                        # takes the logdir's ownership lock
+        restored = manager.restore(state)     # None when there is no checkpoint yet
+        ...
+        manager.save(step, state)             # captures now, writes in the background
+        manager.close()                       # finishes the save in flight, releases the lock
+
+    Args:
+        directory: the logdir (created if missing).
+        basename: checkpoints are ``<basename>-<step>`` directories.
+        max_to_keep: how many recent checkpoints retention keeps (None: all).
+        keep_checkpoint_every_n_hours: additionally keep one checkpoint per this many hours.
+        save_mode: ``"async"`` (write in a background thread) or ``"sync"`` (write in ``save``).
+        verify: ``"full"`` (sizes and checksums) or ``"size"`` (sizes only) before restoring.
+        max_consecutive_save_failures: None (default): the first failed save is fatal. K: a
+            failed save is logged and training goes on until K saves in a row have failed.
+        trusted_globals: classes/functions a checkpoint may reference beyond what
+            ``torch.load(weights_only=True)`` allows; only for checkpoints you trust.
+        save_rng: save and restore the RNG states (Python, NumPy, torch CPU and CUDA).
+        clock: injectable clock (checkpoint timestamps and retention use its ``time()``).
+        on_error: ``on_error(CheckpointError)``, called from the writer thread when a background
+            save fails fatally (a session wires it to ``request_stop``). Without it, the error
+            is raised by the next ``save``, ``wait`` or ``close``.
+        opener: ``opener(path) -> binary file`` for every file written into a checkpoint
+            (default: ``open(path, "xb", buffering=0)``); the seam fault-injection tests use.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        basename: str = "model.ckpt",
+        max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float | None = 10000.0,
+        save_mode: str = "async",
+        verify: str = "full",
+        max_consecutive_save_failures: int | None = None,
+        trusted_globals: Iterable[Any] = (),
+        save_rng: bool = True,
+        clock: Clock | None = None,
+        on_error: Callable[[CheckpointError], Any] | None = None,
+        opener: Opener | None = None,
+    ) -> None:
+        self.directory = _check_directory(directory)
+        self.basename = _check_basename(basename)
+        self.max_to_keep = check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True)
+        self.keep_checkpoint_every_n_hours = check_number(
+            "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True, allow_none=True)
+        self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
+        self.verify = check_choice("verify", verify, VERIFY_MODES)
+        self.max_consecutive_save_failures = check_int(
+            "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True)
+        self.trusted_globals = _check_trusted_globals(trusted_globals)
+        self.save_rng = check_bool("save_rng", save_rng)
+        self._clock = resolve_clock(clock)
+        self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
+        self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
+        self._lock = OwnershipLock(self.directory)
+        self._writer = BackgroundWriter()
+        self._staging = StagingArea()
+        self._mutex = threading.Lock()
+        self._retention: retention.RetentionState | None = None
+        self._opened = self._closed = False
+        self._last_saved_step: int | None = None
+        self._last_committed_step: int | None = None
+        self._consecutive_failures = 0
+        self._failure: CheckpointError | None = None
+        self._failure_delivered = False
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def last_saved_step(self) -> int | None:
+        """The step of the newest save committed or in flight (or restored); None before any."""
+        return self._last_saved_step
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        """Paths of the checkpoints retention manages, oldest first (after `open`)."""
+        names = self._retention.names if self._retention is not None else ()
+        return tuple(os.path.join(self.directory, n) for n in names)
+
+    def open(self) -> None:
+        """Takes the ownership lock (`LogdirInUseError` if another writer holds it), removes
+        temp directories a crashed writer left, and recovers retention from the index."""
+        if self._closed:
+            raise RuntimeError(f"the checkpoint manager of {self.directory} is closed; create a new one")
+        if self._opened:
+            return
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
+        self._lock.acquire()
+        try:
+            clean_transient(self.directory)
+            self._retention = self._recover_retention()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._opened = True
+
+    def _recover_retention(self) -> retention.RetentionState:
+        try:
+            index = read_index(self.directory)
+        except (ValueError, OSError) as e:
+            logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
+            index = None
+        if index is not None:
+            index = _relative_index(index, self.directory)
+        present = set(os.listdir(self.directory))
+        state = retention.recover(index, self._clock.time(), present=present)
+        if index is not None:
+            gone = [p for p in index.all_model_checkpoint_paths if p not in present]
+            if gone:
+                logger.info("the checkpoint index lists %s, which no longer exist(s); forgetting them", gone)
+        return state
+
+    def close(self, *, failed: bool = False) -> None:
+        """Finishes the save in flight, stops the writer thread and releases the lock.
+
+        ``failed=False`` re-raises a fatal background failure that was not raised on a caller's
+        thread yet; ``failed=True`` (closing because of another error) never raises it again.
+        Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+        finally:
+            self._staging.release()
+            self._lock.release()
+        with self._mutex:
+            failure, self._failure = self._failure, None
+        if failure is None:
+            return
+        if not failed:
+            raise failure
+        if not self._failure_delivered:
+            logger.warning("closing after another error; a checkpoint save had also failed: %s", failure)
+
+    def __enter__(self) -> CheckpointManager:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(failed=exc is not None)
+
+    # ---------------------------------------------------------------- saving
+    def save(self, step: int, state: TrainingState, *, wait: bool = False) -> str:
+        """Checkpoints ``state`` as of ``step``: captures it now, on this thread, then writes it
+        in the background (``save_mode="async"``) or before returning (``"sync"``/``wait``).
+
+        Returns:
+            The path the checkpoint is committed to (``<directory>/<basename>-<step>``).
+
+        Raises:
+            CheckpointError: this save failed and waited for (sync or ``wait=True``) and the
+                failure policy says stop; or an earlier background failure not yet reported.
+        """
+        step = check_int("step", step, minimum=0)
+        if not isinstance(state, TrainingState):
+            raise TypeError(f"state must be a supervisor.TrainingState, got {type(state).__name__}")
+        if not self._opened or self._closed:
+            raise RuntimeError(f"the checkpoint manager of {self.directory} is not open; call open() "
+                               "before save() (and do not save after close())")
+        self._raise_undelivered()
+        waited = self._writer.wait()
+        if waited > 0:
+            logger.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+            self._raise_undelivered()
+        name = checkpoint_name(self.basename, step)
+        timestamp = self._clock.time()
+        start = time.perf_counter()
+        payload = self._capture(step, state)
+        capture_secs = time.perf_counter() - start
+        self._last_saved_step = step
+        blocking = wait or self.save_mode == "sync"
+        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, blocking)
+        del payload
+        if self.save_mode == "sync":
+            job()
+        else:
+            self._writer.submit(job)
+            if wait:
+                self._writer.wait()
+        if blocking:
+            self._raise_undelivered()
+        return os.path.join(self.directory, name)
+
+    def wait(self) -> None:
+        """Blocks until no save is in flight; raises a background failure not yet reported."""
+        self._writer.wait()
+        self._raise_undelivered()
+
+    def _capture(self, step: int, state: TrainingState) -> dict[str, Any]:
+        try:
+            entries = self._staging.capture(state.state_dict())
+            rng = {distributed.rank(): capture_rng_state()} if self.save_rng else None
+        except Exception as e:
+            raise CheckpointError(f"capturing the training state for the checkpoint of step {step} "
+                                  f"failed: {type(e).__name__}: {e}") from e
+        return make_payload(step, entries, rng, torch.__version__)
+
+    def _write(self, step: int, name: str, payload: dict, timestamp: float, capture_secs: float,
+               blocking: bool) -> None:
+        path = os.path.join(self.directory, name)
+        try:
+            result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
+                                      world_size=distributed.world_size(), opener=self._opener)
+        except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
+            self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, blocking)
+            return
+        finally:
+            del payload
+        try:
+            self._publish(name, timestamp)
+        except Exception as e:  # noqa: BLE001
+            self._failed(step, f"the checkpoint of step {step} was committed to {path} but the index "
+                         f"{os.path.join(self.directory, 'checkpoint')} could not be updated", e, blocking)
+            return
+        with self._mutex:
+            self._consecutive_failures = 0
+            self._last_committed_step = step
+        mib = result.nbytes / 2**20
+        logger.info("committed %s in %.2f s (%.1f MiB at %.0f MiB/s; capture took %.3f s)", name,
+                    result.write_secs, mib, mib / max(result.write_secs, 1e-9), capture_secs)
+
+    def _publish(self, name: str, timestamp: float) -> None:
+        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6)."""
+        recorded = retention.record(self._retention, name, timestamp)
+        write_index(self.directory, retention.to_index(recorded, name))
+        self._retention = recorded
+        result = retention.sweep(recorded, max_to_keep=self.max_to_keep,
+                                 keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
+        if not (result.delete or result.preserve):
+            return
+        for kept in result.preserve:
+            logger.info("keeping %s for good (one checkpoint every %g hours)", kept,
+                        self.keep_checkpoint_every_n_hours)
+        # Rename before the index forgets them, delete after: a crash in between leaves
+        # .deleting- directories (removed at the next open), never a listed half-deleted one.
+        asides = [a for a in (move_aside(os.path.join(self.directory, n)) for n in result.delete) if a]
+        write_index(self.directory, retention.to_index(result.state, name))
+        self._retention = result.state
+        for aside in asides:
+            remove_tree(aside)
+        if result.delete:
+            logger.info("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
+
+    def _failed(self, step: int, message: str, error: Exception, blocking: bool) -> None:
+        failure = CheckpointError(f"{message}: {type(error).__name__}: {error}")
+        failure.__cause__ = error
+        limit = self.max_consecutive_save_failures
+        with self._mutex:
+            self._consecutive_failures += 1
+            count = self._consecutive_failures
+            self._last_saved_step = self._last_committed_step
+        if limit is not None and count < limit:
+            logger.warning("%s; the committed checkpoints are intact and training goes on "
+                           "(%d of max_consecutive_save_failures=%d failures in a row)", failure, count, limit)
+            return
+        if limit is not None:
+            failure.add_note(f"{count} saves in a row failed (max_consecutive_save_failures={limit})")
+        delivered = False
+        if not blocking and self.on_error is not None:
+            try:
+                self.on_error(failure)
+                delivered = True
+            except BaseException as e:  # noqa: BLE001 - e.g. the session is past its last join
+                logger.debug("on_error did not take the checkpoint failure (%s); raising it later", e)
+        with self._mutex:
+            if self._failure is None:
+                self._failure, self._failure_delivered = failure, delivered
+
+    def _raise_undelivered(self) -> None:
+        with self._mutex:
+            if self._failure is None or self._failure_delivered:
+                return
+            failure, self._failure = self._failure, None
+        raise failure
+
+    # ---------------------------------------------------------------- restoring
+    def restore(self, state: TrainingState) -> Restored | None:
+        """Restores the newest verified checkpoint (falling back to older ones) into ``state``,
+        with the RNG states; returns its step and path, or None when there is no checkpoint.
+
+        Raises:
+            CheckpointCorruptError: checkpoints exist but none verifies.
+            CheckpointError: the checkpoint does not match ``state`` (strict), or needs an
+                untrusted global.
+        """
+        self._writer.wait()  # a save in flight is the newest checkpoint
+        loaded = find_and_load(self.directory, self.basename, verify=self.verify,
+                               trusted_globals=self.trusted_globals)
+        if loaded is None:
+            return None
+        restored = apply_checkpoint(loaded, state, restore_rng=self.save_rng)
+        self._last_saved_step = self._last_committed_step = restored.global_step
+        return restored
+
+    def __repr__(self) -> str:
+        return (f"CheckpointManager({self.directory!r}, basename={self.basename!r}, "
+                f"max_to_keep={self.max_to_keep}, save_mode={self.save_mode!r})")
+
+
+def _check_directory(directory: Any) -> str:
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise TypeError(f"directory must be a non-empty path (str or os.PathLike), got {directory!r}")
+    return os.path.abspath(os.fspath(directory))
+
+
+def _check_basename(basename: Any) -> str:
+    if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith(".") \
+            or (os.altsep and os.altsep in basename):
+        raise ValueError(f"basename must be a plain file name such as 'model.ckpt', got {basename!r}")
+    return basename
+
+
+def _check_trusted_globals(trusted: Any) -> tuple:
+    if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Iterable):
+        raise TypeError("trusted_globals must be a list of classes or functions (the objects, not "
+                        f"their names), got {trusted!r}")
+    trusted = tuple(trusted)
+    for i, item in enumerate(trusted):
+        ok = callable(item) or (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str))
+        if not ok:
+            raise TypeError(f"trusted_globals[{i}] must be a class or function (or a (object, "
+                            f"'module.name') pair), got {item!r}")
+    return trusted
+
+
+def _relative_index(index: CheckpointState, directory: str) -> CheckpointState:
+    """The index with paths relative to ``directory``; paths elsewhere are left out of retention
+    (never deleted)."""
+
+    def relative(path: str) -> str | None:
+        if not os.path.isabs(path):
+            return os.path.normpath(path)
+        parent, name = os.path.split(os.path.normpath(path))
+        return name if os.path.abspath(parent) == directory else None
+
+    paths = index.all_model_checkpoint_paths
+    timed = len(index.all_model_checkpoint_timestamps) == len(paths)
+    stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
+    kept = [(r, t) for p, t in zip(paths, stamps) if (r := relative(p)) is not None]
+    return replace(index, all_model_checkpoint_paths=tuple(r for r, _ in kept),
+                   all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
