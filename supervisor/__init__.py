@@ -6,6 +6,15 @@ and share one stop condition across threads and ranks.
 """
 from __future__ import annotations
 
+from supervisor.checkpoint import (
+    CheckpointManager,
+    CheckpointState,
+    checkpoints_iterator,
+    get_checkpoint_state,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_partial,
+)
 from supervisor.clock import Clock, SystemClock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import Restored, SessionCreator
@@ -27,6 +36,13 @@ from supervisor.training_session import MonitoredTrainingSession, SingularMonito
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointManager",
+    "CheckpointState",
+    "checkpoints_iterator",
+    "get_checkpoint_state",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "restore_partial",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointNotFoundError",

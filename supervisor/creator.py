@@ -128,7 +128,14 @@ class SessionCreator:
             raise RuntimeError(f"model not ready after initialisation: {not_ready}")
 
     def close(self, *, failed: bool) -> None:
-        """Releases what the creator holds (locks, writers). ``failed``: closing on an error.
-        Subclasses call ``super().close(failed=failed)`` last."""
-        if self.owns_summary_writer and self.summary_writer is not None:
-            self.summary_writer.close()
+        """Releases what the creator holds (locks, checkpoint managers); ``failed``: closing on
+        an error. Override freely: the summary writer is closed by `shutdown` regardless."""
+
+    def shutdown(self, *, failed: bool) -> None:
+        """What the session calls at close: `close`, then the summary writer if this creator
+        owns it (even when `close` raised, so no events are lost)."""
+        try:
+            self.close(failed=failed)
+        finally:
+            if self.owns_summary_writer and self.summary_writer is not None:
+                self.summary_writer.close()

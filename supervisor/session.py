@@ -233,7 +233,7 @@ class MonitoredSession:
         checkpoint's path. ``wait=True`` blocks until it is committed."""
         manager = self._creator.checkpoints
         if manager is None or not self._creator.is_chief:
-            why = "is not the chief" if manager is not None else "has no checkpoint directory"
+            why = "is not the chief" if not self._creator.is_chief else "has no checkpoint directory"
             raise RuntimeError(f"save_checkpoint: this session {why}; only the chief of a session "
                                "with a logdir/checkpoint_dir writes checkpoints")
         return manager.save(self._global_step, self._creator.state, wait=wait)
@@ -359,7 +359,7 @@ class MonitoredSession:
         self._closed = True
         if self._signals is not None:
             self._signals.restore()
-        self._creator.close(failed=False)
+        self._creator.shutdown(failed=False)
 
     def _close_on_error(self, exc: BaseException) -> BaseException:
         """Stops everything after ``exc``; returns the first exception, to be re-raised."""
@@ -386,7 +386,7 @@ class MonitoredSession:
         if self._signals is not None:
             self._signals.restore()
         try:
-            self._creator.close(failed=True)
+            self._creator.shutdown(failed=True)
         except Exception:  # noqa: BLE001 - the first error is the one the user must see
             logger.exception("closing the session creator failed after %s", type(first).__name__)
         return first
