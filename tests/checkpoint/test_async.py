@@ -1,0 +1,91 @@
+"""Background saving (SPEC §5.2): every checkpoint is the consistent cut after its step."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+
+from supervisor.checkpoint import load_checkpoint
+
+from .conftest import GatedOpener, small_state, train_step
+
+
+def _weights(state) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in state["model"].state_dict().items()}
+
+
+def test_every_async_checkpoint_equals_the_weights_after_its_step(manager_factory, tmp_path):
+    """Replay check: async saves while the step function keeps changing parameters in place."""
+    state = small_state(width=128)  # ~0.2 MiB of state: writes overlap the following steps
+    manager = manager_factory(max_to_keep=None)
+    expected = {}
+    for step in range(1, 22):
+        train_step(state, step)
+        expected[step] = _weights(state)
+        if step % 3 == 0 or step in (1, 2, 7):
+            manager.save(step, state)  # async: returns after the capture
+    manager.wait()
+
+    names = sorted(n for n in os.listdir(tmp_path / "logdir") if n.startswith("model.ckpt-"))
+    steps = sorted(int(n.rsplit("-", 1)[1]) for n in names)
+    assert steps == [1, 2, 3, 6, 7, 9, 12, 15, 18, 21]
+    for step in steps:
+        saved = load_checkpoint(tmp_path / "logdir" / f"model.ckpt-{step}")
+        assert saved["global_step"] == step
+        for key, value in expected[step].items():
+            assert torch.equal(saved["model"][key], value), f"step {step}: {key} differs"
+
+
+def test_parameters_changed_during_the_write_do_not_leak_into_it(manager_factory):
+    gate = GatedOpener()
+    state = small_state()
+    manager = manager_factory(opener=gate)
+    before = _weights(state)
+    path = manager.save(1, state)
+    assert gate.writing.wait(10)  # the writer is provably mid-write
+    with torch.no_grad():
+        for p in state["model"].parameters():
+            p.add_(1.0)
+    gate.release.set()
+    manager.wait()
+
+    saved = load_checkpoint(path)
+    for key, value in before.items():
+        assert torch.equal(saved["model"][key], value)
+
+
+def test_a_save_due_while_one_is_writing_waits_and_logs_the_wait(manager_factory, caplog):
+    gate = GatedOpener()
+    state = small_state()
+    manager = manager_factory(opener=gate)
+    manager.save(1, state)
+    assert gate.writing.wait(10)
+    assert manager.last_saved_step == 1
+
+    second = threading.Thread(target=manager.save, args=(2, state))
+    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.manager"):
+        second.start()
+        second.join(0.2)
+        assert second.is_alive(), "the second save must wait for the first"
+        gate.release.set()
+        second.join(10)
+        assert not second.is_alive()
+        manager.wait()
+    assert any("step 2 waited" in r.getMessage() for r in caplog.records)
+    assert manager.last_saved_step == 2
+
+
+def test_sync_mode_writes_before_save_returns(manager_factory, tmp_path):
+    manager = manager_factory(save_mode="sync")
+    path = manager.save(5, small_state())
+    assert os.path.isfile(os.path.join(path, "MANIFEST.json"))
+    assert manager._writer._thread is None  # no background thread in sync mode
+
+
+def test_commit_is_logged_at_info_with_the_checkpoint_name(manager_factory, caplog):
+    manager = manager_factory()
+    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.manager"):
+        manager.save(9, small_state(), wait=True)
+    assert any(r.getMessage().startswith("committed model.ckpt-9 in ") for r in caplog.records)
