@@ -20,7 +20,8 @@ import os
 from typing import Any, Callable, Iterable
 
 from supervisor._validate import check_bool, check_choice, check_number
-from supervisor.checkpoint.manager import CheckpointManager, _check_basename, _check_trusted_globals
+from supervisor.checkpoint.manager import CheckpointManager
+from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
 from supervisor.clock import Clock, resolve_clock
 from supervisor.creator import Restored, SessionCreator
@@ -106,9 +107,9 @@ class WorkerSessionCreator(SessionCreator):
         self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
         self.recovery_wait_secs = check_number("recovery_wait_secs", recovery_wait_secs, strictly_positive=True)
-        self.basename = _check_basename(basename)
+        self.basename = check_basename(basename)
         self.verify = check_choice("verify", verify, VERIFY_MODES)
-        self.trusted_globals = _check_trusted_globals(trusted_globals)
+        self.trusted_globals = check_trusted_globals(trusted_globals)
         self.save_rng = check_bool("save_rng", save_rng)
         self._clock = resolve_clock(clock)
 

@@ -25,7 +25,7 @@ from supervisor.checkpoint.fileio import fsync_dir
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
-           "parse_index", "format_index"]
+           "parse_index", "format_index", "relative_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +154,24 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
         return None
     path = state.model_checkpoint_path
     return path if os.path.isfile(os.path.join(path, MANIFEST_FILE)) else None
+
+
+def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
+    """The index's managed paths relative to ``directory``; paths elsewhere are left out, so
+    retention never deletes them."""
+
+    def relative(path: str) -> str | None:
+        if not os.path.isabs(path):
+            return os.path.normpath(path)
+        parent, name = os.path.split(os.path.normpath(path))
+        return name if os.path.abspath(parent) == directory else None
+
+    paths = index.all_model_checkpoint_paths
+    timed = len(index.all_model_checkpoint_timestamps) == len(paths)
+    stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
+    kept = [(r, t) for p, t in zip(paths, stamps, strict=True) if (r := relative(p)) is not None]
+    return replace(index, all_model_checkpoint_paths=tuple(r for r, _ in kept),
+                   all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
 
 
 # ---------------------------------------------------------------- text-format strings

@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -24,8 +23,9 @@ from supervisor.checkpoint import retention
 from supervisor.checkpoint.commit import clean_transient, move_aside, remove_tree, write_checkpoint
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
-from supervisor.checkpoint.index import CheckpointState, read_index, write_index
+from supervisor.checkpoint.index import read_index, relative_index, write_index
 from supervisor.checkpoint.lock import OwnershipLock
+from supervisor.checkpoint.options import check_basename, check_directory, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
@@ -88,8 +88,8 @@ class CheckpointManager:
         on_error: Callable[[CheckpointError], Any] | None = None,
         opener: Opener | None = None,
     ) -> None:
-        self.directory = _check_directory(directory)
-        self.basename = _check_basename(basename)
+        self.directory = check_directory(directory)
+        self.basename = check_basename(basename)
         self.max_to_keep = check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True)
         self.keep_checkpoint_every_n_hours = check_number(
             "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True, allow_none=True)
@@ -97,7 +97,7 @@ class CheckpointManager:
         self.verify = check_choice("verify", verify, VERIFY_MODES)
         self.max_consecutive_save_failures = check_int(
             "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True)
-        self.trusted_globals = _check_trusted_globals(trusted_globals)
+        self.trusted_globals = check_trusted_globals(trusted_globals)
         self.save_rng = check_bool("save_rng", save_rng)
         self._clock = resolve_clock(clock)
         self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
@@ -153,7 +153,7 @@ class CheckpointManager:
             logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
             index = None
         if index is not None:
-            index = _relative_index(index, self.directory)
+            index = relative_index(index, self.directory)
         present = set(os.listdir(self.directory))
         state = retention.recover(index, self._clock.time(), present=present)
         if index is not None:
@@ -278,7 +278,14 @@ class CheckpointManager:
         recorded = retention.record(self._retention, name, timestamp)
         write_index(self.directory, retention.to_index(recorded, name))
         self._retention = recorded
-        result = retention.sweep(recorded, max_to_keep=self.max_to_keep,
+        try:
+            self._retain(name)
+        except OSError as e:  # the new checkpoint is committed and published: only cleanup failed
+            logger.warning("retention after committing %s failed (%s); older checkpoints may be left "
+                           "behind", name, e)
+
+    def _retain(self, latest: str) -> None:
+        result = retention.sweep(self._retention, max_to_keep=self.max_to_keep,
                                  keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
         if not (result.delete or result.preserve):
             return
@@ -288,7 +295,7 @@ class CheckpointManager:
         # Rename before the index forgets them, delete after: a crash in between leaves
         # .deleting- directories (removed at the next open), never a listed half-deleted one.
         asides = [a for a in (move_aside(os.path.join(self.directory, n)) for n in result.delete) if a]
-        write_index(self.directory, retention.to_index(result.state, name))
+        write_index(self.directory, retention.to_index(result.state, latest))
         self._retention = result.state
         for aside in asides:
             remove_tree(aside)
@@ -308,7 +315,9 @@ class CheckpointManager:
                            "(%d of max_consecutive_save_failures=%d failures in a row)", failure, count, limit)
             return
         if limit is not None:
-            failure.add_note(f"{count} saves in a row failed (max_consecutive_save_failures={limit})")
+            failure = CheckpointError(f"{failure} ({count} saves in a row failed; "
+                                      f"max_consecutive_save_failures={limit})")
+            failure.__cause__ = error
         delivered = False
         if not blocking and self.on_error is not None:
             try:
@@ -349,47 +358,3 @@ class CheckpointManager:
     def __repr__(self) -> str:
         return (f"CheckpointManager({self.directory!r}, basename={self.basename!r}, "
                 f"max_to_keep={self.max_to_keep}, save_mode={self.save_mode!r})")
-
-
-def _check_directory(directory: Any) -> str:
-    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-        raise TypeError(f"directory must be a non-empty path (str or os.PathLike), got {directory!r}")
-    return os.path.abspath(os.fspath(directory))
-
-
-def _check_basename(basename: Any) -> str:
-    if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith(".") \
-            or (os.altsep and os.altsep in basename):
-        raise ValueError(f"basename must be a plain file name such as 'model.ckpt', got {basename!r}")
-    return basename
-
-
-def _check_trusted_globals(trusted: Any) -> tuple:
-    if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Iterable):
-        raise TypeError("trusted_globals must be a list of classes or functions (the objects, not "
-                        f"their names), got {trusted!r}")
-    trusted = tuple(trusted)
-    for i, item in enumerate(trusted):
-        ok = callable(item) or (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str))
-        if not ok:
-            raise TypeError(f"trusted_globals[{i}] must be a class or function (or a (object, "
-                            f"'module.name') pair), got {item!r}")
-    return trusted
-
-
-def _relative_index(index: CheckpointState, directory: str) -> CheckpointState:
-    """The index with paths relative to ``directory``; paths elsewhere are left out of retention
-    (never deleted)."""
-
-    def relative(path: str) -> str | None:
-        if not os.path.isabs(path):
-            return os.path.normpath(path)
-        parent, name = os.path.split(os.path.normpath(path))
-        return name if os.path.abspath(parent) == directory else None
-
-    paths = index.all_model_checkpoint_paths
-    timed = len(index.all_model_checkpoint_timestamps) == len(paths)
-    stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
-    kept = [(r, t) for p, t in zip(paths, stamps) if (r := relative(p)) is not None]
-    return replace(index, all_model_checkpoint_paths=tuple(r for r, _ in kept),
-                   all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())

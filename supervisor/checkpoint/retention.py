@@ -82,7 +82,7 @@ def recover(index: CheckpointState | None, now: float, *,
     if len(timestamps) != len(paths):
         timestamps = (last_preserved,) * len(paths)
     managed: dict[str, float] = {}
-    for name, timestamp in zip(paths, timestamps):
+    for name, timestamp in zip(paths, timestamps, strict=True):
         timestamp = min(timestamp, now)
         if timestamp > last_preserved and (present is None or name in present):
             managed.pop(name, None)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from supervisor.checkpoint import latest_checkpoint
+from supervisor.errors import CheckpointError
 from supervisor.checkpoint.fileio import ChecksumWriter, checksum_file, default_opener
 
 from .conftest import small_state, train_step
@@ -115,7 +116,7 @@ def test_no_final_directory_and_no_index_until_sealed(manager_factory, tmp_path)
     from .conftest import FaultyOpener
 
     manager = manager_factory(opener=FaultyOpener(fail_steps={1}), save_mode="sync")
-    with pytest.raises(Exception):
+    with pytest.raises(CheckpointError, match="No space left"):
         manager.save(1, small_state())
     logdir = tmp_path / "logdir"
     assert sorted(os.listdir(logdir)) == [".supervisor.lock", ".supervisor.lock.owner"]

@@ -96,7 +96,7 @@ def test_max_consecutive_save_failures_tolerates_until_k_in_a_row(manager_factor
     train_step(state, 8)
     with pytest.raises(CheckpointError, match="step 8") as info:
         manager.save(8, state, wait=True)
-    assert any("3 saves in a row failed" in note for note in getattr(info.value, "__notes__", []))
+    assert "3 saves in a row failed" in str(info.value)
 
 
 def test_tolerated_failure_makes_the_final_save_happen(manager_factory):

@@ -1,6 +1,7 @@
 """Training-state capture and restore (SPEC §2): unwrapped keys, strict matching, RNG round trip."""
 from __future__ import annotations
 
+import os
 import random
 from collections import OrderedDict
 
@@ -181,5 +182,24 @@ def test_optimizer_and_scheduler_round_trip(manager_factory, tmp_path, clock):
     restore_into(tmp_path / "logdir", TrainingState({**fresh, "scheduler": fresh_scheduler}))
     assert fresh_scheduler.last_epoch == 5
     assert fresh["optimizer"].param_groups[0]["lr"] == state["optimizer"].param_groups[0]["lr"]
+    assert torch.equal(fresh["optimizer"].state_dict()["state"][0]["exp_avg"],
+                       state["optimizer"].state_dict()["state"][0]["exp_avg"])
+
+
+def test_restore_leaves_no_mapping_of_the_checkpoint_file(manager_factory, tmp_path):
+    """Restores map state.pt to avoid a copy; nothing may keep it mapped afterwards (an
+    optimizer's moments would pin the file's disk space after retention deleted it)."""
+    import gc
+
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc/self/maps")
+    state = small_state()
+    train_step(state, 0)
+    path = manager_factory().save(1, state, wait=True)
+    fresh = small_state(seed=4)
+    restore_into(tmp_path / "logdir", fresh)
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        assert os.path.join(path, "state.pt") not in maps.read()
     assert torch.equal(fresh["optimizer"].state_dict()["state"][0]["exp_avg"],
                        state["optimizer"].state_dict()["state"][0]["exp_avg"])
