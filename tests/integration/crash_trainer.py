@@ -1,0 +1,287 @@
+"""The trainer that tests/integration/test_crash_safety.py kills with SIGKILL (SPEC §15).
+
+A small deterministic CPU model trained under `MonitoredTrainingSession` with async
+checkpoints every ``--save-steps`` steps and a stateful data iterator in the training state.
+Every step draws from all three global generators (torch dropout and noise, Python
+``random``, NumPy), so a resumed run only matches an uninterrupted one bit for bit when the
+checkpoint restored the weights, the optimizer, the data position *and* the RNG states.
+
+Kill seam (this script only — the library is never modified): ``CRASH_AT="point:n[,point:n]"``
+makes this process SIGKILL itself at the ``n``-th time it reaches ``point`` (counted per
+process; several pairs: whichever comes first). The points are reached by wrapping, inside
+this process, the library functions that perform each phase of a save; the wrapper only
+decides *when* the process dies, the real code still runs:
+
+=========  ===========================================================================
+step       inside the step function, after backward, before ``optimizer.step()``
+capture    inside the capture, after the tensors were staged, before the RNG capture
+write      halfway through writing ``state.pt`` (a torn file in the temp directory)
+seal       ``state.pt`` written and fsynced, before ``MANIFEST.json`` is created
+rename     the temp directory sealed, before it is renamed to ``model.ckpt-N``
+publish    renamed (committed), before the index names it
+retain     the index names it; retention moved an old checkpoint aside, the index still
+           lists the old one
+delete     retention half-way through deleting the moved-aside checkpoint
+=========  ===========================================================================
+
+Output (stdout, unbuffered; the parent parses it): ``ready``, the library's INFO lines
+(``restored step=N from PATH`` / ``initialised from scratch``, ``committed model.ckpt-N``),
+``transient after open: [...]`` (leftover temp entries once the session is created),
+``killing at POINT`` just before a seam fires, and ``finished step=N`` after writing the
+final state (weights, optimizer, data position and one draw of each generator) to
+``--out``.
+
+    CRASH_AT=write:3 python tests/integration/crash_trainer.py LOGDIR --steps 40 --out w.pt
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+SEAM_ENV = "CRASH_AT"
+POINTS = ("step", "capture", "write", "seal", "rename", "publish", "retain", "delete")
+
+
+class Seam:
+    """Counts how often each kill point is reached and kills the process at the chosen one."""
+
+    def __init__(self, spec: str) -> None:
+        self.targets: dict[str, int] = {}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            point, _, n = item.partition(":")
+            if point not in POINTS or not n.isdigit() or int(n) < 1:
+                raise SystemExit(f"{SEAM_ENV}: bad item {item!r}; expected point:n with point in {POINTS}")
+            self.targets[point] = int(n)
+        self.counts = {point: 0 for point in POINTS}
+
+    def reached(self, point: str) -> bool:
+        """Counts one visit of ``point``; True when this visit is the one to die at."""
+        self.counts[point] += 1
+        return self.targets.get(point) == self.counts[point]
+
+    def maybe_die(self, point: str) -> None:
+        if self.reached(point):
+            die(point)
+
+
+def die(point: str) -> None:
+    print(f"killing at {point}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _replace(module: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Swaps ``module.name`` for ``make(original)``; fails loudly if the library moved it, so a
+    refactoring can never turn a kill test into one that silently kills nothing."""
+    original = getattr(module, name, None)
+    if not callable(original):
+        raise SystemExit(f"crash_trainer: {module.__name__}.{name} is gone; update the kill points")
+    setattr(module, name, make(original))
+
+
+class _TearingFile:
+    """A raw file whose first write stops halfway and kills the process (a torn state.pt)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes:
+            self._raw.write(view[:max(1, view.nbytes // 2)])
+            self._raw.flush()
+            die("write")
+        return self._raw.write(view)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+def install_seams(seam: Seam) -> None:
+    """Wraps the library functions that perform each phase of a save (see the module doc)."""
+    from supervisor.checkpoint import commit, manager
+
+    def capture(original):
+        def wrapped(*a, **k):
+            seam.maybe_die("capture")
+            return original(*a, **k)
+        return wrapped
+
+    def opener(original):
+        def wrapped(path):
+            if os.path.basename(path) == "MANIFEST.json":
+                seam.maybe_die("seal")
+            raw = original(path)
+            if os.path.basename(path) == "state.pt" and seam.reached("write"):
+                return _TearingFile(raw)
+            return raw
+        return wrapped
+
+    def rename(original):
+        def wrapped(*a, **k):
+            seam.maybe_die("rename")
+            result = original(*a, **k)
+            seam.maybe_die("publish")
+            return result
+        return wrapped
+
+    def move_aside(original):
+        def wrapped(*a, **k):
+            result = original(*a, **k)
+            seam.maybe_die("retain")
+            return result
+        return wrapped
+
+    def remove_tree(original):
+        def wrapped(path, *a, **k):
+            if seam.reached("delete"):
+                for root, _, files in os.walk(path):
+                    for name in sorted(files)[:1]:  # delete one file of the checkpoint, then die
+                        os.remove(os.path.join(root, name))
+                die("delete")
+            return original(path, *a, **k)
+        return wrapped
+
+    _replace(manager, "capture_rng_state", capture)
+    _replace(commit, "default_opener", opener)
+    _replace(commit, "_rename_into_place", rename)
+    _replace(manager, "move_aside", move_aside)
+    _replace(manager, "remove_tree", remove_tree)
+
+
+class Batches:
+    """An endless iterator over a fixed dataset, reshuffled per epoch from its own generator;
+    its position is part of the training state (``state={"data": ...}``)."""
+
+    def __init__(self, n: int = 96, batch_size: int = 8) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.batch_size = batch_size
+        self.epoch = self.position = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> torch.Tensor:
+        return torch.randperm(len(self.x), generator=torch.Generator().manual_seed(7919 + self.epoch))
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.position + self.batch_size > len(self.x):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._permutation()
+        idx = self._order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return self.x[idx], self.y[idx]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, sd: dict[str, int]) -> None:
+        self.epoch, self.position = int(sd["epoch"]), int(sd["position"])
+        self._order = self._permutation()
+
+
+def deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True)`` minus its 1.2 s import of torch._inductor
+    (only to set inductor's own flag; nothing is compiled here) — paid by every restart."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(True)
+    else:
+        setter(True)
+    assert torch.are_deterministic_algorithms_enabled()
+
+
+def seed_everything(seed: int = 0) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logdir")
+    parser.add_argument("--steps", type=int, required=True, help="train until this global step")
+    parser.add_argument("--save-steps", type=int, default=5)
+    parser.add_argument("--max-to-keep", type=int, default=2)
+    parser.add_argument("--step-sleep-secs", type=float, default=0.0, help="room for timed kills")
+    parser.add_argument("--out", required=True, help="where the final state goes (torch.save)")
+    parser.add_argument("--wait-for-go", action="store_true",
+                        help="after the imports, wait for a 'go' line on stdin (lets the parent start "
+                             "the next life's 3 s of imports while this one still trains)")
+    parser.add_argument("--perturb", choices=("rng", "data"),
+                        help="negative control: after a restore, reseed the generators or rewind the "
+                             "data, as if the checkpoint had not held them")
+    args = parser.parse_args(argv)
+
+    deterministic_algorithms()
+    torch.set_num_threads(1)
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("supervisor").setLevel(logging.INFO)
+    seam = Seam(os.environ.get(SEAM_ENV, ""))
+    install_seams(seam)
+
+    from hooks import StopAtStepHook
+    from supervisor import MonitoredTrainingSession
+
+    seed_everything()
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.25), nn.Linear(64, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batches = Batches()
+
+    def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        x = x + 0.05 * torch.randn_like(x)              # torch CPU generator (plus dropout)
+        weight = 1.0 + 0.1 * random.random()            # Python's generator
+        weight *= float(np.random.uniform(0.9, 1.1))    # NumPy's generator
+        optimizer.zero_grad(set_to_none=True)
+        loss = weight * nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        seam.maybe_die("step")                          # mid-step: gradients, no update yet
+        if args.step_sleep_secs:
+            time.sleep(args.step_sleep_secs)
+        optimizer.step()
+        return loss.detach()
+
+    print("ready", flush=True)
+    if args.wait_for_go and sys.stdin.readline().strip() != "go":
+        return  # the parent went away or cancelled this life
+    with MonitoredTrainingSession(args.logdir, model=model, optimizer=optimizer, state={"data": batches},
+                                  save_checkpoint_steps=args.save_steps, max_to_keep=args.max_to_keep,
+                                  save_summaries_steps=None, log_step_count_steps=None, save_mode="async",
+                                  hooks=[StopAtStepHook(last_step=args.steps)]) as s:
+        leftovers = sorted(n for n in os.listdir(args.logdir) if ".tmp-" in n or ".deleting-" in n)
+        print(f"transient after open: {leftovers}", flush=True)
+        if args.perturb and s.global_step > 0:
+            perturb(args.perturb, batches)
+        while not s.should_stop():
+            s.run(train_step, next(batches))
+        step = s.global_step
+
+    final = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": batches.state_dict(),
+             "draws": (torch.rand(4), random.random(), float(np.random.random()))}
+    torch.save(final, args.out)
+    print(f"finished step={step}", flush=True)
+
+
+def perturb(what: str, batches: Batches) -> None:
+    if what == "rng":
+        random.seed(99)
+        np.random.seed(99)
+        torch.manual_seed(99)
+    else:
+        batches.load_state_dict({"epoch": 0, "position": 0})
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)  # skip the interpreter's 0.7 s teardown of torch's modules; all is written
