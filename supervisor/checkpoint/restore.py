@@ -4,8 +4,9 @@ Verification checks what the commit protocol promised: the manifest is there, ev
 lists has the recorded size and (``verify="full"``) checksum. The checksum pass reads the file
 once, on parallel threads (`supervisor.checkpoint.fileio.checksum_file`). A restore then maps
 the verified file (``torch.load(mmap=True)``) so modules copy their weights straight from the
-page cache: no second full read into an intermediate copy, which is what makes a verified
-restore cheaper than a plain ``torch.load`` followed by ``load_state_dict``. `load_verified`
+page cache: no second full read into an intermediate copy. Measured on the project's 2-core
+machine (1 GiB, warm page cache): checksum-verified restore including ``load_state_dict`` 0.35 s,
+a plain ``torch.load`` alone 0.61–0.68 s. `load_verified`
 without ``mmap`` (for `load_checkpoint`, whose result the caller keeps) loads into memory while a
 helper thread verifies, and hands the objects out only if the checksum matches.
 

@@ -89,3 +89,30 @@ def test_commit_is_logged_at_info_with_the_checkpoint_name(manager_factory, capl
     with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.manager"):
         manager.save(9, small_state(), wait=True)
     assert any(r.getMessage().startswith("committed model.ckpt-9 in ") for r in caplog.records)
+
+
+def test_a_process_exiting_without_close_still_commits_the_save_in_flight(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import time, torch
+        from supervisor import TrainingState
+        from supervisor.checkpoint import CheckpointManager
+
+        class SlowFile:  # keeps the save in flight well past the end of the script
+            def __init__(self, raw): self.raw = raw
+            def write(self, data): time.sleep(0.05); return self.raw.write(data)
+            def fileno(self): return self.raw.fileno()
+            def close(self): self.raw.close()
+
+        manager = CheckpointManager({str(tmp_path)!r}, opener=lambda p: SlowFile(open(p, "xb", buffering=0)))
+        manager.open()
+        manager.save(3, TrainingState({{"model": torch.nn.Linear(2, 2)}}))
+        print("exiting", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert load_checkpoint(tmp_path / "model.ckpt-3")["global_step"] == 3

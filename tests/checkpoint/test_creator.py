@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from supervisor import MonitoredSession, RecoverableError
-from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
+from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator, latest_checkpoint
 from supervisor.errors import CheckpointCorruptError
 from supervisor.testing import FakeClock
 
@@ -153,9 +153,20 @@ def test_save_before_open_is_a_clear_error(tmp_path):
         CheckpointManager(tmp_path).save(1, small_state())
 
 
-def test_closing_the_session_closes_the_writer_thread(tmp_path, clock):
-    before = {t.name for t in threading.enumerate()}
-    with _session(tmp_path / "logdir", small_state(), clock) as session:
-        session.save_checkpoint()
-        assert "supervisor-checkpoint-writer" in {t.name for t in threading.enumerate()} - before
-    assert "supervisor-checkpoint-writer" not in {t.name for t in threading.enumerate()} - before
+def test_closing_the_session_finishes_the_save_in_flight(tmp_path, clock):
+    from .conftest import GatedOpener
+
+    gate = GatedOpener()
+    manager = CheckpointManager(tmp_path / "logdir", clock=clock, opener=gate)
+    session = MonitoredSession(CheckpointSessionCreator(small_state(), manager), clock=clock)
+    path = session.save_checkpoint()
+    assert gate.writing.wait(10)
+    closer = threading.Thread(target=session.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive(), "close must wait for the save in flight"
+    gate.release.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    assert latest_checkpoint(tmp_path / "logdir") == path
+    assert not [t for t in threading.enumerate() if t.name == "supervisor-checkpoint-writer"]
