@@ -1,0 +1,381 @@
+"""Checkpoint engine performance (SPEC §14), each figure next to its baseline, in one run.
+
+For a state of ``--gib`` GiB (default 1; float32 weights of a few large layers) in a temporary
+directory on the disk under test (``--dir``, default the system temp dir):
+
+- **stall**: how long ``CheckpointManager.save`` blocks the caller for one periodic async save
+  (the capture; staging buffers already exist) vs a synchronous ``torch.save`` + fsync of the
+  same state. Target ≤ 5 %.
+- **write throughput**: bytes of ``state.pt`` over the time from ``save()`` to its commit
+  (``save(); wait()``: capture, serialisation, checksums, fsyncs, rename, index) vs a raw
+  sequential ``os.write`` of the same byte count in 64 MiB chunks + fsync. Target ≥ 0.8×.
+- **restore**: ``CheckpointManager.restore`` on a fresh manager (newest checkpoint, full
+  checksum verification, load into the live model) vs a plain ``torch.load`` of the same
+  ``state.pt``. Both run with the file in the page cache (read once before). Target ≤ 1.5×.
+- **memory**: peak RSS above the baseline (state built, no save yet) during the first async
+  save, sampled every ~1 ms from /proc/self/status plus the kernel's VmHWM (reset through
+  /proc/self/clear_refs where allowed), over the state size. Target ≤ 1.1×. And RSS after 50
+  saves over RSS after 2 (a smaller state, printed). Target ≤ 1.05×.
+
+Times are the best of ``--repeats`` (default 3). A phase breakdown of one save follows the table
+(capture, serialisation + CRC into a null sink, CRC alone, the engine's write+commit) to show
+where a missed target goes.
+
+Run: ``python benchmarks/checkpoint.py [--gib 1] [--dir PATH] [--quick]``
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from supervisor import TrainingState
+from supervisor.checkpoint import CheckpointManager
+
+MiB, GiB = 1 << 20, 1 << 30
+_ROW_BYTES = 4096 * 4  # one row of a 4096-wide float32 layer
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: the engine's figure, its baseline, their ratio and the target."""
+
+    name: str
+    engine: str
+    baseline: str
+    ratio: float
+    target: str
+    ok: bool | None  # None: informational
+
+
+class BigModel(nn.Module):
+    """``layers`` float32 weights of ``rows × 4096``, filled with random values (a stack of
+    large Linear layers, as far as checkpointing is concerned)."""
+
+    def __init__(self, nbytes: int, layers: int = 8) -> None:
+        super().__init__()
+        rows = max(1, nbytes // layers // _ROW_BYTES)
+        self.weights = nn.ParameterList(nn.Parameter(torch.empty(rows, 4096).uniform_(-1, 1))
+                                        for _ in range(layers))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+# ---------------------------------------------------------------- measuring helpers
+def best_of(repeats: int, measure: Callable[[], float]) -> float:
+    results = []
+    for _ in range(repeats):
+        gc.collect()
+        results.append(measure())
+    return min(results)
+
+
+def vm(field: str) -> int:
+    """A ``Vm*`` field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as f:
+        match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+class RssSampler:
+    """Samples VmRSS every ~1 ms on a thread; `peak` is the highest sample (and VmHWM when the
+    kernel let us reset it at the start)."""
+
+    def __init__(self) -> None:
+        self.peak = vm("VmRSS")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+            self._hwm = True
+        except OSError:
+            self._hwm = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, vm("VmRSS"))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.peak = max(self.peak, vm("VmRSS"), vm("VmHWM") if self._hwm else 0)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def torch_save_fsync(obj: object, path: str) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def raw_write_fsync(buffer: memoryview, path: str, chunk: int = 64 * MiB) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for start in range(0, len(buffer), chunk):
+            view = buffer[start:start + chunk]
+            while view:
+                view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def state_file(manager: CheckpointManager, step: int) -> str:
+    return os.path.join(manager.directory, f"{manager.basename}-{step}", "state.pt")
+
+
+class CommitLog(logging.Handler):
+    """Collects the manager's ``committed ... in X s`` lines: the writer thread's own timing."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.write_secs: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("committed "):
+            self.write_secs.append(float(record.args[1]))  # type: ignore[index]
+
+
+# ---------------------------------------------------------------- the figures
+def measure_memory(model: BigModel, state: TrainingState, manager: CheckpointManager) -> tuple[Row, float]:
+    """First async save: peak RSS above the baseline (staging is allocated here)."""
+    gc.collect()
+    baseline = vm("VmRSS")
+    with RssSampler() as sampler:
+        start = time.perf_counter()
+        manager.save(0, state)
+        first_stall = time.perf_counter() - start
+        manager.wait()
+    extra = sampler.peak - baseline
+    ratio = extra / model.nbytes
+    row = Row("memory: peak extra RSS, 1st async save", f"{extra / MiB:8.0f} MiB",
+              f"{model.nbytes / MiB:8.0f} MiB", ratio, "<= 1.10x", ratio <= 1.10)
+    print(f"  baseline RSS with the state built: {baseline / MiB:.0f} MiB; first save blocked "
+          f"{first_stall:.3f} s (allocates the staging buffers)")
+    return row, first_stall
+
+
+def measure_stall_and_write(model: BigModel, state: TrainingState, manager: CheckpointManager,
+                            directory: str, repeats: int, commits: CommitLog) -> tuple[Row, Row, int]:
+    stalls, totals = [], []
+    for step in range(1, repeats + 1):
+        gc.collect()
+        os.sync()  # no writeback of earlier files in the measured window
+        start = time.perf_counter()
+        manager.save(step, state)
+        stalls.append(time.perf_counter() - start)
+        manager.wait()
+        totals.append(time.perf_counter() - start)
+    nbytes = os.path.getsize(state_file(manager, repeats))
+    sync_path = os.path.join(directory, "sync.pt")
+
+    def sync_save() -> float:
+        os.sync()
+        seconds = timed(lambda: torch_save_fsync(model.state_dict(), sync_path))
+        remove(sync_path)
+        return seconds
+
+    sync = best_of(repeats, sync_save)
+    stall = min(stalls)
+    stall_row = Row("stall: async save() blocks the loop", f"{stall:8.3f} s", f"{sync:8.3f} s",
+                    stall / sync, "<= 5 %", stall / sync <= 0.05)
+
+    buffer = torch.empty(nbytes, dtype=torch.uint8).random_()
+    raw_path = os.path.join(directory, "raw.bin")
+    view = memoryview(buffer.numpy()).cast("B")
+
+    def raw() -> float:
+        os.sync()
+        seconds = timed(lambda: raw_write_fsync(view, raw_path))
+        remove(raw_path)
+        return seconds
+
+    raw_secs = best_of(repeats, raw)
+    del view, buffer
+    engine_rate, raw_rate = nbytes / min(totals), nbytes / raw_secs
+    write_row = Row("write: save() to commit, MiB/s", f"{engine_rate / MiB:8.0f}", f"{raw_rate / MiB:8.0f}",
+                    engine_rate / raw_rate, ">= 0.80x", engine_rate / raw_rate >= 0.8)
+    print(f"  periodic saves: blocked {', '.join(f'{s:.3f}' for s in stalls)} s; save-to-commit "
+          f"{', '.join(f'{t:.3f}' for t in totals)} s; writer's own write+commit "
+          f"{', '.join(f'{t:.3f}' for t in commits.write_secs[-repeats:])} s")
+    print(f"  baselines: sync torch.save+fsync {sync:.3f} s; raw write+fsync of {nbytes / MiB:.0f} MiB "
+          f"{raw_secs:.3f} s")
+    return stall_row, write_row, nbytes
+
+
+def measure_restore(model: BigModel, state: TrainingState, directory: str, path: str, repeats: int) -> Row:
+    with open(path, "rb") as f:  # page cache warm for both sides
+        while f.read(64 * MiB):
+            pass
+
+    def engine() -> float:
+        manager = CheckpointManager(directory, max_to_keep=2)
+        manager.open()
+        try:
+            return timed(lambda: manager.restore(state))
+        finally:
+            manager.close()
+
+    def plain() -> float:
+        start = time.perf_counter()
+        loaded = torch.load(path, weights_only=True)
+        seconds = time.perf_counter() - start
+        del loaded
+        return seconds
+
+    def plain_into_model() -> float:
+        start = time.perf_counter()
+        loaded = torch.load(path, weights_only=True)
+        model.load_state_dict(loaded["model"])
+        seconds = time.perf_counter() - start
+        del loaded
+        return seconds
+
+    restore, load = best_of(repeats, engine), best_of(repeats, plain)
+    into = best_of(repeats, plain_into_model)
+    print(f"  restore (verify=full, into the model) {restore:.3f} s; torch.load {load:.3f} s; "
+          f"torch.load + load_state_dict {into:.3f} s (page cache warm for all)")
+    return Row("restore: verified restore vs torch.load", f"{restore:8.3f} s", f"{load:8.3f} s",
+               restore / load, "<= 1.50x", restore / load <= 1.5)
+
+
+def measure_growth(directory: str, nbytes: int, saves: int = 50) -> Row:
+    model = BigModel(nbytes)
+    state = TrainingState.from_arguments(model=model)
+    rss = {}
+    with CheckpointManager(os.path.join(directory, "growth"), max_to_keep=2) as manager:
+        for step in range(1, saves + 1):
+            manager.save(step, state)
+            manager.wait()
+            if step in (2, saves):
+                gc.collect()
+                rss[step] = vm("VmRSS")
+    ratio = rss[saves] / rss[2]
+    print(f"  RSS after 2 saves {rss[2] / MiB:.0f} MiB, after {saves} {rss[saves] / MiB:.0f} MiB "
+          f"({saves} async saves of a {model.nbytes / MiB:.0f} MiB state, max_to_keep=2)")
+    return Row(f"memory: RSS after {saves} saves vs 2", f"{rss[saves] / MiB:8.0f} MiB",
+               f"{rss[2] / MiB:8.0f} MiB", ratio, "<= 1.05x", ratio <= 1.05)
+
+
+def phase_breakdown(model: BigModel, state: TrainingState, directory: str) -> None:
+    """Where one save's time goes, each phase alone (informational)."""
+    from supervisor.checkpoint.commit import serialize
+    from supervisor.checkpoint.fileio import ChecksumWriter
+    from supervisor.checkpoint.staging import StagingArea
+
+    staging = StagingArea()
+    staging.capture(state.state_dict())  # allocate once, as the manager does
+    capture = min(timed(lambda: staging.capture(state.state_dict())) for _ in range(2))
+    payload = staging.capture(state.state_dict())  # {"model": {name: tensor}}
+
+    class NullFile:
+        def write(self, data: object) -> int:
+            return memoryview(data).nbytes  # type: ignore[arg-type]
+
+        def fileno(self) -> int:
+            return null_fd
+
+        def close(self) -> None:
+            pass
+
+    null_fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        def serialize_null() -> None:
+            with ChecksumWriter(NullFile()) as writer:  # type: ignore[arg-type]
+                serialize(payload, writer)
+        to_null = min(timed(serialize_null) for _ in range(2))
+    finally:
+        os.close(null_fd)
+    views = [memoryview(p.detach().numpy()).cast("B") for p in payload["model"].values()]
+    crc = min(timed(lambda: [zlib.crc32(v) for v in views]) for _ in range(2))
+    print(f"  capture (copy into staging) {capture:.3f} s = {model.nbytes / capture / GiB:.1f} GiB/s; "
+          f"serialise + CRC into a null sink {to_null:.3f} s; CRC alone {crc:.3f} s "
+          f"({model.nbytes / crc / GiB:.1f} GiB/s)")
+    staging.release()
+
+
+# ---------------------------------------------------------------- report
+def print_table(rows: list[Row]) -> None:
+    print(f"\n{'figure':<42s} {'engine':>14s} {'baseline':>14s} {'ratio':>9s}  {'target':<9s} result")
+    for r in rows:
+        ratio = f"{r.ratio * 100:7.1f} %" if r.target.endswith("%") else f"{r.ratio:8.2f}x"
+        verdict = "ok" if r.ok else "MISSES TARGET"
+        print(f"{r.name:<42s} {r.engine:>14s} {r.baseline:>14s} {ratio:>9s}  {r.target:<9s} {verdict}")
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="state size in GiB (default: 1)")
+    parser.add_argument("--dir", default=None, help="directory on the disk under test (default: temp dir)")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many (default: 3)")
+    parser.add_argument("--growth-mib", type=int, default=256, help="state size for the 50-save loop")
+    parser.add_argument("--quick", action="store_true", help="64 MiB state, 16 MiB growth loop (smoke run)")
+    args = parser.parse_args(argv)
+    nbytes = 64 * MiB if args.quick else int(args.gib * GiB)
+    growth = 16 * MiB if args.quick else args.growth_mib * MiB
+
+    commits = CommitLog()
+    logger = logging.getLogger("supervisor.checkpoint")
+    old_level = logger.level
+    logger.addHandler(commits)
+    logger.setLevel(logging.INFO)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.dir) as directory:
+            return _run(directory, nbytes, growth, args.repeats, commits)
+    finally:
+        logger.removeHandler(commits)
+        logger.setLevel(old_level)
+
+
+def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: CommitLog) -> list[Row]:
+    model = BigModel(nbytes)
+    state = TrainingState.from_arguments(model=model)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, state {model.nbytes / MiB:.0f} MiB in "
+          f"{len(model.weights)} float32 tensors, directory {directory}, best of {repeats}")
+    ckpt_dir = os.path.join(directory, "run")
+    with CheckpointManager(ckpt_dir, max_to_keep=2) as manager:
+        memory, _ = measure_memory(model, state, manager)
+        stall, write, _ = measure_stall_and_write(model, state, manager, directory, repeats, commits)
+        newest = state_file(manager, repeats)
+    restore = measure_restore(model, state, ckpt_dir, newest, repeats)
+    growth_row = measure_growth(directory, growth)
+    print("phase breakdown of one save:")
+    phase_breakdown(model, state, directory)
+    rows = [stall, write, restore, memory, growth_row]
+    print_table(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
