@@ -166,8 +166,9 @@ class CheckpointManager:
         """Finishes the save in flight, stops the writer thread and releases the lock.
 
         ``failed=False`` re-raises a fatal background failure that was not raised on a caller's
-        thread yet; ``failed=True`` (closing because of another error) never raises it again.
-        Idempotent.
+        thread yet — also one handed to ``on_error``: a clean close means nothing acted on it
+        (e.g. the session had already stopped for another reason). ``failed=True`` (closing
+        because of another error) never raises it. Idempotent.
         """
         if self._closed:
             return
@@ -222,8 +223,9 @@ class CheckpointManager:
         payload = self._capture(step, state)
         capture_secs = time.perf_counter() - start
         self._last_saved_step = step
-        blocking = wait or self.save_mode == "sync"
-        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, blocking)
+        # A waited-for save reports a fatal failure here, to its caller, never via on_error.
+        outcome: list[CheckpointError] | None = [] if wait or self.save_mode == "sync" else None
+        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, outcome)
         del payload
         if self.save_mode == "sync":
             job()
@@ -231,8 +233,8 @@ class CheckpointManager:
             self._writer.submit(job)
             if wait:
                 self._writer.wait()
-        if blocking:
-            self._raise_undelivered()
+        if outcome:
+            raise outcome[0]
         return os.path.join(self.directory, name)
 
     def wait(self) -> None:
@@ -250,13 +252,13 @@ class CheckpointManager:
         return make_payload(step, entries, rng, torch.__version__)
 
     def _write(self, step: int, name: str, payload: dict, timestamp: float, capture_secs: float,
-               blocking: bool) -> None:
+               outcome: list[CheckpointError] | None) -> None:
         path = os.path.join(self.directory, name)
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
                                       world_size=distributed.world_size(), opener=self._opener)
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
-            self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, blocking)
+            self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return
         finally:
             del payload
@@ -264,7 +266,7 @@ class CheckpointManager:
             self._publish(name, timestamp)
         except Exception as e:  # noqa: BLE001
             self._failed(step, f"the checkpoint of step {step} was committed to {path} but the index "
-                         f"{os.path.join(self.directory, 'checkpoint')} could not be updated", e, blocking)
+                         f"{os.path.join(self.directory, 'checkpoint')} could not be updated", e, outcome)
             return
         with self._mutex:
             self._consecutive_failures = 0
@@ -302,7 +304,9 @@ class CheckpointManager:
         if result.delete:
             logger.info("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
 
-    def _failed(self, step: int, message: str, error: Exception, blocking: bool) -> None:
+    def _failed(self, step: int, message: str, error: Exception, outcome: list[CheckpointError] | None) -> None:
+        """Applies the failure policy: tolerate (WARNING), or report the fatal failure to the
+        waiting caller (``outcome``), else to ``on_error``, else at the next call."""
         failure = CheckpointError(f"{message}: {type(error).__name__}: {error}")
         failure.__cause__ = error
         limit = self.max_consecutive_save_failures
@@ -318,8 +322,11 @@ class CheckpointManager:
             failure = CheckpointError(f"{failure} ({count} saves in a row failed; "
                                       f"max_consecutive_save_failures={limit})")
             failure.__cause__ = error
+        if outcome is not None:
+            outcome.append(failure)
+            return
         delivered = False
-        if not blocking and self.on_error is not None:
+        if self.on_error is not None:
             try:
                 self.on_error(failure)
                 delivered = True

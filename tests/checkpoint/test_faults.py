@@ -134,3 +134,18 @@ def test_weights_after_failure_are_unchanged_in_memory(manager_factory):
     weight = state["model"][0].weight.clone()
     manager.save(3, state, wait=True)
     assert torch.equal(state["model"][0].weight, weight)
+
+
+def test_a_waited_save_reports_its_own_failure_even_after_an_earlier_one(tmp_path, clock):
+    reported = []
+    manager = CheckpointManager(tmp_path / "logdir", clock=clock, opener=FaultyOpener(fail_steps={1, 2}),
+                                on_error=reported.append)
+    manager.open()
+    state = small_state()
+    manager.save(1, state)
+    manager.wait()  # delivered to on_error: not raised here
+    assert len(reported) == 1 and "step 1" in str(reported[0])
+    with pytest.raises(CheckpointError, match="step 2"):
+        manager.save(2, state, wait=True)
+    with pytest.raises(CheckpointError, match="step 1"):
+        manager.close()  # a clean close still surfaces the delivered failure once
