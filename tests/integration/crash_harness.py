@@ -61,8 +61,11 @@ class Life:
                 raise AssertionError(f"the trainer never became ready (exit {self.proc.returncode}):\n"
                                      + self.output())
             time.sleep(0.01)
-        self.proc.stdin.write(b"go\n")
-        self.proc.stdin.close()
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:  # died meanwhile: its exit status and output say how
+            pass
         if kill_after_secs is not None:
             time.sleep(kill_after_secs)
             self.kill()
@@ -79,12 +82,13 @@ class Life:
             self.proc.send_signal(signal.SIGKILL)
 
     def close(self) -> None:
-        """Kills the process if it still runs and reaps it (every test calls this in finally)."""
+        """Kills the process if it still runs and reaps it (every test calls this in finally;
+        idempotent)."""
         self.kill()
         try:
             self.proc.wait(timeout=30)
         finally:
-            if self.proc.stdin and not self.proc.stdin.closed:
+            if not self.proc.stdin.closed:
                 try:
                     self.proc.stdin.close()
                 except BrokenPipeError:

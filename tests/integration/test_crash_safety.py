@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections import deque
 
 import pytest
 
@@ -178,14 +177,13 @@ def test_random_kills_in_a_row_then_final_state_is_bit_identical(tmp_path, refer
         return Life(logdir, out, str(tmp_path / f"life{i}.log"), steps=STEPS_SERIES, seam=plan[i][0],
                     extra=SERIES_SLEEP)
 
-    warm: deque[Life] = deque()
-    spawned, newest, history = 0, None, []
+    lives: list[Life] = []
+    newest, history = None, []
     try:
         for i, (seam, delay) in enumerate(plan):
-            while spawned < len(plan) and spawned <= i + 2:  # two lives warming up ahead
-                warm.append(spawn(spawned))
-                spawned += 1
-            life = warm.popleft()
+            while len(lives) < len(plan) and len(lives) <= i + 2:  # two lives warming up ahead
+                lives.append(spawn(len(lives)))
+            life = lives[i]
             before = inspect_logdir(logdir)
             result = life.run(kill_after_secs=delay)
             life.close()
@@ -200,7 +198,7 @@ def test_random_kills_in_a_row_then_final_state_is_bit_identical(tmp_path, refer
                 check_resumed(result, before, newest)
             newest = max([s for s in (newest,) if s is not None] + list(result.committed), default=None)
     finally:
-        for life in warm:
+        for life in lives:
             life.close()
     print("\n".join(history))  # shown with -s, or by pytest when a later assertion fails
     resumed = sum(1 for h in history[1:] if "restored=None" not in h)
