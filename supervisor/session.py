@@ -123,7 +123,9 @@ class MonitoredSession:
                 hook.begin()
             self._create_session()
         except BaseException as exc:
-            raise self._close_on_error(exc) from None
+            first = self._close_on_error(exc)
+            first.__suppress_context__ = True  # keep __cause__ (e.g. a CheckpointError's OSError)
+            raise first.with_traceback(first.__traceback__)
 
     # ---------------------------------------------------------------- properties
     @property
@@ -355,7 +357,8 @@ class MonitoredSession:
                 hook.end(self)
         except BaseException as error:
             first = self._close_on_error(error)
-            raise first.with_traceback(first.__traceback__) from None
+            first.__suppress_context__ = True
+            raise first.with_traceback(first.__traceback__)
         self._closed = True
         if self._signals is not None:
             self._signals.restore()

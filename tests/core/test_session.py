@@ -542,3 +542,17 @@ def test_non_stop_hooks_see_the_coordinator():
 
     with MonitoredSession(hooks=[Grab()]) as s:
         assert seen == [s.coord] and isinstance(seen[0], Coordinator)
+
+
+def test_reraised_error_keeps_its_cause():
+    class Fails(Hook):
+        def end(self, session):
+            try:
+                raise OSError(28, "No space left on device")
+            except OSError as e:
+                raise ValueError("final save failed") from e
+
+    with pytest.raises(ValueError) as info:
+        with MonitoredSession(hooks=[Fails()]):
+            pass
+    assert isinstance(info.value.__cause__, OSError)
