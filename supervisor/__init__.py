@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from supervisor.checkpoint import (
     CheckpointManager,
+    CheckpointSessionCreator,
     CheckpointState,
+    PartialRestoreReport,
+    WorkerSessionCreator,
     checkpoints_iterator,
     get_checkpoint_state,
     latest_checkpoint,
     load_checkpoint,
     restore_partial,
+    verify_checkpoint,
 )
 from supervisor.clock import Clock, SystemClock
 from supervisor.coordinator import Coordinator, LooperThread
@@ -37,12 +41,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointSessionCreator",
     "CheckpointState",
+    "PartialRestoreReport",
+    "WorkerSessionCreator",
     "checkpoints_iterator",
     "get_checkpoint_state",
     "latest_checkpoint",
     "load_checkpoint",
     "restore_partial",
+    "verify_checkpoint",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointNotFoundError",
