@@ -64,7 +64,7 @@ def _interval_pair(service: str, secs: Any, steps: Any) -> tuple[float | None, i
 
 
 def _build(
-    checkpoint_dir: Any, model: Any, optimizer: Any, *, state: Mapping[str, Any] | None, is_chief: bool,
+    *, checkpoint_dir: Any, model: Any, optimizer: Any, state: Mapping[str, Any] | None, is_chief: bool,
     hooks: Iterable[Any], chief_only_hooks: Iterable[Any], save_checkpoint_secs: Any,
     save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
@@ -112,6 +112,15 @@ def _build(
     return creator, all_hooks + user_hooks
 
 
+# What both front doors hand to `_build`: their own arguments of these names.
+_BUILD_ARGUMENTS = (
+    "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
+    "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
+    "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
+    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock",
+)
+
+
 def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     checkpoint_dir: str | os.PathLike | None = None,
     model: Any = None,
@@ -145,14 +154,9 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     _check_exception_types(recoverable_exceptions)
-    creator, all_hooks = _build(
-        checkpoint_dir, model, optimizer, state=state, is_chief=chief, hooks=hooks,
-        chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
-        save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
-        save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
-        summary_dir=summary_dir, max_to_keep=max_to_keep,
-        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, max_wait_secs=max_wait_secs,
-        init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, save_mode=save_mode, clock=clock)
+    arguments = dict(locals())
+    arguments.update(is_chief=chief, clock=clock)
+    creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
     return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                             recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
                             handle_signals=handle_signals, clock=clock)
@@ -198,15 +202,8 @@ class SingularMonitoredSession(MonitoredSession):
         if session_creator is not None:
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:
-            creator, all_hooks = _build(
-                checkpoint_dir, model, optimizer, state=state, is_chief=True, hooks=hooks,
-                chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
-                save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
-                save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
-                summary_dir=summary_dir, max_to_keep=max_to_keep,
-                keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, max_wait_secs=0,
-                init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, save_mode=save_mode,
-                clock=clock)
+            arguments = dict(locals(), is_chief=True, max_wait_secs=0, clock=clock)
+            creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
         super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                          handle_signals=handle_signals, clock=clock)
 
