@@ -19,6 +19,7 @@ write      halfway through writing ``state.pt`` (a torn file in the temp directo
 seal       ``state.pt`` written and fsynced, before ``MANIFEST.json`` is created
 rename     the temp directory sealed, before it is renamed to ``model.ckpt-N``
 publish    renamed (committed), before the index names it
+index      the new index written to its temp file and fsynced, before ``os.replace``
 retain     the index names it; retention moved an old checkpoint aside, the index still
            lists the old one
 delete     retention half-way through deleting the moved-aside checkpoint
@@ -49,7 +50,7 @@ import torch
 from torch import nn
 
 SEAM_ENV = "CRASH_AT"
-POINTS = ("step", "capture", "write", "seal", "rename", "publish", "retain", "delete")
+POINTS = ("step", "capture", "write", "seal", "rename", "publish", "index", "retain", "delete")
 
 
 class Seam:
@@ -106,9 +107,28 @@ class _TearingFile:
         return getattr(self._raw, name)
 
 
+class _OsReplaceSeam:
+    """The ``os`` module as index.py sees it, with ``os.replace`` counted as the index point."""
+
+    def __init__(self, seam: Seam) -> None:
+        self._seam = seam
+
+    def replace(self, *a: Any, **k: Any) -> None:
+        self._seam.maybe_die("index")
+        os.replace(*a, **k)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
 def install_seams(seam: Seam) -> None:
     """Wraps the library functions that perform each phase of a save (see the module doc)."""
-    from supervisor.checkpoint import commit, manager
+    from supervisor.checkpoint import commit, index, manager
+
+    if getattr(index, "os", None) is not os or not callable(getattr(index, "write_index", None)):
+        raise SystemExit("crash_trainer: supervisor.checkpoint.index no longer writes the index "
+                         "with os.replace; update the kill points")
+    index.os = _OsReplaceSeam(seam)
 
     def capture(original):
         def wrapped(*a, **k):

@@ -90,6 +90,11 @@ def committed_not_published(disk: DiskState) -> None:
     assert "model.ckpt-10" not in listed, listed  # ... but the index never named it
 
 
+def index_update_torn(disk: DiskState) -> None:
+    assert any(n.startswith("checkpoint.tmp-") for n in disk.names), disk.names  # never replaced
+    committed_not_published(disk)
+
+
 def moved_aside_still_listed(disk: DiskState) -> None:
     assert any(n.startswith("model.ckpt-0.deleting-") for n in disk.transient), disk.names
     listed = [os.path.basename(p) for p in disk.index.all_model_checkpoint_paths]
@@ -111,6 +116,7 @@ KILL_POINTS = [
     pytest.param("seal:3", {5}, unsealed_temp, id="before-manifest"),
     pytest.param("rename:3", {5}, sealed_temp, id="between-write-and-rename"),
     pytest.param("publish:3", {5}, committed_not_published, id="between-rename-and-index"),
+    pytest.param("index:3", {5}, index_update_torn, id="during-index-update"),
     pytest.param("retain:1", {10}, moved_aside_still_listed, id="retention-moved-aside"),
     pytest.param("delete:1", {10}, half_deleted, id="retention-mid-delete"),
 ]
@@ -148,7 +154,7 @@ def test_kill_at_point_then_restart_resumes_from_verified_checkpoint(tmp_path, r
 
 
 # ---------------------------------------------------------------- many random kills in a row
-_SEAM_POINTS = ("step", "capture", "write", "seal", "rename", "publish", "retain", "delete")
+_SEAM_POINTS = ("step", "capture", "write", "seal", "rename", "publish", "index", "retain", "delete")
 
 
 def random_kill(rng: random.Random) -> tuple[str, float | None]:
