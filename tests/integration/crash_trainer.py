@@ -20,6 +20,8 @@ seal       ``state.pt`` written and fsynced, before ``MANIFEST.json`` is created
 rename     the temp directory sealed, before it is renamed to ``model.ckpt-N``
 publish    renamed (committed), before the index names it
 index      the new index written to its temp file and fsynced, before ``os.replace``
+replace    re-saving a step that is already committed: the old directory moved aside, the
+           new one not yet renamed into place (reached with ``--save-at-start`` after a restore)
 retain     the index names it; retention moved an old checkpoint aside, the index still
            lists the old one
 delete     retention half-way through deleting the moved-aside checkpoint
@@ -50,7 +52,7 @@ import torch
 from torch import nn
 
 SEAM_ENV = "CRASH_AT"
-POINTS = ("step", "capture", "write", "seal", "rename", "publish", "index", "retain", "delete")
+POINTS = ("step", "capture", "write", "seal", "rename", "publish", "index", "retain", "delete", "replace")
 
 
 class Seam:
@@ -107,15 +109,24 @@ class _TearingFile:
         return getattr(self._raw, name)
 
 
-class _OsReplaceSeam:
-    """The ``os`` module as index.py sees it, with ``os.replace`` counted as the index point."""
+class _SeamedOs:
+    """The ``os`` module as one library module sees it, with ``os.replace`` (the index point)
+    and the second ``os.rename`` of a temp directory (the replace point) counted."""
 
     def __init__(self, seam: Seam) -> None:
         self._seam = seam
+        self._renamed_once: set[str] = set()
 
     def replace(self, *a: Any, **k: Any) -> None:
         self._seam.maybe_die("index")
         os.replace(*a, **k)
+
+    def rename(self, src: Any, dst: Any, *a: Any, **k: Any) -> None:
+        if ".tmp-" in os.path.basename(os.fspath(src)):
+            if src in self._renamed_once:  # the first try found the name taken: a replacement
+                self._seam.maybe_die("replace")
+            self._renamed_once.add(src)
+        os.rename(src, dst, *a, **k)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -125,10 +136,10 @@ def install_seams(seam: Seam) -> None:
     """Wraps the library functions that perform each phase of a save (see the module doc)."""
     from supervisor.checkpoint import commit, index, manager
 
-    if getattr(index, "os", None) is not os or not callable(getattr(index, "write_index", None)):
-        raise SystemExit("crash_trainer: supervisor.checkpoint.index no longer writes the index "
-                         "with os.replace; update the kill points")
-    index.os = _OsReplaceSeam(seam)
+    for module in (index, commit):
+        if getattr(module, "os", None) is not os:
+            raise SystemExit(f"crash_trainer: {module.__name__} no longer uses os; update the kill points")
+        module.os = _SeamedOs(seam)  # type: ignore[assignment]
 
     def capture(original):
         def wrapped(*a, **k):
@@ -237,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wait-for-go", action="store_true",
                         help="after the imports, wait for a 'go' line on stdin (lets the parent start "
                              "the next life's 3 s of imports while this one still trains)")
+    parser.add_argument("--save-at-start", action="store_true",
+                        help="checkpoint once right after the session is created (after a restore: "
+                             "a re-save of the restored step)")
     parser.add_argument("--perturb", choices=("rng", "data"),
                         help="negative control: after a restore, reseed the generators or rewind the "
                              "data, as if the checkpoint had not held them")
@@ -280,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
                                   hooks=[StopAtStepHook(last_step=args.steps)]) as s:
         leftovers = sorted(n for n in os.listdir(args.logdir) if ".tmp-" in n or ".deleting-" in n)
         print(f"transient after open: {leftovers}", flush=True)
+        if args.save_at_start:
+            s.save_checkpoint(wait=True)
         if args.perturb and s.global_step > 0:
             perturb(args.perturb, batches)
         while not s.should_stop():
