@@ -36,8 +36,8 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -111,7 +111,7 @@ class RssSampler:
         while not self._stop.wait(0.001):
             self.peak = max(self.peak, vm("VmRSS"))
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> RssSampler:  # noqa: PYI034
         self._thread.start()
         return self
 
@@ -121,10 +121,14 @@ class RssSampler:
         self.peak = max(self.peak, vm("VmRSS"), vm("VmHWM") if self._hwm else 0)
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[..., object], *args: object, **kwargs: object) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args, **kwargs)
     return time.perf_counter() - start
+
+
+def listing(seconds: list[float]) -> str:
+    return ", ".join(f"{s:.3f}" for s in seconds)
 
 
 def torch_save_fsync(obj: object, path: str) -> None:
@@ -134,13 +138,15 @@ def torch_save_fsync(obj: object, path: str) -> None:
         os.fsync(f.fileno())
 
 
-def raw_write_fsync(buffer: memoryview, path: str, chunk: int = 64 * MiB) -> None:
+def raw_write_fsync(buffers: list[memoryview], path: str, chunk: int = 64 * MiB) -> None:
+    """Writes the buffers back to back with ``os.write`` in ``chunk``-byte pieces, then fsyncs."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for start in range(0, len(buffer), chunk):
-            view = buffer[start:start + chunk]
-            while view:
-                view = view[os.write(fd, view):]
+        for buffer in buffers:
+            for start in range(0, len(buffer), chunk):
+                view = buffer[start:start + chunk]
+                while view:
+                    view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -218,12 +224,12 @@ def measure_stall_and_write(model: BigModel, state: TrainingState, kept: Checkpo
 
         shutil.rmtree(os.path.dirname(state_file(unlimited, step - 1)))
         os.sync()
-        totals.append(timed(lambda: unlimited.save(step, state, wait=True)))
+        totals.append(timed(unlimited.save, step, state, wait=True))
         os.sync()
-        syncs.append(timed(lambda: torch_save_fsync(model.state_dict(), sync_path)))
+        syncs.append(timed(torch_save_fsync, model.state_dict(), sync_path))
         remove(sync_path)
         os.sync()
-        raws.append(timed(lambda: raw_write_fsync(view[:nbytes], raw_path)))
+        raws.append(timed(raw_write_fsync, [view[:nbytes]], raw_path))
         remove(raw_path)
     del view, buffer
     stall, sync = min(stalls), min(syncs)
@@ -234,7 +240,6 @@ def measure_stall_and_write(model: BigModel, state: TrainingState, kept: Checkpo
                     rate / raw_rate, ">= 0.80x", rate / raw_rate >= 0.8)
     kept_row = Row("  same, retention deleting in the window", f"{kept_rate / MiB:8.0f}",
                    f"{raw_rate / MiB:8.0f}", kept_rate / raw_rate, "-", None)
-    listing = lambda values: ", ".join(f"{v:.3f}" for v in values)  # noqa: E731
     print(f"  rounds (s): async save() blocked {listing(stalls)}; save-to-commit {listing(totals)}; "
           f"with retention (max_to_keep=2) {listing(kept_totals)}")
     print(f"  rounds (s): sync torch.save+fsync {listing(syncs)}; raw write+fsync of {nbytes / MiB:.0f} MiB "
@@ -297,63 +302,55 @@ def measure_growth(directory: str, nbytes: int, saves: int = 50) -> Row:
                f"{rss[2] / MiB:8.0f} MiB", ratio, "<= 1.05x", ratio <= 1.05)
 
 
+class NullSink:
+    """A raw file that discards what is written: serialisation and CRC cost without a disk."""
+
+    def __init__(self) -> None:
+        self._fd = os.open(os.devnull, os.O_WRONLY)
+
+    def write(self, data: object) -> int:
+        return memoryview(data).nbytes  # type: ignore[arg-type]
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def serialise_to_null(payload: object) -> None:
+    from supervisor.checkpoint.commit import serialize
+    from supervisor.checkpoint.fileio import ChecksumWriter
+
+    with ChecksumWriter(NullSink()) as writer:  # type: ignore[arg-type]
+        serialize(payload, writer)
+
+
+def raw_write_8mib(views: list[memoryview], path: str) -> float:
+    os.sync()
+    seconds = timed(raw_write_fsync, views, path, chunk=8 * MiB)
+    remove(path)
+    return seconds
+
+
 def phase_breakdown(model: BigModel, state: TrainingState, directory: str) -> None:
     """Where one save's time goes, each phase alone (informational): the capture's memcpy, the
     CPU cost of serialising and checksumming without a disk, the CRC alone, and the disk's raw
     speed with the engine's 8 MiB chunks."""
-    from supervisor.checkpoint.commit import serialize
-    from supervisor.checkpoint.fileio import ChecksumWriter
     from supervisor.checkpoint.staging import StagingArea
 
     staging = StagingArea()
     staging.capture(state.state_dict())  # allocate once, as the manager does
-    capture = min(timed(lambda: staging.capture(state.state_dict())) for _ in range(2))
+    capture = min(timed(staging.capture, state.state_dict()) for _ in range(2))
     payload = staging.capture(state.state_dict())  # {"model": {name: tensor}}
-
-    class NullFile:
-        def write(self, data: object) -> int:
-            return memoryview(data).nbytes  # type: ignore[arg-type]
-
-        def fileno(self) -> int:
-            return null_fd
-
-        def close(self) -> None:
-            pass
-
-    null_fd = os.open(os.devnull, os.O_WRONLY)
-    try:
-        def serialize_null() -> None:
-            with ChecksumWriter(NullFile()) as writer:  # type: ignore[arg-type]
-                serialize(payload, writer)
-        to_null = min(timed(serialize_null) for _ in range(2))
-    finally:
-        os.close(null_fd)
+    to_null = min(timed(serialise_to_null, payload) for _ in range(2))
     views = [memoryview(p.detach().numpy()).cast("B") for p in payload["model"].values()]
     crc = min(timed(lambda: [zlib.crc32(v) for v in views]) for _ in range(2))
-    raw_path = os.path.join(directory, "raw8.bin")
-
-    def raw_8mib() -> float:
-        os.sync()
-        fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        start = time.perf_counter()
-        try:
-            for v in views:
-                for i in range(0, len(v), 8 * MiB):
-                    os.write(fd, v[i:i + 8 * MiB])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        seconds = time.perf_counter() - start
-        remove(raw_path)
-        return seconds
-
-    raw = min(raw_8mib() for _ in range(2))
-    del views
-    rate = lambda secs: f"{model.nbytes / secs / GiB:.1f} GiB/s"  # noqa: E731
-    print(f"  capture (memcpy into staging)        {capture:7.3f} s  {rate(capture)}")
-    print(f"  CRC-32 alone (one thread)            {crc:7.3f} s  {rate(crc)}")
-    print(f"  serialise + CRC into a null sink     {to_null:7.3f} s  {rate(to_null)}")
-    print(f"  raw write + fsync, 8 MiB chunks      {raw:7.3f} s  {rate(raw)}")
+    raw = min(raw_write_8mib(views, os.path.join(directory, "raw8.bin")) for _ in range(2))
+    for name, secs in (("capture (memcpy into staging)", capture), ("CRC-32 alone (one thread)", crc),
+                       ("serialise + CRC into a null sink", to_null),
+                       ("raw write + fsync, 8 MiB chunks", raw)):
+        print(f"  {name:<36s} {secs:7.3f} s  {model.nbytes / secs / GiB:.1f} GiB/s")
     staging.release()
 
 

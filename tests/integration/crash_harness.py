@@ -41,7 +41,7 @@ class Life:
         if seam:
             env["CRASH_AT"] = seam
         self.seam, self.log = seam, log
-        self._log_file = open(log, "wb")
+        self._log_file = open(log, "wb")  # noqa: SIM115 - the child writes it until close()
         argv = [sys.executable, "-u", TRAINER, logdir, "--steps", str(steps), "--out", out,
                 "--wait-for-go", *extra]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._log_file,

@@ -45,7 +45,8 @@ import random
 import signal
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -237,7 +238,7 @@ def seed_everything(seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logdir")
     parser.add_argument("--steps", type=int, required=True, help="train until this global step")
@@ -254,8 +255,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--perturb", choices=("rng", "data"),
                         help="negative control: after a restore, reseed the generators or rewind the "
                              "data, as if the checkpoint had not held them")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def make_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, seam: Seam,
+                    sleep_secs: float) -> Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """One step that draws from every global generator, so a resume that lost any of them shows."""
+
+    def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        x = x + 0.05 * torch.randn_like(x)              # torch CPU generator (plus dropout)
+        weight = 1.0 + 0.1 * random.random()            # Python's generator
+        weight *= float(np.random.uniform(0.9, 1.1))    # NumPy's generator
+        optimizer.zero_grad(set_to_none=True)
+        loss = weight * nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        seam.maybe_die("step")                          # mid-step: gradients, no update yet
+        if sleep_secs:
+            time.sleep(sleep_secs)
+        optimizer.step()
+        return loss.detach()
+
+    return train_step
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     deterministic_algorithms()
     torch.set_num_threads(1)
     logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -270,21 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.25), nn.Linear(64, 4))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     batches = Batches()
-
-    def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        x = x + 0.05 * torch.randn_like(x)              # torch CPU generator (plus dropout)
-        weight = 1.0 + 0.1 * random.random()            # Python's generator
-        weight *= float(np.random.uniform(0.9, 1.1))    # NumPy's generator
-        optimizer.zero_grad(set_to_none=True)
-        loss = weight * nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        seam.maybe_die("step")                          # mid-step: gradients, no update yet
-        if args.step_sleep_secs:
-            time.sleep(args.step_sleep_secs)
-        optimizer.step()
-        return loss.detach()
-
+    train_step = make_train_step(model, optimizer, seam, args.step_sleep_secs)
     print("ready", flush=True)
     if args.wait_for_go and sys.stdin.readline().strip() != "go":
         return  # the parent went away or cancelled this life
@@ -301,7 +312,6 @@ def main(argv: list[str] | None = None) -> None:
         while not s.should_stop():
             s.run(train_step, next(batches))
         step = s.global_step
-
     final = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": batches.state_dict(),
              "draws": (torch.rand(4), random.random(), float(np.random.random()))}
     torch.save(final, args.out)
@@ -309,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def perturb(what: str, batches: Batches) -> None:
+    """The negative control's damage (``--perturb``)."""
     if what == "rng":
         random.seed(99)
         np.random.seed(99)
