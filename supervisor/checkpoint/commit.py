@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -41,10 +41,12 @@ from supervisor.checkpoint.format import (
     deleting_name,
     is_transient,
     temp_name,
+    transient_base,
 )
+from supervisor.errors import CheckpointError
 
 __all__ = ["CommitResult", "write_checkpoint", "remove_checkpoint", "move_aside", "remove_tree",
-           "clean_transient", "serialize"]
+           "clean_transient", "recover_interrupted_replacements", "serialize"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +137,44 @@ def move_aside(path: str) -> str | None:
     except FileNotFoundError:
         return None
     return aside
+
+
+def recover_interrupted_replacements(directory: str, indexed: Iterable[str]) -> list[str]:
+    """Puts back a checkpoint the index names but a crash left only under a transient name.
+
+    Re-saving a committed step (`_rename_into_place`) renames the committed directory to
+    ``<name>.deleting-*`` before renaming the sealed ``<name>.tmp-*`` into place, and retention
+    moves a checkpoint aside before it rewrites the index; a kill in between leaves the index
+    naming ``<name>`` while complete copies sit under transient names. Before those are cleaned
+    up, the newest copy that verifies in full (the sealed temp, else the moved-aside one) is
+    renamed back to ``<name>``, with a WARNING. Returns the recovered names.
+    """
+    from supervisor.checkpoint.restore import check_checkpoint  # restore imports this module
+
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    recovered = []
+    for name in dict.fromkeys(indexed):
+        if name in names:
+            continue
+        leftovers = sorted((n for n in names if transient_base(n) == name),
+                           key=lambda n: ".tmp-" not in n)  # the newer save first
+        for leftover in leftovers:
+            path = os.path.join(directory, leftover)
+            try:
+                check_checkpoint(path, verify="full")
+            except CheckpointError as e:
+                logger.warning("cannot recover %s from %s: %s", name, path, e)
+                continue
+            os.rename(path, os.path.join(directory, name))
+            fsync_dir(directory)
+            logger.warning("recovered %s from %s, left behind when a crash interrupted its replacement "
+                           "or deletion", name, leftover)
+            recovered.append(name)
+            break
+    return recovered
 
 
 def clean_transient(directory: str) -> list[str]:

@@ -86,6 +86,12 @@ def is_transient(name: str) -> bool:
     return _TRANSIENT.match(name) is not None
 
 
+def transient_base(name: str) -> str | None:
+    """The checkpoint name a transient ``<name>.tmp-*`` / ``<name>.deleting-*`` belongs to."""
+    match = _TRANSIENT.match(name)
+    return match.group("name") if match else None
+
+
 def list_committed(directory: str, basename: str) -> list[tuple[int, str]]:
     """``(step, name)`` of every directory named like a committed checkpoint, by step.
 

@@ -20,7 +20,13 @@ import torch
 from supervisor import distributed
 from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint import retention
-from supervisor.checkpoint.commit import clean_transient, move_aside, remove_tree, write_checkpoint
+from supervisor.checkpoint.commit import (
+    clean_transient,
+    move_aside,
+    recover_interrupted_replacements,
+    remove_tree,
+    write_checkpoint,
+)
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
 from supervisor.checkpoint.index import read_index, relative_index, write_index
@@ -139,12 +145,25 @@ class CheckpointManager:
             raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
         self._lock.acquire()
         try:
+            recover_interrupted_replacements(self.directory, self._indexed_names())
             clean_transient(self.directory)
             self._retention = self._recover_retention()
         except BaseException:
             self._lock.release()
             raise
         self._opened = True
+
+    def _indexed_names(self) -> list[str]:
+        """The checkpoint names the index lists (plain names in this directory only)."""
+        try:
+            index = read_index(self.directory)
+        except (ValueError, OSError):
+            return []  # _recover_retention reports an unreadable index
+        if index is None:
+            return []
+        index = relative_index(index, self.directory)
+        names = [index.model_checkpoint_path, *index.all_model_checkpoint_paths]
+        return [n for n in names if n and os.sep not in n and n not in (os.curdir, os.pardir)]
 
     def _recover_retention(self) -> retention.RetentionState:
         try:

@@ -142,8 +142,11 @@ def test_kill_at_point_then_restart_resumes_from_verified_checkpoint(tmp_path, r
         resumed = second.run()
         assert resumed.returncode == 0 and resumed.finished_step == STEPS_POINTS, resumed.output
         check_resumed(resumed, disk, max(killed.committed, default=None))
-        if disk.transient:
-            assert "left behind by an interrupted checkpoint" in resumed.output  # the WARNING
+        if disk.transient:  # the WARNING: a leftover the index still names is put back, others removed
+            assert ("left behind by an interrupted checkpoint" in resumed.output
+                    or "left behind when a crash interrupted its replacement or deletion" in resumed.output)
+        if seam.startswith("retain"):  # still listed, complete: recovered rather than deleted
+            assert "recovered model.ckpt-0 from model.ckpt-0.deleting-" in resumed.output
     finally:
         first.close()
         second.close()
@@ -233,14 +236,8 @@ def test_bit_identity_check_catches_a_resume_without_rng_or_data_position(tmp_pa
         assert_same_final_state(out, references[STEPS_POINTS])
 
 
-# ---------------------------------------------------------------- known engine bug
+# ---------------------------------------------------------------- re-saving the indexed step
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: re-saving the step the index names (e.g. session.save_checkpoint() right after a "
-    "restore) replaces it in commit._rename_into_place by renaming the committed directory to "
-    ".deleting- before renaming the new one into place; SIGKILL in between leaves the index naming "
-    "a missing checkpoint, and the next open() deletes both complete copies (the .deleting- and "
-    "the sealed .tmp-), so with max_to_keep=1 the run can never resume (CheckpointCorruptError)"))
 def test_kill_while_resaving_the_indexed_step_still_resumes_from_it(tmp_path, references):
     """A crash in any phase of any save must leave a restorable checkpoint of the newest
     committed step (SPEC §5.1), including a re-save of the step just restored."""
