@@ -110,6 +110,7 @@ class CheckpointManager:
         self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
         self._lock = OwnershipLock(self.directory)
         self._writer = BackgroundWriter()
+        self._dropped: list[str] = []
         self._staging = StagingArea()
         self._mutex = threading.Lock()
         self._retention: retention.RetentionState | None = None
@@ -248,8 +249,9 @@ class CheckpointManager:
         del payload
         if self.save_mode == "sync":
             job()
+            self._remove_dropped()
         else:
-            self._writer.submit(job)
+            self._writer.submit(job, after=self._remove_dropped)
             if wait:
                 self._writer.wait()
         if outcome:
@@ -318,10 +320,19 @@ class CheckpointManager:
         asides = [a for a in (move_aside(os.path.join(self.directory, n)) for n in result.delete) if a]
         write_index(self.directory, retention.to_index(result.state, latest))
         self._retention = result.state
-        for aside in asides:
-            remove_tree(aside)
+        with self._mutex:
+            self._dropped.extend(asides)  # removed by _remove_dropped, after the save is done
         if result.delete:
             logger.info("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
+
+    def _remove_dropped(self) -> None:
+        """Deletes the directories retention moved aside. It runs after the save reported done,
+        so neither `wait` nor the next capture waits for the filesystem work (0.2–0.3 s per GiB
+        here); a crash meanwhile leaves ``.deleting-`` directories the next `open` removes."""
+        with self._mutex:
+            dropped, self._dropped = self._dropped, []
+        for aside in dropped:
+            remove_tree(aside)
 
     def _failed(self, step: int, message: str, error: Exception, outcome: list[CheckpointError] | None) -> None:
         """Applies the failure policy: tolerate (WARNING), or report the fatal failure to the

@@ -37,23 +37,29 @@ class BackgroundWriter:
         self._cond = threading.Condition()
         self._busy = False
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @property
     def busy(self) -> bool:
         """Whether a job is running."""
         return self._busy
 
-    def submit(self, job: Callable[[], None]) -> None:
-        """Starts ``job`` on a new thread; the previous job must be done (call `wait` first)."""
+    def submit(self, job: Callable[[], None], after: Callable[[], None] | None = None) -> None:
+        """Starts ``job`` on a new thread; the previous job must be done (call `wait` first).
+
+        ``after`` runs on the same thread once the job is done and `wait` has returned (e.g.
+        deleting what retention dropped), so the next save does not wait for it.
+        """
         with self._cond:
             if self._closed:
                 raise RuntimeError("the checkpoint writer is closed; no more saves can be written")
             if self._busy:
                 raise RuntimeError("a save is already in flight; wait() for it before submitting another")
             self._busy = True
-            self._thread = threading.Thread(target=self._run, args=(job,), name=self._name)
-        self._thread.start()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            thread = threading.Thread(target=self._run, args=(job, after), name=self._name)
+            self._threads.append(thread)
+        thread.start()
 
     def wait(self) -> float:
         """Blocks until no job is in flight; returns the seconds it waited (0.0 if idle)."""
@@ -69,11 +75,12 @@ class BackgroundWriter:
         """Lets a job in flight finish and joins its thread; later submits fail. Idempotent."""
         with self._cond:
             self._closed = True
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join()
 
-    def _run(self, job: Callable[[], None]) -> None:
+    def _run(self, job: Callable[[], None], after: Callable[[], None] | None) -> None:
         try:
             job()
         except BaseException:  # noqa: BLE001 - jobs report their own errors; this is a last resort
@@ -83,3 +90,8 @@ class BackgroundWriter:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+        if after is not None:
+            try:
+                after()
+            except Exception:  # noqa: BLE001 - cleanup only; the save itself is committed
+                logger.exception("the checkpoint writer's cleanup failed")

@@ -81,7 +81,7 @@ def test_sync_mode_writes_before_save_returns(manager_factory, tmp_path):
     manager = manager_factory(save_mode="sync")
     path = manager.save(5, small_state())
     assert os.path.isfile(os.path.join(path, "MANIFEST.json"))
-    assert manager._writer._thread is None  # no background thread in sync mode
+    assert manager._writer._threads == []  # no background thread in sync mode
 
 
 def test_commit_is_logged_at_info_with_the_checkpoint_name(manager_factory, caplog):
@@ -116,3 +116,14 @@ def test_a_process_exiting_without_close_still_commits_the_save_in_flight(tmp_pa
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert load_checkpoint(tmp_path / "model.ckpt-3")["global_step"] == 3
+
+
+def test_retention_deletes_after_the_save_reports_done(manager_factory, tmp_path):
+    """wait() returns once the new checkpoint is published; the dropped one is deleted after,
+    and is gone once the manager closes."""
+    manager = manager_factory(max_to_keep=1)
+    manager.save(1, small_state(), wait=True)
+    manager.save(2, small_state(), wait=True)
+    manager.close()
+    names = sorted(n for n in os.listdir(tmp_path / "logdir") if n.startswith("model.ckpt"))
+    assert names == ["model.ckpt-2"]
