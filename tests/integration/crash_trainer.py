@@ -52,6 +52,9 @@ import numpy as np
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples"))
+from quickstart import ShuffledBatches  # noqa: E402
+
 SEAM_ENV = "CRASH_AT"
 POINTS = ("step", "capture", "write", "seal", "rename", "publish", "index", "retain", "delete", "replace")
 
@@ -190,35 +193,12 @@ def install_seams(seam: Seam) -> None:
     _replace(manager, "remove_tree", remove_tree)
 
 
-class Batches:
-    """An endless iterator over a fixed dataset, reshuffled per epoch from its own generator;
-    its position is part of the training state (``state={"data": ...}``)."""
-
-    def __init__(self, n: int = 96, batch_size: int = 8) -> None:
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(n, 16, generator=g)
-        self.y = torch.randint(0, 4, (n,), generator=g)
-        self.batch_size = batch_size
-        self.epoch = self.position = 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> torch.Tensor:
-        return torch.randperm(len(self.x), generator=torch.Generator().manual_seed(7919 + self.epoch))
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.position + self.batch_size > len(self.x):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._permutation()
-        idx = self._order[self.position:self.position + self.batch_size]
-        self.position += self.batch_size
-        return self.x[idx], self.y[idx]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, sd: dict[str, int]) -> None:
-        self.epoch, self.position = int(sd["epoch"]), int(sd["position"])
-        self._order = self._permutation()
+def make_batches() -> ShuffledBatches:
+    """An endless iterator over a fixed dataset, reshuffled per epoch; its position is part of
+    the training state (``state={"data": ...}``). The quickstart's iterator, on other data."""
+    g = torch.Generator().manual_seed(1234)
+    return ShuffledBatches(torch.randn(96, 16, generator=g), torch.randint(0, 4, (96,), generator=g),
+                           batch_size=8, seed=7)
 
 
 def deterministic_algorithms() -> None:
@@ -294,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     seed_everything()
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.25), nn.Linear(64, 4))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    batches = Batches()
+    batches = make_batches()
     train_step = make_train_step(model, optimizer, seam, args.step_sleep_secs)
     print("ready", flush=True)
     if args.wait_for_go and sys.stdin.readline().strip() != "go":
@@ -318,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"finished step={step}", flush=True)
 
 
-def perturb(what: str, batches: Batches) -> None:
+def perturb(what: str, batches: ShuffledBatches) -> None:
     """The negative control's damage (``--perturb``)."""
     if what == "rng":
         random.seed(99)
