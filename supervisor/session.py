@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import signal
 import threading
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -27,6 +26,7 @@ from supervisor.coordinator import Coordinator
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
+from supervisor.signals import SignalHandlers
 
 __all__ = ["MonitoredSession", "StepContext"]
 
@@ -117,7 +117,7 @@ class MonitoredSession:
         self._recoveries = 0
         self._boundary_lock = threading.Lock()
         self._boundary_actions: list[Callable[[MonitoredSession], Any]] = []
-        self._signals = _SignalHandlers(self) if handle_signals else None
+        self._signals = SignalHandlers(self._request_stop) if handle_signals else None
         try:
             for hook in self._hooks_overriding("begin"):
                 hook.begin()
@@ -420,34 +420,3 @@ def _check_exception_types(types: Any) -> tuple[type[BaseException], ...]:
         raise TypeError("recoverable_exceptions must be a tuple of exception types such as "
                         f"(supervisor.RecoverableError,), got {types!r}")
     return types
-
-
-class _SignalHandlers:
-    """SIGTERM/SIGINT → a clean stop at the next step boundary; a second SIGINT interrupts."""
-
-    _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
-
-    def __init__(self, session: MonitoredSession) -> None:
-        self._session = session
-        self._previous: dict[int, Any] = {}
-        self._received: str | None = None
-        if threading.current_thread() is not threading.main_thread():
-            logger.debug("not on the main thread: SIGTERM/SIGINT handlers not installed")
-            return
-        for signum in self._SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if self._received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if self._received is None:
-            self._received = name
-            # Locks may be held by the interrupted code: request the stop from another thread.
-            threading.Thread(target=self._session._request_stop,
-                             kwargs={"reason": f"received {name}"}, daemon=True).start()
-
-    def restore(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()

@@ -1,0 +1,47 @@
+"""SIGTERM/SIGINT handling for a session (SPEC §5.7).
+
+The first signal requests a clean stop: the loop ends at the next step boundary, ``end`` hooks
+run and the final checkpoint is written. A second SIGINT raises `KeyboardInterrupt` at once.
+Handlers are installed only on the main thread and restored when the session closes.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any, Callable
+
+__all__ = ["SignalHandlers"]
+
+logger = logging.getLogger(__name__)
+
+
+class SignalHandlers:
+    """SIGTERM/SIGINT → a clean stop at the next step boundary; a second SIGINT interrupts."""
+
+    _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
+
+    def __init__(self, request_stop: Callable[..., Any]) -> None:
+        self._request_stop = request_stop
+        self._previous: dict[int, Any] = {}
+        self._received: str | None = None
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("not on the main thread: SIGTERM/SIGINT handlers not installed")
+            return
+        for signum in self._SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self._received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self._received is None:
+            self._received = name
+            # Locks may be held by the interrupted code: request the stop from another thread.
+            threading.Thread(target=self._request_stop,
+                             kwargs={"reason": f"received {name}"}, daemon=True).start()
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
