@@ -52,7 +52,7 @@ class StopAtStepHook(Hook):
         elif step >= self._last_step:
             logger.info("StopAtStepHook: the session starts at step %d, already at or beyond "
                         "last_step=%d; stopping before the first step", step, self._last_step)
-            session.request_stop()
+            session.request_stop(reason=f"StopAtStepHook: already at step {step} >= last_step={self._last_step}")
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if run_context.session.global_step >= self._last_step:

@@ -187,9 +187,10 @@ class MonitoredSession:
     def should_stop(self) -> bool:
         return self._stop_event.is_set() or self._closed
 
-    def request_stop(self, exc: BaseException | None = None) -> None:
-        """Ends training after the current step; an ``exc`` is re-raised at close."""
-        self._request_stop(exc, reason="request_stop() called")
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+        """Ends training after the current step; an ``exc`` is re-raised at close. ``reason``
+        becomes `stop_reason` (the first stop's reason wins)."""
+        self._request_stop(exc, reason=reason or "request_stop() called")
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Runs one step: ``before_run`` hooks, ``fn(*args, **kwargs, **feeds)``, global step
