@@ -83,6 +83,7 @@ class CheckpointSaverHook(Hook):
         if self._manager.last_saved_step != step:
             self._save(session, step)
         self._timer.update_last_triggered_step(step)
+        session.call_when_stopping(self._save_at_stop)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         session = run_context.session
@@ -92,10 +93,18 @@ class CheckpointSaverHook(Hook):
             if self._save(session, step):
                 run_context.request_stop()
 
+    def _save_at_stop(self, session: Any) -> None:
+        # The final save, taken at the boundary of the stopping step (see call_when_stopping);
+        # `end` then finds the step saved. A stop requested by a listener is already in effect.
+        step = session.global_step
+        if step != self._timer.last_triggered_step():
+            self._timer.update_last_triggered_step(step)
+            self._save(session, step)
+
     def end(self, session: Any) -> None:
         step = session.global_step
         try:
-            if step != self._timer.last_triggered_step():
+            if step != self._timer.last_triggered_step():  # stopped between steps: no boundary since
                 self._save(session, step)
             self._manager.wait()
             for listener in self._listeners:

@@ -12,7 +12,10 @@ duplicates), saves a checkpoint if the state is not already the one on disk, and
 - step counter: every ``save_summaries_secs`` it writes ``global_step/sec`` (0.0 on the first
   tick; a stalled loop shows as 0, which a hook-only design cannot see).
 
-On a clean end it writes a final checkpoint if the step changed since the last one.
+The final checkpoint is taken at the boundary of the step during which the stop was
+requested (`MonitoredSession.call_when_stopping`), so a loop that fetched one more batch from a
+stateful loader before seeing the stop does not checkpoint past it; on a clean end a checkpoint
+is also written if the step changed since the last one.
 """
 from __future__ import annotations
 
@@ -76,6 +79,8 @@ class SupervisorServices(Hook):
         writer = session.summary_writer
         if writer is not None:
             writer.add_session_log("START", session.global_step)
+        if session.checkpoint_manager is not None:
+            session.call_when_stopping(save_if_changed)  # the final checkpoint, see end()
         if session.checkpoint_manager is not None and self._save_model_secs:
             save_if_changed(session)
             self._loop(coord, self._save_model_secs, self._request_checkpoint, "checkpoint", skip_first=True)
@@ -85,6 +90,7 @@ class SupervisorServices(Hook):
             self._loop(coord, self._save_summaries_secs, self._count_steps, "step-counter")
 
     def end(self, session: Any) -> None:
+        # Usually a no-op: the final checkpoint was taken at the boundary of the stopping step.
         if session.checkpoint_manager is not None:
             save_if_changed(session, wait=True)
         if session.summary_writer is not None:

@@ -117,6 +117,8 @@ class MonitoredSession:
         self._recoveries = 0
         self._boundary_lock = threading.Lock()
         self._boundary_actions: list[Callable[[MonitoredSession], Any]] = []
+        self._stop_actions: list[Callable[[MonitoredSession], Any]] = []
+        self._stop_boundary_done = False
         self._signals = SignalHandlers(self._request_stop) if handle_signals else None
         try:
             for hook in self._hooks_overriding("begin"):
@@ -231,6 +233,17 @@ class MonitoredSession:
         with self._boundary_lock:
             self._boundary_actions.append(action)
 
+    def call_when_stopping(self, action: Callable[[MonitoredSession], Any]) -> None:
+        """Runs ``action(session)`` once, on the training thread, at the boundary of the step
+        during which a stop was requested (by a hook, a signal, a thread or `request_stop`).
+
+        This is where final checkpoints are captured: at close the loop may already have taken
+        the next batch from a stateful loader (``for batch in loader: if s.should_stop():
+        break``), and a checkpoint taken then would resume one batch too far. Registrations are
+        per session creation (call it from ``after_create_session``).
+        """
+        self._stop_actions.append(action)
+
     def save_checkpoint(self, wait: bool = False) -> str:
         """Checkpoints now, at this step boundary, through the commit protocol; returns the
         checkpoint's path. ``wait=True`` blocks until it is committed."""
@@ -247,8 +260,8 @@ class MonitoredSession:
             output = fn(*args, **kwargs)
             self._global_step += 1
             self._last_output = output
-            if self._boundary_actions:
-                self._run_boundary_actions()
+            if self._boundary_actions or self._stop_event.is_set():
+                self._at_boundary()
             return output
         context = RunContext(fn, args, kwargs, self)
         fetches: dict[int, Any] | None = None
@@ -274,15 +287,19 @@ class MonitoredSession:
             hook.after_run(context, RunValues(results.get(id(hook)) if results else None))
         if context._stop_requested:
             self._request_stop(reason=f"a hook requested stop at step {self._global_step}")
-        if self._boundary_actions:
-            self._run_boundary_actions()
+        if self._boundary_actions or self._stop_event.is_set():
+            self._at_boundary()
         return output
 
-    def _run_boundary_actions(self) -> None:
+    def _at_boundary(self) -> None:
         with self._boundary_lock:
             actions, self._boundary_actions = self._boundary_actions, []
         for action in actions:
             action(self)
+        if self._stop_event.is_set() and not self._stop_boundary_done:
+            self._stop_boundary_done = True
+            for action in self._stop_actions:
+                action(self)
 
     def _refuse_run(self) -> None:
         if self._closed:
@@ -301,6 +318,7 @@ class MonitoredSession:
         return [h for h in self._hooks if overrides(h, method)]
 
     def _create_session(self) -> None:
+        self._stop_actions.clear()
         step = self._creator.create(self)
         if step is not None:
             self._global_step = int(step)

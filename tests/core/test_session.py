@@ -556,3 +556,34 @@ def test_reraised_error_keeps_its_cause():
         with MonitoredSession(hooks=[Fails()]):
             pass
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_call_when_stopping_runs_once_at_the_stopping_steps_boundary():
+    seen = []
+
+    class Registers(Hook):
+        def after_create_session(self, session, coord):
+            session.call_when_stopping(lambda s: seen.append(s.global_step))
+
+    with MonitoredSession(hooks=[Registers(), StopAt(3)]) as s:
+        for _ in range(3):
+            s.run(noop)
+        assert seen == [3]  # right after the step that requested the stop, before close
+    assert seen == [3]
+
+
+def test_call_when_stopping_after_a_stop_from_another_thread():
+    seen = []
+
+    class Registers(Hook):
+        def after_create_session(self, session, coord):
+            session.call_when_stopping(lambda s: seen.append(s.global_step))
+
+    with MonitoredSession(hooks=[Registers()]) as s:
+        s.run(noop)
+        def step_while_a_thread_stops():
+            t = threading.Thread(target=s.request_stop)
+            t.start()
+            t.join(5)
+        s.run(step_while_a_thread_stops)
+        assert seen == [2]
