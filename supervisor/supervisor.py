@@ -100,6 +100,7 @@ class Supervisor:
         self._clock = resolve_clock(clock)
         self._coord = Coordinator()
         self._session: MonitoredSession | None = None
+        self._last_step = 0
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- the session
@@ -161,8 +162,6 @@ class Supervisor:
     def global_step(self) -> int:
         """The open session's global step (the last session's once it closed; 0 before)."""
         return self._session.global_step if self._session is not None else self._last_step
-
-    _last_step = 0
 
     def request_stop(self, ex: BaseException | None = None) -> None:
         if self._session is not None:
