@@ -28,3 +28,15 @@ def test_checkpoint_benchmark_quick(capsys, tmp_path):
     assert all(r.ratio > 0 for r in rows)
     assert "phase breakdown of one save:" in out
     assert list(tmp_path.iterdir()) == []  # the temporary directory is gone
+
+
+@pytest.mark.slow
+def test_step_overhead_benchmark_quick(capsys):
+    from benchmarks.step_overhead import main as step_overhead
+
+    step_overhead(["--quick"])
+    out = capsys.readouterr().out
+    for row in ("0 hooks", "5 no-op before_run/after_run hooks", "StopAtStepHook", "bare loop",
+                "MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services",
+                "low-noise"):
+        assert row in out, row
