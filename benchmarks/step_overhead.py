@@ -67,16 +67,26 @@ def best_of(rounds: int, variants: dict[str, Callable[[], float]]) -> dict[str, 
     return {name: min(values) for name, values in measure_rounds(rounds, variants).items()}
 
 
+def us_per_call(n: int, fn: Callable[..., object], *args: object) -> float:
+    """µs per ``fn(*args)``, over ``n`` calls."""
+    start = time.perf_counter()
+    for _ in range(n):
+        fn(*args)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def settled(session: object) -> object:
+    """Waits for the checkpoint saved at session creation: it is not per-step overhead."""
+    manager = getattr(session, "checkpoint_manager", None)
+    if manager is not None:
+        manager.wait()
+    return session
+
+
 def noop_run_cost(hooks: list[Hook], n: int) -> Callable[[], float]:
     def measure() -> float:
-        def step():
-            return None
         with MonitoredSession(hooks=hooks) as s:
-            run = s.run
-            start = time.perf_counter()
-            for _ in range(n):
-                run(step)
-            return (time.perf_counter() - start) / n * 1e6
+            return us_per_call(n, s.run, lambda: None)
     return measure
 
 
@@ -111,8 +121,7 @@ def session_loop(n: int, make_session: Callable[..., object]) -> Callable[[], fl
     def measure() -> float:
         model, opt, batch, train_step = tiny_model()
         with make_session(model, opt) as s:
-            if getattr(s, "checkpoint_manager", None) is not None:
-                s.checkpoint_manager.wait()  # the save at creation is not per-step overhead
+            settled(s)
             start = time.perf_counter()
             for _ in range(n):
                 s.run(train_step, batch)
@@ -200,18 +209,9 @@ def overhead_us(n: int, make_session: Callable[..., object] | None) -> Callable[
             return output
 
         if make_session is None:
-            start = time.perf_counter()
-            for _ in range(n):
-                step()
-            return (time.perf_counter() - start) / n * 1e6
+            return us_per_call(n, step)
         with make_session(model, opt) as s:
-            if getattr(s, "checkpoint_manager", None) is not None:
-                s.checkpoint_manager.wait()
-            run = s.run
-            start = time.perf_counter()
-            for _ in range(n):
-                run(step)
-            return (time.perf_counter() - start) / n * 1e6
+            return us_per_call(n, settled(s).run, step)
     return measure
 
 
