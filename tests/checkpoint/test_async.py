@@ -127,3 +127,36 @@ def test_retention_deletes_after_the_save_reports_done(manager_factory, tmp_path
     manager.close()
     names = sorted(n for n in os.listdir(tmp_path / "logdir") if n.startswith("model.ckpt"))
     assert names == ["model.ckpt-2"]
+
+
+def test_wait_does_not_wait_for_retention_to_delete(manager_factory, tmp_path, monkeypatch):
+    """A save reports done once its checkpoint is published; deleting what retention dropped
+    (slow filesystem work) happens after, so wait() and the next capture don't pay for it."""
+    import threading
+
+    from supervisor.checkpoint import manager as manager_module
+
+    release, removing = threading.Event(), threading.Event()
+    real_remove = manager_module.remove_tree
+
+    def slow_remove(path):
+        removing.set()
+        release.wait(30)
+        real_remove(path)
+
+    monkeypatch.setattr(manager_module, "remove_tree", slow_remove)
+    manager = manager_factory(max_to_keep=1)
+    manager.save(1, small_state(), wait=True)
+    saver = threading.Thread(target=manager.save, args=(2, small_state()), kwargs={"wait": True})
+    try:
+        saver.start()
+        saver.join(10)
+        assert not saver.is_alive(), "save(wait=True) waited for retention's delete"
+        assert removing.wait(10)
+        logdir = tmp_path / "logdir"
+        assert any(".deleting-" in n for n in os.listdir(logdir))  # still being removed
+    finally:
+        release.set()
+        saver.join(10)
+    manager.close()
+    assert sorted(n for n in os.listdir(logdir) if n.startswith("model.ckpt")) == ["model.ckpt-2"]
