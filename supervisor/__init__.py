@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from supervisor.checkpoint import (
     CheckpointManager,
+    CheckpointReader,
     CheckpointSessionCreator,
     CheckpointState,
     PartialRestoreReport,
@@ -15,7 +16,9 @@ from supervisor.checkpoint import (
     checkpoints_iterator,
     get_checkpoint_state,
     latest_checkpoint,
+    list_variables,
     load_checkpoint,
+    load_variable,
     restore_partial,
     verify_checkpoint,
 )
@@ -41,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointReader",
     "CheckpointSessionCreator",
     "CheckpointState",
     "PartialRestoreReport",
@@ -48,7 +52,9 @@ __all__ = [
     "checkpoints_iterator",
     "get_checkpoint_state",
     "latest_checkpoint",
+    "list_variables",
     "load_checkpoint",
+    "load_variable",
     "restore_partial",
     "verify_checkpoint",
     "CheckpointCorruptError",

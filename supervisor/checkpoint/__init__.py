@@ -23,10 +23,12 @@ from supervisor.checkpoint.helpers import (
 )
 from supervisor.checkpoint.index import CheckpointState, get_checkpoint_state, latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
+from supervisor.checkpoint.reader import CheckpointReader, list_variables, load_variable
 from supervisor.checkpoint.restore import check_checkpoint as verify_checkpoint
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointReader",
     "CheckpointSessionCreator",
     "CheckpointState",
     "Manifest",
@@ -35,7 +37,9 @@ __all__ = [
     "checkpoints_iterator",
     "get_checkpoint_state",
     "latest_checkpoint",
+    "list_variables",
     "load_checkpoint",
+    "load_variable",
     "restore_partial",
     "verify_checkpoint",
 ]
