@@ -10,7 +10,7 @@ Variable names
 The saved mapping is flattened with ``/`` between levels, the first level being the training
 state's entry name and the next the entry's own ``state_dict()`` key, unchanged::
 
-    global_step                          # int -> 0-dim int64 tensor
+    global_step                          # int -> 0-dim int64 tensor (floats: float64)
     model/encoder.0.weight               # entry "model", state-dict key "encoder.0.weight"
     optimizer/state/0/exp_avg            # nested mappings: one "/" per level
     optimizer/param_groups/0/lr          # numbers -> 0-dim tensors
@@ -219,7 +219,12 @@ def _is_number(value: Any) -> bool:
 
 
 def _as_tensor(value: Any) -> torch.Tensor:
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+    """Tensors as they are; Python floats as float64 (no rounding), ints as int64, bools as bool."""
+    if isinstance(value, torch.Tensor):
+        return value
+    values = value if isinstance(value, list) else [value]
+    exact = any(isinstance(v, numbers.Real) and not isinstance(v, numbers.Integral) for v in values)
+    return torch.tensor(value, dtype=torch.float64 if exact else None)
 
 
 def _missing_message(path: str, name: str, variables: Mapping[str, Any]) -> str:

@@ -1,0 +1,224 @@
+"""What the subcommands share: exit codes, the logdir scan, the writer-lock check, formatting."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Sequence
+
+from supervisor.checkpoint.format import MANIFEST_FILE, list_committed, read_manifest, step_of
+from supervisor.checkpoint.index import CheckpointState, read_index
+from supervisor.checkpoint.lock import OwnershipLock
+from supervisor.checkpoint.restore import check_checkpoint
+from supervisor.errors import CheckpointError, LogdirInUseError
+
+__all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one",
+           "writer_lock", "Refused", "format_bytes", "format_age", "table", "print_json", "error"]
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+DEFAULT_BASENAME = "model.ckpt"
+_NAME_WITH_STEP = re.compile(r"^(?P<base>.+)-(?P<step>\d+)$")
+
+
+@dataclass
+class CheckpointRow:
+    """One checkpoint as the CLI reports it (also its ``--json`` object)."""
+
+    step: int | None
+    path: str
+    name: str
+    verified: bool
+    reason: str | None
+    indexed: bool        # the checkpoint the index's model_checkpoint_path names
+    in_index: bool       # listed in all_model_checkpoint_paths (managed by retention)
+    wall_time: float | None
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Listing:
+    """A scanned log directory: its index (or why it is unusable) and every checkpoint, by step."""
+
+    logdir: str
+    basename: str
+    index: CheckpointState | None
+    index_problem: str | None
+    rows: list[CheckpointRow]
+
+    @property
+    def problems(self) -> bool:
+        return self.index_problem is not None or any(not r.verified for r in self.rows)
+
+
+def scan_logdir(logdir: str, *, basename: str | None = None, verify: str = "full") -> Listing:
+    """Lists the committed checkpoints of ``logdir`` and those its index names, each verified."""
+    index, problem = None, None
+    try:
+        index = read_index(logdir)
+    except (ValueError, OSError) as e:
+        problem = str(e)
+    basename = basename or _basename_from_index(index) or DEFAULT_BASENAME
+    paths: dict[str, None] = {}
+    for _, name in list_committed(logdir, basename):
+        paths[os.path.abspath(os.path.join(logdir, name))] = None
+    listed: set[str] = set()
+    stamps: dict[str, float] = {}
+    indexed_path = None
+    if index is not None:
+        absolute = lambda p: os.path.abspath(p if os.path.isabs(p) else os.path.join(logdir, p))  # noqa: E731
+        for i, p in enumerate(index.all_model_checkpoint_paths):
+            listed.add(absolute(p))
+            paths.setdefault(absolute(p), None)
+            if i < len(index.all_model_checkpoint_timestamps):
+                stamps[absolute(p)] = index.all_model_checkpoint_timestamps[i]
+        indexed_path = absolute(index.model_checkpoint_path)
+        paths.setdefault(indexed_path, None)
+    rows = [check_one(p, basename=basename, verify=verify, indexed=p == indexed_path, in_index=p in listed,
+                      index_time=stamps.get(p)) for p in paths]
+    rows.sort(key=lambda r: (r.step is None, r.step if r.step is not None else 0, r.name))
+    if index is not None and indexed_path is not None and not os.path.isdir(indexed_path):
+        problem = f"the index names {index.model_checkpoint_path}, which does not exist"
+    return Listing(logdir, basename, index, problem, rows)
+
+
+def check_one(path: str, *, basename: str | None = None, verify: str = "full", indexed: bool = False,
+              in_index: bool = False, index_time: float | None = None) -> CheckpointRow:
+    """Verifies one checkpoint directory and describes it (a missing one is not verified)."""
+    path = os.path.abspath(path)
+    name = os.path.basename(path)
+    step = _step(name, basename)
+    if not os.path.isdir(path):
+        where = "listed in the index but " if in_index or indexed else ""
+        return CheckpointRow(step, path, name, False, f"{where}does not exist", indexed, in_index, index_time, 0)
+    verified, reason = True, None
+    try:
+        manifest = check_checkpoint(path, verify)
+        step = manifest.step if step is None else step
+        wall_time: float | None = manifest.wall_time
+    except CheckpointError as e:
+        verified, reason = False, _strip_path(str(e), path)
+        wall_time = index_time if index_time is not None else _mtime(path)
+    return CheckpointRow(step, path, name, verified, reason, indexed, in_index, wall_time, _tree_bytes(path))
+
+
+def _basename_from_index(index: CheckpointState | None) -> str | None:
+    if index is None:
+        return None
+    match = _NAME_WITH_STEP.match(os.path.basename(os.path.normpath(index.model_checkpoint_path)))
+    return match.group("base") if match else None
+
+
+def _step(name: str, basename: str | None) -> int | None:
+    if basename is not None and (step := step_of(name, basename)) is not None:
+        return step
+    match = _NAME_WITH_STEP.match(name)
+    return int(match.group("step")) if match else None
+
+
+def _strip_path(text: str, path: str) -> str:
+    return text[len(path) + 2:] if text.startswith(path + ": ") else text
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.path.getmtime(os.path.join(path, MANIFEST_FILE)) if os.path.exists(
+            os.path.join(path, MANIFEST_FILE)) else os.path.getmtime(path)
+    except OSError:
+        return None
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+def manifest_step(path: str) -> int | None:
+    try:
+        return read_manifest(path).step
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- the writer's lock
+class Refused(Exception):
+    """A mutating command refused to run (a writer holds the lock); exit code 1."""
+
+
+@contextlib.contextmanager
+def writer_lock(logdir: str) -> Iterator[None]:
+    """Holds ``logdir``'s ownership lock for a mutation, as a writer would.
+
+    Taking it non-blocking is the test "does a writer hold it?" that cannot steal it: the OS
+    grants it only when no live process holds it (a SIGKILLed writer's lock is free again).
+
+    Raises:
+        Refused: a writer holds the lock (the message names its pid and host).
+    """
+    lock = OwnershipLock(logdir)
+    try:
+        lock.acquire()
+    except LogdirInUseError as e:
+        raise Refused(f"refusing: {e}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# ---------------------------------------------------------------- output
+def format_bytes(n: int) -> str:
+    """``512 B``, ``3.0 KiB``, ``12.5 MiB``, ``1.00 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20)):
+        if n < scale << 10:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def format_age(wall_time: float | None, now: float | None = None) -> str:
+    """``just now``, ``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 days ago`` (or ``in 3 s``)."""
+    if wall_time is None:
+        return "?"
+    delta = (time.time() if now is None else now) - wall_time
+    future, delta = delta < 0, abs(delta)
+    if delta < 2:
+        return "just now"
+    for limit, scale, unit in ((120, 1, "s"), (7200, 60, "min"), (172800, 3600, "h")):
+        if delta < limit:
+            text = f"{int(delta // scale)} {unit}"
+            break
+    else:
+        text = f"{int(delta // 86400)} days"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """Aligned columns (``right``: indices of right-aligned columns); the last column is not padded."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells[-1] = str(row[-1]).rjust(widths[-1]) if len(row) - 1 in right else str(row[-1])
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)

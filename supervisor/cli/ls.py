@@ -1,0 +1,67 @@
+"""``ls LOGDIR``: every checkpoint with its step, age, size and whether it verifies (why not).
+
+The checkpoint the index points at (what a restart restores) is marked ``*``; one that fails
+verification shows ``FAILED`` and the reason. ``--json`` prints a list with one object per
+checkpoint (`supervisor.cli._common.CheckpointRow`). Exit code 1 when any checkpoint fails
+verification or the index is unreadable or names a missing checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Listing, error, format_age, format_bytes, print_json, \
+    scan_logdir, table
+
+__all__ = ["add_parser", "run", "render"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("ls", help="list checkpoints: step, age, size, verified or why not",
+                              description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("logdir", metavar="LOGDIR")
+    p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
+    p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums (fast on huge states)")
+    p.add_argument("--basename", default=None, help="checkpoint name prefix (default: from the index, else model.ckpt)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.logdir):
+        if args.json:
+            print_json([])
+        error(f"{args.logdir} is not a directory")
+        return EXIT_PROBLEM
+    listing = scan_logdir(args.logdir, basename=args.basename, verify="size" if args.quick else "full")
+    if args.json:
+        print_json([row.to_json() for row in listing.rows])
+        if listing.index_problem:
+            error(listing.index_problem)
+    else:
+        print(render(listing))
+    return EXIT_PROBLEM if listing.problems else EXIT_OK
+
+
+def render(listing: Listing) -> str:
+    """The human listing: a summary line, aligned columns, a legend."""
+    rows = listing.rows
+    failing = sum(not r.verified for r in rows)
+    named = listing.index.model_checkpoint_path if listing.index is not None else None
+    summary = f"{listing.logdir}: {len(rows)} checkpoint{'s' if len(rows) != 1 else ''}"
+    summary += f", {failing} failing verification" if failing else ""
+    summary += f"; the index points at {named}" if named else "; no index"
+    lines = [summary]
+    if listing.index_problem:
+        lines.append(f"index problem: {listing.index_problem}")
+    if not rows:
+        return "\n".join(lines + ["(no checkpoints)"])
+    body = []
+    for r in rows:
+        status = "ok" if r.verified else f"FAILED: {r.reason}"
+        if not r.in_index and not r.indexed and r.verified:
+            status += " (not in the index: retention never deletes it)"
+        body.append(["*" if r.indexed else "", "?" if r.step is None else str(r.step), r.name,
+                     format_age(r.wall_time), format_bytes(r.bytes) if r.bytes else "-", status])
+    lines.append(table(["", "STEP", "NAME", "SAVED", "SIZE", "STATUS"], body, right=(1, 4)))
+    if named:
+        lines.append("* = the checkpoint the index points at (a restart restores it)")
+    return "\n".join(lines)

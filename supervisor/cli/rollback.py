@@ -1,0 +1,82 @@
+"""``rollback LOGDIR STEP``: point the index at an older checkpoint, so a restart resumes there.
+
+The checkpoint must verify (sizes and checksums). The index is rewritten atomically (temp
+file, fsync, rename) with ``model_checkpoint_path`` naming it — the hand edit SPEC §5.3 allows,
+done safely. Newer checkpoints stay on disk and in the index: the resumed run replaces each one
+(atomically) when it saves that step again; ``--discard-newer`` deletes them instead (only those
+the index lists, after the index no longer names them). Refused (exit 1)
+while a writer holds the logdir's lock; the lock is held while the index is rewritten.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+
+from supervisor.checkpoint.index import CheckpointState, read_index, relative_index, write_index
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, check_one, error, scan_logdir, writer_lock
+from supervisor.cli.prune import drop_from_index
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("rollback", help="point the index at an older checkpoint (atomically)",
+                              description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("logdir", metavar="LOGDIR")
+    p.add_argument("step", metavar="STEP", type=_step)
+    p.add_argument("--discard-newer", action="store_true",
+                   help="also delete the indexed checkpoints newer than STEP (after rewriting the index)")
+    p.add_argument("--basename", default=None, help="checkpoint name prefix (default: from the index, else model.ckpt)")
+
+
+def _step(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"STEP must be a non-negative integer such as 1200, got {text!r}")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.logdir):
+        error(f"{args.logdir} is not a directory")
+        return EXIT_PROBLEM
+    try:
+        with writer_lock(args.logdir):
+            return _rollback(args)
+    except Refused as e:
+        error(str(e))
+        return EXIT_PROBLEM
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    listing = scan_logdir(args.logdir, basename=args.basename, verify="size")
+    target = next((r for r in listing.rows if r.step == args.step and os.path.isdir(r.path)), None)
+    if target is None:
+        steps = [r.step for r in listing.rows if os.path.isdir(r.path)]
+        error(f"{args.logdir} has no checkpoint of step {args.step} (steps present: {steps or 'none'})")
+        return EXIT_PROBLEM
+    target = check_one(target.path, basename=listing.basename, verify="full")
+    if not target.verified:
+        error(f"refusing to roll back to {target.path}: it fails verification: {target.reason}")
+        return EXIT_PROBLEM
+    try:
+        index = read_index(args.logdir)
+    except (ValueError, OSError) as e:
+        print(f"the old index is unusable ({e}); writing a new one naming only {target.name}")
+        index = None
+    previous = index.model_checkpoint_path if index is not None else None
+    # Without a usable index the new one lists only the target, so retention deletes nothing else.
+    new = replace(index, model_checkpoint_path=target.name) if index is not None else \
+        CheckpointState(target.name, (target.name,), ())
+    write_index(args.logdir, new)
+    newer = [r.name for r in listing.rows if r.step is not None and r.step > args.step and os.path.isdir(r.path)]
+    print(f"the index of {args.logdir} now points at {target.name} (was {previous or 'no index'}); "
+          f"a restart resumes at step {args.step}")
+    if newer and args.discard_newer and index is not None:
+        listed = set(relative_index(new, os.path.abspath(args.logdir)).all_model_checkpoint_paths)
+        return EXIT_PROBLEM if drop_from_index(args.logdir, relative_index(new, os.path.abspath(args.logdir)),
+                                               [n for n in newer if n in listed]) else EXIT_OK
+    if newer:
+        print(f"newer checkpoints kept: {', '.join(newer)} (a resumed run replaces each when it saves that "
+              "step again; `rollback --discard-newer` deletes them)")
+    return EXIT_OK
