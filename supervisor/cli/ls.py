@@ -63,5 +63,5 @@ def render(listing: Listing) -> str:
                      format_age(r.wall_time), format_bytes(r.bytes) if r.bytes else "-", status])
     lines.append(table(["", "STEP", "NAME", "SAVED", "SIZE", "STATUS"], body, right=(1, 4)))
     if named:
-        lines.append("* = the checkpoint the index points at (a restart restores it)")
+        lines.append("(* = the checkpoint the index points at: a restart restores it)")
     return "\n".join(lines)
