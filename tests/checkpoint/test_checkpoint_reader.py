@@ -1,0 +1,89 @@
+"""The reader API (TF's list_variables / load_variable / CheckpointReader) on real checkpoints."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+import supervisor
+from supervisor import CheckpointReader, list_variables, load_variable
+
+
+def _save(logdir, step=5, model=None):
+    torch.manual_seed(0)
+    model = model or nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    manager = supervisor.CheckpointManager(str(logdir), save_mode="sync")
+    manager.open()
+    try:
+        path = manager.save(step, supervisor.TrainingState.from_arguments(model=model, optimizer=optimizer))
+    finally:
+        manager.close()
+    return path, model, optimizer
+
+
+def test_names_are_entry_slash_state_dict_key(tmp_path):
+    path, model, _ = _save(tmp_path)
+    variables = dict(list_variables(path))
+    assert variables["model/0.weight"] == (4, 3) and variables["model/2.bias"] == (2,)
+    assert variables["global_step"] == ()
+    assert variables["optimizer/state/0/exp_avg"] == (4, 3)
+    assert variables["optimizer/param_groups/0/params"] == (4,)  # a list of numbers is one variable
+    assert not [n for n in variables if n.startswith("__meta__")]
+    assert {n[len("model/"):] for n in variables if n.startswith("model/")} == set(model.state_dict())
+
+
+def test_load_variable_returns_one_exact_value(tmp_path):
+    path, model, _ = _save(tmp_path, step=7)
+    assert torch.equal(load_variable(path, "model/0.weight"), model.state_dict()["0.weight"])
+    assert load_variable(path, "global_step").item() == 7
+    lr = load_variable(path, "optimizer/param_groups/0/lr")
+    assert lr.dtype == torch.float64 and lr.item() == 1e-3  # Python floats are not rounded to float32
+    with pytest.raises(KeyError, match="model/0.weight"):
+        load_variable(path, "model/0.kernel")
+
+
+def test_a_logdir_means_its_latest_checkpoint_and_copies_outlive_it(tmp_path):
+    path, _, _ = _save(tmp_path, step=3)
+    with CheckpointReader(tmp_path) as reader:
+        assert reader.path == path and reader.step == 3
+        weight = reader.get_tensor("model/0.weight")
+        assert reader.has_tensor("model/0.bias") and not reader.has_tensor("model/9.bias")
+        assert reader.get_variable_to_dtype_map()["model/0.weight"] == torch.float32
+    expected = supervisor.load_checkpoint(path)["model"]["0.weight"]
+    shutil.rmtree(path)
+    assert torch.equal(weight, expected)  # the returned copy stays valid after the checkpoint is gone
+    with pytest.raises(supervisor.CheckpointNotFoundError):
+        list_variables(tmp_path)
+
+
+def test_plain_torch_save_file(tmp_path):
+    model = nn.Linear(2, 2)
+    torch.save(model.state_dict(), tmp_path / "pretrained.pt")
+    assert dict(list_variables(tmp_path / "pretrained.pt")) == {"weight": (2, 2), "bias": (2,)}
+    assert torch.equal(load_variable(tmp_path / "pretrained.pt", "bias"), model.bias.detach())
+
+
+def test_damaged_or_missing_checkpoints_raise_named_errors(tmp_path):
+    path, _, _ = _save(tmp_path)
+    with open(os.path.join(path, "state.pt"), "r+b") as f:
+        f.truncate(64)
+    with pytest.raises(supervisor.CheckpointCorruptError, match="truncated"):
+        list_variables(path)
+    with pytest.raises(supervisor.CheckpointNotFoundError, match="no checkpoint at"):
+        list_variables(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="verify must be one of"):
+        CheckpointReader(path, verify="quick")
+
+
+def test_names_match_what_restore_partial_loads(tmp_path):
+    path, model, _ = _save(tmp_path)
+    target = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 5))  # another head
+    report = supervisor.restore_partial(path, target, include="0.*")
+    assert set(report.loaded) == {n[len("model/"):] for n, _ in list_variables(path) if n.startswith("model/0.")}
+    assert torch.equal(target[0].weight, load_variable(path, "model/0.weight"))
