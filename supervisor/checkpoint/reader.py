@@ -207,7 +207,7 @@ def _flatten(value: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
                 continue
             yield from _flatten(item, f"{prefix}{SEPARATOR}{key}" if prefix else str(key))
     elif isinstance(value, (list, tuple)):
-        if value and all(_is_number(v) for v in value):
+        if all(_is_number(v) for v in value):  # an empty list too: a variable of shape (0,)
             yield prefix, list(value)
         else:
             for i, item in enumerate(value):
