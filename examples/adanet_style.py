@@ -152,7 +152,8 @@ def build(book: Bookkeeping, iterations: int) -> tuple[Ensemble, torch.optim.Opt
 
 # ---------------------------------------------------------------- the chief
 class Crash:
-    """``--crash-at`` for the resume tests: SIGKILL this process at a named point."""
+    """``--crash-at POINT`` for the resume tests: SIGKILL this process at a named point;
+    ``--crash-at pause:POINT`` stops there (sleeping) for the test to SIGKILL it from outside."""
 
     def __init__(self, spec: str | None) -> None:
         self.spec = spec
@@ -161,6 +162,9 @@ class Crash:
         if self.spec == point:
             print(f"crashing at {point}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.spec == f"pause:{point}":
+            print(f"paused at {point}", flush=True)
+            time.sleep(3600)
 
 
 def train_iteration(args: argparse.Namespace, book: Bookkeeping, batches: ShuffledBatches, crash: Crash) -> Ensemble:
