@@ -5,19 +5,20 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Sequence
 
-from supervisor.checkpoint.format import MANIFEST_FILE, list_committed, read_manifest, step_of
+from supervisor.checkpoint.format import MANIFEST_FILE, list_committed, step_of
 from supervisor.checkpoint.index import CheckpointState, read_index
-from supervisor.checkpoint.lock import OwnershipLock
+from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.restore import check_checkpoint
 from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one",
-           "writer_lock", "Refused", "format_bytes", "format_age", "table", "print_json", "error"]
+           "writer_lock", "writer_note", "Refused", "format_bytes", "format_age", "table", "print_json", "error"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 DEFAULT_BASENAME = "model.ckpt"
@@ -143,14 +144,27 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
-def manifest_step(path: str) -> int | None:
-    try:
-        return read_manifest(path).step
-    except (OSError, ValueError):
-        return None
-
-
 # ---------------------------------------------------------------- the writer's lock
+def writer_note(logdir: str) -> str | None:
+    """Who the lock's owner record says is writing (readers never take the lock to ask), or
+    None when there is no record or its process is gone (a record a SIGKILL left behind)."""
+    try:
+        with open(os.path.join(logdir, OWNER_FILE), encoding="utf-8") as f:
+            owner = json.load(f)
+        pid, host = int(owner["pid"]), str(owner["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+    return f"a writer is active: pid {pid} on host {host}"
+
+
+
 class Refused(Exception):
     """A mutating command refused to run (a writer holds the lock); exit code 1."""
 

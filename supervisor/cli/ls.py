@@ -11,7 +11,7 @@ import argparse
 import os
 
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Listing, error, format_age, format_bytes, print_json, \
-    scan_logdir, table
+    scan_logdir, table, writer_note
 
 __all__ = ["add_parser", "run", "render"]
 
@@ -50,6 +50,9 @@ def render(listing: Listing) -> str:
     summary += f", {failing} failing verification" if failing else ""
     summary += f"; the index points at {named}" if named else "; no index"
     lines = [summary]
+    note = writer_note(listing.logdir)
+    if note:
+        lines.append(f"{note} (checkpoints may appear or be deleted while you look)")
     if listing.index_problem:
         lines.append(f"index problem: {listing.index_problem}")
     if not rows:

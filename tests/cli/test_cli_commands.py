@@ -166,10 +166,12 @@ def test_rollback_and_prune_refuse_while_a_writer_holds_the_lock(tmp_path):
         assert dry.returncode == 0 and "would delete 2" in dry.stdout
         assert (tmp_path / "checkpoint").read_bytes() == before
         assert sorted(os.listdir(tmp_path)).count("model.ckpt-100") == 1
-        assert cli("ls", tmp_path).returncode == 0  # readers never need the lock
+        listed = cli("ls", tmp_path)  # readers never need the lock
+        assert listed.returncode == 0 and f"a writer is active: pid {os.getpid()}" in listed.stdout
     finally:
         writer.close()
     assert cli("rollback", tmp_path, 100).returncode == 0  # the writer is gone: allowed now
+    assert "writer is active" not in cli("ls", tmp_path).stdout
 
 
 def test_prune_dry_run_deletes_nothing_and_prune_keeps_the_newest(tmp_path):
