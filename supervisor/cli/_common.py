@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Sequence
 
-from supervisor.checkpoint.format import MANIFEST_FILE, list_committed, step_of
+from supervisor.checkpoint.format import MANIFEST_FILE, list_committed, step_of, transient_base
 from supervisor.checkpoint.index import CheckpointState, read_index
 from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.restore import check_checkpoint
@@ -83,10 +83,31 @@ def scan_logdir(logdir: str, *, basename: str | None = None, verify: str = "full
         paths.setdefault(indexed_path, None)
     rows = [check_one(p, basename=basename, verify=verify, indexed=p == indexed_path, in_index=p in listed,
                       index_time=stamps.get(p)) for p in paths]
+    rows = _without_retired(logdir, rows, index)
     rows.sort(key=lambda r: (r.step is None, r.step if r.step is not None else 0, r.name))
     if index is not None and indexed_path is not None and not os.path.isdir(indexed_path):
         problem = f"the index names {index.model_checkpoint_path}, which does not exist"
     return Listing(logdir, basename, index, problem, rows)
+
+
+def _without_retired(logdir: str, rows: list[CheckpointRow], index: CheckpointState | None) -> list[CheckpointRow]:
+    """Drops checkpoints a live writer retired while we looked: gone from disk, and either no
+    longer named by the index as it is now, or present under a transient ``.deleting-``/``.tmp-``
+    name (retention or a re-save is replacing it; the index is rewritten next)."""
+    if index is None or all(os.path.isdir(r.path) for r in rows):
+        return rows
+    try:
+        now = read_index(logdir)
+    except (ValueError, OSError):
+        return rows
+    named = set() if now is None else {
+        os.path.abspath(p if os.path.isabs(p) else os.path.join(logdir, p))
+        for p in (now.model_checkpoint_path, *now.all_model_checkpoint_paths)}
+    try:  # moved aside to be deleted or replaced, before the index stops naming it
+        in_flight = {transient_base(n) for n in os.listdir(logdir)} - {None}
+    except OSError:
+        in_flight = set()
+    return [r for r in rows if os.path.isdir(r.path) or (r.path in named and r.name not in in_flight)]
 
 
 def check_one(path: str, *, basename: str | None = None, verify: str = "full", indexed: bool = False,

@@ -249,3 +249,36 @@ def test_console_script_entry_point():
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0
+
+
+def test_ls_while_a_writer_saves_and_deletes_underneath(tmp_path):
+    """A logdir being written (every save deletes the previous checkpoint): the listing never
+    reports a checkpoint retention deleted meanwhile as a failure."""
+    import threading
+
+    from supervisor.cli._common import scan_logdir
+
+    model = torch.nn.Linear(256, 256)
+    manager = supervisor.CheckpointManager(str(tmp_path), max_to_keep=1, save_mode="sync")
+    manager.open()
+    stop = threading.Event()
+    saved = []
+
+    def write():
+        while not stop.is_set() and len(saved) < 60:
+            manager.save(len(saved) + 1, supervisor.TrainingState.from_arguments(model=model))
+            saved.append(1)
+
+    writer = threading.Thread(target=write, name="test-writer")
+    writer.start()
+    try:
+        scans = []
+        while writer.is_alive():
+            scans.append(scan_logdir(str(tmp_path)))
+    finally:
+        stop.set()
+        writer.join()
+        manager.close()
+    failures = [(r.name, r.reason) for listing in scans for r in listing.rows if not r.verified]
+    assert not failures, failures
+    assert sum(len(listing.rows) for listing in scans) >= 20  # it did see checkpoints
