@@ -23,6 +23,12 @@ variables listed here as ``model/encoder.*``), and TF users find TF's ``scope/va
 Leaves that are neither tensors nor numbers (strings, None) are not variables; lists holding
 anything but numbers are flattened by index. The internal ``__meta__`` record is left out.
 
+Sharded checkpoints (``checkpoint_format="dcp"``: ``.metadata`` + shard files, no ``state.pt``)
+are read through ``torch.distributed.checkpoint``'s metadata and one-item loads, in one process:
+their tensors are listed under the same ``entry/key`` names (DCP keys an optimizer's state by
+parameter name: ``optimizer/state/fc.weight/exp_avg``), plus ``global_step`` from the manifest;
+their non-tensor values are not (DCP stores those pickled).
+
 Accepted ``ckpt``: a checkpoint directory (``logdir/model.ckpt-1200``), a log directory (the
 checkpoint its index names, else the highest-step committed one — TF's ``latest_checkpoint``,
 without verification), or a single file written by ``torch.save`` (e.g. a pre-trained state dict).
@@ -37,6 +43,7 @@ from __future__ import annotations
 import logging
 import numbers
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -52,6 +59,7 @@ __all__ = ["CheckpointReader", "VariableInfo", "list_variables", "load_variable"
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "/"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (checkpoint_format="dcp")
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,9 @@ class CheckpointReader:
         if os.path.isdir(self.path):
             self.step = check_checkpoint(self.path, verify).step
             file_path = os.path.join(self.path, STATE_FILE)
+            if not os.path.exists(file_path) and os.path.exists(os.path.join(self.path, DCP_METADATA)):
+                self._variables = {"global_step": self.step, **_dcp_variables(self.path)}
+                return
         try:
             payload = safe_torch_load(file_path, trusted_globals=tuple(trusted_globals), mmap=True, step=self.step)
         except CheckpointError:
@@ -140,8 +151,15 @@ class CheckpointReader:
         """Every variable's name, shape, dtype and byte size, in the saved order."""
         out = []
         for name, value in self._vars.items():
-            tensor = _as_tensor(value)
-            out.append(VariableInfo(name, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size()))
+            if isinstance(value, _DcpEntry):
+                shape, dtype = value.shape, value.dtype
+            else:
+                tensor = _as_tensor(value)
+                shape, dtype = tuple(tensor.shape), tensor.dtype
+            numel = 1
+            for size in shape:
+                numel *= size
+            out.append(VariableInfo(name, shape, dtype, numel * dtype.itemsize))
         return out
 
     def get_variable_to_shape_map(self) -> dict[str, tuple[int, ...]]:
@@ -163,6 +181,8 @@ class CheckpointReader:
             value = self._vars[name]
         except KeyError:
             raise KeyError(_missing_message(self.path, name, self._vars)) from None
+        if isinstance(value, _DcpEntry):
+            return value.load(self.path)
         return _as_tensor(value).clone()
 
     def close(self) -> None:
@@ -212,6 +232,44 @@ def _flatten(value: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
         else:
             for i, item in enumerate(value):
                 yield from _flatten(item, f"{prefix}{SEPARATOR}{i}" if prefix else str(i))
+
+
+@dataclass(frozen=True)
+class _DcpEntry:
+    """A tensor of a ``torch.distributed.checkpoint`` checkpoint, read on demand."""
+
+    fqn: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def load(self, path: str) -> torch.Tensor:
+        import torch.distributed.checkpoint as dcp
+
+        tensor = torch.empty(self.shape, dtype=self.dtype)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+            dcp.load({self.fqn: tensor}, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+        return tensor
+
+
+def _dcp_variables(path: str) -> dict[str, _DcpEntry]:
+    """The tensors a DCP checkpoint's ``.metadata`` describes, named like ``state.pt``'s (the
+    saved nesting joined with ``/``). Non-tensor values (DCP pickles them) are not listed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise CheckpointCorruptError(f"{path}: {DCP_METADATA} cannot be read ({type(e).__name__}: {e})") from e
+    nesting = getattr(metadata, "planner_data", None) or {}
+    out = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            keys = nesting.get(fqn)
+            name = SEPARATOR.join(map(str, keys)) if isinstance(keys, (tuple, list)) and keys else fqn
+            out[name] = _DcpEntry(fqn, tuple(md.size), md.properties.dtype)
+    return out
 
 
 def _is_number(value: Any) -> bool:

@@ -87,3 +87,43 @@ def test_names_match_what_restore_partial_loads(tmp_path):
     report = supervisor.restore_partial(path, target, include="0.*")
     assert set(report.loaded) == {n[len("model/"):] for n, _ in list_variables(path) if n.startswith("model/0.")}
     assert torch.equal(target[0].weight, load_variable(path, "model/0.weight"))
+
+
+def _sealed_dcp_checkpoint(logdir, model, optimizer, step):
+    """A committed checkpoint in the ``checkpoint_format="dcp"`` layout: DCP files + manifest."""
+    import time
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from supervisor.checkpoint.fileio import checksum_file
+    from supervisor.checkpoint.format import FileRecord, Manifest
+
+    path = os.path.join(str(logdir), f"model.ckpt-{step}")
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=path, no_dist=True)
+    files = {name: FileRecord(*checksum_file(os.path.join(path, name))) for name in sorted(os.listdir(path))}
+    manifest = Manifest(step=step, wall_time=time.time(), torch_version=torch.__version__, world_size=1, files=files)
+    with open(os.path.join(path, "MANIFEST.json"), "w", encoding="utf-8") as f:
+        f.write(manifest.to_json())
+    return path
+
+
+def test_dcp_checkpoints_are_read_one_tensor_at_a_time(tmp_path):
+    from supervisor.checkpoint import restore
+
+    if not hasattr(restore, "DCP_METADATA"):
+        pytest.skip("needs the dcp checkpoint format's verification (issue 13) in supervisor.checkpoint.restore")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    path = _sealed_dcp_checkpoint(tmp_path, model, optimizer, step=9)
+    variables = dict(list_variables(tmp_path))
+    assert variables["global_step"] == () and variables["model/0.weight"] == (4, 3)
+    assert variables["optimizer/state/0.weight/exp_avg"] == (4, 3)  # DCP keys optimizer state by name
+    assert load_variable(path, "global_step").item() == 9
+    assert torch.equal(load_variable(path, "model/2.bias"), model[2].bias.detach())
+    assert torch.equal(load_variable(path, "optimizer/state/0.weight/exp_avg"),
+                       optimizer.state[model[0].weight]["exp_avg"])
