@@ -1,7 +1,7 @@
 """`inspect` and `load_variable` on a 1 GiB checkpoint: peak RSS measured, not guessed.
 
-Each command runs in its own child process; ``os.wait4`` returns that child's own peak RSS
-(``ru_maxrss``). The baseline is a child importing the same modules and doing nothing. A control
+Each command runs in its own child process, started by a small launcher; ``os.wait4`` returns
+that child's own peak RSS (``ru_maxrss``). The baseline is a child importing the same modules and doing nothing. A control
 child that loads the whole checkpoint (``torch.load`` without mmap) shows the measurement sees a
 full load, so the small figures for `inspect` are real.
 """
@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -35,16 +34,29 @@ LOAD_ONE = ("import sys, supervisor; t = supervisor.load_variable(sys.argv[1], '
 LOAD_ALL = "import sys, torch; d = torch.load(sys.argv[1] + '/state.pt', weights_only=True); print(len(d['model']))"
 
 
-def peak_rss(args) -> tuple[int, str]:
+# A tiny launcher (no torch) runs the command and reports its peak RSS from ``os.wait4``. The
+# launcher matters: a child forked straight from this (large) test process would count the
+# parent's pages it shared before ``exec`` in its ``ru_maxrss``.
+LAUNCHER = """
+import json, os, subprocess, sys
+with open(sys.argv[1], "wb") as out:
+    child = subprocess.Popen(sys.argv[2:], stdout=out)
+    _, status, usage = os.wait4(child.pid, 0)
+print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss * 1024}))
+"""
+
+
+def peak_rss(args, tmp_path) -> tuple[int, str]:
     """Runs ``python ARGS`` and returns (its peak RSS in bytes, its stdout)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(child.pid, 0)  # reaps the child and returns its own rusage
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        assert child.returncode == 0, err.read().decode()
-        return usage.ru_maxrss * 1024, out.read().decode()
+    out_path = str(tmp_path / "child.out")
+    launched = subprocess.run([sys.executable, "-c", LAUNCHER, out_path, sys.executable, *args],
+                              capture_output=True, text=True, timeout=300, env=env)
+    assert launched.returncode == 0, launched.stderr
+    report = json.loads(launched.stdout)
+    assert report["exit"] == 0, launched.stderr
+    with open(out_path, encoding="utf-8") as f:
+        return report["maxrss"], f.read()
 
 
 @pytest.mark.slow
@@ -55,10 +67,10 @@ def test_inspect_and_load_variable_peak_rss_on_a_1_gib_checkpoint(tmp_path):
     ckpt = os.path.join(logdir, "model.ckpt-1")
     assert os.path.getsize(os.path.join(ckpt, "state.pt")) >= GIB
 
-    baseline, _ = peak_rss(["-c", BASELINE])
-    inspect_rss, out = peak_rss(["-m", "supervisor", "inspect", ckpt, "--json"])
-    one_rss, _ = peak_rss(["-c", LOAD_ONE, ckpt])
-    full_rss, _ = peak_rss(["-c", LOAD_ALL, ckpt])
+    baseline, _ = peak_rss(["-c", BASELINE], tmp_path)
+    inspect_rss, out = peak_rss(["-m", "supervisor", "inspect", ckpt, "--json"], tmp_path)
+    one_rss, _ = peak_rss(["-c", LOAD_ONE, ckpt], tmp_path)
+    full_rss, _ = peak_rss(["-c", LOAD_ALL, ckpt], tmp_path)
     print(f"\npeak RSS: baseline {baseline / MIB:.0f} MiB, inspect {inspect_rss / MIB:.0f} MiB, "
           f"load_variable(64 MiB entry) {one_rss / MIB:.0f} MiB, full torch.load {full_rss / MIB:.0f} MiB")
 
