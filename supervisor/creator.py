@@ -102,8 +102,7 @@ class SessionCreator:
 
     def create(self, session: Any) -> int | None:
         """Makes the state ready; returns the global step to continue from (None: keep it)."""
-        first = self._created == 0
-        self._created += 1
+        first = self._created == 0  # counts completed creations: a failed first one runs init_fn again
         restored = self.restore(session)
         if restored is not None:
             step: int | None = restored.global_step
@@ -119,6 +118,7 @@ class SessionCreator:
         if self.local_init_fn is not None:
             self.local_init_fn(session)
         self.check_ready(session)
+        self._created += 1
         logger.info(*message)
         return step
 
