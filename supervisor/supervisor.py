@@ -288,7 +288,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
-        creator.owns_summary_writer = writer is not None
+        creator.environment.owns_summary_writer = writer is not None
         return creator
     from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
 
@@ -300,5 +300,5 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
                                        recovery_wait_secs=recovery_wait_secs, clock=clock,
                                        logdir=checkpoint_dir, **init_fns)
-    creator.owns_summary_writer = writer is not None
+    creator.environment.owns_summary_writer = writer is not None
     return creator
