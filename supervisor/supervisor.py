@@ -22,6 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
+from supervisor.checkpoint.options import check_trusted_globals
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import SessionCreator
@@ -52,6 +53,8 @@ class Supervisor:
         recovery_wait_secs: how often a non-chief polls for the chief's checkpoint.
         save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
         handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
+        trusted_globals: classes/functions a checkpoint may reference beyond what
+            ``torch.load(weights_only=True)`` and NumPy's scalars/arrays need (SPEC §5.4).
         clock: injectable clock for tests.
     """
 
@@ -77,6 +80,7 @@ class Supervisor:
         recovery_wait_secs: float = 30,
         save_mode: str = "async",
         handle_signals: bool = True,
+        trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
     ) -> None:
         self._logdir = _check_logdir("logdir", logdir)
@@ -93,7 +97,8 @@ class Supervisor:
         self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)
         self._checkpoint_options = check_checkpoint_options(
             basename=checkpoint_basename, max_to_keep=max_to_keep,
-            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode)
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
+            trusted_globals=trusted_globals)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._handle_signals = v.check_bool("handle_signals", handle_signals)
@@ -233,7 +238,7 @@ def _check_logdir(name: str, logdir: Any) -> str | None:
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
-                             save_mode: Any) -> dict[str, Any]:
+                             save_mode: Any, trusted_globals: Any = ()) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
@@ -243,6 +248,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         "keep_checkpoint_every_n_hours": v.check_number(
             "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
         "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
+        "trusted_globals": check_trusted_globals(trusted_globals),
     }
 
 
@@ -268,6 +274,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
-                                       recovery_wait_secs=recovery_wait_secs, clock=clock, **init_fns)
+                                       recovery_wait_secs=recovery_wait_secs, clock=clock,
+                                       trusted_globals=(checkpoint_options or {}).get("trusted_globals", ()),
+                                       **init_fns)
     creator.owns_summary_writer = writer is not None
     return creator

@@ -69,7 +69,7 @@ def _build(
     save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
-    ready_fn: Any, save_mode: str, clock: Clock,
+    ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (),
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = _check_logdir("checkpoint_dir", checkpoint_dir)
@@ -82,7 +82,7 @@ def _build(
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                       save_mode=save_mode)
+                                       save_mode=save_mode, trusted_globals=trusted_globals)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
@@ -117,7 +117,7 @@ _BUILD_ARGUMENTS = (
     "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
-    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock",
+    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
 )
 
 
@@ -147,6 +147,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     max_recoveries: int = 10,
     save_mode: str = "async",
     handle_signals: bool = True,
+    trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None,
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
@@ -196,6 +197,7 @@ class SingularMonitoredSession(MonitoredSession):
         save_mode: str = "async",
         handle_signals: bool = True,
         session_creator: Any = None,
+        trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
     ) -> None:
         clock = resolve_clock(clock)
