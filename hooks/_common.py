@@ -1,8 +1,7 @@
-"""Helpers shared by the built-in hooks: argument pairs, the summary-writer slot, scalars."""
+"""Helpers shared by the built-in hooks: argument pairs and the summary-writer slot."""
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 from typing import Any
 
@@ -77,15 +76,3 @@ class WriterSlot:
         if not self._told:
             self._told = True
             logger.log(level, message, self.owner)
-
-
-def scalar_or_none(value: Any) -> float | None:
-    """``value`` as a float if it is a real number or a 0-dim tensor/array, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        item = value.item()
-        return float(item) if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
-    return None

@@ -15,12 +15,12 @@ Example::
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import threading
 import time
 from typing import Any
 
+from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
 
 __all__ = ["SummaryWriter", "SummaryWriterCache", "SESSION_LOG_STATUSES"]
@@ -152,13 +152,8 @@ def _check_tag(tag: Any) -> str:
 
 
 def _to_float(tag: str, value: Any) -> float:
-    if isinstance(value, numbers.Real):
-        return float(value)
-    numel = getattr(value, "numel", None) or getattr(value, "size", None)
-    count = numel() if callable(numel) else numel
-    if count == 1:
-        # ``.item()`` also copies a CUDA value to the host; summaries are written rarely.
-        return float(value.item() if hasattr(value, "item") else value)
-    shape = tuple(getattr(value, "shape", ()))
-    raise TypeError(f"summary {tag!r} needs a number or a 0-dim tensor, got {type(value).__name__}"
-                    f"{f' of shape {shape}' if shape else ''}; reduce it first, e.g. value.mean()")
+    scalar = scalar_or_none(value)
+    if scalar is None:
+        raise TypeError(f"summary {tag!r} needs a number or a one-element tensor, got {describe_value(value)}; "
+                        "reduce it first, e.g. value.mean()")
+    return scalar
