@@ -99,7 +99,9 @@ def _build(
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
 
-    import hooks as builtin  # lazily: supervisor never imports hooks at import time
+    from supervisor._shadowing import import_builtin_hooks
+
+    builtin = import_builtin_hooks()  # lazily (supervisor never imports hooks at import time), checked
 
     all_hooks = list(chief_hooks)
     if writes_summaries and log_steps:
