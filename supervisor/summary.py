@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
 
@@ -45,8 +46,7 @@ class SummaryWriter:
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
                  max_queue: int = 10) -> None:
-        if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
-            raise TypeError(f"logdir must be a non-empty path, got {logdir!r}")
+        logdir = check_path("logdir", logdir)
         if not isinstance(filename_suffix, str):
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)

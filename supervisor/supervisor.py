@@ -22,6 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
+from supervisor._paths import check_logdir
 from supervisor.checkpoint.options import check_trusted_globals
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
@@ -32,6 +33,8 @@ from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState
 
 __all__ = ["Supervisor"]
+
+_LOGDIR_HINT = " (None disables checkpoints and summaries)"
 
 
 class Supervisor:
@@ -83,10 +86,10 @@ class Supervisor:
         trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
     ) -> None:
-        self._logdir = _check_logdir("logdir", logdir)
+        self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
+        self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
         self._hooks = v.check_hooks("hooks", hooks)
-        self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._init_fns = {
             "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
             "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
@@ -223,18 +226,6 @@ class _ManagedSession:
         finally:
             sv._last_step = session.global_step
             sv._session_closed()
-
-
-def _check_logdir(name: str, logdir: Any) -> str | None:
-    if logdir is None:
-        return None
-    if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
-        raise TypeError(f"{name} must be a directory path or None (None disables checkpoints and "
-                        f"summaries), got {logdir!r}")
-    path = os.fspath(logdir)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{name} {path!r} exists and is not a directory; choose another path")
-    return path
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,

@@ -28,7 +28,8 @@ from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.session import MonitoredSession, _check_exception_types
 from supervisor.state import TrainingState
-from supervisor.supervisor import _check_logdir, check_checkpoint_options, make_session_creator
+from supervisor._paths import check_logdir
+from supervisor.supervisor import check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
@@ -72,8 +73,8 @@ def _build(
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (),
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
-    checkpoint_dir = _check_logdir("checkpoint_dir", checkpoint_dir)
-    summary_dir = _check_logdir("summary_dir", summary_dir) or checkpoint_dir
+    checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
+    summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
     training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
     user_hooks = v.check_hooks("hooks", hooks)
     chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
