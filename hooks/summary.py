@@ -8,7 +8,7 @@ from typing import Any, Callable
 from supervisor._validate import check_bool, check_callable
 from supervisor.clock import Clock
 from supervisor._scalars import describe_value, scalar_or_none, scalars_of
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues, resolve_fetches
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
 
 from hooks._common import WriterSlot, check_schedule
 from hooks.timer import SecondOrStepTimer
@@ -159,23 +159,4 @@ def _check_fetches(fetches: Any) -> dict[str, Any] | None:
     """Normalises ``fetches`` to ``{tag: fetch}``; None means "every scalar output"."""
     if fetches is None:
         return None
-    if isinstance(fetches, str):
-        fetches = [fetches]
-    if isinstance(fetches, Mapping):
-        tags = dict(fetches)
-    elif isinstance(fetches, (list, tuple)):
-        tags = {}
-        for fetch in fetches:
-            if not isinstance(fetch, str):
-                raise TypeError(f"fetches: a list entry must be an output key (str), got {fetch!r}; use a dict "
-                                "{tag: key_or_callable} to name a callable")
-            tags[fetch] = fetch
-    else:
-        raise TypeError(f"fetches must be None (every scalar output), a list of output keys or a dict "
-                        f"{{tag: key_or_callable}}, got {fetches!r}")
-    for tag, fetch in tags.items():
-        if not isinstance(tag, str) or not tag:
-            raise TypeError(f"fetches: every tag must be a non-empty string, got {tag!r}")
-        if not (isinstance(fetch, str) or callable(fetch)):
-            raise TypeError(f"fetches[{tag!r}] must be an output key (str) or a zero-argument callable, got {fetch!r}")
-    return tags
+    return check_named_fetches("fetches", fetches, also="None (every scalar output), ")
