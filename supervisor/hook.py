@@ -36,12 +36,15 @@ Example: a user hook that stops training once the learning rate falls below a fl
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 __all__ = ["Hook", "RunArgs", "RunContext", "RunValues", "StepCall", "check_fetch_structure", "check_named_fetches",
-           "overrides", "resolve_fetches"]
+           "check_run_args", "overrides", "resolve_fetches", "warn_misspelled_methods"]
+
+logger = logging.getLogger(__name__)
 
 
 class Hook:
@@ -226,3 +229,38 @@ def check_named_fetches(name: str, fetches: Any, *, keys_only: bool = False, wra
         if not ((isinstance(fetch, str) and fetch) or callable(fetch)):
             raise TypeError(f"{name}[{tag!r}] must be an output key (str) or a zero-argument callable, got {fetch!r}")
     return tags
+
+
+# ---------------------------------------------------------------- mistakes in user hooks
+_HOOK_METHODS = ("begin", "after_create_session", "before_run", "after_run", "end", "on_exception")
+_warned_classes: set[type] = set()
+
+
+def warn_misspelled_methods(hooks: Any) -> None:
+    """Logs a WARNING, once per class, for each method of a hook class whose name is close to a
+    hook method's but is not one (``after_runs``, ``beforeRun``): it would never be called."""
+    import difflib
+
+    for hook in hooks:
+        cls = type(hook)
+        if cls in _warned_classes:
+            continue
+        _warned_classes.add(cls)
+        for klass in cls.__mro__:
+            if klass is Hook or klass is object or not issubclass(klass, Hook):
+                continue
+            for name, member in vars(klass).items():
+                if name.startswith("_") or name in _HOOK_METHODS or not callable(member):
+                    continue
+                close = difflib.get_close_matches(name.lower(), _HOOK_METHODS, n=1, cutoff=0.85)
+                if close:
+                    logger.warning("%s defines %s(), which is not a hook method and is never called by the "
+                                   "session; did you mean %s()?", cls.__name__, name, close[0])
+
+
+def check_run_args(hook: Hook, value: Any) -> RunArgs:
+    """What ``hook.before_run`` returned, if it is a `RunArgs`; else a `TypeError` saying so."""
+    if isinstance(value, RunArgs):
+        return value
+    raise TypeError(f"{type(hook).__name__}.before_run returned {type(value).__name__} {value!r}; it must return "
+                    "None or supervisor.RunArgs(fetches=..., feeds=...), e.g. RunArgs(fetches=['loss'])")

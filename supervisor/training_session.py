@@ -158,6 +158,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     _check_exception_types(recoverable_exceptions)
+    # Checked before _build opens the summary writer (a thread, a directory) for the session.
+    v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
+    v.check_int("max_recoveries", max_recoveries, minimum=0)
+    v.check_bool("handle_signals", handle_signals)
     arguments = dict(locals())
     arguments.update(is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
@@ -204,6 +208,8 @@ class SingularMonitoredSession(MonitoredSession):
         clock: Clock | None = None,
     ) -> None:
         clock = resolve_clock(clock)
+        v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
+        v.check_bool("handle_signals", handle_signals)
         if session_creator is not None:
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:
