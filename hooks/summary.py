@@ -32,7 +32,7 @@ class SummarySaverHook(Hook):
     What is written, on a summary step:
 
     - ``fetches=None`` (default): every scalar in the step function's returned dict (a number
-      or a one-element tensor/array; a step function returning one value writes it as
+      or a 0-dim tensor/array; a step function returning one value writes it as
       ``loss``); any other value is skipped with a WARNING naming its key, once;
     - ``fetches=["loss", "lr"]`` or ``{"train/loss": "loss", "lr": lambda: sched.get_last_lr()[0]}``:
       those keys/callables under those tags (a non-scalar value is an error); ``()`` for none;
@@ -145,7 +145,7 @@ class SummarySaverHook(Hook):
                 scalar = scalar_or_none(value)
                 if scalar is None:
                     raise TypeError(f"SummarySaverHook: {tag!r} is {describe_value(value)}, not a number or a "
-                                    "one-element tensor; reduce it (e.g. .mean()) or leave it out of fetches")
+                                    "0-dim tensor; reduce it (e.g. .mean()) or leave it out of fetches")
                 values[tag] = scalar
         if self._summary_fn is not None:
             extra = self._summary_fn(session)

@@ -1,9 +1,9 @@
 """What counts as a scalar step output, decided once for summaries, hooks and the writer.
 
-A scalar is a real number or anything with exactly one element and ``.item()`` (a 0-dim or
-one-element tensor or NumPy array, a NumPy scalar). Booleans count, as 0.0 and 1.0: a step
-that returns ``{"converged": loss < 0.01}`` draws a 0/1 curve. Complex values, strings and
-multi-element tensors are not scalars.
+A scalar is a real number or anything 0-dimensional with ``.item()`` (a 0-dim tensor or NumPy
+array, a NumPy scalar), as SPEC §6 says. Booleans count, as 0.0 and 1.0: a step that returns
+``{"converged": loss < 0.01}`` draws a 0/1 curve. Complex values, strings and tensors with a
+dimension (even of one element: reduce them, e.g. ``.squeeze()`` or ``.mean()``) are not.
 """
 from __future__ import annotations
 
@@ -18,15 +18,18 @@ __all__ = ["describe_value", "scalar_or_none", "scalars_of"]
 
 logger = logging.getLogger(__name__)
 
-def scalar_or_none(value: Any) -> float | None:
+def scalar_or_none(value: Any, *, one_element: bool = False) -> float | None:
     """``value`` as a float if it is a scalar (see the module docstring), else None.
+
+    ``one_element=True`` also takes a tensor/array of exactly one element: for an explicit
+    ``add_scalar(tag, value)``, where the caller said the value is a scalar.
 
     ``.item()`` copies a CUDA value to the host: callers use it at summary time, not per step.
     """
     if isinstance(value, numbers.Real):
         return float(value)
     item = getattr(value, "item", None)
-    if not callable(item) or _element_count(value) != 1:
+    if not callable(item) or (getattr(value, "ndim", None) != 0 and not (one_element and _size(value) == 1)):
         return None
     try:
         result = item()
@@ -35,11 +38,9 @@ def scalar_or_none(value: Any) -> float | None:
     return float(result) if isinstance(result, numbers.Real) else None
 
 
-def _element_count(value: Any) -> int | None:
+def _size(value: Any) -> int | None:
     numel = getattr(value, "numel", None)  # torch
-    if callable(numel):
-        return int(numel())
-    size = getattr(value, "size", None)  # NumPy
+    size = numel() if callable(numel) else getattr(value, "size", None)  # or NumPy
     return size if isinstance(size, int) else None
 
 
@@ -67,7 +68,7 @@ def scalars_of(output: Any, warned: set[str] | None = None, owner: str = "summar
             scalars[str(key)] = scalar
         elif value is not None and warned is not None and str(key) not in warned:
             warned.add(str(key))
-            logger.warning("%s: the step output %r is %s, not a number or a one-element tensor, so it is "
+            logger.warning("%s: the step output %r is %s, not a number or a 0-dim tensor, so it is "
                            "not written to TensorBoard; reduce it (e.g. .mean()) or leave it out of the "
                            "dict the step returns", owner, str(key), describe_value(value))
     return scalars

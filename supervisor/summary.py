@@ -152,8 +152,8 @@ def _check_tag(tag: Any) -> str:
 
 
 def _to_float(tag: str, value: Any) -> float:
-    scalar = scalar_or_none(value)
+    scalar = scalar_or_none(value, one_element=True)
     if scalar is None:
-        raise TypeError(f"summary {tag!r} needs a number or a one-element tensor, got {describe_value(value)}; "
+        raise TypeError(f"summary {tag!r} needs a number or a 0-dim tensor, got {describe_value(value)}; "
                         "reduce it first, e.g. value.mean()")
     return scalar

@@ -104,7 +104,7 @@ def test_close_is_idempotent_and_final(tmp_path):
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
-        (lambda w: w.add_scalar("x", torch.ones(3), 1), TypeError, r"'x' needs a number or a one-element tensor.*shape \(3,\)"),
+        (lambda w: w.add_scalar("x", torch.ones(3), 1), TypeError, r"'x' needs a number or a 0-dim tensor.*shape \(3,\)"),
         (lambda w: w.add_scalar("", 1.0, 1), TypeError, "tag must be a non-empty string"),
         (lambda w: w.add_scalar("x", "high", 1), TypeError, "needs a number"),
         (lambda w: w.add_scalar("x", 1.0, 1.5), ValueError, "step must be an integer"),
