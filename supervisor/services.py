@@ -20,9 +20,9 @@ At a clean close, if the step advanced since the last tick, a final summary (ste
 shorter than ``save_summaries_secs`` still shows its curves.
 
 The final checkpoint is taken at the boundary of the step during which the stop was
-requested (`MonitoredSession.call_when_stopping`), so a loop that fetched one more batch from a
-stateful loader before seeing the stop does not checkpoint past it; on a clean end a checkpoint
-is also written if the step changed since the last one.
+requested (`MonitoredSession.save_at_stop`, SPEC §3.5), so a loop that fetched one more batch
+from a stateful loader before seeing the stop does not checkpoint past it; a session closed
+without a stopping boundary (data exhausted) captures at close if the step changed.
 """
 from __future__ import annotations
 
@@ -41,16 +41,13 @@ logger = logging.getLogger(__name__)
 
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
-    """Checkpoints the session unless its step is already saved; writes a CHECKPOINT
-    session log. Returns the checkpoint path, or None when nothing was saved."""
+    """Checkpoints the session unless its step is already saved. Returns the checkpoint path,
+    or None when nothing was saved. (The CHECKPOINT session log is written when the commit is
+    delivered at a step boundary.)"""
     manager = session.checkpoint_manager
     if manager is None or manager.last_saved_step == session.global_step:
         return None
-    path = session.save_checkpoint(wait=wait)
-    writer = session.summary_writer
-    if writer is not None:
-        writer.add_session_log("CHECKPOINT", session.global_step, checkpoint_path=path)
-    return path
+    return session.save_checkpoint(wait=wait)
 
 
 class SupervisorServices(Hook):
@@ -73,7 +70,7 @@ class SupervisorServices(Hook):
         if writer is not None:
             writer.add_session_log("START", session.global_step)
         if session.checkpoint_manager is not None:
-            session.call_when_stopping(save_if_changed)  # the final checkpoint, see end()
+            session.save_at_stop()  # the final checkpoint, at the stopping step's boundary
         if session.checkpoint_manager is not None and self._save_model_secs:
             save_if_changed(session)
             self._loop(coord, self._save_model_secs, self._request_checkpoint, "checkpoint", skip_first=True)
@@ -84,9 +81,7 @@ class SupervisorServices(Hook):
             self._loop(coord, self._save_summaries_secs, self._count_steps, "step-counter")
 
     def end(self, session: Any) -> None:
-        # Usually a no-op: the final checkpoint was taken at the boundary of the stopping step.
-        if session.checkpoint_manager is not None:
-            save_if_changed(session, wait=True)
+        # The final checkpoint was captured at the stopping boundary and committed before `end`.
         if session.summary_writer is not None:
             if self._save_summaries_secs:  # the service threads are joined: no tick races this
                 self._write_summaries()
@@ -108,7 +103,7 @@ class SupervisorServices(Hook):
         LooperThread(coord, interval_secs, target, clock=self._clock, name=f"supervisor-{name}").start()
 
     def _request_checkpoint(self) -> None:
-        self._session.call_at_boundary(save_if_changed)
+        self._session.request_save(f"save_model_secs={self._save_model_secs:g} elapsed")
 
     def _write_summaries(self) -> None:
         session = self._session
