@@ -33,6 +33,9 @@ from hooks import StopAtStepHook
 from supervisor import Supervisor
 
 
+DEFAULT_LOGDIR = "runs/quickstart"
+
+
 def make_spirals(n_per_class: int = 512, classes: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Three noisy interleaved spirals in 2-D: a small problem a linear model cannot solve."""
     g = torch.Generator().manual_seed(seed)
@@ -92,7 +95,7 @@ def build(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, Any, Shuffle
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logdir", default="runs/quickstart", help="checkpoints + events (default: %(default)s)")
+    parser.add_argument("--logdir", default=DEFAULT_LOGDIR, help="checkpoints + events (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=1500, help="train until this global step")
     parser.add_argument("--save-secs", type=float, default=5.0, help="checkpoint every N seconds")
     # Real runs keep the default 120 s; this run lasts seconds, so it writes often enough to draw curves.
@@ -120,13 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     save_model_secs=args.save_secs, save_summaries_secs=args.summary_secs)
     with sv.managed_session() as s:
         start = s.global_step
-        if start >= args.steps:
-            print(f"{args.logdir} is already at step {start} (--steps {args.steps} is the step to reach): "
-                  f"nothing to train. To train further: python examples/quickstart.py --steps {start + 1500}; "
-                  f"to start over: delete {args.logdir} or pass another --logdir")
-        else:
-            print(f"{'resuming at' if start else 'starting from'} step {start} in {args.logdir}; "
-                  f"training to step {args.steps}")
+        print(start_line(start, args.steps, args.logdir))
         while not s.should_stop():
             out = s.run(train_step, next(batches))
             if s.global_step % 500 == 0:
@@ -142,6 +139,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"preempted: exiting with {exit_code} so a job scheduler requeues this job; "
               "rerunning the same command resumes from the final checkpoint")
     return {"start_step": float(start), "step": float(step), "accuracy": accuracy, "exit_code": exit_code}
+
+
+def start_line(start: int, steps: int, logdir: str) -> str:
+    """What this run will do, in one line; at the target already, how to train further."""
+    if start >= steps:
+        where = "" if logdir == DEFAULT_LOGDIR else f" --logdir {logdir}"
+        return (f"{logdir} is already at step {start} (--steps {steps} is the step to reach): nothing to "
+                f"train. To train further: python examples/quickstart.py{where} --steps {start + 1500}; to "
+                f"start over: delete {logdir} or pass another --logdir")
+    return f"{'resuming at' if start else 'starting from'} step {start} in {logdir}; training to step {steps}"
 
 
 def preempted_exit_code(stop_reason: str | None) -> int:
