@@ -147,35 +147,25 @@ def test_readme_snippet_trains_over_epochs_to_last_step_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("program", ["readme", "quickstart"])
-def test_sigterm_exits_143_after_the_final_checkpoint_and_the_rerun_resumes(tmp_path, program):
-    if program == "readme":
-        script = tmp_path / "train.py"
-        script.write_text(_PRELUDE + _readme_snippet() + _EPILOGUE)
-        args, logdir = [str(script)], str(tmp_path / "runs" / "exp")
-        env = {**_env(), "LAST_STEP": str(10**9)}
-        proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env)
-        _wait_for_checkpoint(logdir, proc, min_step=0)
-        time.sleep(0.5)  # let it train past the creation checkpoint
-    else:
-        logdir = str(tmp_path / "run")
-        args = [QUICKSTART, "--logdir", logdir, "--save-secs", "0.2"]
-        env = _env()
-        proc = subprocess.Popen([sys.executable, *args, "--steps", str(10**9)], cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        _wait_for_checkpoint(logdir, proc, min_step=50)
+def test_readme_snippet_exits_143_on_sigterm_after_the_final_checkpoint_and_the_rerun_resumes(tmp_path):
+    # (the quickstart's SIGTERM -> 143 is test_preemption.py's test_sigterm_writes_final_checkpoint_and_exits_143)
+    script = tmp_path / "train.py"
+    script.write_text(_PRELUDE + _readme_snippet() + _EPILOGUE)
+    logdir = str(tmp_path / "runs" / "exp")
+    env = {**_env(), "LAST_STEP": str(10**9)}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    _wait_for_checkpoint(logdir, proc, min_step=0)
+    time.sleep(0.5)  # let it train past the creation checkpoint
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out
     stopped_at = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])  # the final checkpoint
     assert stopped_at > 0 and "SIGTERM" in out
-    if program == "quickstart":
-        assert f"stopped at step {stopped_at} " in out and "exiting with 143" in out
 
     env["LAST_STEP"] = str(stopped_at + 10)
-    rerun_args = args if program == "readme" else [*args, "--steps", str(stopped_at + 10)]
-    rerun = subprocess.run([sys.executable, *rerun_args], cwd=tmp_path, capture_output=True, text=True,
+    rerun = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                            timeout=240, env=env)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert f"restored step={stopped_at}" in rerun.stderr + rerun.stdout
+    assert f"restored step={stopped_at}" in rerun.stderr
+    assert f"final step {stopped_at + 10} preempted=False" in rerun.stdout
