@@ -5,9 +5,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from supervisor._scalars import describe_value, scalar_or_none, scalars_of
 from supervisor._validate import check_bool, check_callable
 from supervisor.clock import Clock
-from supervisor._scalars import describe_value, scalar_or_none, scalars_of
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
 
 from hooks._common import WriterSlot, check_schedule
