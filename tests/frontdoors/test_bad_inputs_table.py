@@ -157,3 +157,11 @@ def test_bad_input_is_refused_at_construction_naming_the_argument(tmp_path, call
     for needle in needles:
         assert needle in message, f"{needle!r} not in {message!r}"
     assert sorted(os.listdir(tmp_path)) == before and not os.path.exists(paths.fresh)  # nothing written
+
+
+def test_a_worker_may_read_a_logdir_it_cannot_write(tmp_path):
+    # Workers only read the chief's logdir (SPEC §9): only the chief's is checked for writability.
+    unwritable = Paths(tmp_path).unwritable
+    Supervisor(unwritable, model=linear(), is_chief=False)
+    with pytest.raises(ValueError, match="no write permission"):
+        Supervisor(unwritable, model=linear(), is_chief=True)
