@@ -127,3 +127,19 @@ def test_numpy_allowlist_does_not_leak_into_plain_torch_load(tmp_path):
     assert loaded["v"] == 1.0
     with pytest.raises(Exception):  # ...without registering them globally for everyone
         torch.load(path, weights_only=True)
+
+
+class _RawObjectArray:
+    """Pickles as an object array built from raw bytes (pointers!) using only NumPy globals."""
+
+    def __reduce__(self):
+        from numpy._core.multiarray import _reconstruct
+
+        return (_reconstruct, (np.ndarray, (0,), b"b"), (1, (2,), np.dtype("O"), False, b"\x00" * 16))
+
+
+def test_numpy_globals_cannot_build_an_object_array_from_raw_bytes(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"entry": _RawObjectArray()}, path)
+    with pytest.raises(CheckpointError, match=r"numpy.dtypes.ObjectDType \(in state entry 'entry'\)"):
+        supervisor.load_checkpoint(path)
