@@ -35,7 +35,7 @@ from supervisor.clock import Clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.hook import Hook
 
-__all__ = ["SupervisorServices", "scalars_of", "save_if_changed"]
+__all__ = ["SupervisorServices", "save_if_changed"]
 
 logger = logging.getLogger(__name__)
 
