@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
 
+from supervisor import resume
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
@@ -324,6 +325,8 @@ class MonitoredSession:
             self._global_step = int(step)
         for hook in self._hooks_overriding("after_create_session"):
             hook.after_create_session(self, self._coord)
+        # Exact resume: re-apply the restored RNG state, whatever creation drew (supervisor/resume.py).
+        resume.reinstate(self._creator.state)
 
     def _recover(self, exc: BaseException, start_step: int) -> None:
         self._recoveries += 1
