@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.wait_for_go and sys.stdin.readline().strip() != "go":
         return
     with open_session(args, model, optimizer, {"scheduler": scheduler, "data": data}) as s:
+        leftovers = sorted(n for n in os.listdir(args.logdir) if ".tmp-" in n or ".deleting-" in n)
+        print(f"transient after open: {leftovers}", flush=True)
         train(args, s, data, train_step)
         step = s.global_step
     if step < args.steps:
