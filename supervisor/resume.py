@@ -58,12 +58,12 @@ import torch
 from supervisor.rng import restore_rng_state
 
 __all__ = ["stateful_loaders", "loader_generators", "live_iterators", "prime_loaders", "restore_rng",
-           "reinstate"]
+           "begin_creation", "reinstate"]
 
 logger = logging.getLogger(__name__)
 
 _TORCHDATA = "torchdata.stateful_dataloader.stateful_dataloader"
-_PENDING = "_supervisor_resume_rng"  # attribute of a TrainingState: what `reinstate` re-applies
+_CREATION = "_supervisor_resume_creation"  # attribute of a TrainingState during a session creation
 
 
 def stateful_loaders(state: Any) -> list[tuple[str, Any]]:
@@ -123,7 +123,7 @@ def prime_loaders(state: Any, live: list[str], where: str) -> None:
 
 def restore_rng(rng: Any, state: Any, *, where: str) -> None:
     """Restores the global generators and the loaders' generators from ``rng`` (after
-    `prime_loaders`), and keeps ``rng`` for `reinstate`.
+    `prime_loaders`); during a session creation (`begin_creation`) keeps a copy for `reinstate`.
 
     Raises:
         CheckpointError: the RNG state is malformed (``where`` names the checkpoint).
@@ -137,15 +137,35 @@ def restore_rng(rng: Any, state: Any, *, where: str) -> None:
             "exact resume: %s holds no state for the generator %s (written by an older "
             "torch-supervisor?); the data order will differ from an uninterrupted run from the "
             "next epoch on", where, name)
-    setattr(state, _PENDING, (rng, where))
+    creation = getattr(state, _CREATION, None)
+    if creation is not None:
+        # A copy: the loaded tensors may map the checkpoint file, which must not stay mapped.
+        creation["rng"], creation["where"] = _copy_tensors(rng), where
+
+
+def begin_creation(state: Any) -> None:
+    """Marks the start of a session creation: a checkpoint restored from now on is re-applied
+    by `reinstate` (a restore outside a session creation is not)."""
+    setattr(state, _CREATION, {"rng": None, "where": ""})
 
 
 def reinstate(state: Any) -> None:
-    """Re-applies the RNG state restored at this session creation, once; call it as the last
-    act of the creation (after ``local_init_fn`` and the ``after_create_session`` hooks)."""
-    pending = getattr(state, _PENDING, None)
-    if pending is None:
+    """Ends the creation `begin_creation` started: re-applies the RNG state restored during it,
+    if any. Call it as the creation's last act (after ``local_init_fn`` and the
+    ``after_create_session`` hooks), so that nothing the creation drew shifts the streams."""
+    creation = getattr(state, _CREATION, None)
+    if creation is None:
         return
-    delattr(state, _PENDING)
-    rng, where = pending
-    restore_rng_state(rng, where=where, generators=loader_generators(state))
+    delattr(state, _CREATION)
+    if creation["rng"] is not None:
+        restore_rng_state(creation["rng"], where=creation["where"], generators=loader_generators(state))
+
+
+def _copy_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _copy_tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_tensors(v) for v in value)
+    return value

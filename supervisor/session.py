@@ -320,6 +320,7 @@ class MonitoredSession:
 
     def _create_session(self) -> None:
         self._stop_actions.clear()
+        resume.begin_creation(self._creator.state)  # exact resume: see reinstate() below
         step = self._creator.create(self)
         if step is not None:
             self._global_step = int(step)
