@@ -14,7 +14,8 @@ under ``--front supervisor`` (time-based checkpoints every ``--save-secs``) or `
 from the same seeds, so a run killed and resumed must end bit-identical to one never killed.
 
 Output (stdout, unbuffered; the parent parses it): ``ready``; the library's INFO lines
-(``restored step=N from PATH`` / ``initialised from scratch``); ``step N`` after each step;
+(``restored step=N from PATH`` / ``initialised from scratch``); ``transient after open: [...]``
+(leftover temp entries once the session is created); ``step N`` after each step;
 ``epoch-end save at step N`` in the for/else ``else``; ``finished step=N`` once the final state
 (model, optimizer, scheduler, data position, loader generators, one draw of each global
 generator) is in ``--out``; ``stopped early at step N`` after a clean stop (SIGTERM) before
