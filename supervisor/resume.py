@@ -49,6 +49,7 @@ processes (each worker's RNG restarts from its seed after a resume).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from typing import Any
@@ -140,7 +141,7 @@ def restore_rng(rng: Any, state: Any, *, where: str) -> None:
     creation = getattr(state, _CREATION, None)
     if creation is not None:
         # A copy: the loaded tensors may map the checkpoint file, which must not stay mapped.
-        creation["rng"], creation["where"] = _copy_tensors(rng), where
+        creation["rng"], creation["where"] = copy.deepcopy(rng), where
 
 
 def begin_creation(state: Any) -> None:
@@ -160,12 +161,3 @@ def reinstate(state: Any) -> None:
     if creation["rng"] is not None:
         restore_rng_state(creation["rng"], where=creation["where"], generators=loader_generators(state))
 
-
-def _copy_tensors(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {k: _copy_tensors(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_copy_tensors(v) for v in value)
-    return value

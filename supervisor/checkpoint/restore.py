@@ -43,11 +43,10 @@ from supervisor.checkpoint.format import (
     read_manifest,
     step_of,
 )
-from supervisor import distributed
+from supervisor import distributed, resume
 from supervisor.checkpoint.index import read_index
 from supervisor.creator import Restored
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
-from supervisor import resume
 from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "find_and_load", "load_verified",
