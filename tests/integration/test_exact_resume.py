@@ -30,6 +30,7 @@ import pytest
 from .crash_harness import KILLED, LifeResult, assert_same_final_state, check_resumed, inspect_logdir
 
 pytestmark = pytest.mark.slow
+pytest.importorskip("torchdata.stateful_dataloader")  # the `test` extra installs it
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exact_resume_trainer.py")
 STEPS = 23            # 4.6 epochs of 5 batches: epoch ends at steps 5, 10, 15, 20
