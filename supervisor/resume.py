@@ -118,8 +118,13 @@ def prime_loaders(state: Any, live: list[str], where: str) -> None:
             "recovering inside the loop); that iterator keeps its old position, so the batches "
             "will differ from an uninterrupted run. Create the iterator inside the session "
             "(`for batch in loader:` within the `with`)", name, where)
-    for _, loader in stateful_loaders(state):
+    for name, loader in stateful_loaders(state):
         loader.state_dict()  # builds the iterator from the loaded state; iter(loader) reuses it
+        if getattr(loader, "_iterator", None) is None or not getattr(loader, "_initial_iter_for_state_dict", False):
+            logger.warning(  # a torchdata that no longer keeps that iterator for the next iter()
+                "exact resume: the StatefulDataLoader %r did not keep the iterator built from %s "
+                "for its next iter() (torchdata changed?); the first resumed steps may draw other "
+                "random numbers than an uninterrupted run", name, where)
 
 
 def restore_rng(rng: Any, state: Any, *, where: str) -> None:
