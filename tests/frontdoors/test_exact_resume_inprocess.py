@@ -17,6 +17,7 @@ from supervisor.errors import CheckpointError
 from supervisor.rng import capture_rng_state, restore_rng_state
 
 stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's own noise
 
 EPOCH = 5  # batches per epoch
 
@@ -120,3 +121,30 @@ def test_named_generators_round_trip_and_a_bad_one_changes_nothing():
     with pytest.raises(CheckpointError, match="data.generator"):
         restore_rng_state(state, where="ckpt-9", generators={"data.generator": g})
     assert torch.equal(torch.get_rng_state(), current)  # validated before anything was set
+
+
+def test_recovery_inside_the_loop_is_named_in_a_warning(tmp_path, caplog):
+    """A recovery restores the loader, but the for loop keeps the iterator it holds."""
+    from supervisor.errors import RecoverableError
+    from supervisor.testing import FakeClock
+
+    loader = make_loader(False)
+    failures = []
+
+    def fails_once(batch):
+        if not failures:
+            failures.append(batch)
+            raise RecoverableError("transient")
+        return step(batch)
+
+    with caplog.at_level(logging.WARNING, logger="supervisor.resume"):
+        with session(tmp_path, loader, 6, clock=FakeClock()) as s:
+            for batch in loader:
+                if s.should_stop():
+                    break
+                if s.global_step == 3:
+                    s.save_checkpoint(wait=True)
+                s.run(fails_once if s.global_step == 3 else step, batch)
+    assert failures
+    messages = [r.getMessage() for r in caplog.records if r.name == "supervisor.resume"]
+    assert len(messages) == 1 and "'data'" in messages[0] and "recovering inside the loop" in messages[0]
