@@ -13,7 +13,8 @@ generator equal (``torch.equal``) to an uninterrupted run's. A clean SIGTERM sto
 must too.
 
 12 SIGKILLs in all. Runtime: 23 trainer processes of ~3 s of imports each; the next life is
-spawned while the current one trains (about 2 minutes on 2 idle cores). ``EXACT_RESUME_SEED`` changes the kill points.
+spawned while the current one trains (2 to 3 minutes measured on a shared, loaded 2-core
+machine). ``EXACT_RESUME_SEED`` changes the kill points.
 """
 from __future__ import annotations
 
