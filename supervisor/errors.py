@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointCorruptError",
+    "CheckpointVanishedError",
     "LogdirInUseError",
     "NanLossDuringTrainingError",
     "RecoverableError",
@@ -28,6 +29,15 @@ class CheckpointError(SupervisorError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """A checkpoint that was asked for does not exist."""
+
+
+class CheckpointVanishedError(CheckpointNotFoundError):
+    """A checkpoint disappeared while it was being read: retention (or a person) deleted it.
+
+    It is not damage. A reader that gets it moves on: it looks at the index again and reads
+    the checkpoint it names now (`find_and_load` and `checkpoints_iterator` do this). Reuse it
+    in any reader that must not report a healthy, deleted checkpoint as corrupt.
+    """
 
 
 class CheckpointCorruptError(CheckpointError):
