@@ -2,7 +2,9 @@
 the fix, e.g. ``max_to_keep must be a positive integer or None, got 0``."""
 from __future__ import annotations
 
+import math
 import numbers
+import os
 from typing import Any, Callable, Iterable
 
 __all__ = [
@@ -12,6 +14,8 @@ __all__ = [
     "check_int",
     "check_number",
     "check_hooks",
+    "check_exception_types",
+    "check_directory_path",
 ]
 
 
@@ -38,8 +42,13 @@ def check_number(
     minimum: float | None = None,
     strictly_positive: bool = False,
     allow_none: bool = False,
+    allow_inf: bool = False,
 ) -> float | None:
-    """Validates a real number (not bool, not NaN), optionally ``>= minimum`` or ``> 0``."""
+    """Validates a real number (not bool, not NaN), optionally ``>= minimum`` or ``> 0``.
+
+    Infinity is refused unless ``allow_inf`` (an interval or timeout of ``inf`` would fail
+    later, in a thread, with ``OverflowError``); pass None or a large number instead.
+    """
     if value is None and allow_none:
         return None
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
@@ -47,10 +56,13 @@ def check_number(
         ok = False
     if ok and minimum is not None and value < minimum:
         ok = False
-    if not ok:
+    finite = ok and (allow_inf or math.isfinite(value))
+    if not finite:
         kind = "a positive number" if strictly_positive else (
             "a non-negative number" if minimum == 0 else
             f"a number >= {minimum}" if minimum is not None else "a number")
+        if ok:
+            kind = kind.replace("number", "finite number")
         raise _error(value, f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
     return float(value)
 
@@ -92,6 +104,36 @@ def check_hooks(name: str, hooks: Any) -> list:
         if not isinstance(hook, Hook):
             raise TypeError(f"{name}[{i}] must be a supervisor.Hook instance, got {hook!r}; subclass supervisor.Hook")
     return hooks
+
+
+def check_exception_types(name: str, types: Any) -> tuple[type[BaseException], ...]:
+    """Validates one exception type or a tuple/list of them; returns a tuple."""
+    given = types
+    if isinstance(types, type):
+        types = (types,)
+    elif isinstance(types, (str, bytes)) or not isinstance(types, Iterable):
+        types = None
+    else:
+        types = tuple(types)
+    if types is None or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise TypeError(f"{name} must be a tuple of exception types such as (supervisor.RecoverableError,), "
+                        f"got {given!r}")
+    return types
+
+
+def check_directory_path(name: str, value: Any, *, allow_none: bool = True) -> str | None:
+    """Validates a directory argument: a non-empty path that is not an existing non-directory.
+
+    It need not exist yet (it is created on first use)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise TypeError(f"{name} must be a directory path{' or None' if allow_none else ''}, got {value!r}")
+    path = os.fspath(value)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
+                         "if missing) or remove that file")
+    return path
 
 
 def _error(value: Any, message: str) -> Exception:

@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointVanishedError",
     "LogdirInUseError",
+    "StopRequestedError",
     "NanLossDuringTrainingError",
     "RecoverableError",
 ]
@@ -46,6 +47,11 @@ class CheckpointCorruptError(CheckpointError):
 
 class LogdirInUseError(SupervisorError):
     """Another live process holds the logdir's ownership lock."""
+
+
+class StopRequestedError(SupervisorError):
+    """A stop (SIGTERM, SIGINT, ``request_stop``) ended a wait before the session could start,
+    e.g. a worker waiting for the chief's first checkpoint. Nothing was restored or saved."""
 
 
 class NanLossDuringTrainingError(SupervisorError):

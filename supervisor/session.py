@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
 
-from supervisor._validate import check_bool, check_hooks, check_int, check_number
+from supervisor._validate import check_bool, check_exception_types, check_hooks, check_int, check_number
 from supervisor.clock import Clock, resolve_clock
-from supervisor.coordinator import Coordinator
+from supervisor.coordinator import Coordinator, overdue_warning
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
@@ -100,7 +100,8 @@ class MonitoredSession:
         self._creator = session_creator if session_creator is not None else SessionCreator()
         self._hooks: list[Hook] = check_hooks("hooks", hooks)
         self._stop_grace_secs = check_number("stop_grace_secs", stop_grace_secs, minimum=0)
-        self._recoverable = _check_exception_types(recoverable_exceptions) if self._recovery_enabled else ()
+        self._recoverable = (check_exception_types("recoverable_exceptions", recoverable_exceptions)
+                             if self._recovery_enabled else ())
         self._max_recoveries = check_int("max_recoveries", max_recoveries, minimum=0)
         self._backoff_secs = check_number("recovery_backoff_secs", recovery_backoff_secs, minimum=0)
         check_bool("handle_signals", handle_signals)
@@ -310,8 +311,7 @@ class MonitoredSession:
     def _request_stop(self, exc: BaseException | None = None, *, reason: str) -> None:
         if self._stop_reason is None:
             self._stop_reason = reason if exc is None else f"{type(exc).__name__}: {exc}"
-            logger.info("stop requested: %s", self._stop_reason)
-        self._coord.request_stop(exc)
+        self._coord.request_stop(exc, reason=self._stop_reason)  # logs the first stop, once
 
     # ---------------------------------------------------------------- creation and recovery
     def _hooks_overriding(self, method: str) -> list[Hook]:
@@ -373,7 +373,8 @@ class MonitoredSession:
         try:
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
             for hook in self._hooks_overriding("end"):
-                hook.end(self)
+                with overdue_warning(f"{type(hook).__name__}.end()", self._stop_grace_secs):
+                    hook.end(self)
         except BaseException as error:
             first = self._close_on_error(error)
             first.__suppress_context__ = True
@@ -401,7 +402,8 @@ class MonitoredSession:
             first.add_note(str(straggler_error))
         for hook in self._hooks_overriding("on_exception"):
             try:
-                hook.on_exception(self, first)
+                with overdue_warning(f"{type(hook).__name__}.on_exception()", self._stop_grace_secs):
+                    hook.on_exception(self, first)
             except Exception:  # noqa: BLE001 - cleanup must reach every hook
                 logger.exception("%s.on_exception failed while closing after %s",
                                  type(hook).__name__, type(first).__name__)
@@ -426,16 +428,3 @@ def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook,
                                f"{name!r}; the step was not run")
         feeds[name] = value
         feeders[name] = hook
-
-
-def _check_exception_types(types: Any) -> tuple[type[BaseException], ...]:
-    if isinstance(types, type):
-        types = (types,)
-    try:
-        types = tuple(types)
-    except TypeError:
-        types = None
-    if types is None or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
-        raise TypeError("recoverable_exceptions must be a tuple of exception types such as "
-                        f"(supervisor.RecoverableError,), got {types!r}")
-    return types

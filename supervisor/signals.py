@@ -1,8 +1,11 @@
 """SIGTERM/SIGINT handling for a session (SPEC §5.7).
 
 The first signal requests a clean stop: the loop ends at the next step boundary, ``end`` hooks
-run and the final checkpoint is written. A second SIGINT raises `KeyboardInterrupt` at once.
-Handlers are installed only on the main thread and restored when the session closes.
+run and the final checkpoint is written. The stop request also ends every wait the runtime owns
+(a worker waiting for the chief's checkpoint waits on the stop event, not in a sleep). A second
+signal — SIGINT or SIGTERM — raises `KeyboardInterrupt` at once on the main thread, which
+interrupts whatever blocks there (a hook hanging in ``end``, a stuck close). Handlers are
+installed only on the main thread and restored when the session closes.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 class SignalHandlers:
-    """SIGTERM/SIGINT → a clean stop at the next step boundary; a second SIGINT interrupts."""
+    """SIGTERM/SIGINT → a clean stop at the next step boundary; a second one interrupts."""
 
     _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
 
@@ -33,8 +36,9 @@ class SignalHandlers:
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self._received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self._received is not None:
+            # The first stop did not end things in time: escalate, as a second Ctrl-C does.
+            raise KeyboardInterrupt(f"second stop signal ({name} after {self._received}): interrupting now")
         if self._received is None:
             self._received = name
             # Locks may be held by the interrupted code: request the stop from another thread.

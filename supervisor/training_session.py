@@ -26,7 +26,7 @@ from supervisor import _validate as v
 from supervisor.clock import Clock, resolve_clock
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
-from supervisor.session import MonitoredSession, _check_exception_types
+from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState
 from supervisor.supervisor import _check_logdir, check_checkpoint_options, make_session_creator
 
@@ -83,7 +83,7 @@ def _build(
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode)
-    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
+    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
         "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
@@ -153,7 +153,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
-    _check_exception_types(recoverable_exceptions)
+    v.check_exception_types("recoverable_exceptions", recoverable_exceptions)
     arguments = dict(locals())
     arguments.update(is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})

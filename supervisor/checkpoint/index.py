@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
 
 from supervisor.checkpoint.fileio import fsync_dir
@@ -107,6 +108,8 @@ def read_index(directory: str) -> CheckpointState | None:
     """
     path = os.path.join(directory, INDEX_FILE)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO or a device: it could block
+            raise ValueError(f"the checkpoint index {path} is not a regular file")
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
