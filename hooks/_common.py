@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import logging
 import numbers
-import os
 from typing import Any
 
-from supervisor._validate import check_int, check_number
+from supervisor._validate import check_directory_path, check_int, check_number
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +27,7 @@ def check_schedule(owner: str, steps: tuple[str, Any], secs: tuple[str, Any]) ->
 
 
 def check_output_dir(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise TypeError(f"{name} must be a directory path or None, got {value!r}")
-    return os.fspath(value)
+    return check_directory_path(name, value)  # a path to an existing file is refused here
 
 
 def check_summary_writer(name: str, value: Any) -> Any:

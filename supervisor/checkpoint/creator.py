@@ -61,16 +61,25 @@ class CheckpointSessionCreator(SessionCreator):
                          summary_writer=summary_writer)
         self.checkpoints = manager
         self._routes_errors = manager.on_error is None
+        self._owns_logdir = False
 
     def restore(self, session: Any) -> Restored | None:
         manager: CheckpointManager = self.checkpoints
-        manager.open()
+        manager.open()  # LogdirInUseError: another session owns the logdir and its summary writer
+        self._owns_logdir = True
         if self._routes_errors:
             manager.on_error = session.request_stop
         return manager.restore(self.state)
 
     def close(self, *, failed: bool) -> None:
         self.checkpoints.close(failed=failed)
+
+    def shutdown(self, *, failed: bool) -> None:
+        # Refused the logdir (LogdirInUseError): the summary writer, shared through
+        # SummaryWriterCache, belongs to the session that owns it; leave it open.
+        if not self._owns_logdir:
+            self.owns_summary_writer = False
+        super().shutdown(failed=failed)
 
 
 class WorkerSessionCreator(SessionCreator):
