@@ -118,6 +118,8 @@ def read_index(directory: str) -> CheckpointState | None:
         raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
     try:
         return parse_index(text)
+    except EmptyIndexError as e:
+        raise EmptyIndexError(f"the checkpoint index {path} is unreadable: {e}") from e
     except ValueError as e:
         raise ValueError(f"the checkpoint index {path} is unreadable: {e}") from e
 

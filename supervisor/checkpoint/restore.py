@@ -218,9 +218,25 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full",
         return None
     listing = "; ".join(f"{p}: {r}" for p, r in failures.items())
     raise CheckpointCorruptError(
-        f"none of the {len(failures)} checkpoint(s) in {directory} can be restored ({listing}). "
-        "Refusing to start from scratch over them: repair or move them away, or point the index "
-        f"({os.path.join(directory, INDEX_FILE)}) at a good one")
+        f"none of the {len(failures)} checkpoint(s) the index allows in {directory} can be restored "
+        f"({listing}).{_newer_hint(directory, basename, failures)} Refusing to start from scratch over "
+        f"them: repair or move them away, or point the index ({os.path.join(directory, INDEX_FILE)}) at a "
+        "good one")
+
+
+def _newer_hint(directory: str, basename: str, failures: dict[str, str]) -> str:
+    """Names the checkpoints newer than the failed index choice, which are never jumped to."""
+    steps = [step_of(os.path.basename(p), basename) for p in failures]
+    lowest = min((s for s in steps if s is not None), default=None)
+    if lowest is None:
+        return ""
+    newer = [name for step, name in list_committed(directory, basename)
+             if step > lowest and os.path.join(directory, name) not in failures]
+    if not newer:
+        return ""
+    return (f" Newer checkpoint(s) exist ({', '.join(newer)}) but the index names an older one (a rollback "
+            "by hand?), and a rollback never jumps forward: set model_checkpoint_path to one of them, or "
+            "delete the index to restore the newest.")
 
 
 # ---------------------------------------------------------------- candidates
@@ -228,8 +244,9 @@ def _candidates(directory: str, basename: str) -> list[str]:
     """Paths to try, best first: the index's choice, then older committed directories.
 
     The index is untrusted (`supervisor.checkpoint.index.entry_problem`): an entry that does not
-    name a checkpoint of this logdir is ignored. When the index names a checkpoint that does
-    not exist, it is tried first (and reported) and then every committed directory, newest first.
+    name a checkpoint of this logdir is ignored. A hand rollback never jumps forward: when the
+    index's choice is missing or damaged, only older checkpoints are tried (`_newer_hint` tells
+    the user about the newer ones).
     """
     for _ in range(3):  # the index names a checkpoint retention just deleted: read it again
         committed = list_committed(directory, basename)
@@ -242,12 +259,9 @@ def _candidates(directory: str, basename: str) -> list[str]:
             logger.warning("%s; restoring from the highest-step checkpoint directory %s",
                            problem or f"no checkpoint index in {directory}", committed[-1][1])
         return newest_first
-    if not os.path.isdir(primary):
-        logger.warning("the checkpoint index of %s names %s, which does not exist; trying every checkpoint "
-                       "directory, newest first", directory, os.path.basename(primary))
-        return [primary] + newest_first
     primary_step = step_of(os.path.basename(primary), basename)
-    _warn_unindexed(directory, index, primary_step, committed)
+    if os.path.isdir(primary):
+        _warn_unindexed(directory, index, primary_step, committed)
     return [primary] + [p for p, (step, _) in zip(newest_first, reversed(committed)) if step < primary_step]
 
 
