@@ -13,6 +13,7 @@ so when none appears.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -69,7 +70,8 @@ class OwnershipLock:
         except OSError as e:  # EACCES, EROFS...: filelock's own error names neither fix nor logdir
             raise CheckpointError(
                 f"cannot take the ownership lock {self.path} of the logdir {self.directory} "
-                f"({type(e).__name__}: {e.strerror or e}); make the logdir writable by this user or "
+                f"({errno.errorcode.get(e.errno or 0, type(e).__name__)}: {e.strerror or e}); make the logdir "
+                "writable by this user or "
                 "choose another one") from e
         try:
             self._write_owner()
