@@ -154,6 +154,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     v.check_exception_types("recoverable_exceptions", recoverable_exceptions)
+    # The session's own arguments too: checked before _build opens the summary writer's thread.
+    v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
+    v.check_int("max_recoveries", max_recoveries, minimum=0)
+    v.check_bool("handle_signals", handle_signals)
     arguments = dict(locals())
     arguments.update(is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
