@@ -4,6 +4,7 @@ hangs while the session closes (after a WARNING that names it). Every child is b
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,33 +19,38 @@ PRELUDE = "import logging, sys\nlogging.basicConfig(level=logging.INFO, stream=s
 
 
 class Child:
-    """A Python child whose combined output is read line by line, killed if it outlives a test."""
+    """A Python child whose combined output is read without blocking (select), so every wait is
+    bounded; killed if it outlives a test."""
 
     def __init__(self, script: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", PRELUDE + textwrap.dedent(script)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-        self.lines: list[str] = []
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, bufsize=0)
+        self.output = ""
+
+    def _read(self, timeout_secs: float) -> bool:
+        """Reads what is available within ``timeout_secs``; False at end of output."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, timeout_secs))
+        if not ready:
+            return True
+        data = os.read(self.proc.stdout.fileno(), 65536)
+        self.output += data.decode("utf-8", errors="replace")
+        return bool(data)
 
     def wait_for(self, text: str, timeout_secs: float) -> None:
         deadline = time.monotonic() + timeout_secs
-        while not any(text in line for line in self.lines):
-            assert time.monotonic() < deadline, f"no {text!r} within {timeout_secs} s:\n" + "".join(self.lines)
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                raise AssertionError(f"child exited before {text!r}:\n" + "".join(self.lines))
-            self.lines.append(line)
+        while text not in self.output:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {text!r} within {timeout_secs} s:\n{self.output}"
+            if not self._read(min(remaining, 0.5)):
+                raise AssertionError(f"child exited before {text!r}:\n{self.output}")
 
     def finish(self, timeout_secs: float) -> tuple[int, str]:
-        # wait + read, not communicate(): readline() may have buffered output communicate misses
-        # (the children print little, so the pipe cannot fill up meanwhile).
-        try:
-            self.proc.wait(timeout=timeout_secs)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-            raise AssertionError(f"still running after {timeout_secs} s:\n" + "".join(self.lines)
-                                 + self.proc.stdout.read()) from None
-        return self.proc.returncode, "".join(self.lines) + self.proc.stdout.read()
+        deadline = time.monotonic() + timeout_secs
+        while self._read(min(max(deadline - time.monotonic(), 0.0), 0.5)):
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"still running after {timeout_secs} s:\n{self.output}")
+        return self.proc.wait(timeout=30), self.output
 
     def kill(self) -> None:
         if self.proc.poll() is None:
