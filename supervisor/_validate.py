@@ -14,7 +14,6 @@ __all__ = [
     "check_int",
     "check_number",
     "check_hooks",
-    "check_exception_types",
     "check_directory_path",
 ]
 
@@ -104,21 +103,6 @@ def check_hooks(name: str, hooks: Any) -> list:
         if not isinstance(hook, Hook):
             raise TypeError(f"{name}[{i}] must be a supervisor.Hook instance, got {hook!r}; subclass supervisor.Hook")
     return hooks
-
-
-def check_exception_types(name: str, types: Any) -> tuple[type[BaseException], ...]:
-    """Validates one exception type or a tuple/list of them; returns a tuple."""
-    given = types
-    if isinstance(types, type):
-        types = (types,)
-    elif isinstance(types, (str, bytes)) or not isinstance(types, Iterable):
-        types = None
-    else:
-        types = tuple(types)
-    if types is None or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
-        raise TypeError(f"{name} must be a tuple of exception types such as (supervisor.RecoverableError,), "
-                        f"got {given!r}")
-    return types
 
 
 def check_directory_path(name: str, value: Any, *, allow_none: bool = True) -> str | None:

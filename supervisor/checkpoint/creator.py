@@ -24,7 +24,8 @@ from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
 from supervisor.clock import Clock, resolve_clock
-from supervisor.creator import Restored, SessionCreator
+from supervisor.checkpoint.restore import Restored
+from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointCorruptError, StopRequestedError
 from supervisor.state import TrainingState
 
@@ -59,27 +60,15 @@ class CheckpointSessionCreator(SessionCreator):
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=True, logdir=logdir if logdir is not None else manager.directory,
                          summary_writer=summary_writer)
-        self.checkpoints = manager
+        self.environment.checkpoints = manager
         self._routes_errors = manager.on_error is None
-        self._owns_logdir = False
 
     def restore(self, session: Any) -> Restored | None:
         manager: CheckpointManager = self.checkpoints
-        manager.open()  # LogdirInUseError: another session owns the logdir and its summary writer
-        self._owns_logdir = True
+        manager.open()
         if self._routes_errors:
             manager.on_error = session.request_stop
         return manager.restore(self.state)
-
-    def close(self, *, failed: bool) -> None:
-        self.checkpoints.close(failed=failed)
-
-    def shutdown(self, *, failed: bool) -> None:
-        # Refused the logdir (LogdirInUseError): the summary writer, shared through
-        # SummaryWriterCache, belongs to the session that owns it; leave it open.
-        if not self._owns_logdir:
-            self.owns_summary_writer = False
-        super().shutdown(failed=failed)
 
 
 class WorkerSessionCreator(SessionCreator):

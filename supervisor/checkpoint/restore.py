@@ -44,6 +44,7 @@ from supervisor.checkpoint.format import (
     list_committed,
     step_of,
 )
+from supervisor import distributed
 from supervisor.checkpoint.index import entry_problem, read_index
 from supervisor.checkpoint.verify import (
     VERIFY_MODES,
@@ -54,7 +55,6 @@ from supervisor.checkpoint.verify import (
     compare_checksum,
     raise_if_vanished,
 )
-from supervisor.creator import Restored
 from supervisor.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -72,6 +72,14 @@ logger = logging.getLogger(__name__)
 #: How many times `find_and_load` looks at the index again after a candidate vanished.
 _MAX_RESCANS = 20
 _ZIP_MAGIC = b"PK\x03\x04"
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore found: the global step and the checkpoint it came from."""
+
+    global_step: int
+    path: str
 
 
 @dataclass(frozen=True)

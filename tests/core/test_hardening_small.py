@@ -32,7 +32,8 @@ def test_looper_with_interval_zero_or_none_runs_back_to_back(interval):
 
 
 def _stop_lines(caplog):
-    return [r for r in caplog.records if r.levelno == logging.INFO and "stop requested" in r.getMessage()]
+    return [r for r in caplog.records if r.levelno == logging.INFO
+            and ("stop requested" in r.getMessage() or "stopping at step" in r.getMessage())]
 
 
 def test_one_stop_with_an_error_is_logged_once(caplog):
@@ -48,7 +49,7 @@ def test_one_clean_stop_is_logged_once(caplog):
     caplog.set_level(logging.INFO)
     with MonitoredSession() as session:
         session.request_stop(reason="enough")
-    assert [r.getMessage() for r in _stop_lines(caplog)] == ["stop requested: enough"]
+    assert [r.getMessage() for r in _stop_lines(caplog)] == ["stopping at step 0: enough"]
 
 
 def test_refused_second_writer_leaves_the_first_sessions_summary_writer_open(tmp_path):
