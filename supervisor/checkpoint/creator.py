@@ -131,6 +131,8 @@ class WorkerSessionCreator(SessionCreator):
             logger.info("waiting for the chief's checkpoint in %s (%.0f s so far)", self.checkpoint_dir, waited)
             # On the stop event, not a sleep: SIGTERM or request_stop() ends the wait at once.
             if self._clock.wait(session.coord.stop_event, min(self.recovery_wait_secs, self.max_wait_secs - waited)):
+                why = session.stop_reason or ("a stop signal (SIGTERM/SIGINT)" if session.preempted
+                                              else "stop requested")
                 raise StopRequestedError(
-                    f"stopped ({session.stop_reason or 'stop requested'}) after waiting {waited:.0f} s for the "
+                    f"stopped ({why}) after waiting {waited:.0f} s for the "
                     f"chief's first verified checkpoint in {self.checkpoint_dir}; nothing was restored")
