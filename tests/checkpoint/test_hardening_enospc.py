@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -117,3 +120,35 @@ def test_output_dir_that_is_a_file_is_refused_at_construction(tmp_path):
     a_file.write_text("x")
     with pytest.raises(ValueError, match="output_dir .*notes.txt' exists and is not a directory"):
         ProfilerHook(save_steps=1, output_dir=a_file)
+
+
+SETPRIV = shutil.which("setpriv")
+
+
+@pytest.mark.skipif(SETPRIV is None or os.geteuid() != 0, reason="needs root and setpriv to drop CAP_DAC_*")
+def test_logdir_without_write_permission_is_refused_naming_the_path(tmp_path):
+    """A real EACCES: the process runs without CAP_DAC_OVERRIDE (as an unprivileged user would)
+    and the logdir is not writable: a CheckpointError, not filelock's PermissionError, and no
+    TensorBoard thread traceback."""
+    logdir = tmp_path / "logdir"
+    logdir.mkdir()
+    os.chmod(logdir, 0o555)
+    script = textwrap.dedent(f"""
+        import threading, torch
+        from supervisor import MonitoredTrainingSession
+        from supervisor.errors import CheckpointError
+        try:
+            MonitoredTrainingSession({str(logdir)!r}, model=torch.nn.Linear(2, 2))
+        except CheckpointError as e:
+            print("REFUSED", e)
+        print("THREADS", threading.active_count())
+    """)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    try:
+        out = subprocess.run([SETPRIV, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", script],
+                             capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        os.chmod(logdir, 0o755)
+    assert f"REFUSED the checkpoint_dir {logdir} is not writable (EACCES" in out.stdout, out.stdout + out.stderr
+    assert "THREADS 1" in out.stdout and "Traceback" not in out.stderr, out.stderr
