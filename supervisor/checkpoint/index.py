@@ -253,19 +253,22 @@ def trusted_index(index: CheckpointState, directory: str, basename: str, *,
 
 
 def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
-    """The index's managed paths relative to ``directory``; paths elsewhere are left out, so
-    retention never deletes them."""
-
-    def relative(path: str) -> str | None:
-        if not os.path.isabs(path):
-            return os.path.normpath(path)
-        parent, name = os.path.split(os.path.normpath(path))
-        return name if os.path.abspath(parent) == directory else None
-
+    """The index's managed paths relative to ``directory``. Entries that do not name a
+    checkpoint directly inside it (`entry_problem`, any basename) are left out with a WARNING,
+    so nothing that acts on the result (retention, pruning) can touch them. Prefer
+    `trusted_index`, which also checks the basename."""
+    directory = os.path.abspath(directory)
     paths = index.all_model_checkpoint_paths
     timed = len(index.all_model_checkpoint_timestamps) == len(paths)
     stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
-    kept = [(r, t) for p, t in zip(paths, stamps, strict=True) if (r := relative(p)) is not None]
+    kept = []
+    for path, stamp in zip(paths, stamps, strict=True):
+        name, problem = entry_problem(directory, path)
+        if problem is None:
+            kept.append((name, stamp))
+        else:
+            logger.warning("ignoring the checkpoint index entry all_model_checkpoint_paths %r in %s: %s",
+                           path, os.path.join(directory, INDEX_FILE), problem)
     return replace(index, all_model_checkpoint_paths=tuple(r for r, _ in kept),
                    all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
 

@@ -268,3 +268,16 @@ def test_a_checkpoint_error_is_not_raised_for_a_healthy_logdir(logdir):
     assert isinstance(load_checkpoint(logdir / "model.ckpt-3")["global_step"], int)
     with pytest.raises(CheckpointError):
         load_checkpoint(logdir / "model.ckpt-99")
+
+
+def test_relative_index_leaves_out_what_is_not_a_checkpoint_of_the_logdir(logdir, caplog):
+    """What tools that prune or roll back by the index build on (e.g. the CLI)."""
+    from supervisor.checkpoint.index import read_index, relative_index
+
+    _index(logdir, "model.ckpt-3", "userdata", ".supervisor.lock", "../x-1", str(logdir / "model.ckpt-1"),
+           "model.ckpt-2")
+    with caplog.at_level(logging.WARNING):
+        relative = relative_index(read_index(str(logdir)), str(logdir))
+    assert relative.all_model_checkpoint_paths == ("model.ckpt-1", "model.ckpt-2")
+    assert len(relative.all_model_checkpoint_timestamps) == 2
+    assert caplog.text.count("ignoring the checkpoint index entry") == 3
