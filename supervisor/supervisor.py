@@ -240,6 +240,14 @@ class _ManagedSession:
         self._session = self._supervisor._open_session()
         return self._session
 
+    def __getattr__(self, name: str) -> Any:
+        # `sv.managed_session().run(...)`: the session exists only inside a `with` block.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"managed_session() returns a context manager, not the session: it has no "
+                             f"{name!r}. Use it in a with block: `with sv.managed_session() as s: "
+                             f"s.{name}(...)`")
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         session, sv = self._session, self._supervisor
         try:
