@@ -29,7 +29,7 @@ from supervisor.checkpoint.commit import (
 )
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
-from supervisor.checkpoint.index import read_index, trusted_index, write_index
+from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index, write_index
 from supervisor.checkpoint.lock import OwnershipLock
 from supervisor.checkpoint.options import check_basename, check_directory, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
@@ -163,7 +163,7 @@ class CheckpointManager:
             raise
         self._opened = True
 
-    def _read_trusted_index(self, *, quiet: bool = False) -> Any:
+    def _read_trusted_index(self, *, quiet: bool = False) -> CheckpointState | None:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
         warns about each other entry); None when there is none or it cannot be read."""
         try:

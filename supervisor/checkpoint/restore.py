@@ -45,7 +45,7 @@ from supervisor.checkpoint.format import (
     step_of,
 )
 from supervisor import distributed
-from supervisor.checkpoint.index import entry_problem, read_index
+from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.verify import (
     VERIFY_MODES,
     check_checkpoint,
@@ -273,7 +273,7 @@ def _candidates(directory: str, basename: str) -> list[str]:
     return [primary] + [p for p, (step, _) in zip(newest_first, reversed(committed)) if step < primary_step]
 
 
-def _index_choice(directory: str, basename: str) -> tuple[str | None, str | None, Any]:
+def _index_choice(directory: str, basename: str) -> tuple[str | None, str | None, CheckpointState | None]:
     """``(path the index names or None, why None, the index)``."""
     try:
         index = read_index(directory)
@@ -288,7 +288,8 @@ def _index_choice(directory: str, basename: str) -> tuple[str | None, str | None
     return os.path.join(directory, name), None, index
 
 
-def _warn_unindexed(directory: str, index: Any, primary_step: int, committed: list[tuple[int, str]]) -> None:
+def _warn_unindexed(directory: str, index: CheckpointState, primary_step: int,
+                    committed: list[tuple[int, str]]) -> None:
     """Names committed checkpoints newer than the index's choice that the index does not list:
     what a failed index update (e.g. ENOSPC) leaves behind. The index stays the authority."""
     listed = {os.path.basename(os.path.normpath(p)) for p in index.all_model_checkpoint_paths}
