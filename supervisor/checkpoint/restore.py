@@ -257,7 +257,7 @@ def _candidates(directory: str, basename: str) -> list[str]:
     the user about the newer ones).
     """
     for _ in range(3):  # the index names a checkpoint retention just deleted: read it again
-        committed = list_committed(directory, basename)
+        committed = _own_committed(directory, basename)
         newest_first = [os.path.join(directory, name) for _, name in reversed(committed)]
         primary, problem, index = _index_choice(directory, basename)
         if primary is None or os.path.isdir(primary) or _index_choice(directory, basename)[0] == primary:
@@ -271,6 +271,18 @@ def _candidates(directory: str, basename: str) -> list[str]:
     if os.path.isdir(primary):
         _warn_unindexed(directory, index, primary_step, committed)
     return [primary] + [p for p, (step, _) in zip(newest_first, reversed(committed)) if step < primary_step]
+
+
+def _own_committed(directory: str, basename: str) -> list[tuple[int, str]]:
+    """`list_committed` without symlinks out of the logdir (never restored; WARNING each)."""
+    own = []
+    for step, name in list_committed(directory, basename):
+        problem = entry_problem(directory, name, basename)[1]
+        if problem is None:
+            own.append((step, name))
+        else:
+            logger.warning("not restoring %s: %s", os.path.join(directory, name), problem)
+    return own
 
 
 def _index_choice(directory: str, basename: str) -> tuple[str | None, str | None, CheckpointState | None]:

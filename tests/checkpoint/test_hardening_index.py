@@ -95,6 +95,7 @@ def test_restore_never_loads_what_the_index_names_outside_the_checkpoint_form(lo
         assert latest_checkpoint(logdir) is None
     assert restored.global_step == 3  # the highest committed checkpoint of this logdir
     assert why in caplog.text
+    assert "skipping checkpoint" not in caplog.text  # nothing outside was even tried
 
 
 # ---------------------------------------------------------------- finding 4
