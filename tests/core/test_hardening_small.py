@@ -163,3 +163,23 @@ def test_a_single_listener_is_accepted(tmp_path):
                                   log_step_count_steps=None, handle_signals=False) as s:
         s.run(lambda: None)
     assert Counting.saves >= 1
+
+
+# ---------------------------------------------------------------- issue 9 finding 2: duplicates
+def test_a_duplicate_sigterm_right_after_the_first_does_not_interrupt(caplog):
+    """A launcher forwarding the scheduler's SIGTERM makes two arrive together: that is still
+    one clean stop (with its final checkpoint), not an escalation."""
+    import os
+    import signal
+    import time
+
+    caplog.set_level(logging.INFO)
+    with MonitoredSession(handle_signals=True) as session:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # no KeyboardInterrupt
+        deadline = time.monotonic() + 10
+        while not session.stop_requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+        session.run(lambda: None)
+        assert session.should_stop()
+    assert "ignoring a second SIGTERM" in caplog.text
