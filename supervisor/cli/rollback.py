@@ -50,9 +50,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _rollback(args: argparse.Namespace) -> int:
     listing = scan_logdir(args.logdir, basename=args.basename, verify="size")
-    target = next((r for r in listing.rows if r.step == args.step and os.path.isdir(r.path)), None)
+    inside = os.path.abspath(args.logdir)  # only checkpoints directly inside the logdir (§5.3: relative paths)
+    present = [r for r in listing.rows if os.path.isdir(r.path) and os.path.dirname(r.path) == inside]
+    target = next((r for r in present if r.step == args.step), None)
     if target is None:
-        steps = [r.step for r in listing.rows if os.path.isdir(r.path)]
+        steps = [r.step for r in present]
         error(f"{args.logdir} has no checkpoint of step {args.step} (steps present: {steps or 'none'})")
         return EXIT_PROBLEM
     target = check_one(target.path, basename=listing.basename, verify="full")
