@@ -96,17 +96,17 @@ def _without_retired(logdir: str, rows: list[CheckpointRow], index: CheckpointSt
     name (retention or a re-save is replacing it; the index is rewritten next)."""
     if index is None or all(os.path.isdir(r.path) for r in rows):
         return rows
+    # The directory first, the index second: retention moves a checkpoint aside, then rewrites
+    # the index, then deletes; so an index read after the listing that still names a missing
+    # checkpoint was read before the rewrite, and the listing still shows it moved aside.
     try:
+        in_flight = {transient_base(n) for n in os.listdir(logdir)} - {None}
         now = read_index(logdir)
     except (ValueError, OSError):
         return rows
     named = set() if now is None else {
         os.path.abspath(p if os.path.isabs(p) else os.path.join(logdir, p))
         for p in (now.model_checkpoint_path, *now.all_model_checkpoint_paths)}
-    try:  # moved aside to be deleted or replaced, before the index stops naming it
-        in_flight = {transient_base(n) for n in os.listdir(logdir)} - {None}
-    except OSError:
-        in_flight = set()
     return [r for r in rows if os.path.isdir(r.path) or (r.path in named and r.name not in in_flight)]
 
 
