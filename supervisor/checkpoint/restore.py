@@ -44,6 +44,7 @@ from supervisor.checkpoint.format import (
     step_of,
 )
 from supervisor import distributed
+from supervisor.distributed import rng as distributed_rng
 from supervisor.checkpoint.index import read_index
 from supervisor.creator import Restored
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
@@ -298,11 +299,9 @@ def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_
     if restore_rng:
         rank = distributed.rank()
         states = loaded.payload.get(RNG_KEY)
-        if isinstance(states, dict) and rank in states:
-            restore_rng_state(states[rank], where=f"{loaded.path} (step {loaded.step})")
-        elif isinstance(states, dict):  # other ranks' states only: this rank keeps its own streams
-            logger.info("%s has no RNG state for rank %d (it has ranks %s); this rank's random "
-                        "generators continue from their current state", loaded.path, rank, sorted(states))
+        if isinstance(states, dict) and states:  # this rank's own, else a derived seed (§12)
+            distributed_rng.restore_for_rank(states, rank, step=loaded.step,
+                                             where=f"{loaded.path} (step {loaded.step})")
         else:
             logger.warning("%s has no RNG state (saved with save_rng=False?); the random generators "
                            "continue from their current state", loaded.path)
