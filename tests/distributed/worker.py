@@ -101,15 +101,96 @@ def agreement_failure(mode: str, grace: str = "4") -> None:
         os._exit(0)  # a gloo group with a dead peer cannot be destroyed cleanly
 
 
+# ---------------------------------------------------------------- DDP through a front door
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 8)
+        self.drop = torch.nn.Dropout(0.3)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def state_digest(module: torch.nn.Module) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def build_ddp() -> tuple[torch.nn.Module, Any, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)  # the same initial weights on every rank
+    net = Net()
+    ddp = DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1000 + dist.get_rank())  # each rank its own dropout stream
+    return net, ddp, optimizer
+
+
+def make_step(ddp: torch.nn.Module, optimizer: Any, session_ref: list) -> Callable[[], dict]:
+    def step() -> dict:
+        s = session_ref[0]
+        g = torch.Generator().manual_seed(10_000 * dist.get_rank() + s.global_step)
+        x, y = torch.randn(4, 6, generator=g), torch.randint(0, 2, (4,), generator=g)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss.detach()}
+    return step
+
+
+@scenario
+def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: str = "60",
+                stop_rank: str = "-1", stop_at: str = "0", extra_hooks: str = "") -> None:
+    """Trains a DDP model through MonitoredTrainingSession until ``last_step``; rank
+    ``stop_rank`` requests a stop during step ``stop_at`` (one rank only)."""
+    import hooks
+    from supervisor import MonitoredTrainingSession
+
+    net, ddp, optimizer = build_ddp()
+    rank = dist.get_rank()
+    if rank == 0 and float(chief_delay):
+        time.sleep(float(chief_delay))
+    user_hooks: list[Any] = [hooks.StopAtStepHook(last_step=int(last_step))]
+    session_ref: list = [None]
+    with MonitoredTrainingSession(logdir, model=ddp, optimizer=optimizer, hooks=user_hooks,
+                                  save_checkpoint_steps=3, log_step_count_steps=None,
+                                  save_summaries_steps=None, max_wait_secs=float(max_wait),
+                                  stop_grace_secs=20) as s:
+        session_ref[0] = s
+        start_step = s.global_step
+        step = make_step(ddp, optimizer, session_ref)
+        while not s.should_stop():
+            s.run(step)
+            if rank == int(stop_rank) and s.global_step == int(stop_at):
+                s.request_stop(reason=f"stop on rank {rank} only")
+        end_step = s.global_step
+    emit({"start": start_step, "end": end_step, "digest": state_digest(net),
+          "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason})
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name, args = sys.argv[1], sys.argv[2:]
     distributed.init_process_group("gloo", timeout_secs=60)
     try:
         SCENARIOS[name](*args)
-    finally:
-        if distributed.is_initialized():
-            distributed.destroy_process_group(timeout_secs=30)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)  # a failed rank leaves at once (as under torchrun); no barrier with the others
+    distributed.destroy_process_group(timeout_secs=30)
 
 
 if __name__ == "__main__":
