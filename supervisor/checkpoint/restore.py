@@ -46,6 +46,8 @@ from supervisor.checkpoint.format import (
 from supervisor import distributed
 from supervisor.distributed import rng as distributed_rng
 from supervisor.checkpoint.index import read_index
+
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (supervisor.checkpoint.dcp)
 from supervisor.creator import Restored
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from supervisor.rng import restore_rng_state
@@ -128,6 +130,9 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         verifier.join()
         for name, record in manifest.files.items():
             _compare_checksum(path, name, record.checksum, checksums.get(name))
+    if load_error is not None and DCP_METADATA in manifest.files and STATE_FILE not in manifest.files:
+        raise CheckpointError(f"{path} is a sharded torch.distributed.checkpoint (checkpoint_format="
+                              "'dcp'); load it with supervisor.checkpoint.dcp.load_into") from load_error
     if type(load_error) is CheckpointError:  # verified, but needs an untrusted global
         raise load_error
     if load_error is not None:
@@ -212,7 +217,7 @@ def _check_sizes(path: str) -> Manifest:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is missing (the write was never sealed)") from None
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
-    if STATE_FILE not in manifest.files:
+    if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:  # dcp: §12
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
     for name, record in manifest.files.items():
         try:

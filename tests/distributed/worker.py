@@ -178,6 +178,93 @@ def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: s
           "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason})
 
 
+# ---------------------------------------------------------------- sharded (DCP) checkpoints
+def plain_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 6))
+
+
+def full_state(module: torch.nn.Module) -> dict[str, list]:
+    out = {}
+    for name, tensor in module.state_dict().items():
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        out[name] = full.detach().flatten().tolist()
+    return out
+
+
+def sharded(seed: int, kind: str) -> tuple[torch.nn.Module, Any]:
+    """The model with DTensor parameters sharded over every rank (``kind``: "dtensor" — each
+    parameter ``Shard(0)`` — or "fsdp2": ``fully_shard``), and an Adam optimizer."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = plain_model(seed)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=mesh)
+    else:
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        for module in model:
+            for pname, param in list(module.named_parameters(recurse=False)):
+                setattr(module, pname, torch.nn.Parameter(distribute_tensor(param.data, mesh, [Shard(0)])))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def train_sharded(model: torch.nn.Module, optimizer: Any, steps: int) -> None:
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(5, 6, generator=g)
+        weight = next(model.parameters())
+        if hasattr(weight, "device_mesh") and not hasattr(model, "unshard"):  # plain DTensor params
+            from torch.distributed.tensor import Replicate, distribute_tensor
+
+            x = distribute_tensor(x, weight.device_mesh, [Replicate()])
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+
+@scenario
+def dcp_save(logdir: str, kind: str = "dtensor", step: str = "3") -> None:
+    from supervisor import TrainingState
+    from supervisor.checkpoint import CheckpointManager
+    from supervisor.checkpoint.dcp import save_sharded
+
+    model, optimizer = sharded(0, kind)
+    train_sharded(model, optimizer, int(step))
+    state = TrainingState.from_arguments(model=model, optimizer=optimizer)
+    manager = CheckpointManager(logdir) if dist.get_rank() == 0 else None
+    if manager is not None:
+        manager.open()
+    try:
+        path = save_sharded(logdir, "model.ckpt", int(step), state, wall_time=time.time(),
+                            publish=manager._publish if manager is not None else None)
+    finally:
+        if manager is not None:
+            manager.close()
+    emit({"path": path, "full": full_state(model), "rng": torch.rand(2).tolist()})
+
+
+@scenario
+def dcp_restore(logdir: str, kind: str = "dtensor") -> None:
+    from supervisor import TrainingState
+    from supervisor.checkpoint.dcp import choose_checkpoint, restore_sharded
+
+    model, optimizer = sharded(7, kind)  # different initial values: all must come from the checkpoint
+    state = TrainingState.from_arguments(model=model, optimizer=optimizer)
+    box = [choose_checkpoint(logdir, "model.ckpt") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    path, step = box[0]
+    restored = restore_sharded(path, state, step=step)
+    before = full_state(model)
+    train_sharded(model, optimizer, 1)  # the optimizer state came back too: training goes on
+    emit({"path": restored.path, "step": restored.global_step, "full": before,
+          "after_one_more": full_state(model), "rng": torch.rand(2).tolist()})
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name, args = sys.argv[1], sys.argv[2:]

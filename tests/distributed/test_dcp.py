@@ -1,0 +1,72 @@
+"""checkpoint_format="dcp": every rank's shards in one committed directory, sealed by the chief;
+restored on the same world size, on a different one (resharding) and into a plain model."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from supervisor.checkpoint import verify_checkpoint
+from supervisor.checkpoint.dcp import load_into
+from supervisor.errors import CheckpointCorruptError
+
+from .harness import describe, run_job
+
+
+def _plain_full(path: str) -> dict[str, list]:
+    torch.manual_seed(123)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 6))
+    assert load_into(path, model) == 3
+    return {k: v.flatten().tolist() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dtensor", "fsdp2"])
+def test_sharded_save_restores_on_2_and_3_ranks_and_in_one_process(tmp_path, kind):
+    logdir = str(tmp_path / "run")
+    saved = run_job("dcp_save", 2, logdir, kind, timeout=150)
+    assert all(r.returncode == 0 for r in saved), describe(saved)
+    path = saved[0].result["path"]
+    assert path == os.path.join(logdir, "model.ckpt-3")
+    manifest = json.loads(open(os.path.join(path, "MANIFEST.json")).read())
+    assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"]
+    assert sorted(os.listdir(path)) == sorted([*manifest["files"], "MANIFEST.json"])
+    assert manifest["world_size"] == 2 and manifest["step"] == 3
+    verify_checkpoint(path)  # sizes and CRC-32 of every rank's files
+    assert not [n for n in os.listdir(logdir) if ".tmp-" in n]
+    full = saved[0].result["full"]
+    assert saved[1].result["full"] == full
+
+    sizes = (2, 3) if kind == "dtensor" else (3,)
+    for size in sizes:
+        restored = run_job("dcp_restore", size, logdir, kind, timeout=150)
+        assert all(r.returncode == 0 for r in restored), describe(restored)
+        for r in restored:
+            assert (r.result["path"], r.result["step"]) == (path, 3)
+            assert r.result["full"] == full, f"rank {r.rank} of {size} restored other values"
+            assert r.result["after_one_more"] == restored[0].result["after_one_more"]
+        # each rank that saved gets its own RNG stream back; a new rank gets a derived seed
+        assert [r.result["rng"] for r in restored[:2]] == [s.result["rng"] for s in saved]
+        if size == 3:
+            assert restored[2].result["rng"] not in [s.result["rng"] for s in saved]
+    assert _plain_full(path) == full
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_is_detected_and_never_restored(tmp_path):
+    logdir = str(tmp_path / "run")
+    saved = run_job("dcp_save", 2, logdir, "dtensor", timeout=150)
+    assert all(r.returncode == 0 for r in saved), describe(saved)
+    shard = os.path.join(logdir, "model.ckpt-3", "__1_0.distcp")
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CheckpointCorruptError, match="__1_0.distcp checksum"):
+        verify_checkpoint(os.path.join(logdir, "model.ckpt-3"))
+    restored = run_job("dcp_restore", 2, logdir, "dtensor", timeout=150)
+    assert all(r.returncode != 0 for r in restored)
+    assert "none of the checkpoints" in restored[0].output and "__1_0.distcp checksum" in restored[0].output
