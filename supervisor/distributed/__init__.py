@@ -30,6 +30,8 @@ __all__ = [
     "init_process_group",
     "destroy_process_group",
     "default_store",
+    "wait_for_global_step",
+    "committed_step",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,3 +133,12 @@ def destroy_process_group(*, timeout_secs: float = 60.0) -> None:
     except Exception as e:  # noqa: BLE001 - leaving anyway
         logger.warning("the barrier before leaving the process group failed: %s", e)
     dist.destroy_process_group()
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the wait helper imports the checkpoint engine, which imports this package.
+    if name in ("wait_for_global_step", "committed_step"):
+        from supervisor.distributed import wait
+
+        return getattr(wait, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
