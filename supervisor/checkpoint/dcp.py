@@ -38,12 +38,13 @@ from supervisor.checkpoint.format import FileRecord, checkpoint_name
 from supervisor.checkpoint.restore import DCP_METADATA, check_checkpoint, safe_torch_load
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.temp import TempCheckpoint
-from supervisor.creator import Restored
+from supervisor.creator import Restored, SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.rng import capture_rng_state
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["DCP_METADATA", "save_sharded", "choose_checkpoint", "restore_sharded", "load_into"]
+__all__ = ["DCP_METADATA", "ShardedCheckpointManager", "ShardedSessionCreator", "choose_checkpoint", "load_into",
+           "restore_sharded", "save_sharded"]
 
 logger = logging.getLogger(__name__)
 
@@ -236,3 +237,126 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full") -> 
         dcp.load(state_dict, checkpoint_id=path, no_dist=True)
         module.load_state_dict(state_dict["model"])
     return manifest.step
+
+
+# ---------------------------------------------------------------- manager and creator
+class ShardedCheckpointManager:
+    """The checkpoint manager of ``checkpoint_format="dcp"``: one on **every** rank.
+
+    ``save`` is a collective (every rank writes its shards; `save_sharded`), synchronous, and
+    reports the commit through ``on_commit(step, path)`` like `CheckpointManager`. The chief
+    holds an inner `CheckpointManager` for what only it does: the ownership lock, cleaning up
+    a crashed writer's temp directories, the index and retention. A failed save raises
+    `CheckpointError` on every rank (``max_consecutive_save_failures`` does not apply).
+
+    Args:
+        directory, basename, max_to_keep, keep_checkpoint_every_n_hours, verify, save_rng,
+        trusted_globals, clock: as `CheckpointManager`.
+        max_wait_secs: how long a non-chief rank waits for the chief's restore decision.
+    """
+
+    collective = True  # every rank calls save() at the same step
+
+    def __init__(self, directory: str | os.PathLike, *, basename: str = "model.ckpt",
+                 max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float | None = 10000.0,
+                 verify: str = "full", save_rng: bool = True, trusted_globals: Any = (),
+                 max_wait_secs: float = 7200, clock: Any = None) -> None:
+        from supervisor._validate import check_number
+        from supervisor.checkpoint.manager import CheckpointManager
+        from supervisor.clock import resolve_clock
+
+        self._chief = distributed.rank() == 0
+        inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
+                                  keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                                  save_mode="sync", verify=verify, save_rng=save_rng,
+                                  trusted_globals=trusted_globals, clock=clock)
+        self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
+        self.save_rng = inner.save_rng
+        self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
+        self._inner = inner if self._chief else None
+        self._clock = resolve_clock(clock)
+        self.on_commit: Any = None
+        self.on_error: Any = None
+        self._last_saved_step: int | None = None
+
+    @property
+    def last_saved_step(self) -> int | None:
+        return self._last_saved_step
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        return self._inner.checkpoints if self._inner is not None else ()
+
+    def open(self) -> None:
+        if self._inner is not None:
+            self._inner.open()
+
+    def save(self, step: int, state: TrainingState, *, wait: bool = False) -> str:
+        """Every rank's shards of ``state`` at ``step`` (a collective; see the class docstring)."""
+        publish = self._inner._publish if self._inner is not None else None
+        path = save_sharded(self.directory, self.basename, int(step), state, wall_time=self._clock.time(),
+                            publish=publish, save_rng=self.save_rng)
+        self._last_saved_step = int(step)
+        if self.on_commit is not None:
+            self.on_commit(int(step), path)
+        return path
+
+    def wait(self) -> None:
+        """Nothing in flight: sharded saves are synchronous."""
+
+    def restore(self, state: TrainingState) -> Restored | None:
+        """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
+        from supervisor.distributed import restore as channel
+
+        if not distributed.is_distributed():
+            choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
+        elif self._chief:
+            key = channel.next_key()
+            try:
+                choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
+            except BaseException as e:
+                channel.publish_decision(key, channel.RestoreDecision(error=f"{type(e).__name__}: {e}"))
+                raise
+            channel.publish_decision(key, channel.RestoreDecision(*choice) if choice else channel.RestoreDecision())
+        else:
+            decision = channel.await_decision(channel.next_key(), max_wait_secs=self.max_wait_secs, clock=self._clock)
+            if decision.error is not None:
+                raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
+                                      f"failed with {decision.error}")
+            choice = (decision.path, decision.step) if decision.path is not None else None
+        if choice is None:
+            return None
+        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng)
+        self._last_saved_step = restored.global_step
+        return restored
+
+    def close(self, *, failed: bool = False) -> None:
+        if self._inner is not None:
+            self._inner.close(failed=failed)
+
+
+class ShardedSessionCreator(SessionCreator):
+    """Restore-or-init from a `ShardedCheckpointManager`, on every rank (SPEC §4, §12).
+
+    The chief chooses; every rank (chief or not) loads its shards of that checkpoint. Only the
+    chief writes events; every rank takes part in each save.
+    """
+
+    reinitialise_on_recreate = True
+
+    def __init__(self, state: TrainingState | None, manager: ShardedCheckpointManager, *, is_chief: bool,
+                 init_fn: Any = None, local_init_fn: Any = None, ready_fn: Any = None,
+                 logdir: str | None = None, summary_writer: Any = None) -> None:
+        if not isinstance(manager, ShardedCheckpointManager):
+            raise TypeError(f"manager must be a ShardedCheckpointManager, got {manager!r}")
+        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
+                         is_chief=is_chief, logdir=logdir if logdir is not None else manager.directory,
+                         summary_writer=summary_writer)
+        self.checkpoints = manager
+
+    def restore(self, session: Any) -> Restored | None:
+        self.checkpoints.open()
+        return self.checkpoints.restore(self.state)
+
+    def close(self, *, failed: bool) -> None:
+        self.checkpoints.close(failed=failed)
