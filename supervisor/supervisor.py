@@ -256,7 +256,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     if summary_dir is not None and is_chief:
         from supervisor.summary import SummaryWriterCache
 
-        writer = SummaryWriterCache.get(summary_dir)
+        writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
         creator.owns_summary_writer = writer is not None
