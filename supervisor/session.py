@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
+from supervisor import distributed
 from supervisor.boundary import Agreement, StepBoundary
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
@@ -119,7 +120,13 @@ class MonitoredSession:
         self._last_output: Any = None
         self._coord = coord if coord is not None else Coordinator()
         self._stop_event = self._coord.stop_event
+        if agreement is None and distributed.is_distributed():  # §12: every rank, same step
+            from supervisor.distributed.agreement import CollectiveAgreement
+
+            agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0))
         self._boundary = StepBoundary(agreement)
+        # A collective agreement is called at every boundary, on every rank alike.
+        self._resolve_every_step = not self._boundary.agreement.local
         self._stop_reason: str | None = None
         self._stopped = False  # a boundary decided the stop: should_stop() is True
         self._preempted = False
@@ -347,7 +354,8 @@ class MonitoredSession:
                                "block, e.g. at the end of an epoch")
         if manager is None:
             manager = self._creator.checkpoints
-            if manager is None or not self._creator.is_chief:
+            # A collective manager (checkpoint_format="dcp") saves on every rank (§12).
+            if manager is None or not (self._creator.is_chief or getattr(manager, "collective", False)):
                 why = "is not the chief" if not self._creator.is_chief else "has no checkpoint directory"
                 raise RuntimeError(f"save_checkpoint: this session {why}; only the chief of a session "
                                    "with a logdir/checkpoint_dir writes checkpoints")
@@ -377,7 +385,8 @@ class MonitoredSession:
             self._global_step += 1
             self._in_step = False
             self._last_output = output
-            if self._boundary.pending or self._boundary_actions or self._stop_event.is_set():
+            if self._boundary.pending or self._boundary_actions or self._stop_event.is_set() \
+                    or self._resolve_every_step:
                 self._at_boundary()
             return output
         self._in_step = True
@@ -411,7 +420,8 @@ class MonitoredSession:
         if stopper is not None:
             self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
                                         stop_on_every_rank=context._stop_on_every_rank)
-        if self._boundary.pending or self._boundary_actions or self._stop_event.is_set():
+        if self._boundary.pending or self._boundary_actions or self._stop_event.is_set() \
+                or self._resolve_every_step:
             self._at_boundary()
         return output
 
@@ -546,9 +556,10 @@ class MonitoredSession:
             raise first.with_traceback(first.__traceback__)
         try:
             if not self._stopped:  # the close is the stopping boundary (final capture)
-                if not self._boundary.stop_pending:
-                    self._boundary.request_stop("session closed")
+                if not self._boundary.stop_pending:  # every rank closes at the same step (§12)
+                    self._boundary.request_stop("session closed", stop_on_every_rank=True)
                 self._at_boundary()
+            self._boundary.agreement.close()
             self._coord.request_stop()
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
             self._boundary.flush(self)
@@ -581,6 +592,7 @@ class MonitoredSession:
         first = self._coord.exception or exc
         if straggler_error is not None and hasattr(first, "add_note"):
             first.add_note(str(straggler_error))
+        _close_agreement(self._boundary.agreement, first)
         for hook in self._hooks_overriding("on_exception"):
             try:
                 hook.on_exception(self, first)
@@ -594,6 +606,17 @@ class MonitoredSession:
         except Exception:  # noqa: BLE001 - the first error is the one the user must see
             logger.exception("closing the session creator failed after %s", type(first).__name__)
         return first
+
+
+def _close_agreement(agreement: Agreement, error: BaseException) -> None:
+    """Closes the agreement after ``error``; a collective one tells the other ranks why."""
+    try:
+        if agreement.local:
+            agreement.close()
+        else:
+            agreement.close(error)  # type: ignore[call-arg]
+    except Exception:  # noqa: BLE001 - the first error is the one the user must see
+        logger.exception("closing the rank agreement failed after %s", type(error).__name__)
 
 
 def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook, kwargs: dict) -> None:

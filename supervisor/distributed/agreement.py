@@ -82,8 +82,10 @@ class CollectiveAgreement(Agreement):
     # ---------------------------------------------------------------- the per-step decision
     def decide(self, step: int, requests: Requests) -> Decision:
         """The decision for the boundary after ``step``; starts the collective for the next one."""
-        if self._closed or self._finished:
-            raise RuntimeError(f"the agreement of rank {self.rank} has already stopped or closed")
+        if self._closed:
+            raise RuntimeError(f"the agreement of rank {self.rank} is closed")
+        if self._finished:  # every rank already stopped at an agreed boundary: nothing to agree
+            return Decision(step)
         decision = self._collect(step)
         if requests.stop and requests.stop_on_every_rank:
             decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
