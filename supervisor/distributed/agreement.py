@@ -69,8 +69,10 @@ class CollectiveAgreement(Agreement):
         self.world_size = dist.get_world_size()
         self._gather_rng = bool(gather_rng)
         generation = next(_GENERATIONS)
-        timeout = datetime.timedelta(seconds=max(self.stop_grace_secs - self._diagnose_secs, 0.1))
-        self._group = dist.new_group(backend="gloo", timeout=timeout)
+        # The side group is made at the first decide(), a collective every rank reaches after its
+        # session creation: made here, it would make non-chief ranks wait for the chief's
+        # restore inside new_group, with its timeout instead of max_wait_secs.
+        self._group: Any = None
         self._store = dist.PrefixStore(f"supervisor/agreement/{distributed.attempt()}/{generation}",
                                        distributed.default_store())
         self._pending: tuple[Any, torch.Tensor, int] | None = None
@@ -94,11 +96,15 @@ class CollectiveAgreement(Agreement):
         else:
             self._start(step, requests)
         if self._gather_rng and (decision.save or decision.stop):
-            rng_module.gather(step, group=self._group)
+            rng_module.gather(step, group=self._group)  # None (before the first start): the default group
         return decision
 
     def _start(self, step: int, requests: Requests) -> None:
         import torch.distributed as dist
+
+        if self._group is None:
+            timeout = datetime.timedelta(seconds=max(self.stop_grace_secs - self._diagnose_secs, 0.1))
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
 
         flags = torch.zeros(2 * self.world_size, dtype=torch.int32)
         if requests is not NO_REQUESTS:
