@@ -152,9 +152,19 @@ class CollectiveAgreement(Agreement):
 
     # ---------------------------------------------------------------- leaving
     def report_failure(self, exc: BaseException) -> None:
-        """Posts this rank's error for the others' diagnosis (called as a failed session closes)."""
-        if not isinstance(exc, RankFailureError):
-            post_failure(self._store, self.rank, f"{type(exc).__name__}: {exc}")
+        """Posts this rank's error for the others' diagnosis (called as a failed session closes).
+
+        When ``exc`` is itself a failed collective (e.g. DDP's all_reduce after a peer died), the
+        ranks that failed first are looked up and named in a note added to ``exc``.
+        """
+        if isinstance(exc, RankFailureError):
+            return
+        post_failure(self._store, self.rank, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if _is_collective_failure(exc) and hasattr(exc, "add_note"):
+            failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
+            failed = {r: m for r, m in failed.items() if r != self.rank}
+            exc.add_note(f"[torch-supervisor] rank {self.rank}: a collective failed because another rank "
+                         f"did: {describe_failure(failed, silent, self._diagnose_secs)}")
 
     def close(self, exc: BaseException | None = None) -> None:
         """Leaves the agreement. After an agreed stop nothing is in flight; otherwise (this rank
@@ -172,6 +182,18 @@ class CollectiveAgreement(Agreement):
     def __repr__(self) -> str:
         return (f"CollectiveAgreement(rank={self.rank}, world_size={self.world_size}, "
                 f"stop_grace_secs={self.stop_grace_secs:g})")
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` looks like a torch.distributed collective that failed (a peer is gone)."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset"))
 
 
 def _merge(a: Decision, b: Decision) -> Decision:

@@ -42,3 +42,59 @@ def test_a_worker_gives_up_waiting_for_the_chief_with_a_timeout_naming_it(tmp_pa
     assert worker.returncode not in (0, None), describe(results)
     assert "TimeoutError" in worker.output and "chief's restore decision" in worker.output
     assert "max_wait_secs=2" in worker.output and "supervisor/restore/" in worker.output
+
+
+def _final_checkpoint(logdir: str) -> tuple[str, dict]:
+    from supervisor.checkpoint import latest_checkpoint, verify_checkpoint
+
+    path = latest_checkpoint(logdir)
+    verify_checkpoint(path)
+    return path, torch.load(os.path.join(path, "state.pt"), weights_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["stop", "sigterm", "nan"])
+def test_a_stop_on_one_rank_ends_every_rank_at_the_same_step_with_its_checkpoint(tmp_path, fault):
+    logdir = str(tmp_path / "run")
+    results = run_job("ddp_session", 2, logdir, "30", "0", "60", fault, "1", "5", timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    # requested during step 5 on rank 1 only -> agreed at boundary 5, applied at boundary 6
+    assert [r.result["end"] for r in results] == [6, 6], describe(results)
+    assert results[0].result["digest"] == results[1].result["digest"]
+    assert "rank 1" in results[0].result["stop_reason"], results[0].result
+    path, payload = _final_checkpoint(logdir)
+    assert path == os.path.join(logdir, "model.ckpt-6") and payload["global_step"] == 6
+    assert sorted(payload["rng"]) == [0, 1]  # every rank's RNG gathered at that boundary
+
+
+@pytest.mark.slow
+def test_time_based_saves_never_split_ranks(tmp_path):
+    from supervisor.checkpoint import verify_checkpoint
+
+    logdir = str(tmp_path / "run")
+    results = run_job("ddp_session", 2, logdir, "40", "0", "60", "none", "1", "0", "0.25", timeout=150)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert [r.result["end"] for r in results] == [40, 40]
+    names = [n for n in os.listdir(logdir) if n.startswith("model.ckpt-") and n != "model.ckpt-0"]
+    assert len(names) >= 2, names  # time-based saves happened (max_to_keep=5 keeps the newest)
+    for name in names:
+        verify_checkpoint(os.path.join(logdir, name))
+        payload = torch.load(os.path.join(logdir, name, "state.pt"), weights_only=True)
+        # every rank was at this same boundary: all RNG states were gathered for the capture
+        assert sorted(payload["rng"]) == [0, 1], name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["raise", "kill"])
+def test_a_failed_rank_ends_the_job_in_bounded_time_naming_it(tmp_path, fault):
+    from supervisor.checkpoint import verify_checkpoint
+
+    logdir = str(tmp_path / "run")
+    results = run_job("ddp_session", 2, logdir, "200", "0", "60", fault, "1", "5", timeout=90)
+    chief = results[0]
+    assert chief.returncode not in (0, None), describe(results)  # it stopped, with an error
+    assert "rank 1" in chief.output and ("boom on rank 1" in chief.output if fault == "raise"
+                                         else "did not respond" in chief.output), describe(results)
+    for name in os.listdir(logdir):
+        if name.startswith("model.ckpt-") and ".tmp-" not in name:
+            verify_checkpoint(os.path.join(logdir, name))

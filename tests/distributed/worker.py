@@ -150,9 +150,10 @@ def make_step(ddp: torch.nn.Module, optimizer: Any, session_ref: list) -> Callab
 
 @scenario
 def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: str = "60",
-                stop_rank: str = "-1", stop_at: str = "0", extra_hooks: str = "") -> None:
-    """Trains a DDP model through MonitoredTrainingSession until ``last_step``; rank
-    ``stop_rank`` requests a stop during step ``stop_at`` (one rank only)."""
+                fault: str = "none", fault_rank: str = "1", fault_step: str = "0", save_secs: str = "0") -> None:
+    """Trains a DDP model through MonitoredTrainingSession until ``last_step``. On rank
+    ``fault_rank``, during step ``fault_step``: ``stop`` (request_stop), ``sigterm``, ``nan`` (a
+    NaN loss, NanTensorHook(fail_on_nan_loss=False)), ``raise``, ``kill`` (SIGKILL) or ``hang``."""
     import hooks
     from supervisor import MonitoredTrainingSession
 
@@ -160,19 +161,39 @@ def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: s
     rank = dist.get_rank()
     if rank == 0 and float(chief_delay):
         time.sleep(float(chief_delay))
-    user_hooks: list[Any] = [hooks.StopAtStepHook(last_step=int(last_step))]
+    faulty = rank == int(fault_rank)
+    user_hooks: list[Any] = [hooks.StopAtStepHook(last_step=int(last_step)),
+                             hooks.NanTensorHook("loss", fail_on_nan_loss=False)]
     session_ref: list = [None]
+    saves = {"save_checkpoint_secs": float(save_secs)} if float(save_secs) else {"save_checkpoint_steps": 3}
     with MonitoredTrainingSession(logdir, model=ddp, optimizer=optimizer, hooks=user_hooks,
-                                  save_checkpoint_steps=3, log_step_count_steps=None,
-                                  save_summaries_steps=None, max_wait_secs=float(max_wait),
-                                  stop_grace_secs=20) as s:
+                                  log_step_count_steps=None, save_summaries_steps=None,
+                                  max_wait_secs=float(max_wait), stop_grace_secs=8, **saves) as s:
         session_ref[0] = s
         start_step = s.global_step
-        step = make_step(ddp, optimizer, session_ref)
+        inner = make_step(ddp, optimizer, session_ref)
+
+        def step() -> dict:
+            out = inner()
+            if faulty and s.global_step + 1 == int(fault_step):  # during step fault_step
+                if fault == "stop":
+                    s.request_stop(reason=f"stop on rank {rank} only")
+                elif fault == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                elif fault == "nan":
+                    out = {"loss": torch.tensor(float("nan"))}
+                elif fault == "raise":
+                    raise ValueError(f"boom on rank {rank}")
+                elif fault == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                elif fault == "hang":
+                    time.sleep(3600)
+            if float(save_secs):
+                time.sleep(0.02)
+            return out
+
         while not s.should_stop():
             s.run(step)
-            if rank == int(stop_rank) and s.global_step == int(stop_at):
-                s.request_stop(reason=f"stop on rank {rank} only")
         end_step = s.global_step
     emit({"start": start_step, "end": end_step, "digest": state_digest(net),
           "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason})
