@@ -53,6 +53,9 @@ class Supervisor:
         save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
         handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
         clock: injectable clock for tests.
+        checkpoint_format: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
+            (``torch.distributed.checkpoint`` shards written by every rank; SPEC §12).
+        max_wait_secs: how long a non-chief waits for the chief's restore decision.
     """
 
     def __init__(
@@ -78,6 +81,8 @@ class Supervisor:
         save_mode: str = "async",
         handle_signals: bool = True,
         clock: Clock | None = None,
+        checkpoint_format: str = "torch",
+        max_wait_secs: float = 7200,
     ) -> None:
         self._logdir = _check_logdir("logdir", logdir)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
@@ -96,6 +101,8 @@ class Supervisor:
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
+        self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
+        self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
         self._handle_signals = v.check_bool("handle_signals", handle_signals)
         self._clock = resolve_clock(clock)
         self._coord = Coordinator()
@@ -118,8 +125,8 @@ class Supervisor:
                 self._state, self._logdir, is_chief=self._is_chief,
                 checkpoint_options=self._checkpoint_options,
                 summary_dir=self._logdir if self._is_chief and self._save_summaries_secs else None,
-                max_wait_secs=7200, recovery_wait_secs=self._recovery_wait_secs, clock=self._clock,
-                **self._init_fns)
+                max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
+                clock=self._clock, checkpoint_format=self._checkpoint_format, **self._init_fns)
             services = SupervisorServices(save_model_secs=self._save_model_secs,
                                           save_summaries_secs=self._save_summaries_secs,
                                           summary_fn=self._summary_fn, clock=self._clock)
@@ -246,12 +253,17 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
     }
 
 
+#: The values of every front door's ``checkpoint_format`` (SPEC §12).
+CHECKPOINT_FORMATS = ("torch", "dcp")
+
+
 def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
                          checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
-                         **init_fns: Any) -> SessionCreator:
+                         checkpoint_format: str = "torch", **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
-    (taking the ownership lock), wait-and-restore on workers, in memory without a directory."""
+    (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
+    ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12)."""
     writer = None
     if summary_dir is not None and is_chief:
         from supervisor.summary import SummaryWriterCache
@@ -263,7 +275,14 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         return creator
     from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
 
-    if is_chief:
+    if checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
+        from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
+
+        options = {k: val for k, val in (checkpoint_options or {}).items() if k != "save_mode"}
+        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock, **options)
+        creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
+                                        summary_writer=writer, **init_fns)
+    elif is_chief:
         manager = CheckpointManager(checkpoint_dir, clock=clock, **(checkpoint_options or {}))
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:

@@ -28,7 +28,7 @@ from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.session import MonitoredSession, _check_exception_types
 from supervisor.state import TrainingState
-from supervisor.supervisor import _check_logdir, check_checkpoint_options, make_session_creator
+from supervisor.supervisor import CHECKPOINT_FORMATS, _check_logdir, check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
@@ -69,7 +69,7 @@ def _build(
     save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
-    ready_fn: Any, save_mode: str, clock: Clock,
+    ready_fn: Any, save_mode: str, clock: Clock, checkpoint_format: str = "torch",
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = _check_logdir("checkpoint_dir", checkpoint_dir)
@@ -84,6 +84,7 @@ def _build(
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
+    checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
         "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
@@ -93,13 +94,17 @@ def _build(
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
         summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
-        recovery_wait_secs=30, clock=clock, **init_fns)
+        recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, **init_fns)
     wants = (writes_summaries and (log_steps or summary_secs or summary_steps)) or (
         checkpoint_dir is not None and (ckpt_secs or ckpt_steps))
+    import hooks as builtin  # lazily: supervisor never imports hooks at import time
+
+    if not is_chief and checkpoint_format == "dcp" and checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
+        # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
+        saver = builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock)
+        return creator, [saver] + user_hooks
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
-
-    import hooks as builtin  # lazily: supervisor never imports hooks at import time
 
     all_hooks = list(chief_hooks)
     if writes_summaries and log_steps:
@@ -117,7 +122,7 @@ _BUILD_ARGUMENTS = (
     "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
-    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock",
+    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "checkpoint_format",
 )
 
 
@@ -148,9 +153,14 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     save_mode: str = "async",
     handle_signals: bool = True,
     clock: Clock | None = None,
+    checkpoint_format: str = "torch",
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
-    ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling."""
+    ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
+
+    ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
+    (``torch.distributed.checkpoint`` shards from every rank, sealed by the chief; SPEC §12).
+    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     _check_exception_types(recoverable_exceptions)
@@ -165,9 +175,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
 class SingularMonitoredSession(MonitoredSession):
     """`MonitoredTrainingSession` for the chief alone, without recovery, exposing the raw state.
 
-    Takes `MonitoredTrainingSession`'s arguments less the distributed ones (``is_chief``,
-    ``max_wait_secs``) and the recovery ones; or an explicit ``session_creator`` (then the
-    chief hooks are not added: pass the hooks you want).
+    Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
+    explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
+    ``checkpoint_format="dcp"`` and ``max_wait_secs`` as `MonitoredTrainingSession` (a sharded
+    job's non-chief ranks still run a session each: they write their shards).
     """
 
     _recovery_enabled = False
@@ -197,12 +208,16 @@ class SingularMonitoredSession(MonitoredSession):
         handle_signals: bool = True,
         session_creator: Any = None,
         clock: Clock | None = None,
+        checkpoint_format: str = "torch",
+        max_wait_secs: float = 7200,
     ) -> None:
         clock = resolve_clock(clock)
         if session_creator is not None:
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:
-            arguments = dict(locals(), is_chief=True, max_wait_secs=0, clock=clock)
+            # The chief alone, except that sharded checkpoints need every rank (§12).
+            chief = True if checkpoint_format != "dcp" else default_is_chief(None)
+            arguments = dict(locals(), is_chief=chief, clock=clock)
             creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
         super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                          handle_signals=handle_signals, clock=clock)

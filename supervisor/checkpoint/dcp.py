@@ -107,15 +107,18 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    rank, size = distributed.rank(), distributed.world_size()
+    group = distributed.is_initialized()  # without one: a single process writes alone
+    rank, size = (distributed.rank(), distributed.world_size()) if group else (0, 1)
     name = checkpoint_name(basename, step)
     temp = TempCheckpoint.create(directory, name) if rank == 0 else None
     box = [temp.path if temp is not None else None]
-    dist.broadcast_object_list(box, src=0)
+    if group:
+        dist.broadcast_object_list(box, src=0)
     path = box[0]
     outcome: tuple[bool, str, dict[str, tuple[int, str]]]
     try:
-        dcp.save(build_state_dict(state), storage_writer=dcp.FileSystemWriter(path, sync_files=True))
+        dcp.save(build_state_dict(state), storage_writer=dcp.FileSystemWriter(path, sync_files=True),
+                 no_dist=not group)
         own = TempCheckpoint.attach(path)
         if save_rng:
             own.write_file(f"rng-{rank}.pt", lambda w: serialize(capture_rng_state(), w))
@@ -125,11 +128,15 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
     except Exception as e:  # noqa: BLE001 - reported to the chief, raised on every rank below
         outcome = (False, f"rank {rank}: {type(e).__name__}: {e}", {})
     gathered: list[Any] | None = [None] * size if rank == 0 else None
-    dist.gather_object(outcome, gathered, dst=0)
+    if group:
+        dist.gather_object(outcome, gathered, dst=0)
+    else:
+        gathered = [outcome]
     verdict = [""]
     if temp is not None:
         verdict[0] = _seal(temp, gathered or [], step, wall_time, size, publish)
-    dist.broadcast_object_list(verdict, src=0)
+    if group:
+        dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
         raise CheckpointError(f"saving the sharded checkpoint of step {step} to "
                               f"{os.path.join(directory, name)} failed: {verdict[0]}")
@@ -188,7 +195,7 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
 
     state_dict = build_state_dict(state)
     try:
-        dcp.load(state_dict, checkpoint_id=path)
+        dcp.load(state_dict, checkpoint_id=path, no_dist=not distributed.is_initialized())
         apply_state_dict(state, state_dict)
     except Exception as e:
         raise CheckpointError(f"restoring the sharded checkpoint {path} (step {step}) failed: "

@@ -70,3 +70,20 @@ def test_a_damaged_shard_is_detected_and_never_restored(tmp_path):
     restored = run_job("dcp_restore", 2, logdir, "dtensor", timeout=150)
     assert all(r.returncode != 0 for r in restored)
     assert "none of the checkpoints" in restored[0].output and "__1_0.distcp checksum" in restored[0].output
+
+
+@pytest.mark.slow
+def test_front_door_with_checkpoint_format_dcp_resumes_on_another_world_size(tmp_path):
+    logdir = str(tmp_path / "run")
+    first = run_job("dcp_session", 2, logdir, "4", "fsdp2", timeout=150)
+    assert all(r.returncode == 0 for r in first), describe(first)
+    assert [r.result["end"] for r in first] == [4, 4]
+    manifest = json.loads(open(os.path.join(logdir, "model.ckpt-4", "MANIFEST.json")).read())
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(manifest["files"])
+    uninterrupted = run_job("dcp_session", 2, str(tmp_path / "straight"), "6", "fsdp2", timeout=150)
+    resumed = run_job("dcp_session", 3, logdir, "6", "fsdp2", timeout=150)
+    assert all(r.returncode == 0 for r in resumed + uninterrupted), describe(resumed + uninterrupted)
+    assert [r.result["start"] for r in resumed] == [4, 4, 4]
+    assert all(r.result["end"] == 6 for r in resumed)
+    for name, values in uninterrupted[0].result["full"].items():  # same data every step, any world size
+        assert resumed[0].result["full"][name] == pytest.approx(values, rel=1e-5, abs=1e-6), name

@@ -286,6 +286,37 @@ def dcp_restore(logdir: str, kind: str = "dtensor") -> None:
           "after_one_more": full_state(model), "rng": torch.rand(2).tolist()})
 
 
+@scenario
+def dcp_session(logdir: str, last_step: str, kind: str = "fsdp2") -> None:
+    """A sharded model through MonitoredTrainingSession(checkpoint_format="dcp") until ``last_step``."""
+    import hooks
+    from supervisor import MonitoredTrainingSession
+
+    model, optimizer = sharded(0, kind)
+    with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
+                                  hooks=[hooks.StopAtStepHook(last_step=int(last_step))],
+                                  save_checkpoint_steps=2, log_step_count_steps=None,
+                                  save_summaries_steps=None, stop_grace_secs=20, max_wait_secs=60) as s:
+        start = s.global_step
+        while not s.should_stop():
+            s.run(lambda: train_sharded_step(model, optimizer, s.global_step))
+        end = s.global_step
+    emit({"start": start, "end": end, "full": full_state(model)})
+
+
+def train_sharded_step(model: torch.nn.Module, optimizer: Any, step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(5, 6, generator=g)
+    weight = next(model.parameters())
+    if hasattr(weight, "device_mesh") and not hasattr(model, "unshard"):
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        x = distribute_tensor(x, weight.device_mesh, [Replicate()])
+    optimizer.zero_grad()
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name, args = sys.argv[1], sys.argv[2:]
