@@ -35,7 +35,13 @@ from supervisor import distributed
 from supervisor._validate import check_number
 from supervisor.boundary import NO_REQUESTS, Agreement, Decision, Requests
 from supervisor.distributed import rng as rng_module
-from supervisor.distributed.failure import RankFailureError, describe_failure, diagnose, post_failure
+from supervisor.distributed.failure import (
+    HangWatchdog,
+    RankFailureError,
+    describe_failure,
+    diagnose,
+    post_failure,
+)
 
 __all__ = ["CollectiveAgreement"]
 
@@ -75,6 +81,7 @@ class CollectiveAgreement(Agreement):
         self._group: Any = None
         self._store = dist.PrefixStore(f"supervisor/agreement/{distributed.attempt()}/{generation}",
                                        distributed.default_store())
+        self._watchdog: HangWatchdog | None = None
         self._pending: tuple[Any, torch.Tensor, int] | None = None
         self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
         self._finished = False
@@ -88,6 +95,10 @@ class CollectiveAgreement(Agreement):
             raise RuntimeError(f"the agreement of rank {self.rank} is closed")
         if self._finished:  # every rank already stopped at an agreed boundary: nothing to agree
             return Decision(step)
+        if self._watchdog is None:
+            self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
+            self._watchdog.start()
+        self._watchdog.progress(step)
         decision = self._collect(step)
         if requests.stop and requests.stop_on_every_rank:
             decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
@@ -172,6 +183,8 @@ class CollectiveAgreement(Agreement):
         if self._closed:
             return
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.close()
         if exc is not None:
             self.report_failure(exc)
         elif self._pending is not None:

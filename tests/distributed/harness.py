@@ -50,9 +50,10 @@ def env_for(rank: int, world_size: int, port: int, extra: dict[str, str] | None 
 
 
 def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
-            extra_env: dict[str, str] | None = None) -> list[RankResult]:
+            extra_env: dict[str, str] | None = None, after_rank0_secs: float | None = None) -> list[RankResult]:
     """Runs ``scenario`` on ``world_size`` ranks; returns each rank's exit code and output.
-    A rank still running at ``timeout`` is killed (returncode None)."""
+    A rank still running at ``timeout`` — or ``after_rank0_secs`` after rank 0 ended, when
+    given (a hung rank, as torchrun would kill it) — is killed (returncode None)."""
     port = free_port()
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.worker", scenario, *args],
@@ -64,6 +65,8 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
     try:
         for r, proc in enumerate(procs):
             remaining = max(0.1, timeout - (time.monotonic() - start))
+            if r > 0 and after_rank0_secs is not None:
+                remaining = max(0.1, min(remaining, results[0].elapsed + after_rank0_secs - (time.monotonic() - start)))
             try:
                 out, _ = proc.communicate(timeout=remaining)
                 code: int | None = proc.returncode

@@ -85,16 +85,19 @@ def test_time_based_saves_never_split_ranks(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["raise", "kill"])
+@pytest.mark.parametrize("fault", ["raise", "kill", "hang"])
 def test_a_failed_rank_ends_the_job_in_bounded_time_naming_it(tmp_path, fault):
     from supervisor.checkpoint import verify_checkpoint
 
     logdir = str(tmp_path / "run")
-    results = run_job("ddp_session", 2, logdir, "200", "0", "60", fault, "1", "5", timeout=90)
+    results = run_job("ddp_session", 2, logdir, "200", "0", "60", fault, "1", "5", timeout=90,
+                      after_rank0_secs=5)
     chief = results[0]
     assert chief.returncode not in (0, None), describe(results)  # it stopped, with an error
-    assert "rank 1" in chief.output and ("boom on rank 1" in chief.output if fault == "raise"
-                                         else "did not respond" in chief.output), describe(results)
+    expected = {"raise": "boom on rank 1", "kill": "did not respond", "hang": "rank 1 hung"}[fault]
+    assert "rank 1" in chief.output and expected in chief.output, describe(results)
+    # stop_grace_secs=8: the chief ends within it (plus start-up and the watchdog's poll)
+    assert chief.elapsed < 60, describe(results)
     for name in os.listdir(logdir):
         if name.startswith("model.ckpt-") and ".tmp-" not in name:
             verify_checkpoint(os.path.join(logdir, name))
