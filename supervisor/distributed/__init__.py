@@ -32,6 +32,8 @@ __all__ = [
     "default_store",
     "wait_for_global_step",
     "committed_step",
+    "CollectiveAgreement",
+    "RankFailureError",
 ]
 
 logger = logging.getLogger(__name__)
@@ -141,4 +143,12 @@ def __getattr__(name: str) -> Any:
         from supervisor.distributed import wait
 
         return getattr(wait, name)
+    if name == "CollectiveAgreement":
+        from supervisor.distributed.agreement import CollectiveAgreement
+
+        return CollectiveAgreement
+    if name == "RankFailureError":
+        from supervisor.distributed.failure import RankFailureError
+
+        return RankFailureError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

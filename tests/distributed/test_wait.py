@@ -53,3 +53,15 @@ def test_ends_early_when_asked_to_stop(tmp_path):
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="poll_secs"):
         wait_for_global_step("x", 1, poll_secs=0)
+
+
+def test_global_step_waiter_hook_times_out_naming_the_step(tmp_path):
+    from hooks import GlobalStepWaiterHook
+    from supervisor import MonitoredSession, SessionCreator
+
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
+    clock = FakeClock()
+    hook = GlobalStepWaiterHook(100, poll_secs=1.0, timeout_secs=10, clock=clock)
+    with pytest.raises(TimeoutError, match=r"timeout_secs=10\) for global step 100; the step is 40"):
+        with MonitoredSession(SessionCreator(logdir=str(tmp_path)), hooks=[hook], clock=clock) as s:
+            s.run(lambda: None)
