@@ -30,7 +30,7 @@ from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
 from supervisor.signals import SignalHandlers
 
-__all__ = ["MonitoredSession", "StepContext"]
+__all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class MonitoredSession:
         self._creator = session_creator if session_creator is not None else SessionCreator()
         self._hooks: list[Hook] = check_hooks("hooks", hooks)
         self._stop_grace_secs = check_number("stop_grace_secs", stop_grace_secs, minimum=0)
-        self._recoverable = _check_exception_types(recoverable_exceptions) if self._recovery_enabled else ()
+        self._recoverable = check_exception_types(recoverable_exceptions) if self._recovery_enabled else ()
         self._max_recoveries = check_int("max_recoveries", max_recoveries, minimum=0)
         self._backoff_secs = check_number("recovery_backoff_secs", recovery_backoff_secs, minimum=0)
         check_bool("handle_signals", handle_signals)
@@ -125,7 +125,8 @@ class MonitoredSession:
 
             agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0))
         self._boundary = StepBoundary(agreement)
-        # A collective agreement is called at every boundary, on every rank alike.
+        # A collective agreement must be called at every boundary, the same number of times on
+        # every rank; the local one only when something was requested.
         self._resolve_every_step = not self._boundary.agreement.local
         self._stop_reason: str | None = None
         self._stopped = False  # a boundary decided the stop: should_stop() is True
@@ -385,8 +386,7 @@ class MonitoredSession:
             self._global_step += 1
             self._in_step = False
             self._last_output = output
-            if self._boundary.pending or self._boundary_actions or self._stop_event.is_set() \
-                    or self._resolve_every_step:
+            if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
                 self._at_boundary()
             return output
         self._in_step = True
@@ -420,8 +420,7 @@ class MonitoredSession:
         if stopper is not None:
             self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
                                         stop_on_every_rank=context._stop_on_every_rank)
-        if self._boundary.pending or self._boundary_actions or self._stop_event.is_set() \
-                or self._resolve_every_step:
+        if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
             self._at_boundary()
         return output
 
@@ -633,14 +632,16 @@ def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook,
         feeders[name] = hook
 
 
-def _check_exception_types(types: Any) -> tuple[type[BaseException], ...]:
+def check_exception_types(types: Any, name: str = "recoverable_exceptions") -> tuple[type[BaseException], ...]:
+    """Validates a tuple of exception types (one type alone is accepted)."""
+    given = types
     if isinstance(types, type):
         types = (types,)
-    try:
-        types = tuple(types)
-    except TypeError:
+    if isinstance(types, (str, bytes)) or not isinstance(types, (tuple, list, set, frozenset)):
         types = None
+    else:
+        types = tuple(types)
     if types is None or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
-        raise TypeError("recoverable_exceptions must be a tuple of exception types such as "
-                        f"(supervisor.RecoverableError,), got {types!r}")
+        raise TypeError(f"{name} must be a tuple of exception types such as "
+                        f"(supervisor.RecoverableError,), got {given!r}")
     return types

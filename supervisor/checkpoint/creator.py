@@ -26,7 +26,8 @@ from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
 from supervisor.clock import Clock, resolve_clock
-from supervisor.creator import Restored, SessionCreator
+from supervisor.checkpoint.restore import Restored
+from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointCorruptError
 from supervisor.state import TrainingState
 
@@ -61,7 +62,7 @@ class CheckpointSessionCreator(SessionCreator):
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=True, logdir=logdir if logdir is not None else manager.directory,
                          summary_writer=summary_writer)
-        self.checkpoints = manager
+        self.environment.checkpoints = manager
         self._routes_errors = manager.on_error is None
 
     def restore(self, session: Any) -> Restored | None:
@@ -71,9 +72,6 @@ class CheckpointSessionCreator(SessionCreator):
             manager.on_error = session.request_stop
         # Distributed (§12): the other ranks restore exactly what the chief chose here.
         return distributed_restore.decide_as_chief(lambda: manager.restore(self.state))
-
-    def close(self, *, failed: bool) -> None:
-        self.checkpoints.close(failed=failed)
 
 
 class WorkerSessionCreator(SessionCreator):

@@ -38,7 +38,8 @@ from supervisor.checkpoint.format import FileRecord, checkpoint_name
 from supervisor.checkpoint.restore import DCP_METADATA, check_checkpoint, safe_torch_load
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.temp import TempCheckpoint
-from supervisor.creator import Restored, SessionCreator
+from supervisor.checkpoint.restore import Restored
+from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.rng import capture_rng_state
 from supervisor.state import TrainingState, unwrap_module
@@ -359,11 +360,8 @@ class ShardedSessionCreator(SessionCreator):
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=is_chief, logdir=logdir if logdir is not None else manager.directory,
                          summary_writer=summary_writer)
-        self.checkpoints = manager
+        self.environment.checkpoints = manager  # closed with the environment
 
     def restore(self, session: Any) -> Restored | None:
         self.checkpoints.open()
         return self.checkpoints.restore(self.state)
-
-    def close(self, *, failed: bool) -> None:
-        self.checkpoints.close(failed=failed)

@@ -48,7 +48,6 @@ from supervisor.distributed import rng as distributed_rng
 from supervisor.checkpoint.index import read_index
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (supervisor.checkpoint.dcp)
-from supervisor.creator import Restored
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from supervisor.rng import restore_rng_state
 from supervisor.state import TrainingState, unwrap_module
@@ -57,6 +56,14 @@ __all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "find_and
            "safe_torch_load", "VERIFY_MODES"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore found: the global step and the checkpoint it came from."""
+
+    global_step: int
+    path: str
 
 VERIFY_MODES = ("full", "size")
 
