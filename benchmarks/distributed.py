@@ -6,7 +6,10 @@ Three loops, run by both ranks in interleaved rounds (the order rotates each rou
 - ``agreement``: the step plus `CollectiveAgreement.decide` (one async all_reduce per step,
   started at boundary N, waited for at N+1 — overlapping the step);
 - ``naive``: the step plus a blocking all_reduce of the same flags every step (the agreement
-  done without overlap), for comparison.
+  done without overlap), for comparison;
+- ``raw_async``: the step plus a bare async all_reduce of the same tensor on the same kind of
+  group, waited for at the next step, with none of the agreement's logic: the transport's own
+  floor for any per-step collective on this machine.
 
 Prints, for each loop, µs per step (median over rounds, min–max) and the per-round ratio over
 ``bare`` (median, min–max). Target: agreement ≤ 1.05×. The machine is shared: figures are noisy.
@@ -27,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-LOOPS = ("bare", "agreement", "naive")
+LOOPS = ("bare", "agreement", "naive", "raw_async")
 
 
 def _free_port() -> int:
@@ -52,6 +55,8 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
     side = dist.new_group(backend="gloo")
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
 
     def step() -> None:
         optimizer.zero_grad()
@@ -62,6 +67,7 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
         # Created outside the timed loop (a session creates it once, with the session).
         agreement = CollectiveAgreement(stop_grace_secs=60) if loop == "agreement" else None
         flags = torch.zeros(4, dtype=torch.int32)
+        pending = None
         dist.barrier()
         start = time.perf_counter()
         for n in range(steps):
@@ -70,8 +76,14 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
                 agreement.decide(n, NO_REQUESTS)
             elif loop == "naive":
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+            elif loop == "raw_async":
+                if pending is not None:
+                    pending.wait()
+                pending = side.allreduce([flags], options)
         if agreement is not None:
             agreement.decide(steps, _last())  # the agreed stop: waits for the last collective
+        if pending is not None:
+            pending.wait()
         elapsed = time.perf_counter() - start
         if agreement is not None:
             agreement.close()
@@ -81,7 +93,7 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
         step()
     times: dict[str, list[float]] = {loop: [] for loop in LOOPS}
     for r in range(rounds):
-        order = LOOPS[r % 3:] + LOOPS[:r % 3]
+        order = LOOPS[r % len(LOOPS):] + LOOPS[:r % len(LOOPS)]
         for loop in order:
             times[loop].append(run(loop))
     if rank == 0:

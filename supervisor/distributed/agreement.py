@@ -83,6 +83,9 @@ class CollectiveAgreement(Agreement):
                                        distributed.default_store())
         self._watchdog: HangWatchdog | None = None
         self._pending: tuple[Any, torch.Tensor, int] | None = None
+        self._buffers = (torch.zeros(2 * self.world_size, dtype=torch.int32),
+                         torch.zeros(2 * self.world_size, dtype=torch.int32))
+        self._options: Any = None
         self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
         self._finished = False
         self._closed = False
@@ -96,8 +99,7 @@ class CollectiveAgreement(Agreement):
         if self._finished:  # every rank already stopped at an agreed boundary: nothing to agree
             return Decision(step)
         if self._watchdog is None:
-            self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
-            self._watchdog.start()
+            self._first_boundary()
         self._watchdog.progress(step)
         decision = self._collect(step)
         if requests.stop and requests.stop_on_every_rank:
@@ -107,24 +109,32 @@ class CollectiveAgreement(Agreement):
         else:
             self._start(step, requests)
         if self._gather_rng and (decision.save or decision.stop):
-            rng_module.gather(step, group=self._group)  # None (before the first start): the default group
+            rng_module.gather(step, group=self._group)
         return decision
 
-    def _start(self, step: int, requests: Requests) -> None:
+    def _first_boundary(self) -> None:
+        """Makes the side group (a collective: every rank's first boundary) and the watchdog."""
         import torch.distributed as dist
 
-        if self._group is None:
-            timeout = datetime.timedelta(seconds=max(self.stop_grace_secs - self._diagnose_secs, 0.1))
-            self._group = dist.new_group(backend="gloo", timeout=timeout)
+        timeout = datetime.timedelta(seconds=max(self.stop_grace_secs - self._diagnose_secs, 0.1))
+        self._group = dist.new_group(backend="gloo", timeout=timeout)
+        self._options = dist.AllreduceOptions()
+        self._options.reduceOp = dist.ReduceOp.MAX
+        self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
+        self._watchdog.start()
 
-        flags = torch.zeros(2 * self.world_size, dtype=torch.int32)
+    def _start(self, step: int, requests: Requests) -> None:
+        # Two buffers in turn: the one in flight is never the one being filled.
+        flags = self._buffers[self.collectives & 1]
+        flags.zero_()
         if requests is not NO_REQUESTS:
             flags[self.rank] = int(requests.save)
             flags[self.world_size + self.rank] = int(requests.stop)
             self._local_reasons = (requests.save_reasons, requests.stop_reason)
         else:
             self._local_reasons = ((), None)
-        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        # The process group's own call: the per-step path skips the Python wrapper's checks.
+        work = self._group.allreduce([flags], self._options)
         self.collectives += 1
         self._pending = (work, flags, step)
 
@@ -139,10 +149,11 @@ class CollectiveAgreement(Agreement):
                 work.wait()
             except Exception as e:  # noqa: BLE001 - a peer died, raised or hung
                 raise self._failure(step, e) from e
-        savers = [r for r in range(self.world_size) if flags[r]]
-        stoppers = [r for r in range(self.world_size) if flags[self.world_size + r]]
-        if not savers and not stoppers:
+        values = flags.tolist()
+        if not any(values):
             return Decision(step)
+        savers = [r for r in range(self.world_size) if values[r]]
+        stoppers = [r for r in range(self.world_size) if values[self.world_size + r]]
         own_saves, own_stop = self._local_reasons
         save_reasons = tuple(own_saves) + tuple(f"save requested on rank {r} at step {started}"
                                                 for r in savers if r != self.rank)
