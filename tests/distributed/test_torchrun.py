@@ -24,15 +24,14 @@ def torchrun(script: str, *args: str, restarts: int = 0, env: dict[str, str] | N
 
 
 @pytest.mark.slow
-def test_example_runs_under_torchrun_and_resumes(tmp_path):
+def test_example_runs_under_torchrun(tmp_path):
     logdir = str(tmp_path / "run")
     first = torchrun("examples/ddp_torchrun.py", "--logdir", logdir, "--steps", "10", "--save-steps", "5")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "finished at step 10" in first.stderr
-    second = torchrun("examples/ddp_torchrun.py", "--logdir", logdir, "--steps", "16", "--save-steps", "5")
-    assert second.returncode == 0, second.stdout + second.stderr
-    restored = [line for line in second.stderr.splitlines() if "restored step=10 from" in line]
-    assert len(restored) == 2, second.stderr  # both ranks, the same checkpoint
+    assert "[rank 0] INFO root: finished at step 10" in first.stderr
+    assert "[rank 1] INFO root: finished at step 10" in first.stderr
+    assert sorted(n for n in os.listdir(logdir) if n.startswith("model.ckpt-")) == [
+        "model.ckpt-0", "model.ckpt-10", "model.ckpt-5"]  # resuming is the elastic test's part
 
 
 @pytest.mark.slow

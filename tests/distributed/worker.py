@@ -151,6 +151,11 @@ def make_step(ddp: torch.nn.Module, optimizer: Any, session_ref: list) -> Callab
 @scenario
 def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: str = "60",
                 fault: str = "none", fault_rank: str = "1", fault_step: str = "0", save_secs: str = "0") -> None:
+    emit(_ddp_session(logdir, last_step, chief_delay, max_wait, fault, fault_rank, fault_step, save_secs))
+
+
+def _ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: str = "60",
+                 fault: str = "none", fault_rank: str = "1", fault_step: str = "0", save_secs: str = "0") -> dict:
     """Trains a DDP model through MonitoredTrainingSession until ``last_step``. On rank
     ``fault_rank``, during step ``fault_step``: ``stop`` (request_stop), ``sigterm``, ``nan`` (a
     NaN loss, NanTensorHook(fail_on_nan_loss=False)), ``raise``, ``kill`` (SIGKILL) or ``hang``."""
@@ -195,8 +200,18 @@ def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: s
         while not s.should_stop():
             s.run(step)
         end_step = s.global_step
-    emit({"start": start_step, "end": end_step, "digest": state_digest(net),
-          "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason})
+    return {"start": start_step, "end": end_step, "digest": state_digest(net),
+            "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason}
+
+
+@scenario
+def ddp_faults(root: str) -> None:
+    """Three sessions in turn, each with a stop requested during step 5 on rank 1 only:
+    ``request_stop``, SIGTERM, a NaN loss. One job: process start-up is the expensive part."""
+    results = {}
+    for fault in ("stop", "sigterm", "nan"):
+        results[fault] = _ddp_session(os.path.join(root, fault), "30", fault=fault, fault_step="5")
+    emit(results)
 
 
 # ---------------------------------------------------------------- sharded (DCP) checkpoints
