@@ -101,3 +101,21 @@ def test_a_failed_rank_ends_the_job_in_bounded_time_naming_it(tmp_path, fault):
     for name in os.listdir(logdir):
         if name.startswith("model.ckpt-") and ".tmp-" not in name:
             verify_checkpoint(os.path.join(logdir, name))
+
+
+@pytest.mark.slow
+def test_supervisor_front_door_on_ddp_stops_every_rank_together_and_only_the_chief_writes(tmp_path):
+    from supervisor.checkpoint import verify_checkpoint
+
+    logdir = str(tmp_path / "run")
+    results = run_job("supervisor_session", 2, logdir, timeout=150)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert [r.result["end"] for r in results] == [13, 13], describe(results)
+    assert results[0].result["digest"] == results[1].result["digest"]
+    path, payload = _final_checkpoint(logdir)
+    assert path.endswith("model.ckpt-13") and sorted(payload["rng"]) == [0, 1]
+    for name in os.listdir(logdir):
+        if name.startswith("model.ckpt-"):
+            verify_checkpoint(os.path.join(logdir, name))
+    events = [n for n in os.listdir(logdir) if n.startswith("events.out.tfevents")]
+    assert len(events) == 1, events  # the chief's; non-chief ranks write no events

@@ -214,6 +214,35 @@ def ddp_faults(root: str) -> None:
     emit(results)
 
 
+@scenario
+def supervisor_session(logdir: str) -> None:
+    """The Supervisor front door on DDP: time-based saves and summaries on the chief; rank 1
+    asks for a stop during step 12."""
+    import hooks
+    from supervisor import Supervisor
+
+    net, ddp, optimizer = build_ddp()
+    rank = dist.get_rank()
+    sv = Supervisor(logdir, model=ddp, optimizer=optimizer, hooks=[hooks.StopAtStepHook(last_step=200)],
+                    save_model_secs=0.2, save_summaries_secs=0.2, stop_grace_secs=8, max_wait_secs=60)
+    session_ref: list = [None]
+    with sv.managed_session() as s:
+        session_ref[0] = s
+        inner = make_step(ddp, optimizer, session_ref)
+
+        def step() -> dict:
+            out = inner()
+            if rank == 1 and s.global_step + 1 == 12:
+                s.request_stop(reason="rank 1 asked")
+            time.sleep(0.02)
+            return out
+
+        while not s.should_stop():
+            s.run(step)
+        end = s.global_step
+    emit({"end": end, "digest": state_digest(net), "stop_reason": s.stop_reason})
+
+
 # ---------------------------------------------------------------- sharded (DCP) checkpoints
 def plain_model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
