@@ -24,7 +24,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

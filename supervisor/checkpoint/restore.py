@@ -49,7 +49,6 @@ from supervisor.checkpoint.index import read_index
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (supervisor.checkpoint.dcp)
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
-from supervisor.rng import restore_rng_state
 from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "find_and_load", "load_verified",

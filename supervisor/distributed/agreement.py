@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
-import time
 from typing import Any
 
 import torch
