@@ -86,3 +86,23 @@ def test_front_door_with_checkpoint_format_dcp_resumes_on_another_world_size(tmp
     assert all(r.result["end"] == 6 for r in resumed)
     for name, values in uninterrupted[0].result["full"].items():  # same data every step, any world size
         assert resumed[0].result["full"][name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.slow
+def test_a_sharded_save_cut_by_a_killed_chief_is_never_committed(tmp_path):
+    from supervisor.checkpoint import latest_checkpoint
+
+    logdir = str(tmp_path / "run")
+    killed = run_job("dcp_session", 2, logdir, "6", "dtensor", timeout=120, after_rank0_secs=20,
+                     extra_env={"SUPERVISOR_TEST_KILL_SEAL_AT": "5"})  # saves: 0, 3, 5 (agreed: N+1)
+    assert "killing the chief while committing step 5" in killed[0].output, describe(killed)
+    assert killed[0].returncode != 0 and killed[1].returncode != 0  # the other rank did not go on
+    assert latest_checkpoint(logdir).endswith("model.ckpt-3")
+    assert any(".tmp-" in n for n in os.listdir(logdir))  # the sealed but unrenamed shards
+    resumed = run_job("dcp_session", 2, logdir, "6", "dtensor", timeout=150)
+    assert all(r.returncode == 0 for r in resumed), describe(resumed)
+    assert [r.result["start"] for r in resumed] == [3, 3]
+    assert not any(".tmp-" in n for n in os.listdir(logdir))  # removed when the chief reopened the logdir
+    for name in os.listdir(logdir):
+        if name.startswith("model.ckpt-"):
+            verify_checkpoint(os.path.join(logdir, name))

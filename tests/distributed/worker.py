@@ -337,6 +337,20 @@ def dcp_session(logdir: str, last_step: str, kind: str = "fsdp2") -> None:
     from supervisor import MonitoredTrainingSession
 
     model, optimizer = sharded(0, kind)
+    kill_at = int(os.environ.get("SUPERVISOR_TEST_KILL_SEAL_AT", "-1"))
+    if kill_at >= 0 and dist.get_rank() == 0:  # the chief dies after sealing, before the rename
+        from supervisor.checkpoint import temp
+
+        seal = temp.TempCheckpoint.seal
+
+        def dying_seal(self: Any, *, step: int, **kwargs: Any) -> Any:
+            manifest = seal(self, step=step, **kwargs)
+            if step == kill_at:
+                print(f"killing the chief while committing step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return manifest
+
+        temp.TempCheckpoint.seal = dying_seal  # type: ignore[method-assign]
     with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step))],
                                   save_checkpoint_steps=2, log_step_count_steps=None,
