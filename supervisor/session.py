@@ -610,10 +610,7 @@ class MonitoredSession:
 def _close_agreement(agreement: Agreement, error: BaseException) -> None:
     """Closes the agreement after ``error``; a collective one tells the other ranks why."""
     try:
-        if agreement.local:
-            agreement.close()
-        else:
-            agreement.close(error)  # type: ignore[call-arg]
+        agreement.close(error)
     except Exception:  # noqa: BLE001 - the first error is the one the user must see
         logger.exception("closing the rank agreement failed after %s", type(error).__name__)
 

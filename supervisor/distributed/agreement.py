@@ -187,7 +187,7 @@ class CollectiveAgreement(Agreement):
             exc.add_note(f"[torch-supervisor] rank {self.rank}: a collective failed because another rank "
                          f"did: {describe_failure(failed, silent, self._diagnose_secs)}")
 
-    def close(self, exc: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         """Leaves the agreement. After an agreed stop nothing is in flight; otherwise (this rank
         stops alone, e.g. on an error) the others are told why, so their error can name it."""
         if self._closed:
@@ -195,8 +195,8 @@ class CollectiveAgreement(Agreement):
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.close()
-        if exc is not None:
-            self.report_failure(exc)
+        if error is not None:
+            self.report_failure(error)
         elif self._pending is not None:
             post_failure(self._store, self.rank, f"left the session at step {self._pending[2]} "
                          "without an agreed stop")
