@@ -106,7 +106,6 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
         CheckpointError: on every rank, when any rank failed (the temp directory is removed).
     """
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
 
     group = distributed.is_initialized()  # without one: a single process writes alone
     rank, size = (distributed.rank(), distributed.world_size()) if group else (0, 1)
@@ -116,18 +115,7 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
     if group:
         dist.broadcast_object_list(box, src=0)
     path = box[0]
-    outcome: tuple[bool, str, dict[str, tuple[int, str]]]
-    try:
-        dcp.save(build_state_dict(state), storage_writer=dcp.FileSystemWriter(path, sync_files=True),
-                 no_dist=not group)
-        own = TempCheckpoint.attach(path)
-        if save_rng:
-            own.write_file(f"rng-{rank}.pt", lambda w: serialize(capture_rng_state(), w))
-        records = {f: checksum_file(os.path.join(path, f)) for f in os.listdir(path) if f.startswith(f"__{rank}_")}
-        records.update({f: (r.size, r.checksum) for f, r in own.records.items()})
-        outcome = (True, "", records)
-    except Exception as e:  # noqa: BLE001 - reported to the chief, raised on every rank below
-        outcome = (False, f"rank {rank}: {type(e).__name__}: {e}", {})
+    outcome = _write_own_part(path, state, rank, group, save_rng)
     gathered: list[Any] | None = [None] * size if rank == 0 else None
     if group:
         dist.gather_object(outcome, gathered, dst=0)
@@ -142,6 +130,26 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
         raise CheckpointError(f"saving the sharded checkpoint of step {step} to "
                               f"{os.path.join(directory, name)} failed: {verdict[0]}")
     return os.path.join(directory, name)
+
+
+def _write_own_part(path: str, state: TrainingState, rank: int, group: bool,
+                    save_rng: bool) -> tuple[bool, str, dict[str, tuple[int, str]]]:
+    """This rank's part of a save: its DCP shards (fsynced by DCP), its RNG file, and the
+    size and CRC-32 of each file it wrote (read back from the page cache). Never raises: the
+    outcome goes to the chief."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.save(build_state_dict(state), storage_writer=dcp.FileSystemWriter(path, sync_files=True),
+                 no_dist=not group)
+        own = TempCheckpoint.attach(path)
+        if save_rng:
+            own.write_file(f"rng-{rank}.pt", lambda w: serialize(capture_rng_state(), w))
+        records = {f: checksum_file(os.path.join(path, f)) for f in os.listdir(path) if f.startswith(f"__{rank}_")}
+        records.update({f: (r.size, r.checksum) for f, r in own.records.items()})
+        return True, "", records
+    except Exception as e:  # noqa: BLE001 - reported to the chief, raised on every rank by save_sharded
+        return False, f"rank {rank}: {type(e).__name__}: {e}", {}
 
 
 def _seal(temp: TempCheckpoint, outcomes: list[Any], step: int, wall_time: float, size: int, publish: Any) -> str:
