@@ -28,7 +28,7 @@ def test_a_stop_every_rank_knows_ahead_applies_exactly_at_that_step():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["raise", "kill", "hang"])
 def test_a_failed_rank_stops_the_others_in_bounded_time_naming_it(mode):
-    results = run_job("agreement_failure", 2, mode, "4", timeout=60)
+    results = run_job("agreement_failure", 2, mode, "4", timeout=60, after_rank0_secs=5)
     survivor = results[0]
     assert survivor.returncode == 0 and survivor.result is not None, describe(results)
     assert survivor.result["ranks"] == [1], describe(results)
