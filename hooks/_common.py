@@ -1,11 +1,11 @@
-"""Helpers shared by the built-in hooks: argument pairs, the summary-writer slot, scalars."""
+"""Helpers shared by the built-in hooks: argument pairs and the summary-writer slot."""
 from __future__ import annotations
 
 import logging
 import numbers
-import os
 from typing import Any
 
+from supervisor._paths import check_directory
 from supervisor._validate import check_int, check_number
 
 logger = logging.getLogger(__name__)
@@ -28,11 +28,7 @@ def check_schedule(owner: str, steps: tuple[str, Any], secs: tuple[str, Any]) ->
 
 
 def check_output_dir(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise TypeError(f"{name} must be a directory path or None, got {value!r}")
-    return os.fspath(value)
+    return check_directory(name, value)  # a path to an existing file is refused here
 
 
 def check_summary_writer(name: str, value: Any) -> Any:
@@ -77,15 +73,3 @@ class WriterSlot:
         if not self._told:
             self._told = True
             logger.log(level, message, self.owner)
-
-
-def scalar_or_none(value: Any) -> float | None:
-    """``value`` as a float if it is a real number or a 0-dim tensor/array, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        item = value.item()
-        return float(item) if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
-    return None

@@ -6,6 +6,7 @@ import os
 import socket
 from typing import Any
 
+
 from supervisor._validate import check_bool
 from supervisor.clock import Clock
 from supervisor.hook import Hook, RunContext, RunValues

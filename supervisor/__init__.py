@@ -6,6 +6,8 @@ and share one stop condition across threads and ranks.
 """
 from __future__ import annotations
 
+__torch_supervisor_package__ = True  # see supervisor/_shadowing.py
+
 from supervisor.checkpoint import (
     CheckpointManager,
     CheckpointSessionCreator,
@@ -26,7 +28,9 @@ from supervisor.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointNotFoundError,
+    CheckpointVanishedError,
     LogdirInUseError,
+    StopRequestedError,
     NanLossDuringTrainingError,
     RecoverableError,
     SupervisorError,
@@ -54,10 +58,12 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointNotFoundError",
+    "CheckpointVanishedError",
     "Clock",
     "Coordinator",
     "Hook",
     "LogdirInUseError",
+    "StopRequestedError",
     "LooperThread",
     "MonitoredSession",
     "MonitoredTrainingSession",

@@ -20,14 +20,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
 
+from supervisor import resume
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
 from supervisor import distributed
 from supervisor.boundary import Agreement, StepBoundary
 from supervisor.clock import Clock, resolve_clock
-from supervisor.coordinator import Coordinator
+from supervisor.coordinator import Coordinator, overdue_warning
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
-from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_run_args, overrides, resolve_fetches
 from supervisor.signals import SignalHandlers
 
 __all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
@@ -397,6 +398,8 @@ class MonitoredSession:
             run_args = hook.before_run(context)
             if run_args is None:
                 continue
+            if type(run_args) is not RunArgs:  # a clear TypeError, not AttributeError: 'list'...
+                run_args = check_run_args(hook, run_args)
             if run_args.fetches is not None:
                 if fetches is None:
                     fetches = {}
@@ -477,12 +480,15 @@ class MonitoredSession:
     def _create_session(self) -> None:
         self._stop_actions.clear()
         self._creating = True
+        resume.begin_creation(self._creator.state)  # exact resume: see reinstate() below
         try:
             step = self._creator.create(self)
             if step is not None:
                 self._global_step = int(step)
             for hook in self._hooks_overriding("after_create_session"):
                 hook.after_create_session(self, self._coord)
+            # Exact resume: re-apply the restored RNG state, whatever creation drew (supervisor/resume.py).
+            resume.reinstate(self._creator.state)
         finally:
             self._creating = False
         if self._boundary.pending and self._boundary.agreement.local:
@@ -563,7 +569,8 @@ class MonitoredSession:
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
             self._boundary.flush(self)
             for hook in self._hooks_overriding("end"):
-                hook.end(self)
+                with overdue_warning(f"{type(hook).__name__}.end()", self._stop_grace_secs):
+                    hook.end(self)
         except BaseException as error:
             first = self._close_on_error(error)
             first.__suppress_context__ = True
@@ -594,7 +601,8 @@ class MonitoredSession:
         _close_agreement(self._boundary.agreement, first)
         for hook in self._hooks_overriding("on_exception"):
             try:
-                hook.on_exception(self, first)
+                with overdue_warning(f"{type(hook).__name__}.on_exception()", self._stop_grace_secs):
+                    hook.on_exception(self, first)
             except Exception:  # noqa: BLE001 - cleanup must reach every hook
                 logger.exception("%s.on_exception failed while closing after %s",
                                  type(hook).__name__, type(first).__name__)

@@ -28,7 +28,8 @@ from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
-from supervisor.supervisor import CHECKPOINT_FORMATS, _check_logdir, check_checkpoint_options, make_session_creator
+from supervisor._paths import check_logdir
+from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
@@ -69,11 +70,11 @@ def _build(
     save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
-    ready_fn: Any, save_mode: str, clock: Clock, checkpoint_format: str = "torch",
+    ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
-    checkpoint_dir = _check_logdir("checkpoint_dir", checkpoint_dir)
-    summary_dir = _check_logdir("summary_dir", summary_dir) or checkpoint_dir
+    checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
+    summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
     training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
     user_hooks = v.check_hooks("hooks", hooks)
     chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
@@ -82,8 +83,8 @@ def _build(
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                       save_mode=save_mode)
-    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
+                                       save_mode=save_mode, trusted_globals=trusted_globals)
+    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
@@ -97,14 +98,17 @@ def _build(
         recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, **init_fns)
     wants = (writes_summaries and (log_steps or summary_secs or summary_steps)) or (
         checkpoint_dir is not None and (ckpt_secs or ckpt_steps))
-    import hooks as builtin  # lazily: supervisor never imports hooks at import time
+    from supervisor._shadowing import import_builtin_hooks
 
     if not is_chief and checkpoint_format == "dcp" and checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
         # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
-        saver = builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock)
+        saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
+                                                           save_steps=ckpt_steps, clock=clock)
         return creator, [saver] + user_hooks
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
+
+    builtin = import_builtin_hooks()  # lazily (supervisor never imports hooks at import time), checked
 
     all_hooks = list(chief_hooks)
     if writes_summaries and log_steps:
@@ -122,7 +126,8 @@ _BUILD_ARGUMENTS = (
     "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
-    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "checkpoint_format",
+    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
+    "checkpoint_format",
 )
 
 
@@ -152,6 +157,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     max_recoveries: int = 10,
     save_mode: str = "async",
     handle_signals: bool = True,
+    trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None,
     checkpoint_format: str = "torch",
 ) -> MonitoredSession:
@@ -164,6 +170,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)
+    # Checked before _build opens the summary writer (a thread, a directory) for the session.
+    v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
+    v.check_int("max_recoveries", max_recoveries, minimum=0)
+    v.check_bool("handle_signals", handle_signals)
     arguments = dict(locals())
     arguments.update(is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
@@ -207,11 +217,14 @@ class SingularMonitoredSession(MonitoredSession):
         save_mode: str = "async",
         handle_signals: bool = True,
         session_creator: Any = None,
+        trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
         checkpoint_format: str = "torch",
         max_wait_secs: float = 7200,
     ) -> None:
         clock = resolve_clock(clock)
+        v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
+        v.check_bool("handle_signals", handle_signals)
         if session_creator is not None:
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:

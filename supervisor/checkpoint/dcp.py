@@ -35,7 +35,8 @@ import torch
 from supervisor import distributed
 from supervisor.checkpoint.fileio import checksum_file
 from supervisor.checkpoint.format import FileRecord, checkpoint_name
-from supervisor.checkpoint.restore import DCP_METADATA, check_checkpoint, safe_torch_load
+from supervisor.checkpoint.restore import check_checkpoint, safe_torch_load
+from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.temp import TempCheckpoint
 from supervisor.checkpoint.restore import Restored
