@@ -124,7 +124,8 @@ class MonitoredSession:
         if agreement is None and distributed.is_distributed():  # §12: every rank, same step
             from supervisor.distributed.agreement import CollectiveAgreement
 
-            agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0))
+            agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0),
+                                            capture_rng=self._capture_rng)
         self._boundary = StepBoundary(agreement)
         # A collective agreement must be called at every boundary, the same number of times on
         # every rank; the local one only when something was requested.
@@ -457,6 +458,13 @@ class MonitoredSession:
             raise RuntimeError("run called on a closed session")
         self._coord.raise_requested_exception()
         raise RuntimeError("run called after should_stop was requested")
+
+    def _capture_rng(self) -> Any:
+        """This rank's RNG state as its checkpoint stores it (gathered at agreed saves, §12)."""
+        from supervisor.resume import loader_generators
+        from supervisor.rng import capture_rng_state
+
+        return capture_rng_state(loader_generators(self._creator.state))
 
     def _request_stop(self, exc: BaseException | None = None, *, reason: str) -> None:
         """A stop requested from any thread: an error stops at once (``exc``); a clean stop is

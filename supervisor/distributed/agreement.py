@@ -58,11 +58,14 @@ class CollectiveAgreement(Agreement):
             at most 5 s, goes to finding out which rank failed).
         gather_rng: gather every rank's RNG state to the chief at each agreed save, so the
             checkpoint holds them all (supervisor.distributed.rng).
+        capture_rng: ``capture_rng() -> state``: this rank's RNG state as a checkpoint stores it
+            (the session passes one that includes its data loaders' generators).
     """
 
     local = False
 
-    def __init__(self, *, stop_grace_secs: float = 120.0, gather_rng: bool = True) -> None:
+    def __init__(self, *, stop_grace_secs: float = 120.0, gather_rng: bool = True,
+                 capture_rng: Any = None) -> None:
         import torch.distributed as dist
 
         if not distributed.is_initialized():
@@ -73,6 +76,7 @@ class CollectiveAgreement(Agreement):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._gather_rng = bool(gather_rng)
+        self._capture_rng = capture_rng
         generation = next(_GENERATIONS)
         # The side group is made at the first decide(), a collective every rank reaches after its
         # session creation: made here, it would make non-chief ranks wait for the chief's
@@ -108,7 +112,7 @@ class CollectiveAgreement(Agreement):
         else:
             self._start(step, requests)
         if self._gather_rng and (decision.save or decision.stop):
-            rng_module.gather(step, group=self._group)
+            rng_module.gather(step, group=self._group, capture=self._capture_rng)
         return decision
 
     def _first_boundary(self) -> None:

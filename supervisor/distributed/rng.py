@@ -36,13 +36,14 @@ _lock = threading.Lock()
 _gathered: tuple[int, dict[int, Any]] | None = None
 
 
-def gather(step: int, group: Any = None) -> None:
+def gather(step: int, group: Any = None, capture: Any = None) -> None:
     """Every rank's RNG state to the chief (rank 0), kept for the capture of ``step``.
-    A collective: every rank of ``group`` must call it at the same boundary."""
+    A collective: every rank of ``group`` must call it at the same boundary. ``capture()``
+    returns this rank's state (default: `supervisor.rng.capture_rng_state`)."""
     import torch.distributed as dist
 
     global _gathered
-    own = capture_rng_state()
+    own = capture() if capture is not None else capture_rng_state()
     size = dist.get_world_size(group)
     out: list[Any] | None = [None] * size if dist.get_rank() == 0 else None
     dist.gather_object(own, out, dst=0, group=group)
