@@ -358,7 +358,7 @@ class NullSink:
 
 
 def serialise_to_null(payload: object) -> None:
-    from supervisor.checkpoint.commit import serialize
+    from supervisor.checkpoint.serialize import serialize
     from supervisor.checkpoint.fileio import ChecksumWriter
 
     with ChecksumWriter(NullSink()) as writer:  # type: ignore[arg-type]

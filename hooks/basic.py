@@ -31,14 +31,18 @@ class GlobalStepWaiterHook(Hook):
         wait_until_step: the step to wait for; ``<= 0`` does not wait.
         step_fn: ``step_fn() -> int``, the step to watch.
         poll_secs: seconds between two looks at the step.
+        timeout_secs: give up after this long with a `TimeoutError` naming the step waited for
+            and the one seen (AdaNet's ``worker_wait_timeout_secs``); None waits indefinitely.
+            `supervisor.distributed.wait_for_global_step` is the same wait outside a session.
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
     """
 
     def __init__(self, wait_until_step: int, *, step_fn: Callable[[], int] | None = None,
-                 poll_secs: float = 0.5, clock: Clock | None = None) -> None:
+                 poll_secs: float = 0.5, timeout_secs: float | None = None, clock: Clock | None = None) -> None:
         self._wait_until_step = check_int("wait_until_step", wait_until_step)
         self._step_fn = check_callable("step_fn", step_fn, signature="step_fn() -> int")
         self._poll_secs = check_number("poll_secs", poll_secs, strictly_positive=True)
+        self._timeout_secs = check_number("timeout_secs", timeout_secs, minimum=0, allow_none=True)
         self._clock = resolve_clock(clock)
         self._started = False
 
@@ -55,6 +59,7 @@ class GlobalStepWaiterHook(Hook):
                                "could show progress; pass step_fn=... to say where the step comes from")
         logger.info("waiting for global step %d before starting training", self._wait_until_step)
         last_logged = 0
+        start = self._clock.monotonic()
         while True:
             step = self._current_step(session)
             if step >= self._wait_until_step:
@@ -67,7 +72,13 @@ class GlobalStepWaiterHook(Hook):
             if session.stop_requested:
                 self._started = True  # stopped while waiting (e.g. SIGTERM): this last step ends it
                 return None
-            self._clock.sleep(self._poll_secs)
+            waited = self._clock.monotonic() - start
+            if self._timeout_secs is not None and waited >= self._timeout_secs:
+                raise TimeoutError(f"GlobalStepWaiterHook waited {waited:.0f} s (timeout_secs="
+                                   f"{self._timeout_secs:g}) for global step {self._wait_until_step}; "
+                                   f"the step is {step}. Check that the chief is running, or raise timeout_secs")
+            self._clock.sleep(self._poll_secs if self._timeout_secs is None
+                              else min(self._poll_secs, self._timeout_secs - waited))
 
     def _current_step(self, session: Any) -> int:
         if self._step_fn is not None:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from supervisor import resume
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
+from supervisor import distributed
 from supervisor.boundary import Agreement, StepBoundary
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, overdue_warning
@@ -120,6 +121,11 @@ class MonitoredSession:
         self._last_output: Any = None
         self._coord = coord if coord is not None else Coordinator()
         self._stop_event = self._coord.stop_event
+        if agreement is None and distributed.is_distributed():  # §12: every rank, same step
+            from supervisor.distributed.agreement import CollectiveAgreement
+
+            agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0),
+                                            capture_rng=self._capture_rng)
         self._boundary = StepBoundary(agreement)
         # A collective agreement must be called at every boundary, the same number of times on
         # every rank; the local one only when something was requested.
@@ -351,7 +357,8 @@ class MonitoredSession:
                                "block, e.g. at the end of an epoch")
         if manager is None:
             manager = self._creator.checkpoints
-            if manager is None or not self._creator.is_chief:
+            # A collective manager (checkpoint_format="dcp") saves on every rank (§12).
+            if manager is None or not (self._creator.is_chief or getattr(manager, "collective", False)):
                 why = "is not the chief" if not self._creator.is_chief else "has no checkpoint directory"
                 raise RuntimeError(f"save_checkpoint: this session {why}; only the chief of a session "
                                    "with a logdir/checkpoint_dir writes checkpoints")
@@ -451,6 +458,13 @@ class MonitoredSession:
             raise RuntimeError("run called on a closed session")
         self._coord.raise_requested_exception()
         raise RuntimeError("run called after should_stop was requested")
+
+    def _capture_rng(self) -> Any:
+        """This rank's RNG state as its checkpoint stores it (gathered at agreed saves, §12)."""
+        from supervisor.resume import loader_generators
+        from supervisor.rng import capture_rng_state
+
+        return capture_rng_state(loader_generators(self._creator.state))
 
     def _request_stop(self, exc: BaseException | None = None, *, reason: str) -> None:
         """A stop requested from any thread: an error stops at once (``exc``); a clean stop is
@@ -555,9 +569,10 @@ class MonitoredSession:
             raise first.with_traceback(first.__traceback__)
         try:
             if not self._stopped:  # the close is the stopping boundary (final capture)
-                if not self._boundary.stop_pending:
-                    self._boundary.request_stop("session closed")
+                if not self._boundary.stop_pending:  # every rank closes at the same step (§12)
+                    self._boundary.request_stop("session closed", stop_on_every_rank=True)
                 self._at_boundary()
+            self._boundary.agreement.close()
             self._coord.request_stop()
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
             self._boundary.flush(self)
@@ -591,6 +606,7 @@ class MonitoredSession:
         first = self._coord.exception or exc
         if straggler_error is not None and hasattr(first, "add_note"):
             first.add_note(str(straggler_error))
+        _close_agreement(self._boundary.agreement, first)
         for hook in self._hooks_overriding("on_exception"):
             try:
                 with overdue_warning(f"{type(hook).__name__}.on_exception()", self._stop_grace_secs):
@@ -605,6 +621,14 @@ class MonitoredSession:
         except Exception:  # noqa: BLE001 - the first error is the one the user must see
             logger.exception("closing the session creator failed after %s", type(first).__name__)
         return first
+
+
+def _close_agreement(agreement: Agreement, error: BaseException) -> None:
+    """Closes the agreement after ``error``; a collective one tells the other ranks why."""
+    try:
+        agreement.close(error)
+    except Exception:  # noqa: BLE001 - the first error is the one the user must see
+        logger.exception("closing the rank agreement failed after %s", type(error).__name__)
 
 
 def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook, kwargs: dict) -> None:

@@ -65,6 +65,9 @@ class Supervisor:
         trusted_globals: classes/functions a checkpoint may reference beyond what
             ``torch.load(weights_only=True)`` and NumPy's scalars/arrays need (SPEC §5.4).
         clock: injectable clock for tests.
+        checkpoint_format: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
+            (``torch.distributed.checkpoint`` shards written by every rank; SPEC §12).
+        max_wait_secs: how long a non-chief waits for the chief's restore decision.
     """
 
     def __init__(
@@ -93,6 +96,8 @@ class Supervisor:
         handle_signals: bool = True,
         trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
+        checkpoint_format: str = "torch",
+        max_wait_secs: float = 7200,
     ) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
@@ -112,6 +117,8 @@ class Supervisor:
             trusted_globals=trusted_globals)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
+        self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
+        self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
         self._recoverable = check_exception_types(recoverable_exceptions)
         self._max_recoveries = v.check_int("max_recoveries", max_recoveries, minimum=0)
         self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
@@ -137,8 +144,8 @@ class Supervisor:
                 self._state, self._logdir, is_chief=self._is_chief,
                 checkpoint_options=self._checkpoint_options,
                 summary_dir=self._logdir if self._is_chief and self._save_summaries_secs else None,
-                max_wait_secs=7200, recovery_wait_secs=self._recovery_wait_secs, clock=self._clock,
-                **self._init_fns)
+                max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
+                clock=self._clock, checkpoint_format=self._checkpoint_format, **self._init_fns)
             services = SupervisorServices(save_model_secs=self._save_model_secs,
                                           save_summaries_secs=self._save_summaries_secs,
                                           summary_fn=self._summary_fn, clock=self._clock)
@@ -280,12 +287,17 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
     }
 
 
+#: The values of every front door's ``checkpoint_format`` (SPEC §12).
+CHECKPOINT_FORMATS = ("torch", "dcp")
+
+
 def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
                          checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
-                         **init_fns: Any) -> SessionCreator:
+                         checkpoint_format: str = "torch", **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
-    (taking the ownership lock), wait-and-restore on workers, in memory without a directory."""
+    (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
+    ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12)."""
     writer = None
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         from supervisor.checkpoint.options import check_writable_directory
@@ -303,7 +315,14 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         return creator
     from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
 
-    if is_chief:
+    if checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
+        from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
+
+        options = {k: val for k, val in (checkpoint_options or {}).items() if k != "save_mode"}
+        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock, **options)
+        creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
+                                        summary_writer=writer, **init_fns)
+    elif is_chief:
         manager = CheckpointManager(checkpoint_dir, clock=clock, **(checkpoint_options or {}))
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:

@@ -29,7 +29,7 @@ from supervisor.errors import RecoverableError
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir
-from supervisor.supervisor import check_checkpoint_options, make_session_creator
+from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
@@ -70,7 +70,7 @@ def _build(
     save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
-    ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (),
+    ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
@@ -85,6 +85,7 @@ def _build(
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode, trusted_globals=trusted_globals)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
+    checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
         "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
@@ -94,13 +95,18 @@ def _build(
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
         summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
-        recovery_wait_secs=30, clock=clock, **init_fns)
+        recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, **init_fns)
     wants = (writes_summaries and (log_steps or summary_secs or summary_steps)) or (
         checkpoint_dir is not None and (ckpt_secs or ckpt_steps))
+    from supervisor._shadowing import import_builtin_hooks
+
+    if not is_chief and checkpoint_format == "dcp" and checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
+        # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
+        saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
+                                                           save_steps=ckpt_steps, clock=clock)
+        return creator, [saver] + user_hooks
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
-
-    from supervisor._shadowing import import_builtin_hooks
 
     builtin = import_builtin_hooks()  # lazily (supervisor never imports hooks at import time), checked
 
@@ -121,6 +127,7 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
+    "checkpoint_format",
 )
 
 
@@ -152,9 +159,14 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     handle_signals: bool = True,
     trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None,
+    checkpoint_format: str = "torch",
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
-    ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling."""
+    ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
+
+    ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
+    (``torch.distributed.checkpoint`` shards from every rank, sealed by the chief; SPEC §12).
+    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)
@@ -173,9 +185,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
 class SingularMonitoredSession(MonitoredSession):
     """`MonitoredTrainingSession` for the chief alone, without recovery, exposing the raw state.
 
-    Takes `MonitoredTrainingSession`'s arguments less the distributed ones (``is_chief``,
-    ``max_wait_secs``) and the recovery ones; or an explicit ``session_creator`` (then the
-    chief hooks are not added: pass the hooks you want).
+    Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
+    explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
+    ``checkpoint_format="dcp"`` and ``max_wait_secs`` as `MonitoredTrainingSession` (a sharded
+    job's non-chief ranks still run a session each: they write their shards).
     """
 
     _recovery_enabled = False
@@ -206,6 +219,8 @@ class SingularMonitoredSession(MonitoredSession):
         session_creator: Any = None,
         trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
+        checkpoint_format: str = "torch",
+        max_wait_secs: float = 7200,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
@@ -213,7 +228,9 @@ class SingularMonitoredSession(MonitoredSession):
         if session_creator is not None:
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:
-            arguments = dict(locals(), is_chief=True, max_wait_secs=0, clock=clock)
+            # The chief alone, except that sharded checkpoints need every rank (§12).
+            chief = True if checkpoint_format != "dcp" else default_is_chief(None)
+            arguments = dict(locals(), is_chief=chief, clock=clock)
             creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
         super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                          handle_signals=handle_signals, clock=clock)

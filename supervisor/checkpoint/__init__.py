@@ -7,9 +7,12 @@
   `checkpoints_iterator`, `verify_checkpoint`.
 
 Where each concern lives: format.py (layout, manifest), fileio.py (checksums while writing,
-fsync), staging.py (capture), writer.py (background thread), commit.py (temp dir → rename),
-index.py (the ``checkpoint`` file, an untrusted input), retention.py (pure keep/delete rules),
-verify.py (a checkpoint against its manifest; vanished vs corrupt), restore.py (load, fall back), lock.py (ownership), manager.py, creator.py, helpers.py.
+fsync), staging.py (capture), writer.py (background thread), serialize.py (the payload's zip
+format), temp.py (one temp directory, filled by one or many writers, sealed and renamed once),
+commit.py (write_checkpoint, removal), index.py (the ``checkpoint`` file, an untrusted input),
+retention.py (pure keep/delete rules), verify.py (a checkpoint against its manifest; vanished vs
+corrupt), restore.py (load, fall back), lock.py (ownership), manager.py, creator.py, helpers.py,
+dcp.py (``checkpoint_format="dcp"``: sharded, every rank writes).
 """
 from __future__ import annotations
 

@@ -7,61 +7,27 @@ which `clean_transient` removes when a writer next opens the logdir; a crash aft
 complete checkpoint. Publishing it in the index is index.py's job; deleting old ones is
 `remove_checkpoint`'s, which renames before it deletes so a reader never sees half a directory.
 
-Serialisation is ``torch.save``'s zip format without torch's per-record CRC pass: that pass
-cost a third of the write bandwidth on the project's machine (1 GiB: 1.48 s with it, 0.96 s
-without, raw write+fsync 0.84 s), and the manifest's whole-file checksum already covers every
-byte. With it gone, `write_checkpoint` (checksums included) matched raw sequential write+fsync
-of the same bytes (interleaved runs, medians 1.13 s vs 1.13 s; ``torch.save`` to a path 1.44 s).
-The private torch entry points this needs are checked once with a round trip; if they ever
-change, plain ``torch.save`` (with its CRC) is used instead.
+The temp directory itself (create, fill, seal, rename) is `supervisor.checkpoint.temp`, which
+several writers can share (distributed checkpoints); serialisation is
+`supervisor.checkpoint.serialize`.
 """
 from __future__ import annotations
 
 import errno
-import functools
-import io
 import logging
 import os
-import pickle
-import shutil
-import sys
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-import torch
-
-from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener, fsync_dir
-from supervisor.checkpoint.format import (
-    INDEX_FILE,
-    MANIFEST_FILE,
-    STATE_FILE,
-    FileRecord,
-    Manifest,
-    deleting_name,
-    is_transient,
-    temp_name,
-    transient_base,
-)
+from supervisor.checkpoint.fileio import Opener, default_opener, fsync_dir
+from supervisor.checkpoint.format import INDEX_FILE, STATE_FILE, deleting_name, is_transient, transient_base
+from supervisor.checkpoint.serialize import serialize
+from supervisor.checkpoint.temp import CommitResult, TempCheckpoint, remove_tree
 from supervisor.errors import CheckpointError
 
 __all__ = ["CommitResult", "write_checkpoint", "remove_checkpoint", "move_aside", "remove_tree",
            "clean_transient", "recover_interrupted_replacements", "serialize"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    """A committed checkpoint: its path, its manifest and how long the write took."""
-
-    path: str
-    manifest: Manifest
-    write_secs: float
-
-    @property
-    def nbytes(self) -> int:
-        return sum(r.size for r in self.manifest.files.values())
 
 
 def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall_time: float,
@@ -72,42 +38,29 @@ def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall
     step); committed checkpoints are never touched, except a committed ``directory/name`` of
     the same step, which is replaced only once the new one is sealed.
     """
-    opener = opener or default_opener
-    start = time.perf_counter()
-    tmp = os.path.join(directory, temp_name(name))
-    os.mkdir(tmp)
+    opener = opener or default_opener  # looked up at call time: fault-injection tests patch it
+    temp = TempCheckpoint.create(directory, name)
     try:
-        state_record = _write_file(os.path.join(tmp, STATE_FILE), lambda w: serialize(payload, w), opener)
-        manifest = Manifest(step=int(step), wall_time=float(wall_time), torch_version=str(torch.__version__),
-                            world_size=int(world_size), files={STATE_FILE: state_record})
-        data = manifest.to_json().encode("utf-8")
-        _write_file(os.path.join(tmp, MANIFEST_FILE), lambda w: w.write(data), opener)
-        fsync_dir(tmp)
-        final = os.path.join(directory, name)
-        _rename_into_place(tmp, final)
-        fsync_dir(directory)
+        temp.write_file(STATE_FILE, lambda w: serialize(payload, w), opener)
     except BaseException:
-        remove_tree(tmp)
+        temp.discard()
         raise
-    return CommitResult(final, manifest, time.perf_counter() - start)
-
-
-def _write_file(path: str, fill: Callable[[ChecksumWriter], Any], opener: Opener) -> FileRecord:
-    with ChecksumWriter(opener(path)) as writer:
-        fill(writer)
-        writer.sync()
-        return FileRecord(writer.nbytes, writer.checksum)
+    return temp.finalize(step=step, wall_time=wall_time, world_size=world_size, opener=opener,
+                         rename=_rename_into_place)
 
 
 def _rename_into_place(tmp: str, final: str) -> None:
+    """Renames a sealed temp directory to its committed name (every commit goes through here).
+
+    Re-saving a step that is already committed (e.g. after a hand rollback) moves the old one
+    aside first, so the name always holds a complete checkpoint or none.
+    """
     try:
         os.rename(tmp, final)
         return
     except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
             raise
-    # Re-saving a step that is already committed (e.g. after a hand rollback): move the old
-    # one aside first, so the name always holds a complete checkpoint or none.
     logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
     aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
     os.rename(final, aside)
@@ -203,50 +156,3 @@ def clean_transient(directory: str) -> list[str]:
 
 def _is_index_temp(name: str) -> bool:
     return name.startswith(INDEX_FILE + ".tmp-")
-
-
-def remove_tree(path: str) -> None:
-    """``shutil.rmtree`` that logs (WARNING) what it cannot remove instead of raising."""
-    def report(function: Any, failed_path: str, exc_info: Any) -> None:
-        error = exc_info[1] if isinstance(exc_info, tuple) else exc_info
-        if not isinstance(error, FileNotFoundError):
-            logger.warning("could not remove %s: %s", failed_path, error)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=report)
-    else:
-        shutil.rmtree(path, onerror=report)
-
-
-# ---------------------------------------------------------------- serialisation
-def _save_without_record_crc(obj: Any, f: Any) -> None:
-    writer = torch._C.PyTorchFileWriter(f, False, torch.serialization._get_storage_alignment())
-    try:
-        torch.serialization._save(obj, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-    finally:
-        # Finalise here: if the destructor had to, a write error would abort the process.
-        writer.write_end_of_file()
-
-
-def _torch_save(obj: Any, f: Any) -> None:
-    torch.save(obj, f)
-
-
-@functools.lru_cache(maxsize=None)
-def _resolve_serializer() -> Callable[[Any, Any], None]:
-    probe = {"t": torch.arange(3)}
-    try:
-        buffer = io.BytesIO()
-        _save_without_record_crc(probe, buffer)
-        buffer.seek(0)
-        if torch.equal(torch.load(buffer, weights_only=True)["t"], probe["t"]):
-            return _save_without_record_crc
-    except Exception as e:  # noqa: BLE001 - any change in torch's private API means: don't use it
-        logger.debug("torch's zip writer without CRC is unavailable (%s); using torch.save", e)
-    return _torch_save
-
-
-def serialize(payload: Any, writer: ChecksumWriter) -> None:
-    """``torch.save(payload, writer)``, minus torch's redundant per-record CRC when possible."""
-    _resolve_serializer()(payload, writer)
-    writer.raise_if_failed()

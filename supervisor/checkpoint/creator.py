@@ -19,6 +19,8 @@ import logging
 import os
 from typing import Any, Callable, Iterable
 
+from supervisor import distributed
+from supervisor.distributed import restore as distributed_restore
 from supervisor._paths import check_path
 from supervisor._validate import check_bool, check_choice, check_number
 from supervisor.checkpoint.manager import CheckpointManager
@@ -69,7 +71,8 @@ class CheckpointSessionCreator(SessionCreator):
         manager.open()
         if self._routes_errors:
             manager.on_error = session.request_stop
-        return manager.restore(self.state)
+        # Distributed (§12): the other ranks restore exactly what the chief chose here.
+        return distributed_restore.decide_as_chief(lambda: manager.restore(self.state))
 
 
 class WorkerSessionCreator(SessionCreator):
@@ -111,7 +114,11 @@ class WorkerSessionCreator(SessionCreator):
         self.save_rng = check_bool("save_rng", save_rng)
         self._clock = resolve_clock(clock)
 
-    def restore(self, session: Any) -> Restored:
+    def restore(self, session: Any) -> Restored | None:
+        if distributed.is_distributed():  # §12: wait for the chief's decision, restore exactly that
+            return distributed_restore.follow_chief(
+                self.state, max_wait_secs=self.max_wait_secs, verify=self.verify,
+                trusted_globals=self.trusted_globals, save_rng=self.save_rng, clock=self._clock)
         start = self._clock.monotonic()
         last_problem = "no checkpoint had been written"
         while True:

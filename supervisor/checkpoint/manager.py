@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from supervisor import distributed
+from supervisor.distributed import rng as distributed_rng
 from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint import retention
 from supervisor.checkpoint.commit import (
@@ -279,8 +280,10 @@ class CheckpointManager:
     def _capture(self, step: int, state: TrainingState) -> dict[str, Any]:
         try:
             entries = self._staging.capture(state.state_dict())
-            # With the generators of the state's data loaders (exact resume, supervisor/resume.py).
-            rng = {distributed.rank(): capture_rng_state(loader_generators(state))} if self.save_rng else None
+            # With the generators of the state's data loaders (exact resume, supervisor/resume.py),
+            # and every rank's state when the ranks' agreement gathered them for this step (§12).
+            rng = distributed_rng.states_for_checkpoint(step, capture_rng_state(loader_generators(state))) \
+                if self.save_rng else None
         except Exception as e:
             raise CheckpointError(f"capturing the training state for the checkpoint of step {step} "
                                   f"failed: {type(e).__name__}: {e}") from e

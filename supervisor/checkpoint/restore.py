@@ -44,9 +44,11 @@ from supervisor.checkpoint.format import (
     step_of,
 )
 from supervisor import distributed, resume
+from supervisor.distributed import rng as distributed_rng
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
 from supervisor.checkpoint.verify import (
+    DCP_METADATA,
     VERIFY_MODES,
     check_checkpoint,
     check_sizes,
@@ -124,6 +126,9 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         verifier.join()
         for name, record in manifest.files.items():
             compare_checksum(path, name, record.checksum, checksums.get(name))
+    if load_error is not None and DCP_METADATA in manifest.files and STATE_FILE not in manifest.files:
+        raise CheckpointError(f"{path} is a sharded torch.distributed.checkpoint (checkpoint_format="
+                              "'dcp'); load it with supervisor.checkpoint.dcp.load_into") from load_error
     if type(load_error) is CheckpointError:  # verified, but needs an untrusted global
         raise load_error
     if load_error is not None:
@@ -362,9 +367,8 @@ def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_
         states = loaded.payload.get(RNG_KEY)
         if isinstance(states, dict) and rank in states:
             resume.restore_rng(states[rank], state, where=where)  # + the loaders' generators
-        elif isinstance(states, dict):  # other ranks' states only: this rank keeps its own streams
-            logger.info("%s has no RNG state for rank %d (it has ranks %s); this rank's random "
-                        "generators continue from their current state", loaded.path, rank, sorted(states))
+        elif isinstance(states, dict) and states:  # the world size changed: a derived seed (§12)
+            distributed_rng.restore_for_rank(states, rank, step=loaded.step, where=where)
         else:
             logger.warning("%s has no RNG state (saved with save_rng=False?); the random generators "
                            "continue from their current state", loaded.path)

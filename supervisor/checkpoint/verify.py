@@ -23,6 +23,10 @@ from supervisor.checkpoint.fileio import checksum_file
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, Manifest, read_manifest
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointVanishedError
 
+#: torch.distributed.checkpoint's metadata file: a sharded checkpoint (supervisor.checkpoint.dcp)
+#: has it, and no state.pt.
+DCP_METADATA = ".metadata"
+
 __all__ = ["VERIFY_MODES", "check_verify", "check_checkpoint", "check_sizes", "checksum_all",
            "compare_checksum", "raise_if_vanished"]
 
@@ -77,7 +81,7 @@ def check_sizes(path: str) -> Manifest:
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise_if_vanished(path, e)
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
-    if STATE_FILE not in manifest.files:
+    if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:  # dcp: §12
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
     for name, record in manifest.files.items():
         if not name or os.sep in name or (os.altsep and os.altsep in name) or name in (os.curdir, os.pardir):

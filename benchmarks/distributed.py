@@ -1,0 +1,149 @@
+"""Cost of the rank agreement (SPEC §14): a 2-rank gloo DDP step of a tiny model.
+
+Three loops, run by both ranks in interleaved rounds (the order rotates each round):
+
+- ``bare``: the DDP step alone;
+- ``agreement``: the step plus `CollectiveAgreement.decide` (one async all_reduce per step,
+  started at boundary N, waited for at N+1 — overlapping the step);
+- ``naive``: the step plus a blocking all_reduce of the same flags every step (the agreement
+  done without overlap), for comparison;
+- ``raw_async``: the step plus a bare async all_reduce of the same tensor on the same kind of
+  group, waited for at the next step, with none of the agreement's logic: the transport's own
+  floor for any per-step collective on this machine.
+
+Prints, for each loop, µs per step (median over rounds, min–max) and the per-round ratio over
+``bare`` (median, min–max). Target: agreement ≤ 1.05×. The machine is shared: figures are noisy.
+
+Run: ``python benchmarks/distributed.py [--quick]`` (spawns its two ranks itself).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LOOPS = ("bare", "agreement", "naive", "raw_async")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from supervisor.boundary import NO_REQUESTS
+    from supervisor.distributed.agreement import CollectiveAgreement
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method="env://")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                                        torch.nn.Linear(64, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    side = dist.new_group(backend="gloo")
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    def run(loop: str) -> float:
+        # Created outside the timed loop (a session creates it once, with the session).
+        agreement = CollectiveAgreement(stop_grace_secs=60) if loop == "agreement" else None
+        flags = torch.zeros(4, dtype=torch.int32)
+        pending = None
+        dist.barrier()
+        start = time.perf_counter()
+        for n in range(steps):
+            step()
+            if agreement is not None:
+                agreement.decide(n, NO_REQUESTS)
+            elif loop == "naive":
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+            elif loop == "raw_async":
+                if pending is not None:
+                    pending.wait()
+                pending = side.allreduce([flags], options)
+        if agreement is not None:
+            agreement.decide(steps, _last())  # the agreed stop: waits for the last collective
+        if pending is not None:
+            pending.wait()
+        elapsed = time.perf_counter() - start
+        if agreement is not None:
+            agreement.close()
+        return elapsed / steps * 1e6
+
+    for _ in range(20):
+        step()
+    times: dict[str, list[float]] = {loop: [] for loop in LOOPS}
+    for r in range(rounds):
+        order = LOOPS[r % len(LOOPS):] + LOOPS[:r % len(LOOPS)]
+        for loop in order:
+            times[loop].append(run(loop))
+    if rank == 0:
+        out.put(times)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _last() -> Any:
+    from supervisor.boundary import Requests
+
+    return Requests(stop_reason="benchmark over", stop_on_every_rank=True)
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def main(argv: list[str] | None = None) -> dict[str, list[float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    args = parser.parse_args(argv)
+    rounds, steps = (3, 50) if args.quick else (15, 300)
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, rounds, steps, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        times = queue.get(timeout=900)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    print(f"2-rank gloo DDP step of a tiny model, {rounds} interleaved rounds x {steps} steps "
+          "(shared machine: noisy)")
+    print(f"{'loop':<12}{'us/step median (min-max)':<32}{'ratio over bare, median (min-max)'}")
+    for loop in LOOPS:
+        ratios = [t / b for t, b in zip(times[loop], times["bare"])]
+        verdict = ""
+        if loop == "agreement":
+            verdict = "  ok (target <= 1.05x)" if statistics.median(ratios) <= 1.05 else "  MISSES TARGET (<= 1.05x)"
+        print(f"{loop:<12}{_spread(times[loop], '{:.0f}'):<32}{_spread(ratios, '{:.3f}x')}{verdict}")
+    return times
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""`CollectiveAgreement`: every rank saves and stops at the same step (SPEC §3.5, §12).
+
+Each rank's requests of step N (a save: a time-based checkpoint, a listener, ``request_save``;
+a stop: ``StopAtSecsHook``, SIGTERM, a NaN, early stopping, ``request_stop``) go into one small
+asynchronous ``all_reduce`` (MAX over a ``2 × world_size`` int32 tensor: a save flag and a stop
+flag per rank) started at the boundary of step N on a gloo group of its own. The next step runs
+while it travels; at the boundary of N+1 its result is applied on every rank. So:
+
+- any rank asks → every rank acts, at the same step (N+1 for a request made during step N);
+- a stop every rank requests at the same step (``Requests.stop_on_every_rank``: the target of
+  ``StopAtStepHook(last_step)``, known to all ranks ahead) applies at once, at that step;
+- the collective overlaps the step: on the critical path there is only ``is_completed()``.
+
+The side group is always gloo (also when training uses NCCL), with ``timeout =
+stop_grace_secs``: a rank that dies, raises or hangs makes the others' wait fail within that
+time, and `RankFailureError` names it (failure.py). Every rank must call `decide` once per step
+(the session does) and create the agreement at the same point (session creation).
+
+Example::
+
+    agreement = CollectiveAgreement(stop_grace_secs=60)   # after init_process_group
+    decision = agreement.decide(step, Requests(stop_reason="SIGTERM"))
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+from typing import Any
+
+import torch
+
+from supervisor import distributed
+from supervisor._validate import check_number
+from supervisor.boundary import NO_REQUESTS, Agreement, Decision, Requests
+from supervisor.distributed import rng as rng_module
+from supervisor.distributed.failure import (
+    HangWatchdog,
+    RankFailureError,
+    describe_failure,
+    diagnose,
+    post_failure,
+)
+
+__all__ = ["CollectiveAgreement"]
+
+logger = logging.getLogger(__name__)
+
+_GENERATIONS = itertools.count()  # agreements are created in the same order on every rank
+
+
+class CollectiveAgreement(Agreement):
+    """Combines save and stop requests across the ranks of the default process group.
+
+    Args:
+        stop_grace_secs: how long a rank waits for the others' part of a step's agreement
+            before it declares them failed (the side group's collective timeout; a part of it,
+            at most 5 s, goes to finding out which rank failed).
+        gather_rng: gather every rank's RNG state to the chief at each agreed save, so the
+            checkpoint holds them all (supervisor.distributed.rng).
+        capture_rng: ``capture_rng() -> state``: this rank's RNG state as a checkpoint stores it
+            (the session passes one that includes its data loaders' generators).
+    """
+
+    local = False
+
+    def __init__(self, *, stop_grace_secs: float = 120.0, gather_rng: bool = True,
+                 capture_rng: Any = None) -> None:
+        import torch.distributed as dist
+
+        if not distributed.is_initialized():
+            raise RuntimeError("CollectiveAgreement needs an initialised torch.distributed process "
+                               "group; call supervisor.distributed.init_process_group() first")
+        self.stop_grace_secs = check_number("stop_grace_secs", stop_grace_secs, strictly_positive=True)
+        self._diagnose_secs = min(5.0, self.stop_grace_secs / 4)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._gather_rng = bool(gather_rng)
+        self._capture_rng = capture_rng
+        generation = next(_GENERATIONS)
+        # The side group is made at the first decide(), a collective every rank reaches after its
+        # session creation: made here, it would make non-chief ranks wait for the chief's
+        # restore inside new_group, with its timeout instead of max_wait_secs.
+        self._group: Any = None
+        self._store = dist.PrefixStore(f"supervisor/agreement/{distributed.attempt()}/{generation}",
+                                       distributed.default_store())
+        self._watchdog: HangWatchdog | None = None
+        self._pending: tuple[Any, torch.Tensor, int] | None = None
+        self._buffers = (torch.zeros(2 * self.world_size, dtype=torch.int32),
+                         torch.zeros(2 * self.world_size, dtype=torch.int32))
+        self._options: Any = None
+        self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
+        self._finished = False
+        self._closed = False
+        self.collectives = 0  # how many all_reduces were started (for tests and benchmarks)
+
+    # ---------------------------------------------------------------- the per-step decision
+    def decide(self, step: int, requests: Requests) -> Decision:
+        """The decision for the boundary after ``step``; starts the collective for the next one."""
+        if self._closed:
+            raise RuntimeError(f"the agreement of rank {self.rank} is closed")
+        if self._finished:  # every rank already stopped at an agreed boundary: nothing to agree
+            return Decision(step)
+        if self._watchdog is None:
+            self._first_boundary()
+        self._watchdog.progress(step)
+        decision = self._collect(step)
+        if requests.stop and requests.stop_on_every_rank:
+            decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
+        if decision.stop:
+            self._finished = True  # every rank stops here: no collective for a next boundary
+        else:
+            self._start(step, requests)
+        if self._gather_rng and (decision.save or decision.stop):
+            rng_module.gather(step, group=self._group, capture=self._capture_rng)
+        return decision
+
+    def _first_boundary(self) -> None:
+        """Makes the side group (a collective: every rank's first boundary) and the watchdog."""
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=max(self.stop_grace_secs - self._diagnose_secs, 0.1))
+        self._group = dist.new_group(backend="gloo", timeout=timeout)
+        self._options = dist.AllreduceOptions()
+        self._options.reduceOp = dist.ReduceOp.MAX
+        self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
+        self._watchdog.start()
+
+    def _start(self, step: int, requests: Requests) -> None:
+        # Two buffers in turn: the one in flight is never the one being filled.
+        flags = self._buffers[self.collectives & 1]
+        flags.zero_()
+        if requests is not NO_REQUESTS:
+            flags[self.rank] = int(requests.save)
+            flags[self.world_size + self.rank] = int(requests.stop)
+            self._local_reasons = (requests.save_reasons, requests.stop_reason)
+        else:
+            self._local_reasons = ((), None)
+        # The process group's own call: the per-step path skips the Python wrapper's checks.
+        work = self._group.allreduce([flags], self._options)
+        self.collectives += 1
+        self._pending = (work, flags, step)
+
+    def _collect(self, step: int) -> Decision:
+        """Waits for the collective started at the previous boundary; its decision applies now."""
+        if self._pending is None:
+            return Decision(step)
+        work, flags, started = self._pending
+        self._pending = None
+        if not work.is_completed():
+            try:
+                work.wait()
+            except Exception as e:  # noqa: BLE001 - a peer died, raised or hung
+                raise self._failure(step, e) from e
+        values = flags.tolist()
+        if not any(values):
+            return Decision(step)
+        savers = [r for r in range(self.world_size) if values[r]]
+        stoppers = [r for r in range(self.world_size) if values[self.world_size + r]]
+        own_saves, own_stop = self._local_reasons
+        save_reasons = tuple(own_saves) + tuple(f"save requested on rank {r} at step {started}"
+                                                for r in savers if r != self.rank)
+        stop_reason = None
+        if stoppers:
+            stop_reason = own_stop if self.rank in stoppers and own_stop else \
+                f"stop requested on rank {stoppers[0]} at step {started}"
+        return Decision(step, save=bool(savers), stop=bool(stoppers), save_reasons=save_reasons,
+                        stop_reason=stop_reason)
+
+    def _failure(self, step: int, error: BaseException) -> RankFailureError:
+        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
+        what = describe_failure(failed, silent, self._diagnose_secs)
+        message = (f"rank {self.rank} cannot agree on step {step} with the other ranks: {what}; "
+                   f"the collective reported: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        logger.error("%s", message)
+        return RankFailureError(message, ranks=tuple(sorted(failed)) + tuple(silent), step=step)
+
+    # ---------------------------------------------------------------- leaving
+    def report_failure(self, exc: BaseException) -> None:
+        """Posts this rank's error for the others' diagnosis (called as a failed session closes).
+
+        When ``exc`` is itself a failed collective (e.g. DDP's all_reduce after a peer died), the
+        ranks that failed first are looked up and named in a note added to ``exc``.
+        """
+        if isinstance(exc, RankFailureError):
+            return
+        post_failure(self._store, self.rank, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if _is_collective_failure(exc) and hasattr(exc, "add_note"):
+            failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
+            failed = {r: m for r, m in failed.items() if r != self.rank}
+            exc.add_note(f"[torch-supervisor] rank {self.rank}: a collective failed because another rank "
+                         f"did: {describe_failure(failed, silent, self._diagnose_secs)}")
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Leaves the agreement. After an agreed stop nothing is in flight; otherwise (this rank
+        stops alone, e.g. on an error) the others are told why, so their error can name it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.close()
+        if error is not None:
+            self.report_failure(error)
+        elif self._pending is not None:
+            post_failure(self._store, self.rank, f"left the session at step {self._pending[2]} "
+                         "without an agreed stop")
+        self._pending = None
+
+    def __repr__(self) -> str:
+        return (f"CollectiveAgreement(rank={self.rank}, world_size={self.world_size}, "
+                f"stop_grace_secs={self.stop_grace_secs:g})")
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` looks like a torch.distributed collective that failed (a peer is gone)."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset"))
+
+
+def _merge(a: Decision, b: Decision) -> Decision:
+    return Decision(a.step, save=a.save or b.save, stop=a.stop or b.stop,
+                    save_reasons=a.save_reasons + b.save_reasons,
+                    stop_reason=a.stop_reason or b.stop_reason)
+
+

@@ -1,0 +1,158 @@
+"""Naming the rank that failed (SPEC §12): when a collective fails, ask the store who is left.
+
+A rank that raises posts its error under ``failed/<rank>`` in the group's store as it closes
+its session; every rank that sees a collective fail posts ``alive/<rank>``. A rank that posted
+neither within a short grace period is unresponsive (killed, or hung). The store is the one the
+process group rendezvoused on, so this needs no connection of its own.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from supervisor.errors import SupervisorError
+
+__all__ = ["RankFailureError", "diagnose", "post_failure"]
+
+logger = logging.getLogger(__name__)
+
+
+class RankFailureError(SupervisorError):
+    """Another rank failed (raised, was killed or hung) and this rank cannot go on.
+
+    Attributes:
+        ranks: the ranks found failed or unresponsive (empty when the store could not tell).
+        step: the step at which this rank noticed.
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), step: int | None = None) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        self.step = step
+
+
+def post_failure(store: Any, rank: int, message: str) -> None:
+    """Tells the other ranks this rank is leaving because of ``message`` (best effort)."""
+    try:
+        store.set(f"failed/{rank}", message[:2000])
+    except Exception as e:  # noqa: BLE001 - the store's host may be the one that died
+        logger.debug("could not post rank %d's failure to the store: %s", rank, e)
+
+
+def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tuple[dict[int, str], list[int]]:
+    """Returns ``({rank: its posted error}, [unresponsive ranks])`` as seen within ``grace_secs``."""
+    try:
+        store.set(f"alive/{rank}", "1")
+    except Exception as e:  # noqa: BLE001
+        logger.warning("the process group's store is unreachable (%s); its host (rank 0 or the "
+                       "torchrun agent) may be gone", e)
+        return {}, [r for r in range(world_size) if r != rank and r == 0]
+    failed: dict[int, str] = {}
+    deadline = time.monotonic() + grace_secs
+    while True:
+        silent = []
+        for other in range(world_size):
+            if other == rank or other in failed:
+                continue
+            try:
+                if store.check([f"failed/{other}"]):
+                    failed[other] = store.get(f"failed/{other}").decode("utf-8", "replace")
+                elif not store.check([f"alive/{other}"]):
+                    silent.append(other)
+            except Exception:  # noqa: BLE001 - treat an unreadable store as silence
+                silent.append(other)
+        if not silent or time.monotonic() >= deadline:
+            return failed, silent
+        time.sleep(0.05)
+
+
+def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: float) -> str:
+    """One sentence naming each failed rank and why."""
+    parts = [f"rank {r} failed ({message})" for r, message in sorted(failed.items())]
+    if silent:
+        ranks = ", ".join(str(r) for r in silent)
+        parts.append(f"rank {ranks} did not respond within {grace_secs:g} s (killed or hung)")
+    return "; ".join(parts) if parts else "no rank reported a failure (a network problem?)"
+
+
+class HangWatchdog:
+    """Ends this process when another rank hangs while this one is blocked waiting for it.
+
+    ``torch.distributed`` cannot interrupt a blocked gloo collective (``abort`` does not unblock
+    it), so a rank stuck in DDP's all_reduce behind a hung peer would wait for the training
+    group's own timeout (30 min by default). Every rank posts the step of its last boundary to the
+    store (``progress/<rank>``, only when it changes, from this thread). When this rank's step has
+    not moved for ``grace_secs`` *and* another rank is behind it and has not moved for
+    ``grace_secs`` either, that rank is hung: this rank logs an error naming it, posts it for the
+    others, and exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started
+    the job — sees the failure in bounded time. Committed checkpoints are untouched; a save in
+    flight is left as a temp directory, removed at the next start.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, *, grace_secs: float,
+                 interval_secs: float = 1.0) -> None:
+        import threading
+
+        self._store, self.rank, self.world_size = store, rank, world_size
+        self.grace_secs = grace_secs
+        self._interval = min(interval_secs, grace_secs / 4)
+        self._step: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor-rank-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def progress(self, step: int) -> None:
+        """The training thread reached the boundary of ``step`` (a plain attribute write)."""
+        self._step = step
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        seen: dict[int, tuple[int, float]] = {}
+        posted = None
+        own_since = time.monotonic()
+        while not self._stop.wait(self._interval):
+            now = time.monotonic()
+            step = self._step
+            try:
+                if step != posted:
+                    self._store.set(f"progress/{self.rank}", str(step))
+                    posted, own_since = step, now
+                hung = self._find_hung(step, seen, now) if now - own_since > self.grace_secs else None
+            except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
+                logger.debug("rank watchdog: store unavailable (%s)", e)
+                continue
+            if hung is not None:
+                self._abort(*hung)
+
+    def _find_hung(self, step: int | None, seen: dict[int, tuple[int, float]], now: float) -> tuple[int, int] | None:
+        for other in range(self.world_size):
+            if other == self.rank or not self._store.check([f"progress/{other}"]):
+                continue
+            raw = self._store.get(f"progress/{other}").decode()
+            value = int(raw) if raw.lstrip("-").isdigit() else -1
+            if seen.get(other, (None, 0.0))[0] != value:
+                seen[other] = (value, now)
+            if step is not None and value < step and now - seen[other][1] > self.grace_secs:
+                return other, value
+        return None
+
+    def _abort(self, other: int, other_step: int) -> None:
+        message = (f"rank {other} hung: it has been at step {other_step} for more than "
+                   f"stop_grace_secs={self.grace_secs:g} s while rank {self.rank} waits for it at "
+                   f"step {self._step}; rank {self.rank} exits (status 1) so the job ends")
+        logger.critical("%s", message)
+        post_failure(self._store, self.rank, message)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        import os
+        import sys
+
+        print(f"RankFailureError: {message}", file=sys.stderr, flush=True)
+        os._exit(1)

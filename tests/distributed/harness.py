@@ -1,0 +1,95 @@
+"""Runs real multi-process torch.distributed jobs for the tests: N ranks as subprocesses of
+``python -m tests.distributed.worker SCENARIO`` (gloo on loopback, a free port, env://), each
+job bounded by a timeout; every process is killed and reaped before the helper returns."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int | None
+    output: str
+    elapsed: float
+
+    @property
+    def result(self) -> Any:
+        """The JSON the worker printed on its ``RESULT `` line (None when there is none)."""
+        for line in self.output.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        return None
+
+
+def env_for(rank: int, world_size: int, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+               WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    env.update(extra or {})
+    return env
+
+
+def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
+            extra_env: dict[str, str] | None = None, after_rank0_secs: float | None = None) -> list[RankResult]:
+    """Runs ``scenario`` on ``world_size`` ranks; returns each rank's exit code and output.
+    A rank still running at ``timeout`` — or ``after_rank0_secs`` after rank 0 ended, when
+    given (a hung rank, as torchrun would kill it) — is killed (returncode None)."""
+    port = free_port()
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.worker", scenario, *args],
+                              cwd=ROOT, env=env_for(r, world_size, port, extra_env),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+             for r in range(world_size)]
+    results: list[RankResult] = []
+    try:
+        for r, proc in enumerate(procs):
+            remaining = max(0.1, timeout - (time.monotonic() - start))
+            if r > 0 and after_rank0_secs is not None:
+                remaining = max(0.1, min(remaining, results[0].elapsed + after_rank0_secs - (time.monotonic() - start)))
+            try:
+                out, _ = proc.communicate(timeout=remaining)
+                code: int | None = proc.returncode
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                out, _ = proc.communicate()
+                code = None
+            results.append(RankResult(r, code, out, time.monotonic() - start))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _kill(proc)
+                proc.communicate()
+    return results
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def describe(results: list[RankResult]) -> str:
+    return "\n".join(f"--- rank {r.rank} (exit {r.returncode}, {r.elapsed:.1f} s)\n{r.output[-4000:]}"
+                     for r in results)

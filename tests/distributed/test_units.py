@@ -1,0 +1,96 @@
+"""In-process checks of the distributed pieces (no process group needed)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from supervisor import distributed
+from supervisor.distributed import restore as channel
+from supervisor.distributed import rng as dist_rng
+from supervisor.distributed.failure import describe_failure, diagnose
+from supervisor.rng import capture_rng_state
+from supervisor.testing import FakeClock
+
+
+class DictStore:
+    """The subset of a c10d store the runtime uses."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.checks = 0
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        self.checks += 1
+        return all(k in self.data for k in keys)
+
+
+def test_a_waiting_rank_polls_at_least_every_second_and_times_out_naming_the_key():
+    store, clock = DictStore(), FakeClock()
+    start = clock.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        channel.await_decision("supervisor/restore/0/7", max_wait_secs=5, store=store, clock=clock)
+    assert clock.monotonic() - start == pytest.approx(5)
+    assert store.checks >= 5 / 1.0  # at least one look per second
+    message = str(info.value)
+    assert "'supervisor/restore/0/7'" in message and "max_wait_secs=5" in message and "chief" in message
+
+
+def test_the_decision_round_trips():
+    store = DictStore()
+    channel.publish_decision("k", channel.RestoreDecision("/x/model.ckpt-4", 4), store=store)
+    assert channel.await_decision("k", max_wait_secs=0, store=store) == channel.RestoreDecision("/x/model.ckpt-4", 4)
+
+
+def test_rank_numbers_in_the_checkpoint_get_their_own_state_back_and_others_a_derived_seed():
+    torch.manual_seed(5)
+    saved = {0: capture_rng_state()}
+    expected = torch.rand(3)
+    dist_rng.restore_for_rank(saved, 0, step=10, where="ckpt")
+    assert torch.equal(torch.rand(3), expected)
+    dist_rng.restore_for_rank(saved, 2, step=10, where="ckpt")  # a rank the checkpoint never had
+    first = (torch.rand(3), random.random())
+    dist_rng.restore_for_rank(saved, 2, step=10, where="ckpt")
+    assert torch.equal(torch.rand(3), first[0]) and random.random() == first[1]  # reproducible
+    assert dist_rng.derived_seed(10, 2) != dist_rng.derived_seed(10, 3)
+    assert dist_rng.derived_seed(10, 2) != dist_rng.derived_seed(11, 2)
+
+
+def test_gathered_states_are_used_only_for_their_step():
+    own = capture_rng_state()
+    assert list(dist_rng.states_for_checkpoint(3, own)) == [distributed.rank()]
+    with dist_rng._lock:
+        dist_rng._gathered = (4, {0: own, 1: own})
+    assert list(dist_rng.states_for_checkpoint(3, own)) == [0]  # stale gather: dropped
+    with dist_rng._lock:
+        dist_rng._gathered = (4, {0: own, 1: own})
+    assert sorted(dist_rng.states_for_checkpoint(4, own)) == [0, 1]
+
+
+def test_diagnosis_names_failed_and_silent_ranks():
+    store = DictStore()
+    store.set("failed/1", "ValueError: boom")
+    failed, silent = diagnose(store, 0, 3, grace_secs=0.1)
+    assert failed == {1: "ValueError: boom"} and silent == [2]
+    text = describe_failure(failed, silent, 0.1)
+    assert "rank 1 failed (ValueError: boom)" in text and "rank 2 did not respond" in text
+
+
+def test_agreement_needs_a_process_group():
+    from supervisor.distributed import CollectiveAgreement
+
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        CollectiveAgreement()
+
+
+def test_no_process_group_means_one_process():
+    assert not distributed.is_distributed()
+    assert distributed.default_is_chief(None) is (distributed.rank() == 0)
+    assert distributed.default_is_chief(False) is False
