@@ -20,6 +20,8 @@ import os
 from typing import Any, Callable, Iterable
 
 from supervisor._validate import check_bool, check_choice, check_number
+from supervisor.checkpoint.finished import clear_finished, mark_finished
+from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
@@ -67,10 +69,19 @@ class CheckpointSessionCreator(SessionCreator):
         manager.open()
         if self._routes_errors:
             manager.on_error = session.request_stop
+        # -- finished mark (issue 12, SPEC §10.2): a new session means the run is not finished.
+        self._session = session
+        clear_finished(manager.directory)
         return manager.restore(self.state)
 
     def close(self, *, failed: bool) -> None:
         self.checkpoints.close(failed=failed)
+        # -- finished mark: a clean end that no signal caused (a preempted run will resume).
+        session = getattr(self, "_session", None)
+        reason = getattr(session, "stop_reason", None) or ""
+        if not failed and session is not None and not reason.startswith("received SIG"):
+            mark_finished(self.checkpoints.directory, step=getattr(session, "global_step", None),
+                          checkpoint=latest_checkpoint(self.checkpoints.directory))
 
 
 class WorkerSessionCreator(SessionCreator):
