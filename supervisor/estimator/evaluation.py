@@ -218,7 +218,7 @@ class EvaluationLoop:
         self._evaluated_steps.add(step)
         self.stats.evaluated += 1
         self.stats.steps.append(step)
-        logger.info("evaluated step %d: %s", step, _metrics_text(metrics))
+        logger.debug("evaluated step %d: %s", step, _metrics_text(metrics))
         return EvaluationResult(step=step, path=path, metrics=metrics, started_wall_time=wall_time)
 
     def _limit_reached(self, step: int) -> str | None:
