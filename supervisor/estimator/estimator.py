@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from supervisor import _validate as v
-from supervisor.checkpoint import latest_checkpoint, load_checkpoint
+from supervisor.checkpoint import latest_checkpoint
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.checkpoint.format import META_KEY, RNG_KEY, STATE_FILE, STEP_KEY, read_manifest
 from supervisor.clock import Clock, resolve_clock
 from supervisor.creator import SessionCreator
@@ -99,6 +100,8 @@ class Estimator:
         self.example_input = example_input
         self._clock = resolve_clock(clock)
         self._eval_copy: torch.nn.Module | None = None
+        self._copy_holds: str | None = None  # the checkpoint whose weights the copy holds
+        self._copy_step = 0
         self._event_files: dict[str, EvalEventsFile] = {}
 
     # ------------------------------------------------------------------ properties
@@ -113,6 +116,20 @@ class Estimator:
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The live model training updates (evaluation never uses it)."""
+        return self._model
+
+    @property
+    def optimizer(self) -> Any:
+        return self._optimizer
+
+    @property
+    def state(self) -> Mapping[str, Any] | None:
+        """The extra training state given as ``state=``."""
+        return self._state
 
     def eval_dir(self, name: str | None = None) -> str:
         """Where evaluation ``name`` writes its events: ``model_dir/eval`` or ``eval_<name>``."""
@@ -175,9 +192,15 @@ class Estimator:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"`name` must be string, given: {name!r}")
         hooks = validate_hooks(hooks)
-        path = self._checkpoint_or_latest(checkpoint_path, "evaluate")
+        checkpoint = read_checkpoint(self._checkpoint_or_latest(checkpoint_path, "evaluate"))
+        return self.evaluate_checkpoint(checkpoint, input_fn, steps=steps, name=name, hooks=hooks)
+
+    def evaluate_checkpoint(self, checkpoint: CheckpointRead, input_fn: Callable[[], Iterable[Any]], *,
+                            steps: int | None = None, name: str | None = None,
+                            hooks: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """`evaluate` on a checkpoint already read (`supervisor.checkpoint.reading`)."""
         with preserved_rng():
-            model, step = self.load_model_copy(path)
+            model, step = self.load_model_copy(checkpoint)
             metrics = self._run_evaluation(model, input_fn, steps, hooks)
         metrics["global_step"] = step
         directory = self.eval_dir(name)
@@ -187,10 +210,16 @@ class Estimator:
                     ", ".join(f"{k} = {val:.6g}" for k, val in sorted(metrics.items()) if k != "global_step"))
         return metrics
 
-    def load_model_copy(self, checkpoint_path: str) -> tuple[torch.nn.Module, int]:
-        """The evaluation copy of the model with the checkpoint's weights, in eval mode, and
-        the checkpoint's step. The same copy is reused by every call (never the live model)."""
-        payload = load_checkpoint(checkpoint_path)
+    def load_model_copy(self, checkpoint: str | CheckpointRead) -> tuple[torch.nn.Module, int]:
+        """The evaluation copy of the model with a checkpoint's weights (a path, read and
+        verified in one read, or a `CheckpointRead`), in eval mode, and the checkpoint's step.
+        The same copy is reused by every call; it is never the live model."""
+        if not isinstance(checkpoint, CheckpointRead):
+            if self._eval_copy is not None and self._copy_holds == os.fspath(checkpoint):
+                return self._eval_copy, self._copy_step  # e.g. exporting what was just evaluated
+            checkpoint = read_checkpoint(checkpoint)
+        payload, checkpoint_path = checkpoint.payload, checkpoint.path
+        self._copy_holds = None
         if self._eval_copy is None:
             with torch.no_grad():
                 self._eval_copy = copy.deepcopy(unwrap_module(self._model))
@@ -202,7 +231,8 @@ class Estimator:
                              "saves its model under the name 'model'")
         copy_.load_state_dict(strip_wrapper_prefixes(entry, copy_.state_dict().keys()))
         copy_.eval()
-        return copy_, int(payload[STEP_KEY])
+        self._copy_holds, self._copy_step = checkpoint_path, int(payload[STEP_KEY])
+        return copy_, self._copy_step
 
     def _run_evaluation(self, model: torch.nn.Module, input_fn: Callable[[], Iterable[Any]],
                         steps: int | None, hooks: tuple[Any, ...]) -> dict[str, Any]:
@@ -217,12 +247,8 @@ class Estimator:
                 metric.update(outputs, batch)
             return outputs
 
-        done = 0
-        with torch.no_grad(), MonitoredSession(SessionCreator(), hooks) as session:
-            batches = iter(input_fn())
-            while not session.should_stop() and (steps is None or done < steps):
-                session.run(eval_once, next(batches))
-                done += 1
+        with torch.no_grad():
+            done = _run_steps(input_fn, steps, hooks, eval_once)
         if done == 0:
             raise ValueError("evaluation ran no step: the eval input_fn() produced no batch")
         results: dict[str, Any] = means.result()
@@ -311,6 +337,26 @@ class Estimator:
 
 
 _MISSING = object()
+
+
+def _run_steps(input_fn: Callable[[], Iterable[Any]], steps: int | None, hooks: tuple[Any, ...],
+               fn: Callable[[Any], Any]) -> int:
+    """Calls ``fn(batch)`` on at most ``steps`` batches; returns how many. With hooks, through a
+    `MonitoredSession` (a hook's stop request ends the evaluation); without, a plain loop."""
+    done = 0
+    if not hooks:
+        for batch in input_fn():
+            if steps is not None and done >= steps:
+                break
+            fn(batch)
+            done += 1
+        return done
+    with MonitoredSession(SessionCreator(), hooks) as session:
+        batches = iter(input_fn())
+        while not session.should_stop() and (steps is None or done < steps):
+            session.run(fn, next(batches))
+            done += 1
+    return done
 
 
 def _child(node: Any, part: str) -> Any:

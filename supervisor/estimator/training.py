@@ -30,6 +30,7 @@ from typing import Any
 from hooks.checkpoint import CheckpointSaverListener
 
 from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
 from supervisor.estimator.run_config import TaskType
@@ -57,12 +58,16 @@ class Evaluator:
         self._exported: dict[str, str] = {}  # exporter name -> checkpoint it last exported
         self.is_final_export_triggered = False
 
-    def evaluate_and_export(self, checkpoint_path: str, *, final: bool = False) -> EvalResult:
-        """Evaluates ``checkpoint_path``; it is the final export when ``final`` or its step
-        reaches ``max_training_steps``."""
+    def evaluate_and_export(self, checkpoint: str | CheckpointRead, *, final: bool = False) -> EvalResult:
+        """Evaluates a checkpoint (a path, or one already read); it is the final export when
+        ``final`` or its step reaches ``max_training_steps``."""
         spec = self._spec
-        metrics = self._estimator.evaluate(spec.input_fn, steps=spec.steps, name=spec.name,
-                                           checkpoint_path=checkpoint_path, hooks=spec.hooks)
+        if not isinstance(checkpoint, CheckpointRead):
+            checkpoint = read_checkpoint(checkpoint)
+        checkpoint_path = checkpoint.path
+        metrics = self._estimator.evaluate_checkpoint(checkpoint, spec.input_fn, steps=spec.steps,
+                                                      name=spec.name, hooks=spec.hooks)
+        del checkpoint  # the payload can be large: exporters reuse the loaded evaluation copy
         final = final or bool(self._max_steps and metrics["global_step"] >= self._max_steps)
         return EvalResult(metrics, checkpoint_path, self._export(metrics, checkpoint_path, final, spec.exporters))
 
@@ -100,30 +105,35 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
         start_step: the global step training starts from; its checkpoint (the one written at
             session creation, or the one restored) is not evaluated when saved.
         clock: the clock throttling uses.
+        every_steps: also wait for this many steps since the last evaluation (`Experiment`'s
+            ``min_eval_frequency``).
     """
 
-    def __init__(self, evaluator: Evaluator, throttle_secs: float, start_step: int, clock: Any) -> None:
+    def __init__(self, evaluator: Evaluator, throttle_secs: float, start_step: int, clock: Any, *,
+                 every_steps: int | None = None) -> None:
         self._evaluator, self._throttle_secs = evaluator, throttle_secs
-        self._start_step, self._clock = start_step, clock
+        self._start_step, self._clock, self._every_steps = start_step, clock, every_steps
         self.result: EvalResult | None = None
         self._last_start: float | None = None
-        self._directory: str | None = None
+        self._last_step = start_step
 
     def begin(self) -> None:
         self._last_start = None
 
     def after_save(self, session: Any, global_step_value: int) -> None:
-        self._directory = session.checkpoint_manager.directory
         if global_step_value == self._start_step:
             return  # the model is not trained yet (TF skipped the first save too)
         now = self._clock.monotonic()
         if self._last_start is not None and now - self._last_start < self._throttle_secs:
             logger.info("Skip the current checkpoint eval due to throttle secs (%s secs).", self._throttle_secs)
             return
+        if self._every_steps and global_step_value - self._last_step < self._every_steps:
+            logger.info("Skip the current checkpoint eval: %d steps since the last one, min_eval_frequency=%d",
+                        global_step_value - self._last_step, self._every_steps)
+            return
         self._evaluate(session, global_step_value, final=False)
 
     def end(self, session: Any, global_step_value: int) -> None:
-        self._directory = session.checkpoint_manager.directory
         if self.result is None or self.result.metrics["global_step"] != global_step_value:
             self._evaluate(session, global_step_value, final=True)
         elif not self._evaluator.is_final_export_triggered:
@@ -132,7 +142,7 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
     def _evaluate(self, session: Any, step: int, *, final: bool) -> None:
         manager = session.checkpoint_manager
         path = os.path.join(manager.directory, checkpoint_name(manager.basename, step))
-        self._last_start = self._clock.monotonic()
+        self._last_start, self._last_step = self._clock.monotonic(), step
         try:
             self.result = self._evaluator.evaluate_and_export(path, final=final)
         except CheckpointNotFoundError:
@@ -188,8 +198,25 @@ def _run_local(estimator: Estimator, train_spec: TrainSpec,
 
 def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,
                    eval_spec: EvalSpec) -> tuple[dict[str, Any] | None, tuple[Any, ...] | None]:
-    from supervisor.estimator.evaluator_role import run_evaluator
+    """The evaluator task: the shared continuous-evaluation loop over ``model_dir``.
 
-    result = run_evaluator(estimator, eval_spec, Evaluator(estimator, eval_spec, train_spec.max_steps),
-                           train_spec.max_steps)
-    return (None, None) if result is None else (result.metrics, result.export_results)
+    Steps whose metrics are already in the eval directory's event files are not evaluated again
+    (a restarted evaluator). When the loop ends because the trainer marked the run finished, the
+    last evaluated checkpoint is the final one: exporters that did not export it get it as final.
+    """
+    from supervisor.estimator.evaluation import EvaluationLoop, StopReason
+    from supervisor.estimator.sidecar import evaluated_steps
+
+    evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
+    done_before = evaluated_steps(estimator.eval_dir(eval_spec.name))
+    loop = EvaluationLoop(estimator.model_dir, evaluator.evaluate_and_export,
+                          start_delay_secs=eval_spec.start_delay_secs, throttle_secs=eval_spec.throttle_secs,
+                          max_steps=train_spec.max_steps, skip_step=done_before.__contains__,
+                          clock=estimator.clock)
+    logger.info("Running the evaluator over %s (max_steps=%s)", estimator.model_dir, train_spec.max_steps)
+    last: EvalResult | None = None
+    for outcome in loop:
+        last = outcome.metrics
+    if last is not None and loop.stop_reason == StopReason.FINISHED:
+        last = evaluator.export_final(last)
+    return (None, None) if last is None else (last.metrics, last.export_results)

@@ -42,7 +42,7 @@ def training_session(estimator: Estimator, steps: int | None, max_steps: int | N
         chief_hooks.append(builtin.CheckpointSaverHook(estimator.model_dir, listeners=listeners,
                                                        clock=estimator.clock, **schedule))
     session = MonitoredTrainingSession(
-        estimator.model_dir, estimator._model, estimator._optimizer, state=estimator._state,
+        estimator.model_dir, estimator.model, estimator.optimizer, state=estimator.state,
         is_chief=config.is_chief, hooks=train_hooks + list(hooks), chief_only_hooks=chief_hooks,
         save_checkpoint_secs=None, save_checkpoint_steps=None,
         save_summaries_steps=config.save_summary_steps or None, save_summaries_secs=None,
