@@ -1,0 +1,123 @@
+"""train_and_evaluate in local mode: evaluation triggers, evaluation on a copy (bit-identical
+training), early stopping end to end, return values."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import hooks
+from supervisor import Hook
+from supervisor.estimator import BestExporter, EvalSpec, FinalExporter, LatestExporter, RunConfig, TrainSpec
+from supervisor.estimator import estimator as estimator_module
+from supervisor.estimator import train_and_evaluate
+from supervisor.testing import FakeClock
+from tests.estimator.estimator_toy import batches, endless, eval_scalars, make_estimator
+
+
+class AdvanceClock(Hook):
+    def __init__(self, clock, secs_per_step):
+        self.clock, self.secs = clock, secs_per_step
+
+    def after_run(self, run_context, run_values):
+        self.clock.advance(self.secs)
+
+
+def evaluated_steps(est):
+    return [step for step, _ in eval_scalars(est.eval_dir()).get("loss", [])]
+
+
+def run(tmp_path, *, throttle_secs=0, secs_per_step=0.0, max_steps=20, input_fn=None, **spec):
+    clock = FakeClock()
+    est = make_estimator(tmp_path, clock=clock)
+    train_spec = TrainSpec(input_fn or endless(), max_steps=max_steps, hooks=[AdvanceClock(clock, secs_per_step)])
+    result = train_and_evaluate(est, train_spec, EvalSpec(lambda: batches(), steps=None,
+                                                          throttle_secs=throttle_secs, **spec))
+    return est, result
+
+
+def test_every_commit_but_the_creation_one_is_evaluated(tmp_path):
+    est, (metrics, exports) = run(tmp_path)
+    assert evaluated_steps(est) == [5, 10, 15, 20]  # checkpoints 0 (creation), 5, ..., 20
+    assert metrics["global_step"] == 20 and set(metrics) == {"loss", "accuracy", "global_step"}
+    assert exports == ()
+
+
+def test_throttle_skips_checkpoints_and_the_final_one_is_always_evaluated(tmp_path):
+    # a checkpoint every 5 steps = every 75 s; throttle 100 s: 5 (t=75), skip 10 (t=150), 15 (t=225)
+    est, (metrics, _) = run(tmp_path, throttle_secs=100, secs_per_step=15, max_steps=25)
+    assert evaluated_steps(est) == [5, 15, 25]
+    assert metrics["global_step"] == 25
+
+
+def test_final_evaluation_when_the_data_ends_before_a_save(tmp_path):
+    finite = lambda: (b for _ in range(3) for b in batches())  # noqa: E731 - 18 steps of 6 batches
+    est, (metrics, _) = run(tmp_path, throttle_secs=1e6, max_steps=None, input_fn=finite)
+    assert evaluated_steps(est) == [5, 18]  # throttled in between; the final checkpoint of step 18
+    assert metrics["global_step"] == 18
+
+
+def test_resumed_run_does_not_evaluate_the_restored_checkpoint(tmp_path):
+    run(tmp_path, max_steps=10)
+    est, (metrics, _) = run(tmp_path, max_steps=20)
+    assert evaluated_steps(est) == [5, 10, 15, 20]  # 10 once, from the first run
+    assert metrics["global_step"] == 20
+    again, (metrics_again, _) = run(tmp_path, max_steps=20)  # nothing to train: evaluate once
+    assert metrics_again["global_step"] == 20
+
+
+def test_exports_are_returned_and_final_exporter_exports_once(tmp_path):
+    est, (metrics, exports) = run(tmp_path, exporters=[LatestExporter(exports_to_keep=2), BestExporter(),
+                                                       FinalExporter()])
+    latest, best, final = exports
+    assert latest.startswith(str(tmp_path / "export" / "latest_exporter"))
+    assert final.startswith(str(tmp_path / "export" / "final_exporter"))
+    assert len(list((tmp_path / "export" / "final_exporter").iterdir())) == 1
+    assert len(list((tmp_path / "export" / "latest_exporter").iterdir())) == 2
+
+
+def final_weights(tmp_path, *, with_eval, preserve_rng=True, monkeypatch=None):
+    if not preserve_rng:
+        monkeypatch.setattr(estimator_module, "preserved_rng", contextlib.nullcontext)
+    torch.manual_seed(123)
+    est = make_estimator(tmp_path)
+    spec = TrainSpec(endless(shuffle=True), max_steps=20)
+    if with_eval:  # the eval input shuffles with the global RNG, the model has dropout
+        train_and_evaluate(est, spec, EvalSpec(lambda: batches(shuffle=True), steps=3, throttle_secs=0))
+        assert evaluated_steps(est) == [5, 10, 15, 20]
+    else:
+        est.train(spec.input_fn, max_steps=spec.max_steps)
+    return {k: v.clone() for k, v in est.model.state_dict().items()}, torch.get_rng_state()
+
+
+def test_evaluation_never_disturbs_training_bit_identical(tmp_path):
+    plain, plain_rng = final_weights(tmp_path / "plain", with_eval=False)
+    evaluated, evaluated_rng = final_weights(tmp_path / "eval", with_eval=True)
+    assert plain.keys() == evaluated.keys()
+    assert all(torch.equal(plain[k], evaluated[k]) for k in plain)
+    assert torch.equal(plain_rng, evaluated_rng)
+
+
+def test_the_bit_identical_check_detects_a_disturbed_rng(tmp_path, monkeypatch):
+    plain, _ = final_weights(tmp_path / "plain", with_eval=False)
+    disturbed, _ = final_weights(tmp_path / "eval", with_eval=True, preserve_rng=False, monkeypatch=monkeypatch)
+    assert not all(torch.equal(plain[k], disturbed[k]) for k in plain)
+
+
+class StepsSeen(Hook):
+    def after_run(self, run_context, run_values):
+        self.last = run_context.session.global_step
+
+
+def test_early_stopping_ends_training_before_max_steps(tmp_path):
+    est = make_estimator(tmp_path, lr=0.0)  # nothing improves: the loss never decreases
+    seen = StepsSeen()
+    stop = hooks.stop_if_no_decrease_hook(est, "loss", max_steps_without_decrease=10, run_every_secs=None,
+                                          run_every_steps=1)
+    metrics, _ = train_and_evaluate(est, TrainSpec(endless(), max_steps=1000, hooks=[stop, seen]),
+                                    EvalSpec(lambda: batches(), steps=None, throttle_secs=0))
+    # evaluations at 5, 10, 15: 15 - 5 >= 10 without a decrease -> stop at the next step
+    assert evaluated_steps(est)[:3] == [5, 10, 15]
+    assert seen.last < 20 and est.checkpoint_step() == seen.last
+    assert metrics["global_step"] == seen.last
