@@ -5,7 +5,8 @@ An export is a directory ``<export_dir_base>/<timestamp>/`` holding:
 - ``model.pt`` — the model's state dict, loadable with ``torch.load(path, weights_only=True)``;
 - ``eval_result.json`` — ``{"global_step", "checkpoint_path", "metrics"}``;
 - ``model.pt2`` — when the estimator has an ``example_input``: a ``torch.export`` program that
-  ``torch.export.load(path).module()(*example_input)`` runs without the model's Python class.
+  ``torch.export.load(path).module()(*example_input)`` runs without the model's Python class
+  (the batch dimension is exported as dynamic where the model allows it).
 
 It is written into a temporary sibling directory, fsynced, and renamed into place, so a crash
 never leaves a partial export under a timestamp name. ``train_and_evaluate`` calls each
@@ -59,8 +60,7 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
             model, step = estimator.load_model_copy(checkpoint_path)
             _save_file(os.path.join(tmp, WEIGHTS_FILE), lambda f: torch.save(model.state_dict(), f))
             if estimator.example_input is not None:
-                args = estimator.example_input
-                program = torch.export.export(model, args if isinstance(args, tuple) else (args,))
+                program = export_program(model, estimator.example_input)
                 _save_file(os.path.join(tmp, PROGRAM_FILE), lambda f: torch.export.save(program, f))
         record = {"global_step": step, "checkpoint_path": checkpoint_path,
                   "metrics": {k: v for k, v in (eval_result or {}).items() if k != "global_step"}}
@@ -73,6 +73,16 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
         raise
     logger.info("exported the checkpoint of step %d to %s", step, final)
     return final
+
+
+def export_program(model: torch.nn.Module, example_input: Any) -> Any:
+    """``torch.export`` of ``model`` on ``example_input`` (a tensor or a tuple of positional
+    arguments), with the first dimension of every tensor argument dynamic where the model allows
+    it (``Dim.AUTO``), so the program accepts other batch sizes than the example's."""
+    args = example_input if isinstance(example_input, tuple) else (example_input,)
+    dynamic = tuple({0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > 0 else None
+                    for a in args)
+    return torch.export.export(model, args, dynamic_shapes=dynamic)
 
 
 def _save_file(path: str, fill: Callable[[Any], Any]) -> None:
