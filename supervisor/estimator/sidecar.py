@@ -150,11 +150,15 @@ class SidecarEvaluator:
     def start(self) -> list[EvaluationResult]:
         """Runs the evaluation loop until it stops; returns this process's evaluations, each
         with ``metrics`` = ``{name: float, ..., "global_step": step}``."""
+        return list(self.evaluations())
+
+    def evaluations(self) -> Iterator[EvaluationResult]:
+        """`start`, one evaluation at a time: yields each result as soon as it is written."""
         self._done_before = evaluated_steps(self.log_dir)
         if self._done_before:
             logger.info("%s already holds metrics of %d step(s) (up to %d); they are not evaluated again",
                         self.log_dir, len(self._done_before), max(self._done_before))
-        return self._loop.run()
+        yield from self._loop
 
     def _already_evaluated(self, step: int) -> bool:
         return step in self._done_before
