@@ -61,9 +61,12 @@ class CheckpointVanishedError(CheckpointNotFoundError):
 
 @dataclass(frozen=True)
 class CheckpointRead(LoadedCheckpoint):
-    """A `LoadedCheckpoint` read by `read_checkpoint`, plus the bytes read to get it."""
+    """A `LoadedCheckpoint` read by `read_checkpoint`, plus the bytes read to get it and whether
+    retention deleted (or moved aside) the checkpoint while it was being read — read whole
+    anyway, from the open descriptors."""
 
     bytes_read: int = 0
+    deleted_while_reading: bool = False
 
 
 def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
@@ -87,27 +90,20 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
         raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
     dir_fd = _open_dir(path)
     try:
-        manifest_fd = _open_in(dir_fd, path, MANIFEST_FILE)
+        manifest, manifest_bytes, fds = _open_all(dir_fd, path)
         try:
-            manifest_bytes = _read_small(manifest_fd, path)
+            contents = {name: _read_verified(fd, path, name, manifest, verify == "full")
+                        for name, fd in fds.items()}
         finally:
-            os.close(manifest_fd)
-        manifest = _parse_manifest(path, manifest_bytes)
-        fds = _open_listed(dir_fd, path, manifest)
+            for fd in fds.values():
+                os.close(fd)
+        deleted = _moved_or_deleted(dir_fd, path)
     finally:
         os.close(dir_fd)
-    bytes_read = len(manifest_bytes)
-    try:
-        contents = {}
-        for name, fd in fds.items():
-            contents[name] = _read_verified(fd, path, name, manifest, verify == "full")
-            bytes_read += len(contents[name])
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    bytes_read = manifest_bytes + sum(len(data) for data in contents.values())
     payload = _load(path, manifest, contents.pop(STATE_FILE), trusted_globals, map_location)
-    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload,
-                          mapped=False, bytes_read=bytes_read)
+    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=False,
+                          bytes_read=bytes_read, deleted_while_reading=deleted)
 
 
 # ---------------------------------------------------------------- opening
@@ -121,6 +117,17 @@ def _open_dir(path: str) -> int:
         raise CheckpointCorruptError(f"{path}: not a checkpoint directory") from None
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: cannot be opened ({e})") from e
+
+
+def _open_all(dir_fd: int, path: str) -> tuple[Manifest, int, dict[str, int]]:
+    """Reads the manifest and opens every file it lists; returns (manifest, its size, fds)."""
+    manifest_fd = _open_in(dir_fd, path, MANIFEST_FILE)
+    try:
+        data = _read_small(manifest_fd, path)
+    finally:
+        os.close(manifest_fd)
+    manifest = _parse_manifest(path, data)
+    return manifest, len(data), _open_listed(dir_fd, path, manifest)
 
 
 def _open_in(dir_fd: int, path: str, name: str) -> int:

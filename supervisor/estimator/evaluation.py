@@ -90,6 +90,8 @@ class EvaluationStats:
         vanished: checkpoints deleted (retention) before they could be opened; skipped (INFO).
         corrupt: checkpoints that failed verification; skipped for good (WARNING).
         skipped: checkpoints skipped because ``skip_step`` said so (already evaluated earlier).
+        deleted_while_reading: checkpoints retention deleted while they were being read, read
+            whole anyway from the open files (and evaluated).
         bytes_read: bytes read from checkpoint files by the evaluated and failed reads.
         steps: the steps evaluated, in order.
     """
@@ -98,6 +100,7 @@ class EvaluationStats:
     vanished: int = 0
     corrupt: int = 0
     skipped: int = 0
+    deleted_while_reading: int = 0
     bytes_read: int = 0
     steps: list[int] = field(default_factory=list)
 
@@ -208,6 +211,7 @@ class EvaluationLoop:
             logger.warning("skipping checkpoint %s: %s", path, e)
             return None
         self.stats.bytes_read += checkpoint.bytes_read
+        self.stats.deleted_while_reading += checkpoint.deleted_while_reading
         step = checkpoint.step
         if step in self._evaluated_steps:  # the index named another path for a step already done
             return None

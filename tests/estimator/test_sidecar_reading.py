@@ -46,6 +46,7 @@ def test_reads_the_payload_once_bytes_read_equals_size(trainer):
     assert ckpt.step == 3 and ckpt.path == path
     assert torch.equal(ckpt.payload["model"]["1.bias"], torch.full((1,), weight_of(3)))
     assert ckpt.bytes_read == files_size(path)  # every byte once: manifest + state.pt
+    assert not ckpt.deleted_while_reading
 
 
 def test_retention_deleting_after_the_files_are_open_cannot_pull_bytes_away(trainer, monkeypatch):
@@ -64,7 +65,7 @@ def test_retention_deleting_after_the_files_are_open_cannot_pull_bytes_away(trai
     monkeypatch.setattr(reading, "_open_listed", open_then_retention)
     ckpt = read_checkpoint(path)
     assert not os.path.exists(path)
-    assert ckpt.step == 5
+    assert ckpt.step == 5 and ckpt.deleted_while_reading
     assert all(torch.all(t == weight_of(5)) for t in ckpt.payload["model"].values())
 
 
