@@ -73,7 +73,8 @@ class StopReason:
 @dataclass(frozen=True)
 class EvaluationResult:
     """One evaluation: the checkpoint's step and path, what ``evaluate_fn`` returned, and when
-    the evaluation started (``started_wall_time``, seconds since the epoch)."""
+    the evaluation started (``started_wall_time``, seconds since the epoch: the start of the
+    checkpoint's read)."""
 
     step: int
     path: str
@@ -196,6 +197,7 @@ class EvaluationLoop:
     def _evaluate(self, path: str) -> EvaluationResult | None:
         """Reads, verifies and evaluates ``path``; None when it vanished or is corrupt."""
         self._seen.add(path)
+        wall_time = self._clock.time()
         try:
             checkpoint = read_checkpoint(path, verify=self.verify, trusted_globals=self.trusted_globals,
                                          map_location=self.map_location)
@@ -215,7 +217,6 @@ class EvaluationLoop:
         step = checkpoint.step
         if step in self._evaluated_steps:  # the index named another path for a step already done
             return None
-        wall_time = self._clock.time()
         logger.info("evaluating %s (step %d)", path, step)
         metrics = self.evaluate_fn(checkpoint)
         del checkpoint  # the payload can be large: do not hold it through the next wait
