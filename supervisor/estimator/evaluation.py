@@ -243,6 +243,11 @@ class EvaluationLoop:
                 if path is not None:
                     return path
                 if read_finished(self.checkpoint_dir) is not None:
+                    # The mark is written after the final checkpoint is published: a look at the
+                    # index now cannot miss it, even if it was committed since the look above.
+                    path = self._new_checkpoint()
+                    if path is not None:
+                        return path
                     self._end(StopReason.FINISHED)
                     return None
                 now = self._clock.monotonic()

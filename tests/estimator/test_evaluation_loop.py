@@ -265,3 +265,23 @@ def test_bad_callables_are_type_errors(tmp_path):
         EvaluationLoop(str(tmp_path), None)
     with pytest.raises(TypeError, match="timeout_fn must be a callable"):
         EvaluationLoop(str(tmp_path), mean_weight, timeout_fn=True)
+
+
+def test_a_final_checkpoint_committed_between_the_look_and_the_mark_is_still_evaluated(trainer, monkeypatch):
+    """The trainer publishes its final checkpoint and writes the mark right after the loop's look
+    at the index: the loop looks again once it sees the mark, so the final one is evaluated."""
+    trainer.save(1)
+    real = evaluation.read_finished
+    calls = []
+
+    def trainer_finishes_just_now(directory):
+        if not calls:
+            trainer.save(2)
+            mark_finished(trainer.directory, step=2)
+        calls.append(directory)
+        return real(directory)
+
+    monkeypatch.setattr(evaluation, "read_finished", trainer_finishes_just_now)
+    ev = loop(trainer, ScriptedClock(), skip_step=lambda s: s == 1)
+    assert [r.step for r in ev.run()] == [2]
+    assert ev.stop_reason == StopReason.FINISHED
