@@ -154,7 +154,11 @@ class _stop_on_signals:
     def __enter__(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, lambda *_: self._stop())
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        # The handler may interrupt code holding the stop event's lock: set it from a thread.
+        threading.Thread(target=self._stop, name="supervisor-evaluate-stop", daemon=True).start()
 
     def __exit__(self, *exc: Any) -> None:
         for signum, previous in self._previous.items():

@@ -67,7 +67,7 @@ class StopReason:
     MAX_STEPS = "max_steps"
     FINISHED = "finished"  # the trainer marked the run finished and nothing new is left
     TIMEOUT = "timeout"
-    STOPPED = "stopped"  # stop() was called
+    STOPPED = "stop requested"  # stop() was called (a signal, another thread)
 
 
 @dataclass(frozen=True)

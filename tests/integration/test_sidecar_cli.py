@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -101,3 +103,27 @@ def test_sidecar_example_trainer_and_evaluator_as_two_processes(tmp_path):
     assert "evaluator: stopped (finished)" in result.stdout  # exited by itself after the final checkpoint
     steps = eval_steps(os.path.join(logdir, "eval"))
     assert steps["accuracy"][-1] == 120 and steps["loss"] == sorted(set(steps["loss"]))
+
+
+def test_sigterm_stops_the_evaluator_with_exit_code_0(finished_run, tmp_path):
+    """A waiting evaluator (no finished mark, no timeout) ends cleanly on SIGTERM."""
+    os.remove(os.path.join(finished_run, ".supervisor.finished"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "supervisor.cli.evaluate", finished_run, "--model", f"{HELPERS}:make_model",
+         "--data", "tests.estimator.test_sidecar_evaluator:BATCHES.copy", "--eval-step",
+         f"{HELPERS}:weight_metrics", "--poll-secs", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        log_dir = os.path.join(finished_run, "eval")
+        while not (os.path.isdir(log_dir) and os.listdir(log_dir)):  # step 20 evaluated: now waiting
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, out
+    assert "stopped (stop requested): 1 evaluated" in out
