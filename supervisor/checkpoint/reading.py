@@ -47,16 +47,9 @@ _MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists file names and checksums: nev
 
 
 class CheckpointVanishedError(CheckpointNotFoundError):
-    """The checkpoint was deleted (by retention, usually) before its files could be opened.
-
-    Attributes:
-        bytes_read: bytes read before the loss was noticed (0 in practice: files are opened
-            before any is read).
-    """
-
-    def __init__(self, message: str, *, bytes_read: int = 0) -> None:
-        super().__init__(message)
-        self.bytes_read = bytes_read
+    """The checkpoint was deleted (by retention, usually) before its files could be opened: not
+    damage; a newer checkpoint exists. (The same class as hardening's
+    ``supervisor.errors.CheckpointVanishedError``; this definition goes once that lands.)"""
 
 
 @dataclass(frozen=True)

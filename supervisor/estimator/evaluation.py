@@ -93,7 +93,7 @@ class EvaluationStats:
         skipped: checkpoints skipped because ``skip_step`` said so (already evaluated earlier).
         deleted_while_reading: checkpoints retention deleted while they were being read, read
             whole anyway from the open files (and evaluated).
-        bytes_read: bytes read from checkpoint files by the evaluated and failed reads.
+        bytes_read: bytes read from the checkpoints evaluated.
         steps: the steps evaluated, in order.
     """
 
@@ -201,15 +201,13 @@ class EvaluationLoop:
         try:
             checkpoint = read_checkpoint(path, verify=self.verify, trusted_globals=self.trusted_globals,
                                          map_location=self.map_location)
-        except CheckpointVanishedError as e:
+        except CheckpointVanishedError:
             self.stats.vanished += 1
-            self.stats.bytes_read += e.bytes_read
             logger.info("skipping %s: it was deleted before it could be read (a newer checkpoint "
                         "superseded it)", path)
             return None
         except CheckpointCorruptError as e:
             self.stats.corrupt += 1
-            self.stats.bytes_read += getattr(e, "bytes_read", 0)
             logger.warning("skipping checkpoint %s: %s", path, e)
             return None
         self.stats.bytes_read += checkpoint.bytes_read
