@@ -17,8 +17,8 @@ that ignores it shows 0). Each figure is the median of ``--repeats`` rounds, int
 **Commit → evaluation start**: a trainer *process* saves a checkpoint every 0.37 s (out of
 phase with the polls; ``max_to_keep=1``) and prints when each was committed (the ctime the
 rename into place gave the checkpoint directory); the `EvaluationLoop` in this process records
-when it starts reading each checkpoint. Printed as median / max over the evaluated checkpoints, for ``poll_secs`` 0.05 and 0.5 (the latency is
-bounded by the poll interval plus the read).
+when it starts reading each checkpoint. Printed as median / max over the evaluated checkpoints,
+for ``poll_secs`` 0.05 and 0.5 (the latency is bounded by the poll interval plus the read).
 
 Timings are noisy on a shared machine; the bytes figures are not.
 
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{args.interval:g} s, trainer in another process)")
     for poll, values in latencies.items():
         if values:
-            print(f"  poll_secs={poll:<5g} evaluated {len(values):>2}: median {statistics.median(values) * 1e3:7.1f} ms,"
-                  f" max {max(values) * 1e3:7.1f} ms")
+            median_ms, max_ms = statistics.median(values) * 1e3, max(values) * 1e3
+            print(f"  poll_secs={poll:<5g} evaluated {len(values):>2}: median {median_ms:7.1f} ms, max {max_ms:7.1f} ms")
             figures[f"latency_median_poll_{poll:g}"] = statistics.median(values)
         else:
             print(f"  poll_secs={poll:<5g} evaluated nothing")
