@@ -1,0 +1,87 @@
+"""The evaluator task of train_and_evaluate as a real process next to a real trainer process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.estimator.estimator_toy import eval_scalars
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "evaluator_role_script.py")
+pytestmark = pytest.mark.slow
+
+
+def start(role, model_dir, *args):
+    env = dict(os.environ, SUPERVISOR_TASK_TYPE=role, SUPERVISOR_TASK_ID="0", OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, SCRIPT, str(model_dir), *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process, timeout):
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"process did not exit within {timeout} s; stderr:\n{err[-3000:]}")
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def kill(*processes):
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.communicate()
+
+
+def evaluated(model_dir):
+    return [step for step, _ in eval_scalars(str(model_dir / "eval")).get("loss", [])]
+
+
+def test_evaluator_exits_at_max_steps_while_the_trainer_goes_on(tmp_path):
+    trainer = start("chief", tmp_path, "--max-steps", 400, "--step-sleep", 0.02)
+    evaluator = start("evaluator", tmp_path, "--max-steps", 40)
+    try:
+        result = finish(evaluator, timeout=240)
+        assert trainer.poll() is None  # the evaluator stopped on max_steps, not on a finished run
+    finally:
+        kill(trainer, evaluator)
+    assert result["role"] == "evaluator" and not result["finished_mark"]
+    assert result["metrics"]["global_step"] >= 40
+    steps = evaluated(tmp_path)
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == result["metrics"]["global_step"]
+
+
+def test_evaluator_exits_after_the_final_checkpoint_when_the_trainer_finishes(tmp_path):
+    evaluator = start("evaluator", tmp_path)  # max_steps None: TF's evaluator never exited
+    trainer = start("chief", tmp_path, "--data-steps", 60, "--step-sleep", 0.02)
+    try:
+        trained = finish(trainer, timeout=240)
+        result = finish(evaluator, timeout=120)
+    finally:
+        kill(trainer, evaluator)
+    assert trained["role"] == "chief" and trained["checkpoint_step"] == 60 and trained["finished_mark"]
+    assert result["metrics"]["global_step"] == 60
+    assert evaluated(tmp_path)[-1] == 60
+
+
+def test_early_stopping_on_the_trainer_from_the_evaluators_metrics(tmp_path):
+    # lr=0: the loss never decreases, so the trainer stops once evaluations span 10 steps
+    trainer = start("chief", tmp_path, "--max-steps", 100_000, "--step-sleep", 0.02, "--lr", 0.0,
+                    "--early-stop-steps", 10)
+    evaluator = start("evaluator", tmp_path, "--lr", 0.0)
+    try:
+        trained = finish(trainer, timeout=240)
+        result = finish(evaluator, timeout=120)
+    finally:
+        kill(trainer, evaluator)
+    assert trained["checkpoint_step"] < 100_000 and trained["finished_mark"]
+    steps = evaluated(tmp_path)
+    assert steps[-1] == trained["checkpoint_step"] == result["metrics"]["global_step"]
+    assert any(s - steps[0] >= 10 for s in steps[:-1])  # the plateau the hook saw
