@@ -58,21 +58,10 @@ def test_evaluator_exits_at_max_steps_while_the_trainer_goes_on(tmp_path):
     assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == result["metrics"]["global_step"]
 
 
-def test_evaluator_exits_after_the_final_checkpoint_when_the_trainer_finishes(tmp_path):
-    evaluator = start("evaluator", tmp_path)  # max_steps None: TF's evaluator never exited
-    trainer = start("chief", tmp_path, "--data-steps", 60, "--step-sleep", 0.02)
-    try:
-        trained = finish(trainer, timeout=240)
-        result = finish(evaluator, timeout=120)
-    finally:
-        kill(trainer, evaluator)
-    assert trained["role"] == "chief" and trained["checkpoint_step"] == 60 and trained["finished_mark"]
-    assert result["metrics"]["global_step"] == 60
-    assert evaluated(tmp_path)[-1] == 60
-
-
-def test_early_stopping_on_the_trainer_from_the_evaluators_metrics(tmp_path):
-    # lr=0: the loss never decreases, so the trainer stops once evaluations span 10 steps
+def test_early_stopping_from_the_evaluator_and_the_evaluator_exits_when_the_trainer_finishes(tmp_path):
+    """The trainer's stop_if_no_decrease_hook reads the evaluator process's events (lr=0: the loss
+    never decreases, so it stops once evaluations span 10 steps); the evaluator, without
+    max_steps (TF's never exited), evaluates the final checkpoint and exits on the finished mark."""
     trainer = start("chief", tmp_path, "--max-steps", 100_000, "--step-sleep", 0.02, "--lr", 0.0,
                     "--early-stop-steps", 10)
     evaluator = start("evaluator", tmp_path, "--lr", 0.0)
