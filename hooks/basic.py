@@ -64,7 +64,7 @@ class GlobalStepWaiterHook(Hook):
                 logger.info("waiting for global step %d before starting training; now at step %d",
                             self._wait_until_step, step)
                 last_logged = step
-            if session.should_stop():
+            if session.stop_requested:
                 self._started = True  # stopped while waiting (e.g. SIGTERM): this last step ends it
                 return None
             self._clock.sleep(self._poll_secs)

@@ -2,11 +2,14 @@
 
 The hook saves once at session creation (step 0 — skipped when the session was restored from
 a checkpoint of that same step, which would only rewrite it), then every ``save_secs`` or
-``save_steps`` at the step boundary, then at ``end`` if the step changed since the last save.
-Saves go through the session's checkpoint manager (capture now, write in the background).
+``save_steps``, then at the boundary where the session stops if the step changed since the last
+save. The hook only *requests* its saves: the session captures at the step boundary, after every
+hook's ``after_run`` of that step (SPEC §3.5), and writes in the background.
 
-Listeners see committed checkpoints: when a hook has listeners, each save waits for its commit
-before ``after_save`` runs (an evaluation triggered there must find the checkpoint on disk).
+Listeners see committed checkpoints without making saves synchronous: ``before_save`` runs at
+the capture; ``after_save`` runs on the training thread at the first step boundary after the
+writer reports the commit (or at close), so an evaluation triggered there finds the checkpoint
+on disk while training never waited for the write.
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ class CheckpointSaverListener:
         """Before each save, on the training thread."""
 
     def after_save(self, session: Any, global_step_value: int) -> bool | None:
-        """After each save is committed; return True to request a stop (ignored for the save
-        at session creation)."""
+        """After each save is committed, on the training thread at the next step boundary;
+        return True to stop at that boundary (ignored for the save at session creation)."""
 
     def end(self, session: Any, global_step_value: int) -> None:
         """Once, at the end of a clean session, after the final save."""
@@ -79,36 +82,27 @@ class CheckpointSaverHook(Hook):
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._manager = self._resolve_manager(session)
+        for listener in self._listeners:
+            session.add_checkpoint_listener(listener, manager=self._manager)
         step = session.global_step
         if self._manager.last_saved_step != step:
-            self._save(session, step)
+            session.save_checkpoint(manager=self._manager)  # at creation: listeners' stops ignored
         self._timer.update_last_triggered_step(step)
-        session.call_when_stopping(self._save_at_stop)
+        session.save_at_stop(self._manager)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        session = run_context.session
-        step = session.global_step
+        step = run_context.session.global_step
         if self._timer.should_trigger_for_step(step):
             self._timer.update_last_triggered_step(step)
-            if self._save(session, step):
-                run_context.request_stop()
-
-    def _save_at_stop(self, session: Any) -> None:
-        # The final save, taken at the boundary of the stopping step (see call_when_stopping);
-        # `end` then finds the step saved. A stop requested by a listener is already in effect.
-        step = session.global_step
-        if step != self._timer.last_triggered_step():
-            self._timer.update_last_triggered_step(step)
-            self._save(session, step)
+            run_context.session.request_save(f"{type(self).__name__} schedule", manager=self._manager)
 
     def end(self, session: Any) -> None:
-        step = session.global_step
+        # The final checkpoint was captured at the stopping boundary (save_at_stop) and its
+        # commit delivered to the listeners (after_save) before the end hooks run.
         try:
-            if step != self._timer.last_triggered_step():  # stopped between steps: no boundary since
-                self._save(session, step)
             self._manager.wait()
             for listener in self._listeners:
-                listener.end(session, step)
+                listener.end(session, session.global_step)
         finally:
             self._close_own(failed=False)
 
@@ -125,21 +119,6 @@ class CheckpointSaverHook(Hook):
             self._own_manager = CheckpointManager(self._dir, basename=self._basename, clock=self._clock)
             self._own_manager.open()
         return self._own_manager
-
-    def _save(self, session: Any, step: int) -> bool:
-        """Saves at ``step``; returns whether a listener asked to stop."""
-        for listener in self._listeners:
-            listener.before_save(session, step)
-        path = self._manager.save(step, session.training_state, wait=bool(self._listeners))
-        writer = session.summary_writer
-        if writer is not None:
-            writer.add_session_log("CHECKPOINT", step, checkpoint_path=path)
-        stop = False
-        for listener in self._listeners:
-            if listener.after_save(session, step):
-                logger.info("%s requested a stop after the checkpoint of step %d", type(listener).__name__, step)
-                stop = True
-        return stop
 
     def _close_own(self, *, failed: bool) -> None:
         if self._own_manager is not None:

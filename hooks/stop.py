@@ -56,7 +56,7 @@ class StopAtStepHook(Hook):
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if run_context.session.global_step >= self._last_step:
-            run_context.request_stop()
+            run_context.request_stop(on_every_rank=True)  # every rank knows last_step
 
     def __repr__(self) -> str:
         return f"StopAtStepHook(last_step={self._last_step})"

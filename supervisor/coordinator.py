@@ -41,6 +41,7 @@ class Coordinator:
         self._exception: BaseException | None = None
         self._joined = False
         self._registered: set[threading.Thread] = set()
+        self._requested_by: str | None = None
 
     def request_stop(self, exc: BaseException | None = None) -> None:
         """Asks every thread to stop. Only the first request may carry an exception; a
@@ -55,6 +56,7 @@ class Coordinator:
                 raise exc
             if self._stop_event.is_set():
                 return
+            self._requested_by = threading.current_thread().name
             if exc is not None:
                 self._exception = exc
                 logger.info("stop requested because of %s: %s", type(exc).__name__, exc)
@@ -63,12 +65,17 @@ class Coordinator:
     def should_stop(self) -> bool:
         return self._stop_event.is_set()
 
+    def describe_stop(self) -> str:
+        """Who asked this coordinator to stop (the requesting thread's name)."""
+        return f"the coordinator was asked to stop (by thread {self._requested_by or 'unknown'})"
+
     def clear_stop(self) -> None:
         """Forgets the stop request and the recorded exception, so the coordinator can be reused."""
         with self._lock:
             self._joined = False
             self._exception = None
             self._registered.clear()
+            self._requested_by = None
             self._stop_event.clear()
 
     def wait_for_stop(self, timeout: float | None = None) -> bool:

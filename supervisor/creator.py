@@ -138,4 +138,6 @@ class SessionCreator:
             self.close(failed=failed)
         finally:
             if self.owns_summary_writer and self.summary_writer is not None:
-                self.summary_writer.close()
+                from supervisor.summary import SummaryWriterCache
+
+                SummaryWriterCache.release(self.summary_writer)

@@ -101,21 +101,25 @@ class StepCall(NamedTuple):
 class RunContext:
     """What a hook sees of the current step: the original call, the session, and a stop switch."""
 
-    __slots__ = ("_fn", "_args", "_kwargs", "session", "_stop_requested")
+    __slots__ = ("_fn", "_args", "_kwargs", "session", "_stop_requested", "_stop_on_every_rank")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, session: Any) -> None:
         self._fn, self._args, self._kwargs = fn, args, kwargs
         self.session = session
         self._stop_requested = False
+        self._stop_on_every_rank = False
 
     @property
     def original_args(self) -> StepCall:
         """The step function and the arguments the caller passed to ``run``."""
         return StepCall(self._fn, self._args, self._kwargs)
 
-    def request_stop(self) -> None:
-        """Ends training after this step: ``session.should_stop()`` becomes True."""
+    def request_stop(self, *, on_every_rank: bool = False) -> None:
+        """Ends training after this step: ``session.should_stop()`` becomes True at this step's
+        boundary. ``on_every_rank=True`` says every rank of a distributed job requests it at this
+        same step (e.g. a step count), so the ranks' agreement applies it without a round trip."""
         self._stop_requested = True
+        self._stop_on_every_rank = on_every_rank
 
     @property
     def stop_requested(self) -> bool:

@@ -13,9 +13,9 @@ duplicates), saves a checkpoint if the state is not already the one on disk, and
   tick; a stalled loop shows as 0, which a hook-only design cannot see).
 
 The final checkpoint is taken at the boundary of the step during which the stop was
-requested (`MonitoredSession.call_when_stopping`), so a loop that fetched one more batch from a
-stateful loader before seeing the stop does not checkpoint past it; on a clean end a checkpoint
-is also written if the step changed since the last one.
+requested (`MonitoredSession.save_at_stop`, SPEC §3.5), so a loop that fetched one more batch
+from a stateful loader before seeing the stop does not checkpoint past it; a session closed
+without a stopping boundary (data exhausted) captures at close if the step changed.
 """
 from __future__ import annotations
 
@@ -49,16 +49,13 @@ def scalars_of(output: Any) -> dict[str, float]:
 
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
-    """Checkpoints the session unless its step is already saved; writes a CHECKPOINT
-    session log. Returns the checkpoint path, or None when nothing was saved."""
+    """Checkpoints the session unless its step is already saved. Returns the checkpoint path,
+    or None when nothing was saved. (The CHECKPOINT session log is written when the commit is
+    delivered at a step boundary.)"""
     manager = session.checkpoint_manager
     if manager is None or manager.last_saved_step == session.global_step:
         return None
-    path = session.save_checkpoint(wait=wait)
-    writer = session.summary_writer
-    if writer is not None:
-        writer.add_session_log("CHECKPOINT", session.global_step, checkpoint_path=path)
-    return path
+    return session.save_checkpoint(wait=wait)
 
 
 class SupervisorServices(Hook):
@@ -80,7 +77,7 @@ class SupervisorServices(Hook):
         if writer is not None:
             writer.add_session_log("START", session.global_step)
         if session.checkpoint_manager is not None:
-            session.call_when_stopping(save_if_changed)  # the final checkpoint, see end()
+            session.save_at_stop()  # the final checkpoint, at the stopping step's boundary
         if session.checkpoint_manager is not None and self._save_model_secs:
             save_if_changed(session)
             self._loop(coord, self._save_model_secs, self._request_checkpoint, "checkpoint", skip_first=True)
@@ -90,9 +87,7 @@ class SupervisorServices(Hook):
             self._loop(coord, self._save_summaries_secs, self._count_steps, "step-counter")
 
     def end(self, session: Any) -> None:
-        # Usually a no-op: the final checkpoint was taken at the boundary of the stopping step.
-        if session.checkpoint_manager is not None:
-            save_if_changed(session, wait=True)
+        # The final checkpoint was captured at the stopping boundary and committed before `end`.
         if session.summary_writer is not None:
             session.summary_writer.flush()
 
@@ -111,7 +106,7 @@ class SupervisorServices(Hook):
         LooperThread(coord, interval_secs, target, clock=self._clock, name=f"supervisor-{name}").start()
 
     def _request_checkpoint(self) -> None:
-        self._session.call_at_boundary(save_if_changed)
+        self._session.request_save(f"save_model_secs={self._save_model_secs:g} elapsed")
 
     def _write_summaries(self) -> None:
         session = self._session

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
+from supervisor.boundary import Agreement, StepBoundary
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
 from supervisor.creator import SessionCreator
@@ -28,7 +29,7 @@ from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
 from supervisor.signals import SignalHandlers
 
-__all__ = ["MonitoredSession", "StepContext"]
+__all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class StepContext:
     def request_stop(self) -> None:
         """Ends the session cleanly at once: raises `StopIteration`, which the ``with`` swallows
         after running ``end`` hooks. No per-step hook runs for the rest of this step."""
-        self._monitored._request_stop(reason="step_fn requested stop")
+        self._monitored._boundary.request_stop("step_fn requested stop")
         raise StopIteration("step_fn has requested the iterations to stop")
 
 
@@ -72,11 +73,14 @@ class MonitoredSession:
         handle_signals: install SIGTERM/SIGINT handlers that request a clean stop (main thread
             only; restored at close). A second SIGINT raises `KeyboardInterrupt` at once.
         coord: the coordinator to share with service threads (default: a new one). A recovery
-            replaces it with a fresh one, as TF did.
+            clears it (same object, so front doors and threads keep their reference).
+        agreement: how this process's save/stop requests become the decision at each step
+            boundary (`supervisor.boundary.Agreement`; default: the identity, one process).
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
     """
 
     _recovery_enabled = True
+    _in_step_fn = False
 
     def __init__(
         self,
@@ -89,8 +93,11 @@ class MonitoredSession:
         recovery_backoff_secs: float = 1.0,
         handle_signals: bool = False,
         coord: Coordinator | None = None,
+        agreement: Agreement | None = None,
         clock: Clock | None = None,
     ) -> None:
+        if agreement is not None and not isinstance(agreement, Agreement):
+            raise TypeError(f"agreement must be a supervisor.boundary.Agreement or None, got {agreement!r}")
         if coord is not None and not isinstance(coord, Coordinator):
             raise TypeError(f"coord must be a supervisor.Coordinator or None, got {coord!r}")
         if session_creator is not None and not isinstance(session_creator, SessionCreator):
@@ -100,7 +107,7 @@ class MonitoredSession:
         self._creator = session_creator if session_creator is not None else SessionCreator()
         self._hooks: list[Hook] = check_hooks("hooks", hooks)
         self._stop_grace_secs = check_number("stop_grace_secs", stop_grace_secs, minimum=0)
-        self._recoverable = _check_exception_types(recoverable_exceptions) if self._recovery_enabled else ()
+        self._recoverable = check_exception_types(recoverable_exceptions) if self._recovery_enabled else ()
         self._max_recoveries = check_int("max_recoveries", max_recoveries, minimum=0)
         self._backoff_secs = check_number("recovery_backoff_secs", recovery_backoff_secs, minimum=0)
         check_bool("handle_signals", handle_signals)
@@ -111,19 +118,27 @@ class MonitoredSession:
         self._global_step = 0
         self._last_output: Any = None
         self._coord = coord if coord is not None else Coordinator()
-        self._stop_event = self._coord._stop_event
+        self._stop_event = self._coord.stop_event
+        self._boundary = StepBoundary(agreement)
+        # A collective agreement must be called at every boundary, the same number of times on
+        # every rank; the local one only when something was requested.
+        self._resolve_every_step = not self._boundary.agreement.local
         self._stop_reason: str | None = None
+        self._stopped = False  # a boundary decided the stop: should_stop() is True
+        self._preempted = False
         self._closed = False
+        self._in_step = False
+        self._creating = False
+        self._training_thread = threading.current_thread()
         self._recoveries = 0
         self._boundary_lock = threading.Lock()
         self._boundary_actions: list[Callable[[MonitoredSession], Any]] = []
         self._stop_actions: list[Callable[[MonitoredSession], Any]] = []
-        self._stop_boundary_done = False
-        self._signals = SignalHandlers(self._request_stop) if handle_signals else None
+        self._signals = SignalHandlers(self._on_signal) if handle_signals else None
         try:
             for hook in self._hooks_overriding("begin"):
                 hook.begin()
-            self._create_session()
+            self._create_with_retries(self._global_step)
         except BaseException as exc:
             first = self._close_on_error(exc)
             first.__suppress_context__ = True  # keep __cause__ (e.g. a CheckpointError's OSError)
@@ -173,8 +188,26 @@ class MonitoredSession:
 
     @property
     def stop_reason(self) -> str | None:
-        """Why the session stopped (a hook, a signal, an error...), or None while running."""
+        """Why the session stopped, naming the source (a hook's class, a signal, a thread, an
+        error...), or None while running."""
         return self._stop_reason
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a signal (SIGTERM/SIGINT) stopped this session: the run is not finished and
+        should be resumed (exit non-zero, e.g. 143, so a scheduler requeues the job)."""
+        return self._preempted
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop is decided or requested (it takes effect at the next step boundary).
+        Code that waits on the runtime's behalf (e.g. for the chief) ends its wait on this."""
+        return self._stopped or self._closed or self._stop_event.is_set() or self._boundary.stop_pending
+
+    @property
+    def boundary(self) -> StepBoundary:
+        """The step boundary where this session resolves save and stop requests (SPEC §3.5)."""
+        return self._boundary
 
     @property
     def last_output(self) -> Any:
@@ -187,23 +220,75 @@ class MonitoredSession:
 
     # ---------------------------------------------------------------- stepping
     def should_stop(self) -> bool:
-        return self._stop_event.is_set() or self._closed
+        """True once a step boundary decided to stop (or an error stopped the session).
+
+        A stop requested during a step (a hook, a thread, a signal) takes effect at that step's
+        boundary; one requested between steps by another thread or a signal, at the next
+        boundary — so the final checkpoint never holds a data position one batch ahead.
+        """
+        if self._stopped or self._closed:
+            return True
+        if self._stop_event.is_set():
+            exc = self._coord.exception
+            return exc is not None and not isinstance(exc, self._recoverable)
+        return False
 
     def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
-        """Ends training after the current step; an ``exc`` is re-raised at close. ``reason``
-        becomes `stop_reason` (the first stop's reason wins)."""
-        self._request_stop(exc, reason=reason or "request_stop() called")
+        """Ends training; an ``exc`` is re-raised at close. ``reason`` becomes `stop_reason`
+        (the first stop's reason wins).
+
+        Called on the training thread between two steps, the stop takes effect at once (this is
+        a step boundary: the final checkpoint is captured now). Called during a step (from a
+        hook or the step function) or from another thread, it takes effect at the step's
+        boundary. With a distributed agreement every rank stops at the same step.
+        """
+        if exc is not None:
+            self._request_stop(exc, reason=f"{type(exc).__name__}: {exc}")
+            return
+        reason = reason or "request_stop() called"
+        if self._at_boundary_now():
+            self._boundary.request_stop(reason)
+            self._at_boundary()
+        else:
+            self._request_stop(reason=reason)
+
+    def request_save(self, reason: str, *, manager: Any = None) -> None:
+        """Asks for a checkpoint at the next step boundary (thread-safe); ``manager`` defaults to
+        the session's. Skipped when the state on disk is already at that step."""
+        self._boundary.request_save(reason, manager)
+
+    def add_checkpoint_listener(self, listener: Any, *, manager: Any = None) -> None:
+        """Registers a `hooks.CheckpointSaverListener` for the checkpoints of ``manager``
+        (default: the session's): ``before_save`` at each capture, ``after_save`` when the
+        commit is delivered at a later boundary. Registrations last one session creation
+        (call it from ``after_create_session``)."""
+        manager = manager if manager is not None else self._creator.checkpoints
+        if manager is None:
+            raise RuntimeError("add_checkpoint_listener: this session has no checkpoint manager to listen to")
+        self._boundary.add_listener(listener, manager)
+
+    def save_at_stop(self, manager: Any = None) -> None:
+        """Captures a final checkpoint through ``manager`` (default: the session's) at the
+        boundary where the session stops, unless that step is already saved. Registrations
+        last one session creation."""
+        manager = manager if manager is not None else self._creator.checkpoints
+        if manager is not None:
+            self._boundary.save_at_stop(manager)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Runs one step: ``before_run`` hooks, ``fn(*args, **kwargs, **feeds)``, global step
-        + 1, ``after_run`` hooks. Returns what ``fn`` returned."""
-        if self._stop_event.is_set() or self._closed:
+        + 1, ``after_run`` hooks, then the step boundary. Returns what ``fn`` returned."""
+        if self._stopped or self._closed:
             self._refuse_run()
         while True:
             start_step = self._global_step
             try:
+                if self._stop_event.is_set():
+                    self._coord.raise_requested_exception()  # a thread's error (recoverable: recover)
                 output = self._run_once(fn, args, kwargs)
             except self._recoverable as exc:
+                if self._in_step_fn:
+                    raise  # run_step_fn re-runs the whole step_fn
                 self._recover(exc, start_step)
                 continue
             if self._recoveries:
@@ -218,14 +303,22 @@ class MonitoredSession:
                 f"step_fn must take exactly one argument named step_context, got {step_fn!r} "
                 f"with arguments {names}; define it as def step_fn(step_context): ..."
             )
-        if self._stop_event.is_set() or self._closed:
+        if self._stopped or self._closed:
             self._refuse_run()
         while True:
             start_step = self._global_step
+            self._in_step_fn = True
             try:
-                return step_fn(StepContext(self))
+                output = step_fn(StepContext(self))
             except self._recoverable as exc:
+                self._in_step_fn = False
                 self._recover(exc, start_step)
+                continue
+            finally:
+                self._in_step_fn = False
+            if self._recoveries:
+                self._recoveries = 0
+            return output
 
     def call_at_boundary(self, action: Callable[[MonitoredSession], Any]) -> None:
         """Runs ``action(session)`` on the training thread after the next step (thread-safe).
@@ -244,25 +337,53 @@ class MonitoredSession:
         """
         self._stop_actions.append(action)
 
-    def save_checkpoint(self, wait: bool = False) -> str:
+    def save_checkpoint(self, wait: bool = False, *, manager: Any = None) -> str:
         """Checkpoints now, at this step boundary, through the commit protocol; returns the
-        checkpoint's path. ``wait=True`` blocks until it is committed."""
-        manager = self._creator.checkpoints
-        if manager is None or not self._creator.is_chief:
-            why = "is not the chief" if not self._creator.is_chief else "has no checkpoint directory"
-            raise RuntimeError(f"save_checkpoint: this session {why}; only the chief of a session "
-                               "with a logdir/checkpoint_dir writes checkpoints")
-        return manager.save(self._global_step, self._creator.state, wait=wait)
+        checkpoint's path. ``wait=True`` blocks until it is committed.
+
+        Between two ``run`` calls (e.g. at an epoch end) the capture happens at once. Called
+        during a step (a hook, the step function) it is a request for this step's boundary,
+        and the returned path is the one that checkpoint will have.
+        """
+        if self._closed:
+            raise RuntimeError("save_checkpoint: the session is closed; save inside the `with` "
+                               "block, e.g. at the end of an epoch")
+        if manager is None:
+            manager = self._creator.checkpoints
+            if manager is None or not self._creator.is_chief:
+                why = "is not the chief" if not self._creator.is_chief else "has no checkpoint directory"
+                raise RuntimeError(f"save_checkpoint: this session {why}; only the chief of a session "
+                                   "with a logdir/checkpoint_dir writes checkpoints")
+        if not self._at_boundary_now() and not self._creating:
+            if wait:
+                raise RuntimeError("save_checkpoint(wait=True) cannot wait during a step (the capture "
+                                   "happens at the step's boundary); call it between two run() calls")
+            step = self._global_step + (1 if self._in_step and not self._after_increment else 0)
+            self._boundary.request_save("save_checkpoint() during a step", manager)
+            return manager.path_of(step)
+        return self._boundary.capture(self, manager, self._global_step, "save_checkpoint()",
+                                      wait=wait, creation=self._creating)
+
+    def _at_boundary_now(self) -> bool:
+        """Whether the caller is the training thread between two steps (a step boundary)."""
+        return (not self._in_step and not self._creating and not self._closed
+                and self._boundary.agreement.local
+                and threading.current_thread() is self._training_thread)
+
+    _after_increment = False
 
     def _run_once(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         before, after = self._before_hooks, self._after_hooks
         if not before and not after:
+            self._in_step = True
             output = fn(*args, **kwargs)
             self._global_step += 1
+            self._in_step = False
             self._last_output = output
-            if self._boundary_actions or self._stop_event.is_set():
+            if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
                 self._at_boundary()
             return output
+        self._in_step = True
         context = RunContext(fn, args, kwargs, self)
         fetches: dict[int, Any] | None = None
         feeds: dict[str, Any] | None = None
@@ -280,26 +401,47 @@ class MonitoredSession:
                 _merge_feeds(feeds, feeders, run_args.feeds, hook, kwargs)
         output = fn(*args, **kwargs, **feeds) if feeds else fn(*args, **kwargs)
         self._global_step += 1
+        self._after_increment = True
         self._last_output = output
         results = {key: resolve_fetches(f, output, hook) for hook in before
                    if (f := fetches.get(key := id(hook))) is not None} if fetches else None
+        stopper = None
         for hook in after:
             hook.after_run(context, RunValues(results.get(id(hook)) if results else None))
-        if context._stop_requested:
-            self._request_stop(reason=f"a hook requested stop at step {self._global_step}")
-        if self._boundary_actions or self._stop_event.is_set():
+            if stopper is None and context._stop_requested:
+                stopper = hook
+        self._in_step = self._after_increment = False
+        if stopper is not None:
+            self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
+                                        stop_on_every_rank=context._stop_on_every_rank)
+        if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
             self._at_boundary()
         return output
 
     def _at_boundary(self) -> None:
-        with self._boundary_lock:
-            actions, self._boundary_actions = self._boundary_actions, []
-        for action in actions:
-            action(self)
-        if self._stop_event.is_set() and not self._stop_boundary_done:
-            self._stop_boundary_done = True
-            for action in self._stop_actions:
+        """Resolves the requests of the step that just ended (`supervisor.boundary`)."""
+        if self._boundary_actions:
+            with self._boundary_lock:
+                actions, self._boundary_actions = self._boundary_actions, []
+            for action in actions:
                 action(self)
+        if self._stop_event.is_set() and not self._stopped:
+            if self._coord.exception is not None:
+                return  # an error: should_stop() is True, close re-raises it (or run() recovers)
+            if not self._boundary.stop_pending:
+                self._boundary.request_stop(self._coord.describe_stop())
+        decision = self._boundary.resolve(self, self._global_step)
+        if decision.stop and not self._stopped:
+            self._apply_stop(decision.stop_reason or "stop requested")
+
+    def _apply_stop(self, reason: str) -> None:
+        self._stopped = True
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        logger.info("stopping at step %d: %s", self._global_step, self._stop_reason)
+        for action in self._stop_actions:
+            action(self)
+        self._coord.request_stop()  # service threads end
 
     def _refuse_run(self) -> None:
         if self._closed:
@@ -308,10 +450,19 @@ class MonitoredSession:
         raise RuntimeError("run called after should_stop was requested")
 
     def _request_stop(self, exc: BaseException | None = None, *, reason: str) -> None:
-        if self._stop_reason is None:
-            self._stop_reason = reason if exc is None else f"{type(exc).__name__}: {exc}"
-            logger.info("stop requested: %s", self._stop_reason)
+        """A stop requested from any thread: an error stops at once (``exc``); a clean stop is
+        resolved at the next boundary. The coordinator's event ends the runtime's waits now."""
+        if exc is not None:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+        else:
+            self._boundary.request_stop(reason)
         self._coord.request_stop(exc)
+
+    def _on_signal(self, *, reason: str) -> None:
+        if not self._stopped:
+            self._preempted = True
+        self._request_stop(reason=reason)
 
     # ---------------------------------------------------------------- creation and recovery
     def _hooks_overriding(self, method: str) -> list[Hook]:
@@ -319,13 +470,34 @@ class MonitoredSession:
 
     def _create_session(self) -> None:
         self._stop_actions.clear()
-        step = self._creator.create(self)
-        if step is not None:
-            self._global_step = int(step)
-        for hook in self._hooks_overriding("after_create_session"):
-            hook.after_create_session(self, self._coord)
+        self._creating = True
+        try:
+            step = self._creator.create(self)
+            if step is not None:
+                self._global_step = int(step)
+            for hook in self._hooks_overriding("after_create_session"):
+                hook.after_create_session(self, self._coord)
+        finally:
+            self._creating = False
+        if self._boundary.pending and self._boundary.agreement.local:
+            self._at_boundary()  # creation is a boundary: e.g. a hook stopping before the first step
+
+    def _create_with_retries(self, start_step: int) -> None:
+        """Creates the session; a recoverable error during creation (``init_fn``, reading a
+        checkpoint...) is retried like a failed step, within the same bound and backoff."""
+        while True:
+            try:
+                self._create_session()
+                return
+            except self._recoverable as exc:
+                self._prepare_recovery(exc, start_step)
 
     def _recover(self, exc: BaseException, start_step: int) -> None:
+        """Re-creates the session after a recoverable error in a step, a hook or a thread."""
+        self._prepare_recovery(exc, start_step)
+        self._create_with_retries(start_step)
+
+    def _prepare_recovery(self, exc: BaseException, start_step: int) -> None:
         self._recoveries += 1
         if self._recoveries > self._max_recoveries:
             logger.warning("giving up after %d recoveries in a row at step %d",
@@ -336,14 +508,18 @@ class MonitoredSession:
                        "(recovery %d of at most %d)", start_step, type(exc).__name__, exc,
                        backoff, self._recoveries, self._max_recoveries)
         self._coord.request_stop()
-        self._coord.join(stop_grace_secs=self._stop_grace_secs)
+        try:
+            self._coord.join(stop_grace_secs=self._stop_grace_secs)
+        except BaseException as joined:  # noqa: BLE001 - the recorded error is the one recovered from
+            if joined is not exc and not isinstance(joined, self._recoverable):
+                raise
         self._clock.sleep(backoff)
-        self._coord = Coordinator()
-        self._stop_event = self._coord._stop_event
+        self._coord.clear_stop()
+        self._in_step = self._after_increment = False
         self._global_step = start_step
         with self._boundary_lock:
             self._boundary_actions.clear()
-        self._create_session()
+        self._boundary.clear()
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:
@@ -356,7 +532,7 @@ class MonitoredSession:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if isinstance(exc, StopIteration):
-            self._request_stop(reason="StopIteration (data exhausted)")
+            self._boundary.request_stop("StopIteration (data exhausted)")
             exc = None
         self._close(exc)
         return exc_type is not None  # only reached for StopIteration: swallow it
@@ -364,14 +540,21 @@ class MonitoredSession:
     def _close(self, exc: BaseException | None) -> None:
         if self._closed:
             raise RuntimeError("session is already closed")
+        if exc is None and self._coord.exception is not None:
+            exc = self._coord.exception  # a thread failed: this is an error close
         if exc is not None:
             first = self._close_on_error(exc)
             if first is exc:
                 raise exc
             raise first.with_traceback(first.__traceback__)
-        self._request_stop(reason="session closed")
         try:
+            if not self._stopped:  # the close is the stopping boundary (final capture)
+                if not self._boundary.stop_pending:
+                    self._boundary.request_stop("session closed")
+                self._at_boundary()
+            self._coord.request_stop()
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
+            self._boundary.flush(self)
             for hook in self._hooks_overriding("end"):
                 hook.end(self)
         except BaseException as error:
@@ -386,8 +569,10 @@ class MonitoredSession:
     def _close_on_error(self, exc: BaseException) -> BaseException:
         """Stops everything after ``exc``; returns the first exception, to be re-raised."""
         self._closed = True
+        if self._stop_reason is None:
+            self._stop_reason = f"{type(exc).__name__}: {exc}"
         if not self._coord.joined:
-            self._request_stop(exc, reason="error")
+            self._coord.request_stop(exc)
         straggler_error = None
         try:
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
@@ -428,14 +613,16 @@ def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook,
         feeders[name] = hook
 
 
-def _check_exception_types(types: Any) -> tuple[type[BaseException], ...]:
+def check_exception_types(types: Any, name: str = "recoverable_exceptions") -> tuple[type[BaseException], ...]:
+    """Validates a tuple of exception types (one type alone is accepted)."""
+    given = types
     if isinstance(types, type):
         types = (types,)
-    try:
-        types = tuple(types)
-    except TypeError:
+    if isinstance(types, (str, bytes)) or not isinstance(types, (tuple, list, set, frozenset)):
         types = None
+    else:
+        types = tuple(types)
     if types is None or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
-        raise TypeError("recoverable_exceptions must be a tuple of exception types such as "
-                        f"(supervisor.RecoverableError,), got {types!r}")
+        raise TypeError(f"{name} must be a tuple of exception types such as "
+                        f"(supervisor.RecoverableError,), got {given!r}")
     return types

@@ -124,6 +124,28 @@ class SummaryWriterCache:
 
     _lock = threading.Lock()
     _writers: dict[str, SummaryWriter] = {}
+    _owners: dict[str, int] = {}
+
+    @staticmethod
+    def acquire(logdir: str | os.PathLike) -> SummaryWriter:
+        """The writer of ``logdir`` for a session that will `release` it: the writer is closed
+        when its last owner releases it, so a session refused on a logdir (e.g. another writer
+        holds it) never closes the writer a running session shares."""
+        writer = SummaryWriterCache.get(logdir)
+        with SummaryWriterCache._lock:
+            SummaryWriterCache._owners[writer.logdir] = SummaryWriterCache._owners.get(writer.logdir, 0) + 1
+        return writer
+
+    @staticmethod
+    def release(writer: SummaryWriter) -> None:
+        """Gives back a writer from `acquire`; closes it when no owner is left."""
+        with SummaryWriterCache._lock:
+            left = SummaryWriterCache._owners.get(writer.logdir, 1) - 1
+            if left > 0:
+                SummaryWriterCache._owners[writer.logdir] = left
+                return
+            SummaryWriterCache._owners.pop(writer.logdir, None)
+        writer.close()
 
     @staticmethod
     def get(logdir: str | os.PathLike) -> SummaryWriter:

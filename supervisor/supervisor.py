@@ -26,8 +26,10 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import SessionCreator
 from supervisor.distributed import default_is_chief
+from supervisor.errors import RecoverableError
+from supervisor.hook import Hook
 from supervisor.services import SupervisorServices
-from supervisor.session import MonitoredSession
+from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 
 __all__ = ["Supervisor"]
@@ -50,6 +52,10 @@ class Supervisor:
         max_to_keep, keep_checkpoint_every_n_hours: retention (SPEC §5.5).
         stop_grace_secs: how long service threads may take to stop.
         recovery_wait_secs: how often a non-chief polls for the chief's checkpoint.
+        recoverable_exceptions: exception types that re-create the session from the latest
+            checkpoint and retry (raised by a step, a hook, session creation, or reported by a
+            service or `loop` thread), as `MonitoredSession` (SPEC §3.3).
+        max_recoveries: how many recoveries in a row before the error is re-raised.
         save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
         handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
         clock: injectable clock for tests.
@@ -75,6 +81,8 @@ class Supervisor:
         keep_checkpoint_every_n_hours: float = 10000.0,
         stop_grace_secs: float = 120,
         recovery_wait_secs: float = 30,
+        recoverable_exceptions: Any = (RecoverableError,),
+        max_recoveries: int = 10,
         save_mode: str = "async",
         handle_signals: bool = True,
         clock: Clock | None = None,
@@ -96,6 +104,9 @@ class Supervisor:
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
+        self._recoverable = check_exception_types(recoverable_exceptions)
+        self._max_recoveries = v.check_int("max_recoveries", max_recoveries, minimum=0)
+        self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
         self._handle_signals = v.check_bool("handle_signals", handle_signals)
         self._clock = resolve_clock(clock)
         self._coord = Coordinator()
@@ -123,9 +134,11 @@ class Supervisor:
             services = SupervisorServices(save_model_secs=self._save_model_secs,
                                           save_summaries_secs=self._save_summaries_secs,
                                           summary_fn=self._summary_fn, clock=self._clock)
+            self._user_loops.clear()
             self._session = MonitoredSession(
-                creator, [services, *self._hooks], stop_grace_secs=self._stop_grace_secs,
-                recoverable_exceptions=(), handle_signals=self._handle_signals,
+                creator, [services, _RestartUserLoops(self), *self._hooks],
+                stop_grace_secs=self._stop_grace_secs, recoverable_exceptions=self._recoverable,
+                max_recoveries=self._max_recoveries, handle_signals=self._handle_signals,
                 coord=self._coord, clock=self._clock)
             return self._session
 
@@ -186,8 +199,12 @@ class Supervisor:
     def loop(self, interval_secs: float, target: Callable[..., Any], args: Iterable[Any] = (),
              kwargs: dict | None = None) -> LooperThread:
         """Starts a user service: ``target(*args, **kwargs)`` every ``interval_secs`` on this
-        supervisor's coordinator (joined when the session closes)."""
-        return LooperThread.loop(self._coord, interval_secs, target, args, kwargs, clock=self._clock)
+        supervisor's coordinator (joined when the session closes). Started inside a
+        ``managed_session()``, it is started again after a recovery re-creates the session."""
+        thread = LooperThread.loop(self._coord, interval_secs, target, args, kwargs, clock=self._clock)
+        if self._session is not None:
+            self._user_loops.append((interval_secs, target, tuple(args), kwargs))
+        return thread
 
     def summary_computed(self, summaries: Mapping[str, Any], global_step: int | None = None) -> None:
         """Appends user scalars ``{tag: value}`` to the session's events file."""
@@ -198,6 +215,18 @@ class Supervisor:
         if not isinstance(summaries, Mapping):
             raise TypeError(f"summaries must be a dict of tag -> scalar, got {summaries!r}")
         writer.add_scalars(dict(summaries), self.global_step if global_step is None else global_step)
+
+
+class _RestartUserLoops(Hook):
+    """Starts the `Supervisor.loop` threads again after a recovery (the first creation has none)."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def after_create_session(self, session: Any, coord: Coordinator) -> None:
+        sv = self._supervisor
+        for interval_secs, target, args, kwargs in sv._user_loops:
+            LooperThread.loop(coord, interval_secs, target, args, kwargs, clock=sv._clock)
 
 
 class _ManagedSession:
@@ -256,7 +285,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     if summary_dir is not None and is_chief:
         from supervisor.summary import SummaryWriterCache
 
-        writer = SummaryWriterCache.get(summary_dir)
+        writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
         creator.owns_summary_writer = writer is not None
@@ -267,7 +296,9 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         manager = CheckpointManager(checkpoint_dir, clock=clock, **(checkpoint_options or {}))
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:
+        # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
-                                       recovery_wait_secs=recovery_wait_secs, clock=clock, **init_fns)
+                                       recovery_wait_secs=recovery_wait_secs, clock=clock,
+                                       logdir=checkpoint_dir, **init_fns)
     creator.owns_summary_writer = writer is not None
     return creator

@@ -26,7 +26,7 @@ from supervisor import _validate as v
 from supervisor.clock import Clock, resolve_clock
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
-from supervisor.session import MonitoredSession, _check_exception_types
+from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor.supervisor import _check_logdir, check_checkpoint_options, make_session_creator
 
@@ -153,7 +153,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
-    _check_exception_types(recoverable_exceptions)
+    check_exception_types(recoverable_exceptions)
     arguments = dict(locals())
     arguments.update(is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})

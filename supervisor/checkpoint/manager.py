@@ -76,6 +76,11 @@ class CheckpointManager:
             is raised by the next ``save``, ``wait`` or ``close``.
         opener: ``opener(path) -> binary file`` for every file written into a checkpoint
             (default: ``open(path, "xb", buffering=0)``); the seam fault-injection tests use.
+
+    Attributes:
+        on_commit: ``on_commit(step, path)``, called once a checkpoint is committed and indexed
+            (from the writer thread for async saves). A session sets it to hand commits to its
+            step boundary, which delivers them to listeners on the training thread.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class CheckpointManager:
         self._clock = resolve_clock(clock)
         self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
         self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
+        self.on_commit: Callable[[int, str], Any] | None = None
         self._lock = OwnershipLock(self.directory)
         self._writer = BackgroundWriter()
         self._dropped: list[str] = []
@@ -126,6 +132,10 @@ class CheckpointManager:
     def last_saved_step(self) -> int | None:
         """The step of the newest save committed or in flight (or restored); None before any."""
         return self._last_saved_step
+
+    def path_of(self, step: int) -> str:
+        """The path the checkpoint of ``step`` is committed to."""
+        return os.path.join(self.directory, checkpoint_name(self.basename, step))
 
     @property
     def checkpoints(self) -> tuple[str, ...]:
@@ -295,6 +305,12 @@ class CheckpointManager:
         mib = result.nbytes / 2**20
         logger.info("committed %s in %.2f s (%.1f MiB at %.0f MiB/s; capture took %.3f s)", name,
                     result.write_secs, mib, mib / max(result.write_secs, 1e-9), capture_secs)
+        on_commit = self.on_commit
+        if on_commit is not None:
+            try:
+                on_commit(step, path)
+            except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
+                logger.exception("reporting the commit of %s failed", name)
 
     def _publish(self, name: str, timestamp: float) -> None:
         """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6)."""

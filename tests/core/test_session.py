@@ -69,7 +69,7 @@ def test_hook_requesting_stop():
         with pytest.raises(RuntimeError, match="run called after should_stop was requested"):
             s.run(noop)
     assert rec.calls == CREATE + STEP * 2 + ["end"]
-    assert s.global_step == 2 and "hook requested stop at step 2" in s.stop_reason
+    assert s.global_step == 2 and s.stop_reason == "StopAt requested stop at step 2"
 
 
 def test_stop_iteration_from_body_is_a_clean_end():

@@ -22,7 +22,12 @@ def test_first_signal_requests_a_clean_stop(signum):
         s.run(lambda: None)
         os.kill(os.getpid(), signum)
         _wait_for_stop(s)
-        assert s.should_stop()
+        # Between steps the stop is pending: it takes effect at the next step's boundary, so a
+        # loop that already took the next batch runs it and checkpoints after it (SPEC §3.5).
+        assert not s.should_stop() and s.stop_requested
+        s.run(lambda: None)
+        assert s.should_stop() and s.global_step == 2
+        assert s.preempted
     assert rec.calls[-1] == "end"  # a clean close: end hooks ran
     assert s.stop_reason == f"received {signal.Signals(signum).name}"
     assert signal.getsignal(signum) is before  # handlers restored on exit

@@ -1,0 +1,302 @@
+"""The step boundary: the one place where saves and stops happen (SPEC §3.5).
+
+During a step, hooks, service threads, signals and the session API only *request*: a save (with
+why) or a stop (with a reason, optionally an exception). After the last ``after_run`` of a step
+the session resolves every request once, in a fixed order:
+
+1. **deliver** the commit notifications the checkpoint writer reported since the last boundary
+   (`CheckpointSaverListener.after_save` runs here, on the training thread, after the commit;
+   returning True is a stop request at this boundary);
+2. **agree** — an `Agreement` combines this process's requests into the `Decision` every process
+   applies (the identity on one process; a collective under ``torch.distributed``, §12);
+3. **capture** — the single call of the checkpoint managers' ``save``: step N's checkpoint holds
+   every hook's ``after_run`` of step N, under every front door;
+4. **stop** — apply the stop; the final checkpoint is captured at this same boundary.
+
+Between two ``run`` calls the session is already at a boundary: ``s.save_checkpoint()`` captures
+at once. ``s.request_stop()`` on the training thread between steps also takes effect at once when
+the agreement is local; otherwise (distributed) it applies at the next boundary on every rank.
+
+Example: what a hook does to have a checkpoint taken after this step::
+
+    def after_run(self, run_context, run_values):
+        if run_values.results > self.best:
+            run_context.session.request_save("new best loss")
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from supervisor.checkpoint.manager import CheckpointManager
+
+__all__ = ["Agreement", "Commit", "Decision", "LocalAgreement", "Requests", "StepBoundary"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What one process asked for since the last boundary: the input of an `Agreement`.
+
+    Attributes:
+        save_reasons: why a save was asked for (empty: no save requested).
+        stop_reason: why a stop was asked for (None: no stop requested).
+        stop_on_every_rank: the stop is one every process requests at this same step (e.g. a
+            step count known to all ranks, `StopAtStepHook`), so an agreement may apply it at once.
+    """
+
+    save_reasons: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    stop_on_every_rank: bool = False
+
+    @property
+    def save(self) -> bool:
+        return bool(self.save_reasons)
+
+    @property
+    def stop(self) -> bool:
+        return self.stop_reason is not None
+
+
+NO_REQUESTS = Requests()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every process does at a boundary: capture a checkpoint, stop, or both."""
+
+    step: int
+    save: bool = False
+    stop: bool = False
+    save_reasons: tuple[str, ...] = ()
+    stop_reason: str | None = None
+
+
+class Agreement:
+    """Combines one process's `Requests` into the `Decision` every process applies.
+
+    The base class is the identity, for one process: the requests of step N are the decision of
+    step N. A distributed agreement (``supervisor.distributed``) combines the requests of every
+    rank with one small collective per step, started at boundary N and applied at N+1, so every
+    rank stops and captures each checkpoint at the same step.
+    """
+
+    #: Whether a decision can be taken between steps without the other processes (the identity
+    #: can; a collective cannot, since every rank must call it the same number of times).
+    local = True
+
+    def decide(self, step: int, requests: Requests) -> Decision:
+        """The decision for the boundary after ``step``, given this process's ``requests``."""
+        if requests is NO_REQUESTS:
+            return Decision(step)
+        return Decision(step, save=requests.save, stop=requests.stop,
+                        save_reasons=requests.save_reasons, stop_reason=requests.stop_reason)
+
+    def close(self) -> None:
+        """Releases what the agreement holds (process groups, pending collectives)."""
+
+
+LocalAgreement = Agreement
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A committed checkpoint, as the writer reported it."""
+
+    step: int
+    path: str
+
+
+@dataclass
+class _Listener:
+    listener: Any
+    manager: Any
+    skip_stop_steps: set[int] = field(default_factory=set)
+
+
+class StepBoundary:
+    """Collects requests during a step and resolves them at the boundary (see module docstring).
+
+    Owned by a `MonitoredSession`; thread-safe for requests. Hooks reach it through the session
+    (``session.request_save``, ``session.request_stop``, ``session.add_checkpoint_listener``).
+
+    Args:
+        agreement: how this process's requests become the decision (default: the identity).
+    """
+
+    def __init__(self, agreement: Agreement | None = None) -> None:
+        self.agreement = agreement if agreement is not None else Agreement()
+        self._lock = threading.Lock()
+        self._save_reasons: list[str] = []
+        self._stop_reason: str | None = None
+        self._stop_on_every_rank = False
+        self._pending = False
+        self._commits: deque[tuple[Any, Commit]] = deque()
+        self._listeners: list[_Listener] = []
+        self._final_save_managers: list[Any] = []
+        self._creation_steps: dict[int, int] = {}
+        self._save_managers: list[Any] = []
+        self._managers: list[Any] = []  # every manager a capture went through
+
+    # ---------------------------------------------------------------- requests (any thread)
+    @property
+    def pending(self) -> bool:
+        """Whether anything waits for the next boundary (read on the hot path, no lock)."""
+        return self._pending
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether a stop was requested and waits for the next boundary."""
+        return self._stop_reason is not None
+
+    def request_save(self, reason: str, manager: Any = None) -> None:
+        """A save at the next boundary, through ``manager`` (default: the session's)."""
+        with self._lock:
+            self._save_reasons.append(reason)
+            self._save_managers.append(manager)
+            self._pending = True
+
+    def request_stop(self, reason: str, *, stop_on_every_rank: bool = False) -> None:
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+                self._stop_on_every_rank = stop_on_every_rank
+            self._pending = True
+
+    def report_commit(self, manager: Any, step: int, path: str) -> None:
+        """Called by a checkpoint manager's writer thread when a checkpoint committed."""
+        with self._lock:
+            self._commits.append((manager, Commit(step, path)))
+            self._pending = True
+
+    def take_requests(self) -> Requests:
+        with self._lock:
+            if not (self._save_reasons or self._stop_reason is not None):
+                self._pending = bool(self._commits)
+                return NO_REQUESTS
+            requests = Requests(tuple(self._save_reasons), self._stop_reason, self._stop_on_every_rank)
+            self._save_reasons.clear()
+            self._stop_reason = None
+            self._stop_on_every_rank = False
+            self._pending = bool(self._commits)
+            return requests
+
+    def take_commits(self) -> list[tuple[Any, Commit]]:
+        with self._lock:
+            commits = list(self._commits)
+            self._commits.clear()
+            self._pending = bool(self._save_reasons or self._stop_reason is not None)
+            return commits
+
+    def clear(self) -> None:
+        """Forgets requests and registrations (a session re-creation registers them again).
+        Undelivered commit notifications are kept: the checkpoints did commit."""
+        with self._lock:
+            self._save_reasons.clear()
+            self._stop_reason = None
+            self._stop_on_every_rank = False
+            self._save_managers.clear()
+            self._pending = bool(self._commits)
+        self._listeners.clear()
+        self._final_save_managers.clear()
+
+    # ---------------------------------------------------------------- registrations (training thread)
+    def add_listener(self, listener: Any, manager: Any) -> None:
+        self._listeners.append(_Listener(listener, manager))
+
+    def save_at_stop(self, manager: Any) -> None:
+        if all(m is not manager for m in self._final_save_managers):
+            self._final_save_managers.append(manager)
+
+    @property
+    def final_save_managers(self) -> tuple[Any, ...]:
+        return tuple(self._final_save_managers)
+
+    def listeners_of(self, manager: Any) -> list[Any]:
+        return [entry.listener for entry in self._listeners if entry.manager is manager]
+
+    def is_creation_commit(self, manager: Any, commit: Commit) -> bool:
+        if self._creation_steps.get(id(manager)) == commit.step:
+            del self._creation_steps[id(manager)]
+            return True
+        return False
+
+
+    # ---------------------------------------------------------------- resolution (training thread)
+    def resolve(self, session: Any, step: int) -> Decision:
+        """Delivers commits, agrees, captures: steps 1–3 of the module docstring. The session
+        applies the stop (step 4) from the returned decision."""
+        if self._commits:
+            self.deliver(session, allow_stop=True)
+        with self._lock:
+            managers, self._save_managers = self._save_managers, []
+        decision = self.agreement.decide(step, self.take_requests())
+        if decision.save:
+            # None is the session's own manager; with no request here another rank asked.
+            default = session.checkpoint_manager
+            managers = [default if m is None else m for m in managers or [None]]
+            for manager in _unique([m for m in managers if m is not None]):
+                if manager.last_saved_step != step:
+                    self.capture(session, manager, step, ", ".join(decision.save_reasons))
+        if decision.stop:
+            for manager in self._final_save_managers:
+                if manager.last_saved_step != step:
+                    self.capture(session, manager, step, f"final checkpoint ({decision.stop_reason})")
+        return decision
+
+    def capture(self, session: Any, manager: CheckpointManager, step: int, reason: str, *,
+                wait: bool = False, creation: bool = False) -> str:
+        """The one call site of a checkpoint manager's ``save``: listeners' ``before_save``,
+        then the capture (the writer reports the commit back to this boundary)."""
+        if all(m is not manager for m in self._managers):
+            self._managers.append(manager)
+        manager.on_commit = functools.partial(self.report_commit, manager)
+        for listener in self.listeners_of(manager):
+            listener.before_save(session, step)
+        if creation:
+            self._creation_steps[id(manager)] = step
+        logger.debug("capturing the checkpoint of step %d (%s)", step, reason)
+        return manager.save(step, session.training_state, wait=wait)
+
+    def deliver(self, session: Any, *, allow_stop: bool) -> None:
+        """Hands the reported commits to the listeners and writes their CHECKPOINT session logs."""
+        writer = session.summary_writer
+        for manager, commit in self.take_commits():
+            if writer is not None:
+                writer.add_session_log("CHECKPOINT", commit.step, checkpoint_path=commit.path)
+            creation = self.is_creation_commit(manager, commit)
+            for listener in self.listeners_of(manager):
+                if listener.after_save(session, commit.step) and allow_stop and not creation:
+                    reason = (f"{type(listener).__name__}.after_save returned True after the "
+                              f"checkpoint of step {commit.step}")
+                    logger.info("%s", reason)
+                    self.request_stop(reason)
+
+    def flush(self, session: Any) -> None:
+        """Waits for every save in flight to commit, then delivers the commits (at close: a
+        listener's stop request has nothing left to stop). Raises a save's failure."""
+        for manager in self._managers:
+            manager.wait()
+        self.deliver(session, allow_stop=False)
+
+
+def _unique(items: list[Any]) -> list[Any]:
+    seen: list[Any] = []
+    for item in items:
+        if all(s is not item for s in seen):
+            seen.append(item)
+    return seen
+
+
+def describe(callable_or_obj: Callable[..., Any] | Any) -> str:
+    """A short name for what requested something (a hook's class, a function's name)."""
+    if isinstance(callable_or_obj, str):
+        return callable_or_obj
+    name = getattr(callable_or_obj, "__qualname__", None)
+    return name if isinstance(name, str) else type(callable_or_obj).__name__
