@@ -3,6 +3,7 @@ training), early stopping end to end, return values."""
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from supervisor import Hook
 from supervisor.estimator import BestExporter, EvalSpec, FinalExporter, LatestExporter, RunConfig, TrainSpec
 from supervisor.estimator import estimator as estimator_module
 from supervisor.estimator import train_and_evaluate
+from supervisor.estimator.training import EvaluateAfterSaveListener, Evaluator
 from supervisor.testing import FakeClock
 from tests.estimator.estimator_toy import batches, endless, eval_scalars, make_estimator
 
@@ -121,3 +123,44 @@ def test_early_stopping_ends_training_before_max_steps(tmp_path):
     assert evaluated_steps(est)[:3] == [5, 10, 15]
     assert seen.last < 20 and est.checkpoint_step() == seen.last
     assert metrics["global_step"] == seen.last
+
+
+class RecordingListener(EvaluateAfterSaveListener):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delivered = []
+
+    def after_save(self, session, global_step_value):
+        self.delivered.append((global_step_value, session.global_step))
+        return super().after_save(session, global_step_value)
+
+
+class OpenGateAt(Hook):
+    def __init__(self, gate, step):
+        self.gate, self.step = gate, step
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step == self.step:
+            self.gate.set()
+
+
+def test_the_evaluation_listener_never_makes_a_save_synchronous(tmp_path, monkeypatch):
+    """The write of step 10 is held until step 13 has run: with a synchronous save, step 10's
+    boundary would wait for it and never reach step 13 (the gate's wait times out)."""
+    import supervisor.checkpoint.manager as manager_module
+
+    gate, real_write = threading.Event(), manager_module.write_checkpoint
+
+    def gated_write(directory, name, *args, **kwargs):
+        if name.endswith("-10"):
+            assert gate.wait(60), "the training loop waited for the write of step 10"
+        return real_write(directory, name, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "write_checkpoint", gated_write)
+    est = make_estimator(tmp_path)
+    evaluator = Evaluator(est, EvalSpec(lambda: batches(), steps=1, throttle_secs=0), 20)
+    listener = RecordingListener(evaluator, 0, start_step=0, clock=est.clock)
+    est.train(endless(), max_steps=20, hooks=[OpenGateAt(gate, 13)], saving_listeners=[listener])
+    delivered = dict(listener.delivered)
+    assert delivered[10] > 13  # evaluated after the commit, at a later boundary
+    assert evaluated_steps(est) == [5, 10, 15, 20]
