@@ -164,3 +164,17 @@ def test_the_evaluation_listener_never_makes_a_save_synchronous(tmp_path, monkey
     delivered = dict(listener.delivered)
     assert delivered[10] > 13  # evaluated after the commit, at a later boundary
     assert evaluated_steps(est) == [5, 10, 15, 20]
+
+
+def test_chief_and_worker_tasks_train_without_evaluating(tmp_path):
+    chief = make_estimator(tmp_path, config=RunConfig(tmp_path, save_checkpoints_steps=5, task_type="chief",
+                                                      log_step_count_steps=0, save_summary_steps=0))
+    assert train_and_evaluate(chief, TrainSpec(endless(), max_steps=10), EvalSpec(lambda: batches())) == (None, None)
+    assert chief.checkpoint_step() == 10 and not (tmp_path / "eval").exists()
+    worker = make_estimator(tmp_path, config=RunConfig(tmp_path, save_checkpoints_steps=5, task_type="worker",
+                                                       log_step_count_steps=0, save_summary_steps=0))
+    seen = StepsSeen()
+    assert train_and_evaluate(worker, TrainSpec(endless(), max_steps=15, hooks=[seen]),
+                              EvalSpec(lambda: batches())) == (None, None)
+    assert seen.last == 15  # the worker started from the chief's checkpoint of step 10
+    assert worker.checkpoint_step() == 10  # and never writes
