@@ -4,6 +4,9 @@ SPEC §10.2 / §3.5: the local evaluation listener must not make saves synchrono
 loop times every ``run()``; the stall of a save is the duration of the step whose boundary
 captures it minus the median duration of a plain step. Variants, run in interleaved rounds:
 
+Each step lasts ``--step-ms`` (a sleep standing for the step's compute), so a save's background
+write overlaps the following steps as in real training.
+
 - ``no listener``: `CheckpointSaverHook` alone;
 - ``evaluation listener``: the same hook with `EvaluateAfterSaveListener` (throttle 0: every
   committed checkpoint is evaluated, on a copy of the model, at a later step boundary);
@@ -54,7 +57,8 @@ def _model(mib: float) -> nn.Module:
     return nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(4)])
 
 
-def _session_step_times(directory: str, model: nn.Module, variant: str, steps: int, every: int) -> list[float]:
+def _session_step_times(directory: str, model: nn.Module, variant: str, steps: int, every: int,
+                        step_secs: float) -> list[float]:
     estimator = Estimator(model=model, eval_step=lambda m, b: {"loss": m[0].weight[0, :4].sum()},
                           config=RunConfig(directory, save_checkpoints_steps=every, keep_checkpoint_max=2))
     listeners = []
@@ -64,6 +68,11 @@ def _session_step_times(directory: str, model: nn.Module, variant: str, steps: i
     extra = [_WaitForCommit()] if variant == "synchronous save" else []
     saver = hooks.CheckpointSaverHook(directory, save_steps=every, listeners=listeners)
     x = torch.zeros(4)
+
+    def step() -> torch.Tensor:  # a training step of step_secs: the write of a save overlaps the next steps
+        time.sleep(step_secs)
+        return x.add_(1)
+
     times = []
     with MonitoredTrainingSession(directory, model, chief_only_hooks=[saver], hooks=extra,
                                   save_checkpoint_secs=None, save_checkpoint_steps=None,
@@ -72,7 +81,7 @@ def _session_step_times(directory: str, model: nn.Module, variant: str, steps: i
         session.checkpoint_manager.wait()  # the creation save is not part of the periodic stall
         for _ in range(steps):
             start = time.perf_counter()
-            session.run(lambda: x.add_(1))
+            session.run(step)
             times.append(time.perf_counter() - start)
     return times
 
@@ -92,10 +101,11 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--every", type=int, default=10, help="save every N steps")
     parser.add_argument("--saves", type=int, default=4, help="periodic saves per session")
+    parser.add_argument("--step-ms", type=float, default=30, help="duration of a training step")
     parser.add_argument("--quick", action="store_true", help="tiny state, 2 rounds (for the test suite)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.mib, args.rounds, args.saves = 2, 2, 2
+        args.mib, args.rounds, args.saves, args.step_ms = 2, 2, 2, 5
     model = _model(args.mib)
     stalls: dict[str, list[float]] = {v: [] for v in VARIANTS}
     root = tempfile.mkdtemp(prefix="eval_listener_stall-")
@@ -103,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
         for round_ in range(args.rounds):
             for variant in VARIANTS:
                 directory = os.path.join(root, f"{round_}-{variant.replace(' ', '_')}")
-                times = _session_step_times(directory, model, variant, args.every * args.saves, args.every)
+                times = _session_step_times(directory, model, variant, args.every * args.saves, args.every,
+                                            args.step_ms / 1e3)
                 stalls[variant].append(_stall(times, args.every, variant))
                 shutil.rmtree(directory, ignore_errors=True)
     finally:
@@ -114,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
 
 def _print(stalls: dict[str, list[float]], args: Any) -> None:
     base = statistics.median(stalls["no listener"])
-    print(f"stall of a periodic save, {args.mib:g} MiB state, save every {args.every} steps, "
+    print(f"stall of a periodic save, {args.mib:g} MiB state, save every {args.every} steps of "
+          f"{args.step_ms:g} ms, "
           f"{args.rounds} rounds (medians, min-max; shared machine: noisy)")
     for variant in VARIANTS:
         values = stalls[variant]

@@ -28,7 +28,7 @@ import torch
 from supervisor import _validate as v
 from supervisor.checkpoint import latest_checkpoint
 from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
-from supervisor.checkpoint.format import META_KEY, RNG_KEY, STATE_FILE, STEP_KEY, read_manifest
+from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY, read_manifest
 from supervisor.clock import Clock, resolve_clock
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointNotFoundError
@@ -40,6 +40,7 @@ from supervisor.estimator.specs import (
     validate_input_fn,
     validate_saving_listeners,
 )
+from supervisor.estimator.variables import variable_names, variable_value
 from supervisor.rng import capture_rng_state, restore_rng_state
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
@@ -286,24 +287,12 @@ class Estimator:
     def get_variable_names(self) -> list[str]:
         """The names of the latest checkpoint's values (``model/fc.weight``,
         ``optimizer/state/0/exp_avg``, ``global_step``), read without loading the tensors."""
-        names: list[str] = []
-        _flatten("", self._mapped_payload(), names)
-        return names
+        return variable_names(self._checkpoint_or_latest(None, "get_variable_names"))
 
     def get_variable_value(self, name: str) -> Any:
         """One value of the latest checkpoint by its `get_variable_names` name; only that
         tensor's bytes are read (memory-mapped load)."""
-        node: Any = self._mapped_payload()
-        for part in name.split("/"):
-            match = _child(node, part)
-            if match is _MISSING:
-                raise KeyError(f"{name!r} is not a variable of {self.latest_checkpoint()}; "
-                               "see get_variable_names()")
-            node = match
-        if isinstance(node, Mapping) or (isinstance(node, (list, tuple)) and node and
-                                         any(isinstance(x, (Mapping, torch.Tensor)) for x in node)):
-            raise KeyError(f"{name!r} names a group of variables, not one; see get_variable_names()")
-        return node.clone() if isinstance(node, torch.Tensor) else node
+        return variable_value(self._checkpoint_or_latest(None, "get_variable_value"), name)
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
                eval_result: Mapping[str, Any] | None = None) -> str:
@@ -326,19 +315,6 @@ class Estimator:
                                           f"train first or pass checkpoint_path= to {action}")
         return path
 
-    def _mapped_payload(self) -> Mapping[str, Any]:
-        path = self._checkpoint_or_latest(None, "get_variable_names")
-        state_file = os.path.join(path, STATE_FILE)
-        if not os.path.isfile(state_file):
-            raise CheckpointNotFoundError(f"{path} has no {STATE_FILE} (a sharded checkpoint?); "
-                                          "read it with supervisor.load_checkpoint")
-        payload = torch.load(state_file, map_location="cpu", mmap=True, weights_only=True)
-        return {k: val for k, val in payload.items() if k not in (META_KEY, RNG_KEY)}
-
-
-_MISSING = object()
-
-
 def _run_steps(input_fn: Callable[[], Iterable[Any]], steps: int | None, hooks: tuple[Any, ...],
                fn: Callable[[Any], Any]) -> int:
     """Calls ``fn(batch)`` on at most ``steps`` batches; returns how many. With hooks, through a
@@ -357,27 +333,6 @@ def _run_steps(input_fn: Callable[[], Iterable[Any]], steps: int | None, hooks: 
             session.run(fn, next(batches))
             done += 1
     return done
-
-
-def _child(node: Any, part: str) -> Any:
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if str(key) == part:
-                return value
-    elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
-        return node[int(part)]
-    return _MISSING
-
-
-def _flatten(prefix: str, node: Any, out: list[str]) -> None:
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            _flatten(f"{prefix}/{key}" if prefix else str(key), value, out)
-    elif isinstance(node, (list, tuple)) and any(isinstance(x, (Mapping, torch.Tensor)) for x in node):
-        for i, value in enumerate(node):
-            _flatten(f"{prefix}/{i}", value, out)
-    else:
-        out.append(prefix)
 
 
 def _split_examples(out: Any) -> Iterator[Any]:
