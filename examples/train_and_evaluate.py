@@ -36,16 +36,8 @@ def make_moons(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return points, label
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", default="runs/train_and_evaluate")
-    parser.add_argument("--steps", type=int, default=3000, help="max_steps of training")
-    parser.add_argument("--eval-every", type=int, default=100, help="checkpoint (and evaluate) every N steps")
-    parser.add_argument("--patience", type=int, default=500, help="stop after N steps without a lower eval loss")
-    parser.add_argument("--lr", type=float, default=0.05)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
+def build(args: argparse.Namespace) -> tuple[Estimator, Any, Any, tuple[torch.Tensor, torch.Tensor]]:
+    """The estimator, the train and eval input functions, and the held-out set."""
     torch.manual_seed(0)
     train_x, train_y = make_moons(2048, seed=1)
     eval_x, eval_y = make_moons(512, seed=2)
@@ -80,6 +72,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        log_step_count_steps=args.eval_every, save_summary_steps=args.eval_every)
     estimator = Estimator(model=model, optimizer=optimizer, train_step=train_step, eval_step=eval_step,
                           example_input=eval_x[:4], config=config)
+    return estimator, train_input_fn, eval_input_fn, (eval_x, eval_y)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", default="runs/train_and_evaluate")
+    parser.add_argument("--steps", type=int, default=3000, help="max_steps of training")
+    parser.add_argument("--eval-every", type=int, default=100, help="checkpoint (and evaluate) every N steps")
+    parser.add_argument("--patience", type=int, default=500, help="stop after N steps without a lower eval loss")
+    parser.add_argument("--lr", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    estimator, train_input_fn, eval_input_fn, (eval_x, eval_y) = build(args)
     early_stop = stop_if_no_decrease_hook(estimator, "loss", max_steps_without_decrease=args.patience,
                                           run_every_secs=None, run_every_steps=args.eval_every)
     metrics, (best_export,) = train_and_evaluate(
