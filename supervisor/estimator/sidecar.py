@@ -51,7 +51,7 @@ from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_m
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
-__all__ = ["SidecarEvaluator", "evaluated_steps", "eval_dir_for"]
+__all__ = ["SidecarEvaluator", "eval_dir_for", "evaluate_batches", "evaluated_steps"]
 
 logger = logging.getLogger(__name__)
 
