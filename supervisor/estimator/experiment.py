@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any, Callable, Iterable
 
 from supervisor import _validate as v
@@ -137,7 +138,9 @@ class Experiment:
                         saving_listeners=listeners)
         result = listeners[0].result if listeners else None
         latest = estimator.latest_checkpoint()
-        if latest is not None and (result is None or result.checkpoint_path != latest):
+        evaluated_latest = result is not None and latest is not None and \
+            os.path.abspath(result.checkpoint_path) == os.path.abspath(latest)
+        if latest is not None and not evaluated_latest:
             result = evaluator.evaluate_and_export(latest, final=True)
         elif result is not None:
             result = evaluator.export_final(result)
