@@ -178,3 +178,18 @@ def test_chief_and_worker_tasks_train_without_evaluating(tmp_path):
                               EvalSpec(lambda: batches())) == (None, None)
     assert seen.last == 15  # the worker started from the chief's checkpoint of step 10
     assert worker.checkpoint_step() == 10  # and never writes
+
+
+def test_evaluator_task_in_process_final_export_and_restart(tmp_path):
+    trainer = make_estimator(tmp_path)
+    trainer.train(endless(), max_steps=10)  # a clean end: the run is marked finished
+    spec = EvalSpec(lambda: batches(), steps=None, start_delay_secs=0, throttle_secs=0,
+                    exporters=[FinalExporter()])
+    config = RunConfig(tmp_path, task_type="evaluator", log_step_count_steps=0, save_summary_steps=0)
+    evaluator = make_estimator(tmp_path, config=config, clock=FakeClock())
+    metrics, (final_export,) = train_and_evaluate(evaluator, TrainSpec(endless()), spec)
+    assert metrics["global_step"] == 10 and evaluated_steps(evaluator) == [10]
+    assert final_export.startswith(str(tmp_path / "export" / "final_exporter"))  # the finished run's final
+    restarted = make_estimator(tmp_path, config=config, clock=FakeClock())
+    assert train_and_evaluate(restarted, TrainSpec(endless()), spec) == (None, None)  # step 10 was done
+    assert evaluated_steps(restarted) == [10]

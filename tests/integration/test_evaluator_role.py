@@ -45,7 +45,7 @@ def evaluated(model_dir):
 
 
 def test_evaluator_exits_at_max_steps_while_the_trainer_goes_on(tmp_path):
-    trainer = start("chief", tmp_path, "--max-steps", 400, "--step-sleep", 0.02)
+    trainer = start("chief", tmp_path, "--max-steps", 5000, "--step-sleep", 0.02)  # killed once the evaluator exits
     evaluator = start("evaluator", tmp_path, "--max-steps", 40)
     try:
         result = finish(evaluator, timeout=240)
