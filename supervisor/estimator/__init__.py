@@ -13,9 +13,11 @@ Example::
 from __future__ import annotations
 
 from supervisor.estimator.estimator import Estimator
+from supervisor.estimator.evaluation import EvaluationLoop
 from supervisor.estimator.experiment import Experiment
 from supervisor.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
 from supervisor.estimator.run_config import RunConfig, TaskType
+from supervisor.estimator.sidecar import SidecarEvaluator
 from supervisor.estimator.specs import EvalSpec, TrainSpec
 from supervisor.estimator.training import train_and_evaluate
 
@@ -23,11 +25,13 @@ __all__ = [
     "BestExporter",
     "Estimator",
     "EvalSpec",
+    "EvaluationLoop",
     "Experiment",
     "Exporter",
     "FinalExporter",
     "LatestExporter",
     "RunConfig",
+    "SidecarEvaluator",
     "TaskType",
     "TrainSpec",
     "train_and_evaluate",
