@@ -22,7 +22,8 @@ buffer into its tensor (the buffer is released right after).
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
 is damaged (missing manifest or file, wrong size, wrong checksum, unloadable payload);
-`CheckpointError` when it verifies but needs an untrusted global.
+`CheckpointError` when it verifies but needs an untrusted global, or is a sharded (DCP) checkpoint
+(not read here: DCP unpickles its ``.metadata`` without ``weights_only``).
 
 Note: restore.py (hardening) will get its own vanished-vs-corrupt distinction; the two are meant
 to merge into one `CheckpointVanishedError` in `supervisor.errors`.
@@ -43,7 +44,8 @@ from supervisor.errors import CheckpointCorruptError, CheckpointError, Checkpoin
 __all__ = ["CheckpointRead", "CheckpointVanishedError", "read_checkpoint"]
 
 _CHUNK_BYTES = 8 << 20
-_MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists file names and checksums: never this large
+_MANIFEST_MAX_BYTES = 64 << 20
+_DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata (sharded checkpoints)  # a manifest lists file names and checksums: never this large
 
 
 class CheckpointVanishedError(CheckpointNotFoundError):
@@ -149,6 +151,10 @@ def _moved_or_deleted(dir_fd: int, path: str) -> bool:
 
 def _open_listed(dir_fd: int, path: str, manifest: Manifest) -> dict[str, int]:
     if STATE_FILE not in manifest.files:
+        if _DCP_METADATA in manifest.files:
+            raise CheckpointError(f"{path} is a sharded (checkpoint_format='dcp') checkpoint; evaluators read "
+                                  f"single-file ({STATE_FILE}) checkpoints only: train with the default format "
+                                  "or load it with supervisor.checkpoint.dcp.load_into")
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
     fds: dict[str, int] = {}
     try:

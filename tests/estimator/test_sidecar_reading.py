@@ -158,3 +158,19 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_corrupt(trainer):
 def test_bad_verify_mode_is_a_value_error(trainer):
     with pytest.raises(ValueError, match="verify must be one of 'full', 'size', got 'none'"):
         read_checkpoint(trainer.save(1), verify="none")
+
+
+def test_a_sharded_dcp_checkpoint_is_a_clear_error_not_corruption(trainer):
+    path = trainer.save(1)
+    os.rename(os.path.join(path, "state.pt"), os.path.join(path, "__0_0.distcp"))
+    (open(os.path.join(path, ".metadata"), "wb")).close()
+    manifest_path = os.path.join(path, "MANIFEST.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    manifest["files"] = {"__0_0.distcp": manifest["files"]["state.pt"],
+                         ".metadata": {"bytes": 0, "checksum": "crc32:00000000"}}
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(CheckpointError, match="sharded .checkpoint_format='dcp'. checkpoint") as info:
+        read_checkpoint(path)
+    assert not isinstance(info.value, CheckpointCorruptError)
