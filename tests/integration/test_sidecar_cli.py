@@ -42,10 +42,12 @@ def finished_run(tmp_path):
     return trainer.directory
 
 
-def test_help_exits_0():
-    result = run_cli("--help")
-    assert result.returncode == 0
-    assert "--model" in result.stdout and "--max-evaluations" in result.stdout
+def test_help_exits_0(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_evaluate.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model" in out and "--max-evaluations" in out and "exit code 0" in out.lower()
 
 
 def test_evaluates_a_finished_run_and_exits_0(finished_run, tmp_path):
