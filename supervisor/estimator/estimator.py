@@ -27,13 +27,13 @@ import torch
 
 from supervisor import _validate as v
 from supervisor.checkpoint import latest_checkpoint
-from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY, read_manifest
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.clock import Clock, resolve_clock
-from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointNotFoundError
-from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_metric_objects, to_float
+from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
 from supervisor.estimator.run_config import RunConfig
+from supervisor.estimator.sidecar import evaluate_batches
 from supervisor.estimator.specs import (
     _positive_or_none,
     validate_hooks,
@@ -42,7 +42,6 @@ from supervisor.estimator.specs import (
 )
 from supervisor.estimator.variables import variable_names, variable_value
 from supervisor.rng import capture_rng_state, restore_rng_state
-from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
 __all__ = ["Estimator", "preserved_rng"]
@@ -202,7 +201,9 @@ class Estimator:
         """`evaluate` on a checkpoint already read (`supervisor.checkpoint.reading`)."""
         with preserved_rng():
             model, step = self.load_model_copy(checkpoint)
-            metrics = self._run_evaluation(model, input_fn, steps, hooks)
+            metrics: dict[str, Any] = evaluate_batches(
+                model, input_fn(), steps=steps, eval_step=self._eval_step, metrics=self._metrics, hooks=hooks,
+                global_step=step, path=checkpoint.path)
         metrics["global_step"] = step
         directory = self.eval_dir(name)
         events = self._event_files.setdefault(directory, EvalEventsFile(directory))
@@ -234,36 +235,6 @@ class Estimator:
         copy_.eval()
         self._copy_holds, self._copy_step = checkpoint_path, int(payload[STEP_KEY])
         return copy_, self._copy_step
-
-    def _run_evaluation(self, model: torch.nn.Module, input_fn: Callable[[], Iterable[Any]],
-                        steps: int | None, hooks: tuple[Any, ...]) -> dict[str, Any]:
-        means = MeanAggregator()
-        for metric in self._metrics.values():
-            metric.reset()
-
-        def eval_once(batch: Any) -> dict[str, Any]:
-            outputs = self._eval_outputs(model, batch)
-            means.add(outputs)
-            for metric in self._metrics.values():
-                metric.update(outputs, batch)
-            return outputs
-
-        with torch.no_grad():
-            done = _run_steps(input_fn, steps, hooks, eval_once)
-        if done == 0:
-            raise ValueError("evaluation ran no step: the eval input_fn() produced no batch")
-        results: dict[str, Any] = means.result()
-        results.update({name: to_float(name, m.compute()) for name, m in self._metrics.items()})
-        return results
-
-    def _eval_outputs(self, model: torch.nn.Module, batch: Any) -> dict[str, Any]:
-        out = self._eval_step(model, batch) if self._eval_step is not None else model(batch)
-        if isinstance(out, Mapping):
-            return dict(out)
-        if isinstance(out, torch.Tensor) or isinstance(out, (int, float)):
-            return {"loss": out}
-        who = "eval_step" if self._eval_step is not None else "model(batch) (no eval_step given)"
-        raise TypeError(f"{who} must return a dict of scalars or a scalar loss, got {type(out).__name__}")
 
     # ------------------------------------------------------------------ predict
     def predict(self, input_fn: Callable[[], Iterable[Any]],
@@ -314,26 +285,6 @@ class Estimator:
             raise CheckpointNotFoundError(f"Could not find trained model in model_dir: {self.model_dir}; "
                                           f"train first or pass checkpoint_path= to {action}")
         return path
-
-def _run_steps(input_fn: Callable[[], Iterable[Any]], steps: int | None, hooks: tuple[Any, ...],
-               fn: Callable[[Any], Any]) -> int:
-    """Calls ``fn(batch)`` on at most ``steps`` batches; returns how many. With hooks, through a
-    `MonitoredSession` (a hook's stop request ends the evaluation); without, a plain loop."""
-    done = 0
-    if not hooks:
-        for batch in input_fn():
-            if steps is not None and done >= steps:
-                break
-            fn(batch)
-            done += 1
-        return done
-    with MonitoredSession(SessionCreator(), hooks) as session:
-        batches = iter(input_fn())
-        while not session.should_stop() and (steps is None or done < steps):
-            session.run(fn, next(batches))
-            done += 1
-    return done
-
 
 def _split_examples(out: Any) -> Iterator[Any]:
     if isinstance(out, torch.Tensor):
