@@ -166,6 +166,7 @@ class SidecarEvaluator:
     # ---------------------------------------------------------------- one evaluation
     def _evaluate(self, checkpoint: CheckpointRead) -> dict[str, Any]:
         self._load(checkpoint)
+        checkpoint.payload.clear()  # loaded into the model: free the copy before running batches
         results = evaluate_batches(self.model, self._batches(), steps=self.steps, eval_step=self.eval_step,
                                    metrics=self.metrics, hooks=self.hooks, global_step=checkpoint.step,
                                    path=checkpoint.path)
