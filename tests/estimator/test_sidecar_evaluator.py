@@ -103,31 +103,31 @@ def test_metric_objects_and_steps(trainer):
     assert acc.calls == ["reset", "update", "update", "compute"]  # steps=2 of 4 batches
 
 
+class Probe(torch.nn.Sequential):
+    """The trainer's model (same keys), recording its mode and grad state at every forward."""
+
+    def __init__(self):
+        super().__init__(*make_model())
+        self.seen = []
+
+    def forward(self, batch):
+        self.seen.append((self.training, torch.is_grad_enabled()))
+        return super().forward(batch).mean()
+
+
 def test_model_runs_in_eval_mode_without_grad_and_model_batch_by_default(trainer):
     trainer.save(1)
-    seen = []
-
-    class Probe(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = make_model()
-
-        def forward(self, batch):
-            seen.append((self.training, torch.is_grad_enabled()))
-            return self.net(batch).mean()
-
     model = Probe()
     model.train()
-    # The trainer saved a plain Sequential; the probe wraps it as `net.`: not the same keys.
-    with pytest.raises(CheckpointError, match=r"model.ckpt-1 \(step 1\) does not fit the evaluator's model"):
-        SidecarEvaluator(model, BATCHES, trainer.directory, clock=ScriptedClock(), timeout=1).start()
-    plain = make_model()
-    plain.forward = lambda batch, _f=plain.forward: (seen.append((plain.training, torch.is_grad_enabled())),
-                                                    _f(batch).mean())[1]
-    plain.train()
-    results = SidecarEvaluator(plain, BATCHES, trainer.directory, clock=ScriptedClock(), timeout=1).start()
-    assert seen and set(seen) == {(False, False)}
+    results = SidecarEvaluator(model, BATCHES, trainer.directory, clock=ScriptedClock(), timeout=1).start()
+    assert model.seen and set(model.seen) == {(False, False)}
     assert set(results[0].metrics) == {"loss", "global_step"}  # a scalar from model(batch) is "loss"
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_a_clear_error(trainer):
+    trainer.save(1)
+    with pytest.raises(CheckpointError, match=r"model.ckpt-1 \(step 1\) does not fit the evaluator's model"):
+        SidecarEvaluator(torch.nn.Linear(8, 8), BATCHES, trainer.directory, clock=ScriptedClock(), timeout=1).start()
 
 
 def test_hooks_get_the_lifecycle_once_per_evaluation(trainer):
