@@ -81,4 +81,4 @@ def test_a_signal_stop_is_a_preemption_not_a_finished_run(tmp_path):
     s = train(tmp_path, 100, body=preempt)
     assert s.stop_reason == "received SIGTERM"
     assert read_finished(tmp_path) is None
-    assert os.path.isdir(tmp_path / "model.ckpt-2")  # the preempted run's final checkpoint exists
+    assert os.path.isdir(tmp_path / f"model.ckpt-{s.global_step}")  # the preempted run saved its last step
