@@ -76,12 +76,22 @@ class CheckpointSessionCreator(SessionCreator):
 
     def close(self, *, failed: bool) -> None:
         self.checkpoints.close(failed=failed)
+
+    def shutdown(self, *, failed: bool) -> None:
+        super().shutdown(failed=failed)  # closing the manager commits the final checkpoint
         # -- finished mark: a clean end that no signal caused (a preempted run will resume).
         session = getattr(self, "_session", None)
-        reason = getattr(session, "stop_reason", None) or ""
-        if not failed and session is not None and not reason.startswith("received SIG"):
-            mark_finished(self.checkpoints.directory, step=getattr(session, "global_step", None),
+        if not failed and session is not None and not _preempted(session):
+            mark_finished(self.checkpoints.directory, step=session.global_step,
                           checkpoint=latest_checkpoint(self.checkpoints.directory))
+
+
+def _preempted(session: Any) -> bool:
+    """``session.preempted`` where the session has it, else a stop reason from a signal."""
+    preempted = getattr(session, "preempted", None)
+    if preempted is not None:
+        return bool(preempted)
+    return (session.stop_reason or "").startswith("received SIG")
 
 
 class WorkerSessionCreator(SessionCreator):
