@@ -159,8 +159,10 @@ class EvaluationLoop:
         self._stop_event = threading.Event()
         self.stats = EvaluationStats()
         self.stop_reason: str | None = None
-        self._seen: set[str] = set()  # paths evaluated, skipped or found corrupt: never again
-        self._evaluated_steps: set[int] = set()
+        # Paths evaluated, skipped or found corrupt, and steps evaluated: never again. The index
+        # only ever names the newest checkpoint, so the recent ones are all that can come back.
+        self._seen = _Recent()
+        self._evaluated_steps = _Recent()
 
     def stop(self) -> None:
         """Ends the loop at its next wait (thread-safe); an evaluation under way finishes first."""
@@ -288,6 +290,24 @@ def evaluation_loop(checkpoint_dir: str | os.PathLike, evaluate_fn: Callable[[Ch
                     **options: Any) -> list[EvaluationResult]:
     """Runs an `EvaluationLoop` to its end and returns its results (the same options)."""
     return EvaluationLoop(checkpoint_dir, evaluate_fn, **options).run()
+
+
+class _Recent:
+    """A set that keeps only its ``capacity`` most recent members (bounded memory for an
+    evaluator that runs for months)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._members: dict[Any, None] = {}
+        self._capacity = capacity
+
+    def add(self, item: Any) -> None:
+        self._members.pop(item, None)
+        self._members[item] = None
+        if len(self._members) > self._capacity:
+            del self._members[next(iter(self._members))]
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._members
 
 
 def _step_hint(path: str) -> int | None:

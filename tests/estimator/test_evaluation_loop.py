@@ -285,3 +285,13 @@ def test_a_final_checkpoint_committed_between_the_look_and_the_mark_is_still_eva
     ev = loop(trainer, ScriptedClock(), skip_step=lambda s: s == 1)
     assert [r.step for r in ev.run()] == [2]
     assert ev.stop_reason == StopReason.FINISHED
+
+
+def test_the_loops_memory_of_seen_checkpoints_is_bounded():
+    recent = evaluation._Recent(capacity=3)
+    for item in range(5):
+        recent.add(item)
+    assert [i in recent for i in range(5)] == [False, False, True, True, True]
+    recent.add(2)  # re-adding refreshes it
+    recent.add(5)
+    assert 2 in recent and 3 not in recent
