@@ -135,7 +135,9 @@ def _import_file(path: str) -> Any:
     if not os.path.isfile(path):
         raise ImportError(f"no file {path}")
     name = f"_supervisor_evaluate_{os.path.splitext(os.path.basename(path))[0]}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == os.path.abspath(path):
+        return sys.modules[name]  # --model, --data and --eval-step may name the same file
+    spec = importlib.util.spec_from_file_location(name, os.path.abspath(path))
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
