@@ -82,3 +82,14 @@ def test_a_signal_stop_is_a_preemption_not_a_finished_run(tmp_path):
     assert s.stop_reason == "received SIGTERM"
     assert read_finished(tmp_path) is None
     assert os.path.isdir(tmp_path / f"model.ckpt-{s.global_step}")  # the preempted run saved its last step
+
+
+def test_the_supervisor_front_door_marks_a_clean_end_too(tmp_path):
+    from supervisor import Supervisor
+
+    with Supervisor(tmp_path, model=torch.nn.Linear(2, 1)).managed_session() as s:
+        for _ in range(3):
+            s.run(lambda: None)
+        assert read_finished(tmp_path) is None  # not while it trains
+    mark = read_finished(tmp_path)
+    assert (mark.step, mark.checkpoint) == (3, "model.ckpt-3")
