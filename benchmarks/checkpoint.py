@@ -12,6 +12,10 @@ directory on the disk under test (``--dir``, default the system temp dir):
 - **restore**: ``CheckpointManager.restore`` on a fresh manager (newest checkpoint, full
   checksum verification, load into the live model) vs a plain ``torch.load`` of the same
   ``state.pt``. Both run with the file in the page cache (read once before). Target ≤ 1.5×.
+- **stall with a listener**: the ``run()`` of a step whose boundary captures a checkpoint, in a
+  `MonitoredSession` with a `CheckpointSaverHook` carrying a `CheckpointSaverListener` vs the
+  same hook without one (interleaved rounds). A listener's ``after_save`` is delivered after the
+  commit at a later boundary, so it must not make the save synchronous: target ≈ 1.0×.
 - **memory**: peak RSS above the baseline (state built, no save yet) during the first async
   save, sampled every ~1 ms from /proc/self/status plus the kernel's VmHWM (reset through
   /proc/self/clear_refs where allowed), over the state size. Target ≤ 1.1×. And RSS after 50
@@ -42,8 +46,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from supervisor import TrainingState
-from supervisor.checkpoint import CheckpointManager
+import hooks
+from supervisor import MonitoredSession, TrainingState
+from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator
 
 MiB, GiB = 1 << 20, 1 << 30
 _ROW_BYTES = 4096 * 4  # one row of a 4096-wide float32 layer
@@ -248,6 +253,40 @@ def measure_stall_and_write(model: BigModel, state: TrainingState, kept: Checkpo
     return stall_row, write_row, kept_row
 
 
+class _CountingListener(hooks.CheckpointSaverListener):
+    def __init__(self) -> None:
+        self.saved: list[int] = []
+
+    def after_save(self, session: object, step: int) -> None:
+        self.saved.append(step)
+
+
+def _session_saving_every_step(state: TrainingState, directory: str, listener: object | None) -> MonitoredSession:
+    manager = CheckpointManager(directory, max_to_keep=2)
+    saver = hooks.CheckpointSaverHook(directory, save_steps=1, listeners=[listener] if listener else [])
+    return MonitoredSession(CheckpointSessionCreator(state, manager), hooks=[saver])
+
+
+def measure_listener_stall(state: TrainingState, directory: str, repeats: int) -> Row:
+    """The step whose boundary captures a checkpoint, with and without a listener attached."""
+    listener = _CountingListener()
+    plain = _session_saving_every_step(state, os.path.join(directory, "no-listener"), None)
+    listened = _session_saving_every_step(state, os.path.join(directory, "listener"), listener)
+    with plain, listened:
+        times: dict[str, list[float]] = {"plain": [], "listened": []}
+        for _ in range(repeats):
+            for name, session in (("plain", plain), ("listened", listened)):
+                session.checkpoint_manager.wait()  # one save in flight at most: start idle
+                gc.collect()
+                times[name].append(timed(session.run, lambda: None))
+    assert len(listener.saved) >= repeats, "the listener's after_save was not delivered"
+    without, with_listener = min(times["plain"]), min(times["listened"])
+    print(f"  rounds (s): step with a capture, no listener {listing(times['plain'])}; "
+          f"with a listener {listing(times['listened'])}")
+    return Row("stall: save at a boundary, with a listener", f"{with_listener:8.3f} s", f"{without:8.3f} s",
+               with_listener / without, "<= 1.10x", with_listener / without <= 1.10)
+
+
 def measure_restore(model: BigModel, state: TrainingState, directory: str, path: str, repeats: int) -> Row:
     with open(path, "rb") as f:  # page cache warm for both sides
         while f.read(64 * MiB):
@@ -400,10 +439,11 @@ def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: Commit
                                                                repeats, commits)
         newest = state_file(kept, repeats)
     restore = measure_restore(model, state, ckpt_dir, newest, repeats)
+    listener_stall = measure_listener_stall(state, directory, repeats)
     growth_row = measure_growth(directory, growth)
     print("phase breakdown of one save:")
     phase_breakdown(model, state, directory)
-    rows = [stall, write, write_kept, restore, memory, growth_row]
+    rows = [stall, listener_stall, write, write_kept, restore, memory, growth_row]
     print_table(rows)
     return rows
 

@@ -98,8 +98,9 @@ class Agreement:
         return Decision(step, save=requests.save, stop=requests.stop,
                         save_reasons=requests.save_reasons, stop_reason=requests.stop_reason)
 
-    def close(self) -> None:
-        """Releases what the agreement holds (process groups, pending collectives)."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Releases what the agreement holds (process groups, pending collectives); ``error``:
+        the session is closing because of it (a collective agreement tells the other ranks)."""
 
 
 LocalAgreement = Agreement

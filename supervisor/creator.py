@@ -1,7 +1,8 @@
-"""Session creators: what makes the training state ready each time a session is created (§4).
+"""Session creators: the restore-or-initialise policy run at every session creation (§4).
 
-`MonitoredSession` calls ``creator.create(session)`` at its creation and again after every
-recoverable error. The base `SessionCreator` keeps the state in memory (nothing to restore
+The creator is the *how*; the `SessionEnvironment` it holds is the *where* (logdir, chief,
+summary writer, checkpoint manager). `MonitoredSession` calls ``creator.create(session)`` at its
+creation and again after every recoverable error. The base `SessionCreator` keeps the state in memory (nothing to restore
 from); the checkpoint engine's creator (``supervisor.checkpoint``) restores from the newest
 verified checkpoint. Both follow SPEC §4's order:
 
@@ -15,23 +16,16 @@ verified checkpoint. Both follow SPEC §4's order:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from supervisor._validate import check_bool, check_callable
+from supervisor.checkpoint.restore import Restored
+from supervisor.environment import SessionEnvironment
 from supervisor.state import TrainingState
 
 __all__ = ["SessionCreator", "Restored", "default_ready_fn"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What `SessionCreator.restore` found: the step and where it came from."""
-
-    global_step: int
-    path: str
 
 
 def default_ready_fn(session: Any) -> str | None:
@@ -51,7 +45,7 @@ def default_ready_fn(session: Any) -> str | None:
 
 
 class SessionCreator:
-    """Makes the training state ready; the base class keeps it in memory.
+    """The restore-or-initialise policy; the base class keeps the state in memory.
 
     On a re-creation after a recoverable error the in-memory state is kept as it is and the
     global step goes back to where the failed ``run`` started (nothing else to restore from).
@@ -61,13 +55,9 @@ class SessionCreator:
         init_fn: ``init_fn(session)``, called when nothing was restored (e.g. a warm start).
         local_init_fn: ``local_init_fn(session)``, called at every creation.
         ready_fn: ``ready_fn(session) -> None | str``; defaults to `default_ready_fn`.
-        is_chief: whether this process writes (checkpoints, summaries).
-        logdir: the log directory, or None.
-        summary_writer: where summaries go, or None.
+        is_chief, logdir, summary_writer: the `SessionEnvironment` (also reachable as
+            ``creator.environment``; subclasses add its checkpoint manager).
     """
-
-    #: Whether `close` closes ``summary_writer`` (a front door that opened it for this session).
-    owns_summary_writer = False
 
     #: A creator that can restore re-runs init_fn when a re-creation finds nothing to restore
     #: (TF's behaviour); the in-memory creator keeps the state it has instead.
@@ -90,11 +80,15 @@ class SessionCreator:
         self.init_fn = check_callable("init_fn", init_fn, signature="init_fn(session)")
         self.local_init_fn = check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)")
         self.ready_fn = check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str")
-        self.is_chief = check_bool("is_chief", is_chief)
-        self.logdir = logdir
-        self.summary_writer = summary_writer
-        self.checkpoints: Any = None  # a checkpoint manager, set by creators that have one
+        self.environment = SessionEnvironment(logdir=logdir, is_chief=check_bool("is_chief", is_chief),
+                                              summary_writer=summary_writer)
         self._created = 0
+
+    # The environment's fields, read by the session (``s.logdir`` ...).
+    logdir = property(lambda self: self.environment.logdir)
+    is_chief = property(lambda self: self.environment.is_chief)
+    summary_writer = property(lambda self: self.environment.summary_writer)
+    checkpoints = property(lambda self: self.environment.checkpoints)
 
     def restore(self, session: Any) -> Restored | None:
         """Restores the state from a checkpoint; the in-memory creator has none."""
@@ -102,8 +96,7 @@ class SessionCreator:
 
     def create(self, session: Any) -> int | None:
         """Makes the state ready; returns the global step to continue from (None: keep it)."""
-        first = self._created == 0
-        self._created += 1
+        first = self._created == 0  # counts completed creations: a failed first one runs init_fn again
         restored = self.restore(session)
         if restored is not None:
             step: int | None = restored.global_step
@@ -119,6 +112,7 @@ class SessionCreator:
         if self.local_init_fn is not None:
             self.local_init_fn(session)
         self.check_ready(session)
+        self._created += 1
         logger.info(*message)
         return step
 
@@ -128,16 +122,12 @@ class SessionCreator:
             raise RuntimeError(f"model not ready after initialisation: {not_ready}")
 
     def close(self, *, failed: bool) -> None:
-        """Releases what the creator holds (locks, checkpoint managers); ``failed``: closing on
-        an error. Override freely: the summary writer is closed by `shutdown` regardless."""
+        """Releases what the policy itself holds; ``failed``: closing on an error. The
+        environment (manager, lock, summary writer) is closed by `shutdown` regardless."""
 
     def shutdown(self, *, failed: bool) -> None:
-        """What the session calls at close: `close`, then the summary writer if this creator
-        owns it (even when `close` raised, so no events are lost)."""
+        """What the session calls at close: `close`, then the environment."""
         try:
             self.close(failed=failed)
         finally:
-            if self.owns_summary_writer and self.summary_writer is not None:
-                from supervisor.summary import SummaryWriterCache
-
-                SummaryWriterCache.release(self.summary_writer)
+            self.environment.close(failed=failed)

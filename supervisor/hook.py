@@ -5,9 +5,9 @@ no-op, so a hook overrides only what it needs, and a method a hook does not over
 called (it costs nothing on that path). The whole call order, as pseudocode::
 
     for h in hooks: h.begin()
-    create the session (initialise or restore the training state)
-    for h in hooks: h.after_create_session(session, coord)
-    while not stop requested:
+    create the session (initialise or restore the training state)     # a RecoverableError here:
+    for h in hooks: h.after_create_session(session, coord)            #   back off, create again
+    while not should_stop():
         for h in hooks: args_h = h.before_run(run_context)      # may ask for fetches / feeds
         try:
             result = step_fn(*args, **kwargs, **all_feeds)
@@ -17,10 +17,17 @@ called (it costs nothing on that path). The whole call order, as pseudocode::
             retry the same run from before_run
         global_step += 1
         for h in hooks: h.after_run(run_context, RunValues(results=<fetches of args_h>))
+        step boundary (SPEC §3.5) — hooks, threads and signals only *requested* until here:
+            deliver committed checkpoints: listener.after_save(session, step)  # True: stop
+            decision = agreement.decide(step, requests)     # the identity on one process
+            if decision.save: capture a checkpoint          # holds every after_run of this step
+            if decision.stop: capture the final checkpoint; should_stop() becomes True
     on a clean close (normal exit, stop requested, StopIteration):
+        the last boundary (final checkpoint if the step changed), join threads,
+        wait for the saves in flight and deliver their commits
         for h in hooks: h.end(session)
     on a close caused by an exception:
-        for h in hooks: h.on_exception(session, exc)            # cleanup only
+        for h in hooks: h.on_exception(session, exc)            # cleanup only; no final checkpoint
 
 All hook calls go in list order.
 

@@ -240,6 +240,14 @@ class _ManagedSession:
         self._session = self._supervisor._open_session()
         return self._session
 
+    def __getattr__(self, name: str) -> Any:
+        # `sv.managed_session().run(...)`: the session exists only inside a `with` block.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"managed_session() returns a context manager, not the session: it has no "
+                             f"{name!r}. Use it in a with block: `with sv.managed_session() as s: "
+                             f"s.{name}(...)`")
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         session, sv = self._session, self._supervisor
         try:
@@ -288,7 +296,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
-        creator.owns_summary_writer = writer is not None
+        creator.environment.owns_summary_writer = writer is not None
         return creator
     from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
 
@@ -300,5 +308,5 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
                                        recovery_wait_secs=recovery_wait_secs, clock=clock,
                                        logdir=checkpoint_dir, **init_fns)
-    creator.owns_summary_writer = writer is not None
+    creator.environment.owns_summary_writer = writer is not None
     return creator

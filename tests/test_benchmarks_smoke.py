@@ -8,6 +8,7 @@ from benchmarks.checkpoint import main
 
 ROWS = (
     "stall: async save() blocks the loop",
+    "stall: save at a boundary, with a listener",
     "write: save() to commit, MiB/s",
     "  same, retention deleting in the window",
     "restore: verified restore vs torch.load",

@@ -26,7 +26,8 @@ from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
 from supervisor.clock import Clock, resolve_clock
-from supervisor.creator import Restored, SessionCreator
+from supervisor.checkpoint.restore import Restored
+from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointCorruptError
 from supervisor.state import TrainingState
 
@@ -61,7 +62,7 @@ class CheckpointSessionCreator(SessionCreator):
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=True, logdir=logdir if logdir is not None else manager.directory,
                          summary_writer=summary_writer)
-        self.checkpoints = manager
+        self.environment.checkpoints = manager
         self._routes_errors = manager.on_error is None
 
     def restore(self, session: Any) -> Restored | None:
@@ -74,24 +75,13 @@ class CheckpointSessionCreator(SessionCreator):
         clear_finished(manager.directory)
         return manager.restore(self.state)
 
-    def close(self, *, failed: bool) -> None:
-        self.checkpoints.close(failed=failed)
-
     def shutdown(self, *, failed: bool) -> None:
         super().shutdown(failed=failed)  # closing the manager commits the final checkpoint
         # -- finished mark: a clean end that no signal caused (a preempted run will resume).
         session = getattr(self, "_session", None)
-        if not failed and session is not None and not _preempted(session):
+        if not failed and session is not None and not session.preempted:
             mark_finished(self.checkpoints.directory, step=session.global_step,
                           checkpoint=latest_checkpoint(self.checkpoints.directory))
-
-
-def _preempted(session: Any) -> bool:
-    """``session.preempted`` where the session has it, else a stop reason from a signal."""
-    preempted = getattr(session, "preempted", None)
-    if preempted is not None:
-        return bool(preempted)
-    return (session.stop_reason or "").startswith("received SIG")
 
 
 class WorkerSessionCreator(SessionCreator):

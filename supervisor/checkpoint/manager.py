@@ -32,11 +32,10 @@ from supervisor.checkpoint.format import checkpoint_name, make_payload
 from supervisor.checkpoint.index import read_index, relative_index, write_index
 from supervisor.checkpoint.lock import OwnershipLock
 from supervisor.checkpoint.options import check_basename, check_directory, check_trusted_globals
-from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
+from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.clock import Clock, resolve_clock
-from supervisor.creator import Restored
 from supervisor.errors import CheckpointError
 from supervisor.rng import capture_rng_state
 from supervisor.state import TrainingState

@@ -45,7 +45,6 @@ from supervisor.checkpoint.format import (
 )
 from supervisor import distributed
 from supervisor.checkpoint.index import read_index
-from supervisor.creator import Restored
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from supervisor.rng import restore_rng_state
 from supervisor.state import TrainingState, unwrap_module
@@ -54,6 +53,14 @@ __all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "find_and
            "safe_torch_load", "VERIFY_MODES"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore found: the global step and the checkpoint it came from."""
+
+    global_step: int
+    path: str
 
 VERIFY_MODES = ("full", "size")
 

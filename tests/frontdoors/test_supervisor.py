@@ -272,3 +272,9 @@ def test_supervisor_properties(tmp_path):
         sv.request_stop()
         assert sv.should_stop() and s.should_stop()
     assert steps_on_disk(tmp_path) == [] and sorted(os.listdir(tmp_path))[-1].startswith("net-")
+
+
+def test_managed_session_without_with_names_the_fix(tmp_path):
+    sv = Supervisor(None, model=torch.nn.Linear(2, 1), handle_signals=False)
+    with pytest.raises(AttributeError, match=r"with sv.managed_session\(\) as s: s.run"):
+        sv.managed_session().run(lambda: None)

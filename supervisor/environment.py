@@ -1,0 +1,49 @@
+"""`SessionEnvironment`: what a session runs in — its log directory, whether it is the chief,
+where summaries go, which checkpoint manager writes (and so owns the logdir's lock).
+
+It is the *where*; the session creator (`supervisor.SessionCreator` and its checkpoint-backed
+subclasses) is the *how*: the restore-or-initialise policy of SPEC §4. A front door builds the
+environment (opening the summary writer, the checkpoint manager) and hands it to the creator;
+the session reads it (``s.logdir``, ``s.is_chief``, ``s.summary_writer``,
+``s.checkpoint_manager``) and closes it once, at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SessionEnvironment"]
+
+
+@dataclass
+class SessionEnvironment:
+    """The session's place in the world.
+
+    Attributes:
+        logdir: the log directory (read-only on a non-chief), or None.
+        is_chief: whether this process writes checkpoints and summaries.
+        summary_writer: where summaries go, or None when this session writes none.
+        checkpoints: the checkpoint manager that writes (it holds the logdir's ownership lock
+            once opened), or None (no checkpoint directory, or not the chief).
+        owns_summary_writer: whether closing the environment gives the writer back
+            (`supervisor.summary.SummaryWriterCache.release`): the front door acquired it.
+    """
+
+    logdir: str | None = None
+    is_chief: bool = True
+    summary_writer: Any = None
+    checkpoints: Any = None
+    owns_summary_writer: bool = False
+
+    def close(self, *, failed: bool) -> None:
+        """Closes the checkpoint manager (finishing the save in flight, releasing the lock), then
+        gives back the summary writer — even when the manager's close raised, so no events are
+        lost."""
+        try:
+            if self.checkpoints is not None:
+                self.checkpoints.close(failed=failed)
+        finally:
+            if self.owns_summary_writer and self.summary_writer is not None:
+                from supervisor.summary import SummaryWriterCache
+
+                SummaryWriterCache.release(self.summary_writer)

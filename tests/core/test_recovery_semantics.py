@@ -1,0 +1,142 @@
+"""TF's recovery semantics (SPEC §3.3): run_step_fn re-runs the whole step_fn, recoverable
+errors reported by threads and raised during creation recover, bounded like a failed step."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from supervisor import (
+    CheckpointManager,
+    CheckpointSessionCreator,
+    Hook,
+    MonitoredSession,
+    RecoverableError,
+    SessionCreator,
+    Supervisor,
+    TrainingState,
+)
+from hooks import StopAtStepHook
+from supervisor.testing import FakeClock, RecordingHook
+
+
+class Weight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(1.0), requires_grad=False)
+
+
+def test_run_step_fn_retries_the_whole_step_fn_after_a_restore(tmp_path):
+    model = Weight()
+    creator = CheckpointSessionCreator(TrainingState({"model": model}), CheckpointManager(tmp_path))
+    failures = [RecoverableError("transient")]
+
+    def inner():
+        if failures:
+            raise failures.pop()
+        model.w.add_(10)
+
+    def step_fn(step_context):
+        model.w.add_(1)  # the part of step_fn before run_with_hooks must run again too
+        step_context.run_with_hooks(inner)
+
+    with MonitoredSession(creator, clock=FakeClock()) as s:
+        s.save_checkpoint(wait=True)  # w = 1.0 on disk
+        s.run_step_fn(step_fn)
+        assert s.global_step == 1
+    # restored 1.0, then the whole step_fn once: + 1 + 10 (retrying only run_with_hooks gave 11)
+    assert model.w.item() == 12.0
+
+
+class ReportsFromAThread(Hook):
+    """Starts a service thread that reports a recoverable error to the coordinator once."""
+
+    def __init__(self) -> None:
+        self.reported = threading.Event()
+        self.creations = 0
+
+    def after_create_session(self, session, coord):
+        self.creations += 1
+        if self.creations == 1:
+            def service():
+                coord.request_stop(RecoverableError("lost the parameter server"))
+                self.reported.set()
+            thread = threading.Thread(target=service, name="flaky-service")
+            coord.register_thread(thread)
+            thread.start()
+
+
+def test_recoverable_error_reported_by_a_thread_recovers():
+    hook = ReportsFromAThread()
+    rec = RecordingHook()
+    with MonitoredSession(hooks=[hook, StopAtStepHook(last_step=5), rec], clock=FakeClock()) as s:
+        assert hook.reported.wait(5)
+        assert not s.should_stop()  # a recoverable error does not end the loop...
+        while not s.should_stop():
+            s.run(lambda: None)
+    assert hook.creations == 2  # ...the next run re-created the session
+    assert s.global_step == 5
+    assert rec.calls[-1] == "end"
+
+
+def test_supervisor_recovers_from_a_loop_thread_and_restarts_it(tmp_path):
+    model = Weight()
+    calls = []
+    sv = Supervisor(tmp_path, model=model, hooks=[StopAtStepHook(last_step=40)],
+                    save_summaries_secs=0, handle_signals=False, recovery_wait_secs=0)
+
+    def service():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise RecoverableError("service hiccup")
+
+    with sv.managed_session() as s:
+        sv.loop(0.001, service)
+        while not s.should_stop():
+            s.run(lambda: None)
+            if len(calls) < 2:
+                threading.Event().wait(0.01)
+    assert s.global_step == 40
+    assert len(calls) >= 2  # the loop thread ran again after the recovery
+
+
+def test_recoverable_error_in_init_fn_is_retried():
+    attempts = []
+
+    def init_fn(session):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RecoverableError("the data service is not up yet")
+
+    clock = FakeClock()
+    rec = RecordingHook()
+    with MonitoredSession(SessionCreator(TrainingState(), init_fn=init_fn), hooks=[rec], clock=clock) as s:
+        s.run(lambda: None)
+    assert len(attempts) == 2  # init_fn ran again: nothing was restored
+    assert rec.calls.count("begin") == 1 and rec.calls.count("after_create_session") == 1
+    assert clock.monotonic() == 1_000_000.0 + 1.0  # one backoff
+
+
+def test_creation_retries_are_bounded():
+    def init_fn(session):
+        raise RecoverableError("never up")
+
+    with pytest.raises(RecoverableError, match="never up"):
+        MonitoredSession(SessionCreator(TrainingState(), init_fn=init_fn), max_recoveries=2, clock=FakeClock())
+
+
+def test_without_a_checkpoint_dir_recovery_keeps_step_and_state_consistent():
+    counter = {"applied": 0}
+    failures = [RecoverableError("flaky")]
+
+    def step():
+        if counter["applied"] == 2 and failures:
+            raise failures.pop()  # fails before changing anything
+        counter["applied"] += 1
+
+    with MonitoredSession(clock=FakeClock()) as s:
+        for _ in range(4):
+            s.run(step)
+        # in memory: nothing to restore; the step count matches the updates applied
+        assert s.global_step == counter["applied"] == 4
