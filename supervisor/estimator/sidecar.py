@@ -43,8 +43,9 @@ import torch
 from supervisor import _validate as v
 from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY
 from supervisor.checkpoint.reading import CheckpointRead
+from supervisor.checkpoint.restore import Restored
 from supervisor.clock import Clock
-from supervisor.creator import Restored, SessionCreator
+from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats
 from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_metric_objects, to_float
