@@ -1,4 +1,5 @@
-"""The evaluator task of train_and_evaluate as a real process next to a real trainer process."""
+"""The evaluator task of train_and_evaluate as a real process next to a real trainer process (the
+max_steps exit, next to a torchrun job: test_evaluator_role_torchrun.py)."""
 from __future__ import annotations
 
 import json
@@ -42,20 +43,6 @@ def kill(*processes):
 
 def evaluated(model_dir):
     return [step for step, _ in eval_scalars(str(model_dir / "eval")).get("loss", [])]
-
-
-def test_evaluator_exits_at_max_steps_while_the_trainer_goes_on(tmp_path):
-    trainer = start("chief", tmp_path, "--max-steps", 5000, "--step-sleep", 0.02)  # killed once the evaluator exits
-    evaluator = start("evaluator", tmp_path, "--max-steps", 40)
-    try:
-        result = finish(evaluator, timeout=240)
-        assert trainer.poll() is None  # the evaluator stopped on max_steps, not on a finished run
-    finally:
-        kill(trainer, evaluator)
-    assert result["role"] == "evaluator" and not result["finished_mark"]
-    assert result["metrics"]["global_step"] >= 40
-    steps = evaluated(tmp_path)
-    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == result["metrics"]["global_step"]
 
 
 def test_early_stopping_from_the_evaluator_and_the_evaluator_exits_when_the_trainer_finishes(tmp_path):
