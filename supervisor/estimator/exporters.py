@@ -193,8 +193,9 @@ class BestExporter(Exporter):
         compare_fn: ``compare_fn(best_eval_result, current_eval_result) -> bool``, True when
             the current result is better (default: lower ``loss``).
         exports_to_keep: how many exports to keep (None: all).
-        eval_dir: where the evaluations' events are (default: the estimator's ``eval`` dir);
-            read on the first call when this exporter has no export records yet.
+        eval_dir: where the evaluations' events are (default: the eval directory of the
+            `EvalSpec` it runs with, ``model_dir/eval`` or ``eval_<name>``); read on the first
+            call when this exporter has no export records yet.
     """
 
     def __init__(self, name: str = "best_exporter", compare_fn: Callable[[Any, Any], bool] | None = None,
@@ -202,8 +203,13 @@ class BestExporter(Exporter):
         super().__init__(name, exports_to_keep)
         self._compare_fn = _check_compare_fn(compare_fn)
         self._eval_dir = None if eval_dir is None else os.fspath(eval_dir)
+        self._default_eval_dir: str | None = None
         self._best: dict[str, Any] | None = None
         self._loaded = False
+
+    def set_default_eval_dir(self, eval_dir: str) -> None:
+        """The eval directory to read when none was given (set by `train_and_evaluate`)."""
+        self._default_eval_dir = eval_dir
 
     def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
@@ -224,7 +230,7 @@ class BestExporter(Exporter):
         if not candidates:
             from hooks.early_stopping import read_eval_metrics
 
-            eval_dir = self._eval_dir or estimator.eval_dir()
+            eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
             candidates = [dict(metrics, global_step=step) for step, metrics in read_eval_metrics(eval_dir).items()
                           if step != current_step]
         best = None

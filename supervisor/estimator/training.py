@@ -33,6 +33,7 @@ from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
+from supervisor.estimator.exporters import BestExporter
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.specs import EvalSpec, TrainSpec
 
@@ -57,6 +58,9 @@ class Evaluator:
         self._estimator, self._spec, self._max_steps = estimator, eval_spec, max_training_steps
         self._exported: dict[str, str] = {}  # exporter name -> checkpoint it last exported
         self.is_final_export_triggered = False
+        for exporter in eval_spec.exporters:
+            if isinstance(exporter, BestExporter):
+                exporter.set_default_eval_dir(estimator.eval_dir(eval_spec.name))
 
     def evaluate_and_export(self, checkpoint: str | CheckpointRead, *, final: bool = False) -> EvalResult:
         """Evaluates a checkpoint (a path, or one already read); it is the final export when

@@ -141,3 +141,15 @@ def test_exporter_argument_errors(factory, error, fragment):
 def test_exporter_base_is_abstract(tmp_path):
     with pytest.raises(NotImplementedError):
         Exporter("x").export(None, str(tmp_path), "", {}, False)
+
+
+def test_best_exporter_reads_the_eval_dir_of_its_eval_spec(tmp_path):
+    from supervisor.estimator import EvalSpec
+    from supervisor.estimator.training import Evaluator
+
+    est = trained(tmp_path)
+    best_loss = est.evaluate(lambda: batches(), name="holdout")["loss"]  # events in eval_holdout only
+    est.train(endless(), max_steps=10)
+    exporter = BestExporter()
+    Evaluator(est, EvalSpec(lambda: batches(), name="holdout", exporters=[exporter]), None)
+    assert export_with(exporter, est, best_loss + 1.0) is None  # worse than what eval_holdout holds
