@@ -13,7 +13,7 @@ from supervisor import Hook
 from supervisor.estimator import BestExporter, EvalSpec, FinalExporter, LatestExporter, RunConfig, TrainSpec
 from supervisor.estimator import estimator as estimator_module
 from supervisor.estimator import train_and_evaluate
-from supervisor.estimator.training import EvaluateAfterSaveListener, Evaluator
+from supervisor.estimator.training import EvalResult, EvaluateAfterSaveListener, Evaluator
 from supervisor.testing import FakeClock
 from tests.estimator.estimator_toy import batches, endless, eval_scalars, make_estimator
 
@@ -46,11 +46,52 @@ def test_every_commit_but_the_creation_one_is_evaluated(tmp_path):
     assert exports == ()
 
 
-def test_throttle_skips_checkpoints_and_the_final_one_is_always_evaluated(tmp_path):
-    # a checkpoint every 5 steps = every 75 s; throttle 100 s: 5 (t=75), skip 10 (t=150), 15 (t=225)
-    est, (metrics, _) = run(tmp_path, throttle_secs=100, secs_per_step=15, max_steps=25)
-    assert evaluated_steps(est) == [5, 15, 25]
+def test_throttle_end_to_end_first_and_final_only(tmp_path):
+    est, (metrics, _) = run(tmp_path, throttle_secs=1e6, secs_per_step=15, max_steps=25)
+    assert evaluated_steps(est) == [5, 25]  # 10, 15, 20 within the throttle; the final one always
     assert metrics["global_step"] == 25
+
+
+class FakeManager:
+    directory, basename = "/run", "model.ckpt"
+
+
+class FakeSession:
+    checkpoint_manager = FakeManager()
+
+
+class RecordingEvaluator:
+    is_final_export_triggered = False
+
+    def __init__(self):
+        self.calls = []
+
+    def evaluate_and_export(self, path, *, final=False):
+        self.calls.append((path, final))
+        self.is_final_export_triggered = final
+        return EvalResult({"global_step": int(path.rsplit("-", 1)[1])}, path)
+
+    def export_final(self, result):
+        self.calls.append(("export_final", result.checkpoint_path))
+        return result
+
+
+def test_throttle_rule_counts_from_the_start_of_the_last_evaluation():
+    clock, evaluator = FakeClock(), RecordingEvaluator()
+    listener = EvaluateAfterSaveListener(evaluator, 100, start_step=0, clock=clock)
+    listener.begin()
+    session = FakeSession()
+    for advance, step in ((0, 0), (10, 5), (50, 10), (60, 15), (99, 20)):
+        clock.advance(advance)
+        listener.after_save(session, step)
+    listener.end(session, 25)
+    assert evaluator.calls == [("/run/model.ckpt-5", False), ("/run/model.ckpt-15", False),
+                               ("/run/model.ckpt-25", True)]
+    listener.end(session, 25)  # the final step already evaluated: only offered as the final export
+    assert evaluator.calls[-1] == ("/run/model.ckpt-25", True)
+    evaluator.is_final_export_triggered = False
+    listener.end(session, 25)
+    assert evaluator.calls[-1] == ("export_final", "/run/model.ckpt-25")
 
 
 def test_final_evaluation_when_the_data_ends_before_a_save(tmp_path):
