@@ -120,7 +120,7 @@ class Experiment:
             last = outcome.metrics.metrics
             if predicate is not None and not predicate(last):
                 logger.info("continuous_eval_predicate_fn returned False: ending continuous evaluation")
-                loop.stop()
+                break
         return last
 
     def train_and_evaluate(self) -> tuple[dict[str, Any] | None, tuple[Any, ...]]:

@@ -128,3 +128,11 @@ def test_argument_errors(tmp_path, kwargs, error, fragment):
         Experiment(object(), endless(), lambda: batches())
     with pytest.raises(TypeError, match="`input_fn` must be callable"):
         Experiment(est, endless(), None)
+
+
+def test_continuous_eval_predicate_ends_after_the_evaluation_it_rejects(tmp_path):
+    est, exp = experiment(tmp_path, train_steps=100, eval_delay_secs=0, continuous_eval_throttle_secs=0)
+    est.train(endless(), max_steps=5)
+    seen = []
+    last = exp.continuous_eval(continuous_eval_predicate_fn=lambda r: seen.append(r) or r is None)
+    assert last["global_step"] == 5 and seen[0] is None and seen[1]["global_step"] == 5 and len(seen) == 2
