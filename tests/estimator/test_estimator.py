@@ -175,3 +175,33 @@ def test_variable_names_and_values_read_memory_mapped(tmp_path, monkeypatch):
         est.get_variable_value("model/nope")
     with pytest.raises(KeyError, match="names a group of variables"):
         est.get_variable_value("model")
+
+
+class StopAfterTwo(Hook):
+    def after_create_session(self, session, coord):
+        self.start = session.global_step
+        self.model_is_copy = session.state["model"]
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step - self.start >= 2:
+            run_context.request_stop()
+
+
+def test_eval_hooks_see_the_checkpoint_step_and_can_end_the_evaluation(tmp_path):
+    est = make_estimator(tmp_path)
+    est.train(endless(), max_steps=5)
+    hook = StopAfterTwo()
+    metrics = est.evaluate(lambda: batches(batch_size=16), hooks=[hook])
+    assert hook.start == 5 and hook.model_is_copy is not est.model
+    model = est.load_model_copy(est.latest_checkpoint())[0]
+    with torch.no_grad():
+        first_two = [eval_step(model, b)["loss"].item() for b in list(batches(batch_size=16))[:2]]
+    assert metrics["loss"] == pytest.approx(sum(first_two) / 2)
+
+
+def test_predict_leaves_the_rng_alone(tmp_path):
+    est = make_estimator(tmp_path, predict_step=lambda m, b: m(b[0]))
+    est.train(endless(), max_steps=5)
+    rng = torch.get_rng_state()
+    outputs = list(est.predict(lambda: batches(shuffle=True)))
+    assert len(outputs) == len(X) and torch.equal(torch.get_rng_state(), rng)
