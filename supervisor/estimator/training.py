@@ -103,7 +103,8 @@ class Evaluator:
 class EvaluateAfterSaveListener(CheckpointSaverListener):
     """Evaluates committed checkpoints during local training (TF's
     ``_NewCheckpointListenerForEvaluate``), throttled, skipping the creation save, and once
-    more at the end if the final checkpoint was not evaluated.
+    more at the end if the final checkpoint was not evaluated — unless a signal stopped the
+    run (preemption: the process should exit quickly; the resumed run evaluates).
 
     Args:
         evaluator: the `Evaluator`.
@@ -140,6 +141,10 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
         self._evaluate(session, global_step_value, final=False)
 
     def end(self, session: Any, global_step_value: int) -> None:
+        if getattr(session, "preempted", False):
+            # A signal stopped training: exit within the grace period; the resumed run evaluates.
+            logger.info("not evaluating the final checkpoint of step %d: the run was preempted", global_step_value)
+            return
         if self.result is None or self.result.metrics["global_step"] != global_step_value:
             self._evaluate(session, global_step_value, final=True)
         elif not self._evaluator.is_final_export_triggered:

@@ -234,3 +234,14 @@ def test_evaluator_task_in_process_final_export_and_restart(tmp_path):
     restarted = make_estimator(tmp_path, config=config, clock=FakeClock())
     assert train_and_evaluate(restarted, TrainSpec(endless()), spec) == (None, None)  # step 10 was done
     assert evaluated_steps(restarted) == [10]
+
+
+def test_a_preempted_run_skips_the_final_evaluation():
+    clock, evaluator = FakeClock(), RecordingEvaluator()
+    listener = EvaluateAfterSaveListener(evaluator, 1e6, start_step=0, clock=clock)
+    listener.begin()
+    session = FakeSession()
+    listener.after_save(session, 5)
+    session.preempted = True
+    listener.end(session, 7)
+    assert evaluator.calls == [("/run/model.ckpt-5", False)]
