@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import threading
 
-import pytest
 import torch
 
 import hooks
