@@ -9,7 +9,9 @@ An export is a directory ``<export_dir_base>/<timestamp>/`` holding:
   (the batch dimension is exported as dynamic where the model allows it).
 
 It is written into a temporary sibling directory, fsynced, and renamed into place, so a crash
-never leaves a partial export under a timestamp name. ``train_and_evaluate`` calls each
+never leaves a partial export under a timestamp name (only a hidden ``.<version>.tmp-*``
+directory, which listings ignore and which can be deleted by hand). Versions are the export's
+Unix time in seconds, bumped past the newest existing one, so they always sort in export order. ``train_and_evaluate`` calls each
 exporter after each evaluation with ``export_path = model_dir/export/<name>``.
 
 - `LatestExporter` exports after every evaluation and keeps the newest ``exports_to_keep``.
