@@ -66,3 +66,27 @@ def eval_scalars(eval_dir: str) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(eval_dir, size_guidance={SCALARS: 0}, purge_orphaned_data=False)
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+class ShuffledLoader:
+    """An endless loader reshuffling each epoch with the global torch RNG; its position is
+    checkpointed (put it in ``state=``), so a resumed run continues with the next batch."""
+
+    def __init__(self, batch_size: int = 16) -> None:
+        self.batch_size, self.position, self.order = batch_size, 0, torch.randperm(len(X))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.position >= len(X):
+            self.position, self.order = 0, torch.randperm(len(X))
+        idx = self.order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return X[idx], Y[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "order": self.order.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position, self.order = int(state["position"]), state["order"].clone()

@@ -244,3 +244,23 @@ def test_a_preempted_run_skips_the_final_evaluation():
     session.preempted = True
     listener.end(session, 7)
     assert evaluator.calls == [("/run/model.ckpt-5", False)]
+
+
+def resumable_run(model_dir, max_steps):
+    from tests.estimator.estimator_toy import ShuffledLoader
+
+    loader = ShuffledLoader()
+    est = make_estimator(model_dir, state={"data": loader})
+    train_and_evaluate(est, TrainSpec(lambda: loader, max_steps=max_steps),
+                       EvalSpec(lambda: batches(shuffle=True), steps=2, throttle_secs=0))
+    return {k: v.clone() for k, v in est.model.state_dict().items()}
+
+
+def test_resume_with_evaluations_in_the_loop_is_bit_identical(tmp_path):
+    torch.manual_seed(7)
+    uninterrupted = resumable_run(tmp_path / "a", 20)
+    torch.manual_seed(7)
+    resumable_run(tmp_path / "b", 10)
+    torch.manual_seed(99)  # the resumed process starts with other RNG states: the checkpoint restores them
+    resumed = resumable_run(tmp_path / "b", 20)
+    assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
