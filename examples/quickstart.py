@@ -1,19 +1,29 @@
 """Quickstart: train a small classifier under `Supervisor`; run it twice and it resumes.
 
 It generates its own data (three interleaved spirals, no download), trains an MLP with
-periodic background checkpoints and TensorBoard summaries in ``--logdir``, and stops at
-``--steps``. Run it again with a larger ``--steps`` and it continues from the newest
+periodic background checkpoints and TensorBoard summaries in ``--logdir``, and stops at global
+step ``--steps``. Run it again with a larger ``--steps`` and it continues from the newest
 checkpoint with the same weights, optimizer state, RNG and data position.
 
     python examples/quickstart.py                      # trains to step 1500
     python examples/quickstart.py --steps 3000         # resumes at 1500, trains to 3000
+    python examples/quickstart.py                      # already at 1500: says how to go on
     tensorboard --logdir runs/quickstart               # loss, accuracy, global_step/sec
+
+``--steps`` is the global step to reach, not a number of steps to add, so rerunning the same
+command after a preemption finishes the same run. On SIGTERM (or Ctrl-C) the run stops at the
+next step, writes a final checkpoint and exits with 128 + the signal number (143 for SIGTERM,
+130 for SIGINT), the shell's convention, so a job scheduler sees that it did not finish and
+requeues it; rerunning the command resumes.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import math
+import re
+import signal
+import sys
 from typing import Any
 
 import torch
@@ -21,6 +31,9 @@ from torch import nn
 
 from hooks import StopAtStepHook
 from supervisor import Supervisor
+
+
+DEFAULT_LOGDIR = "runs/quickstart"
 
 
 def make_spirals(n_per_class: int = 512, classes: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +93,13 @@ def build(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, Any, Shuffle
     return model, optimizer, scheduler, ShuffledBatches(x, y, batch_size=64, seed=seed)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logdir", default="runs/quickstart", help="checkpoints + events (default: %(default)s)")
+    parser.add_argument("--logdir", default=DEFAULT_LOGDIR, help="checkpoints + events (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=1500, help="train until this global step")
     parser.add_argument("--save-secs", type=float, default=5.0, help="checkpoint every N seconds")
-    parser.add_argument("--summary-secs", type=float, default=2.0, help="summaries every N seconds")
+    # Real runs keep the default 120 s; this run lasts seconds, so it writes often enough to draw curves.
+    parser.add_argument("--summary-secs", type=float, default=0.1, help="summaries every N seconds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -109,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                     save_model_secs=args.save_secs, save_summaries_secs=args.summary_secs)
     with sv.managed_session() as s:
         start = s.global_step
-        print(f"{'resuming at' if start else 'starting from'} step {start} in {args.logdir}")
+        print(start_line(start, args.steps, args.logdir))
         while not s.should_stop():
             out = s.run(train_step, next(batches))
             if s.global_step % 500 == 0:
@@ -120,8 +134,32 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         accuracy = (model(x_all).argmax(dim=1) == y_all).float().mean().item()
     print(f"stopped at step {step} ({s.stop_reason}); accuracy on all {len(x_all)} points: {accuracy:.3f}")
     print(f"checkpoints, index and TensorBoard events are in {args.logdir}/")
-    return {"start_step": float(start), "step": float(step), "accuracy": accuracy}
+    exit_code = preempted_exit_code(s.stop_reason) if s.preempted else 0
+    if exit_code:
+        print(f"preempted: exiting with {exit_code} so a job scheduler requeues this job; "
+              "rerunning the same command resumes from the final checkpoint")
+    return {"start_step": float(start), "step": float(step), "accuracy": accuracy, "exit_code": exit_code}
+
+
+def start_line(start: int, steps: int, logdir: str) -> str:
+    """What this run will do, in one line; at the target already, how to train further."""
+    if start >= steps:
+        where = "" if logdir == DEFAULT_LOGDIR else f" --logdir {logdir}"
+        return (f"{logdir} is already at step {start} (--steps {steps} is the step to reach): nothing to "
+                f"train. To train further: python examples/quickstart.py{where} --steps {start + 1500}; to "
+                f"start over: delete {logdir} or pass another --logdir")
+    return f"{'resuming at' if start else 'starting from'} step {start} in {logdir}; training to step {steps}"
+
+
+def preempted_exit_code(stop_reason: str | None) -> int:
+    """128 + the number of the signal that stopped the run (the shell's convention: 143 for
+    SIGTERM, 130 for SIGINT); 143 if the reason does not name one."""
+    match = re.search(r"\bSIG[A-Z]+\b", stop_reason or "")
+    try:
+        return 128 + signal.Signals[match.group(0)].value if match else 128 + signal.SIGTERM.value
+    except KeyError:
+        return 128 + signal.SIGTERM.value
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit_code"])

@@ -16,7 +16,18 @@ Example::
 """
 from __future__ import annotations
 
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues
+__torch_supervisor_package__ = True  # see supervisor/_shadowing.py
+
+import supervisor as _supervisor
+
+if not getattr(_supervisor, "__torch_supervisor_package__", False):  # a supervisor.py shadows ours
+    raise ImportError(
+        f"hooks needs torch-supervisor's 'supervisor' package, but import 'supervisor' found "
+        f"{getattr(_supervisor, '__file__', None)}, which shadows it (it comes first on sys.path); rename "
+        "your supervisor.py (e.g. to my_supervisor.py), or uninstall supervisord's `supervisor` package: it "
+        "cannot share an environment with torch-supervisor")
+
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues  # noqa: E402
 
 from hooks.basic import FeedFnHook, FinalOpsHook, GlobalStepWaiterHook
 from hooks.checkpoint import CheckpointSaverHook, CheckpointSaverListener

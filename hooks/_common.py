@@ -1,11 +1,10 @@
-"""Helpers shared by the built-in hooks: argument pairs, the summary-writer slot, scalars."""
+"""Helpers shared by the built-in hooks: argument pairs and the summary-writer slot."""
 from __future__ import annotations
 
 import logging
-import numbers
-import os
 from typing import Any
 
+from supervisor._paths import check_path
 from supervisor._validate import check_int, check_number
 
 logger = logging.getLogger(__name__)
@@ -27,14 +26,6 @@ def check_schedule(owner: str, steps: tuple[str, Any], secs: tuple[str, Any]) ->
             check_number(secs_name, every_secs, strictly_positive=True, allow_none=True))
 
 
-def check_output_dir(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise TypeError(f"{name} must be a directory path or None, got {value!r}")
-    return os.fspath(value)
-
-
 def check_summary_writer(name: str, value: Any) -> Any:
     if value is not None and not callable(getattr(value, "add_scalars", None)):
         raise TypeError(f"{name} must be a supervisor.summary.SummaryWriter (or an object with its "
@@ -53,7 +44,7 @@ class WriterSlot:
     def __init__(self, owner: str, summary_writer: Any, output_dir: str | None) -> None:
         self.owner = owner
         self._given = check_summary_writer("summary_writer", summary_writer)
-        self._output_dir = check_output_dir("output_dir", output_dir)
+        self._output_dir = check_path("output_dir", output_dir, allow_none=True)
         self.writer: Any = summary_writer
         self._told = False
 
@@ -77,15 +68,3 @@ class WriterSlot:
         if not self._told:
             self._told = True
             logger.log(level, message, self.owner)
-
-
-def scalar_or_none(value: Any) -> float | None:
-    """``value`` as a float if it is a real number or a 0-dim tensor/array, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        item = value.item()
-        return float(item) if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
-    return None

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from supervisor._validate import check_callable, check_int, check_number
 from supervisor.clock import Clock, resolve_clock
-from supervisor.hook import Hook, RunArgs, RunContext, resolve_fetches
+from supervisor.hook import Hook, RunArgs, RunContext, check_fetch_structure, resolve_fetches
 
 __all__ = ["GlobalStepWaiterHook", "FinalOpsHook", "FeedFnHook"]
 
@@ -103,7 +103,7 @@ class FinalOpsHook(Hook):
     """
 
     def __init__(self, final_fns: Any) -> None:
-        _check_fetch_structure("final_fns", final_fns)
+        check_fetch_structure("final_fns", final_fns)
         self._final_fns = final_fns
         self._final_ops_values: Any = None
 
@@ -137,17 +137,3 @@ class FeedFnHook(Hook):
         return RunArgs(feeds=self._feed_fn())
 
 
-def _check_fetch_structure(name: str, fetches: Any) -> None:
-    if isinstance(fetches, str) or callable(fetches):
-        return
-    if isinstance(fetches, Mapping):
-        children = fetches.values()
-    elif isinstance(fetches, (list, tuple)):
-        children = fetches
-    else:
-        raise TypeError(f"{name} must be a zero-argument callable, an output key, or a list/tuple/dict of those, "
-                        f"got {fetches!r}")
-    if not children:
-        raise ValueError(f"{name} is empty: there is nothing to evaluate at the end")
-    for child in children:
-        _check_fetch_structure(name, child)

@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any, Iterable
 
+from supervisor._paths import check_path
 from supervisor.clock import Clock
 from supervisor.hook import Hook
 
@@ -61,8 +62,7 @@ class CheckpointSaverHook(Hook):
     def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (),
                  checkpoint_basename: str = "model.ckpt", *, clock: Clock | None = None) -> None:
-        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
-            raise TypeError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}")
+        checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
         steps, secs = check_schedule("CheckpointSaverHook", ("save_steps", save_steps), ("save_secs", save_secs))
         listeners = list(listeners or ())
         for i, listener in enumerate(listeners):

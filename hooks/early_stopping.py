@@ -19,6 +19,7 @@ import operator
 import os
 from typing import Any, Callable
 
+from supervisor._paths import check_path
 from supervisor._validate import check_callable, check_int
 from supervisor.clock import Clock
 from supervisor.hook import Hook, RunContext, RunValues
@@ -228,9 +229,7 @@ def _check_metric(metric_name: Any, min_steps: Any) -> None:
 def _eval_dir_of(source: Any, eval_dir: str | os.PathLike | None) -> str:
     """TF: ``eval_dir or estimator.eval_dir()``; a path given for the estimator is the eval dir."""
     if eval_dir is not None:
-        if not isinstance(eval_dir, (str, os.PathLike)):
-            raise TypeError(f"eval_dir must be a directory path or None, got {eval_dir!r}")
-        return os.fspath(eval_dir)
+        return check_path("eval_dir", eval_dir, allow_none=True)
     if isinstance(source, (str, os.PathLike)):
         return os.fspath(source)
     if callable(getattr(source, "eval_dir", None)):

@@ -9,7 +9,7 @@ import numpy as np
 
 from supervisor._validate import check_bool, check_callable, check_int, check_number
 from supervisor.clock import Clock
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues, resolve_fetches
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
 
 from hooks.timer import NeverTriggerTimer, SecondOrStepTimer
 
@@ -99,23 +99,9 @@ class LoggingTensorHook(Hook):
 
 
 def _check_tensors(tensors: Any) -> tuple[dict[str, Any], list[str]]:
-    if isinstance(tensors, str):
-        raise TypeError(f"tensors must be a list of output keys or a dict {{tag: key_or_callable}}, got the "
-                        f"string {tensors!r}; write [{tensors!r}]")
-    if isinstance(tensors, Mapping):
-        mapping, order = dict(tensors), sorted(tensors)
-    elif isinstance(tensors, (list, tuple)):
-        mapping, order = {t: t for t in tensors}, list(tensors)
-    else:
-        raise TypeError(f"tensors must be a list of output keys or a dict {{tag: key_or_callable}}, got {tensors!r}")
-    if not mapping:
-        raise ValueError("tensors is empty: there is nothing to log; name at least one output, e.g. ['loss']")
-    for tag, fetch in mapping.items():
-        if not isinstance(tag, str) or not tag:
-            raise TypeError(f"tensors: every tag must be a non-empty string, got {tag!r}")
-        if not (isinstance(fetch, str) or callable(fetch)):
-            raise TypeError(f"tensors[{tag!r}] must be an output key (str) or a zero-argument callable, got {fetch!r}")
-    return mapping, order
+    mapping = check_named_fetches("tensors", tensors, wrap_string=False, empty=(
+        "tensors is empty: there is nothing to log; name at least one output, e.g. ['loss']"))
+    return mapping, sorted(mapping) if isinstance(tensors, Mapping) else list(mapping)
 
 
 def _format(value: Any) -> str:

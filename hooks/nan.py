@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 from typing import Any, Callable
 
+from supervisor._scalars import scalar_or_none
 from supervisor._validate import check_bool
 from supervisor.errors import NanLossDuringTrainingError
 from supervisor.hook import SINGLE_OUTPUT_KEY, Hook, RunArgs, RunContext, RunValues
@@ -53,10 +53,9 @@ class NanTensorHook(Hook):
 
 
 def _is_finite(value: Any) -> bool:
-    if isinstance(value, numbers.Real):
-        return math.isfinite(value)
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        return math.isfinite(value.item())
+    scalar = scalar_or_none(value)
+    if scalar is not None:
+        return math.isfinite(scalar)
     try:
         import torch
 
@@ -70,8 +69,7 @@ def _is_finite(value: Any) -> bool:
 
 
 def _describe(value: Any) -> str:
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, numbers.Real):
-        return "NaN" if math.isnan(value) else str(value)
+    scalar = scalar_or_none(value)
+    if scalar is not None:
+        return "NaN" if math.isnan(scalar) else str(scalar)
     return "a tensor with NaN or inf entries"

@@ -5,11 +5,12 @@ import datetime
 import logging
 from typing import Any
 
+from supervisor._scalars import scalar_or_none
 from supervisor._validate import check_int
 from supervisor.clock import Clock, resolve_clock
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches
 
-from hooks._common import check_schedule, scalar_or_none
+from hooks._common import check_schedule
 from hooks.stop import StopAtStepHook
 from hooks.timer import SecondOrStepTimer
 
@@ -150,8 +151,4 @@ def _resolve_tqdm(use_tqdm: bool | None) -> bool:
 
 
 def _check_keys(fetches: Any) -> list[str]:
-    if isinstance(fetches, str):
-        fetches = [fetches]
-    if not isinstance(fetches, (list, tuple)) or not all(isinstance(k, str) and k for k in fetches):
-        raise TypeError(f"fetches must be a list of output keys such as ['loss'], got {fetches!r}")
-    return list(fetches)
+    return list(check_named_fetches("fetches", fetches, keys_only=True))

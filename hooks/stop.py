@@ -19,7 +19,8 @@ class StopAtStepHook(Hook):
     ``num_steps`` counts from the global step at session creation, i.e. after a restore, and
     is computed once: a re-creation after a recoverable error does not extend the budget. A
     session created at or beyond the last step (a resumed run that already finished) stops
-    before its first step.
+    before its first step. A session that ends cleanly before the last step (the data ran out,
+    the loop ended, another hook or a signal stopped it) says so in one INFO line at `end`.
 
     Example::
 
@@ -57,6 +58,22 @@ class StopAtStepHook(Hook):
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if run_context.session.global_step >= self._last_step:
             run_context.request_stop(on_every_rank=True)  # every rank knows last_step
+
+    def end(self, session: Any) -> None:
+        step = session.global_step
+        if self._last_step is None or step >= self._last_step:
+            return
+        reason = session.stop_reason or "the session closed"
+        if "StopIteration" in reason:
+            hint = ("the data ran out (StopIteration); to reach last_step, loop over epochs, e.g. "
+                    "`while not s.should_stop(): for batch in loader: ...`, or use an endless iterator")
+        elif "closed" in reason:
+            hint = ("the `with` block ended while should_stop() was False; if the loop goes over the "
+                    "data once, wrap it in `while not s.should_stop():`")
+        else:
+            hint = f"stopped by: {reason}"
+        logger.info("StopAtStepHook: training ended at step %d, %d step(s) before last_step=%d: %s",
+                    step, self._last_step - step, self._last_step, hint)
 
     def __repr__(self) -> str:
         return f"StopAtStepHook(last_step={self._last_step})"

@@ -5,11 +5,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from supervisor._scalars import describe_value, scalar_or_none, scalars_of
 from supervisor._validate import check_bool, check_callable
 from supervisor.clock import Clock
-from supervisor.hook import SINGLE_OUTPUT_KEY, Hook, RunArgs, RunContext, RunValues
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
 
-from hooks._common import WriterSlot, check_schedule, scalar_or_none
+from hooks._common import WriterSlot, check_schedule
 from hooks.timer import SecondOrStepTimer
 
 __all__ = ["SummarySaverHook"]
@@ -30,12 +31,16 @@ class SummarySaverHook(Hook):
 
     What is written, on a summary step:
 
-    - ``fetches=None`` (default): every number or 0-dim tensor in the step function's returned
-      dict (a step function returning one value writes it as ``loss``); other values are
-      skipped;
+    - ``fetches=None`` (default): every scalar in the step function's returned dict (a number
+      or a 0-dim tensor/array; a step function returning one value writes it as
+      ``loss``); any other value is skipped with a WARNING naming its key, once;
     - ``fetches=["loss", "lr"]`` or ``{"train/loss": "loss", "lr": lambda: sched.get_last_lr()[0]}``:
       those keys/callables under those tags (a non-scalar value is an error); ``()`` for none;
     - plus ``summary_fn(session) -> {tag: scalar}``, if given.
+
+    At a clean close, if the step advanced since the last write, the last step's values are
+    written too (a fetched key the last step did not return, e.g. one computed only with
+    ``summarize=True``, is left out), so a run shorter than the interval still has a curve.
 
     With ``feed_summarize=True`` the step function is called with ``summarize=True`` on summary
     steps (and without it otherwise), so it computes expensive summaries only then::
@@ -77,6 +82,8 @@ class SummarySaverHook(Hook):
         self._run_args = RunArgs(fetches=self._tags, feeds=feeds) if self._tags or feeds else None
         self._first = True
         self._request = False
+        self._last_written: int | None = None
+        self._warned: set[str] = set()  # step outputs already reported as not scalar
 
     def begin(self) -> None:
         self._first = True
@@ -101,23 +108,43 @@ class SummarySaverHook(Hook):
             self._first = False
             writer.add_session_log("START", step)
         self._timer.update_last_triggered_step(step)
-        values = self._collect(session, run_values.results)
-        if values:
-            writer.add_scalars(values, step)
+        self._write(session, run_values.results)
 
     def end(self, session: Any) -> None:
-        if self._slot.writer is not None:
-            self._slot.writer.flush()
+        writer = self._slot.writer
+        if writer is None:
+            return
+        step = session.global_step
+        if self._last_written is not None and step != self._last_written:
+            self._write(session, self._final_results(session.last_output))
+        writer.flush()
+
+    def _write(self, session: Any, results: Any) -> None:
+        values = self._collect(session, results)
+        if values:
+            self._slot.writer.add_scalars(values, session.global_step)
+        self._last_written = session.global_step
+
+    def _final_results(self, output: Any) -> dict[str, Any] | None:
+        if self._tags is None:
+            return None
+        results = {}
+        for tag, fetch in self._tags.items():
+            try:
+                results[tag] = resolve_fetches(fetch, output, self)
+            except KeyError:
+                logger.debug("SummarySaverHook: the last step did not return %r; not in the final summary", fetch)
+        return results
 
     def _collect(self, session: Any, results: Any) -> dict[str, float]:
         if self._tags is None:
-            values = _all_scalars(session.last_output)
+            values = scalars_of(session.last_output, self._warned, owner="SummarySaverHook")
         else:
             values = {}
             for tag, value in (results or {}).items():
                 scalar = scalar_or_none(value)
                 if scalar is None:
-                    raise TypeError(f"SummarySaverHook: {tag!r} is {_describe(value)}, not a number or a "
+                    raise TypeError(f"SummarySaverHook: {tag!r} is {describe_value(value)}, not a number or a "
                                     "0-dim tensor; reduce it (e.g. .mean()) or leave it out of fetches")
                 values[tag] = scalar
         if self._summary_fn is not None:
@@ -132,39 +159,4 @@ def _check_fetches(fetches: Any) -> dict[str, Any] | None:
     """Normalises ``fetches`` to ``{tag: fetch}``; None means "every scalar output"."""
     if fetches is None:
         return None
-    if isinstance(fetches, str):
-        fetches = [fetches]
-    if isinstance(fetches, Mapping):
-        tags = dict(fetches)
-    elif isinstance(fetches, (list, tuple)):
-        tags = {}
-        for fetch in fetches:
-            if not isinstance(fetch, str):
-                raise TypeError(f"fetches: a list entry must be an output key (str), got {fetch!r}; use a dict "
-                                "{tag: key_or_callable} to name a callable")
-            tags[fetch] = fetch
-    else:
-        raise TypeError(f"fetches must be None (every scalar output), a list of output keys or a dict "
-                        f"{{tag: key_or_callable}}, got {fetches!r}")
-    for tag, fetch in tags.items():
-        if not isinstance(tag, str) or not tag:
-            raise TypeError(f"fetches: every tag must be a non-empty string, got {tag!r}")
-        if not (isinstance(fetch, str) or callable(fetch)):
-            raise TypeError(f"fetches[{tag!r}] must be an output key (str) or a zero-argument callable, got {fetch!r}")
-    return tags
-
-
-def _all_scalars(output: Any) -> dict[str, float]:
-    if not isinstance(output, Mapping):
-        output = {} if output is None else {SINGLE_OUTPUT_KEY: output}
-    values = {}
-    for key, value in output.items():
-        scalar = scalar_or_none(value)
-        if scalar is not None and isinstance(key, str):
-            values[key] = scalar
-    return values
-
-
-def _describe(value: Any) -> str:
-    shape = getattr(value, "shape", None)
-    return f"a {type(value).__name__} of shape {tuple(shape)}" if shape is not None else f"a {type(value).__name__}"
+    return check_named_fetches("fetches", fetches, also="None (every scalar output), ")

@@ -6,6 +6,8 @@ and share one stop condition across threads and ranks.
 """
 from __future__ import annotations
 
+__torch_supervisor_package__ = True  # see supervisor/_shadowing.py
+
 from supervisor.checkpoint import (
     CheckpointManager,
     CheckpointSessionCreator,

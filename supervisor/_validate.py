@@ -79,7 +79,7 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
 
 def check_hooks(name: str, hooks: Any) -> list:
     """Validates a sequence of `supervisor.Hook` instances and returns it as a list."""
-    from supervisor.hook import Hook
+    from supervisor.hook import Hook, warn_misspelled_methods
 
     if hooks is None:
         return []
@@ -91,6 +91,7 @@ def check_hooks(name: str, hooks: Any) -> list:
             raise TypeError(f"{name}[{i}] is the class {hook.__name__}, not an instance; write {hook.__name__}(...)")
         if not isinstance(hook, Hook):
             raise TypeError(f"{name}[{i}] must be a supervisor.Hook instance, got {hook!r}; subclass supervisor.Hook")
+    warn_misspelled_methods(hooks)  # issue 10: after_runs() would never be called
     return hooks
 
 

@@ -43,11 +43,15 @@ Example: a user hook that stops training once the learning rate falls below a fl
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["Hook", "RunArgs", "RunContext", "RunValues", "StepCall", "overrides", "resolve_fetches"]
+__all__ = ["Hook", "RunArgs", "RunContext", "RunValues", "StepCall", "check_fetch_structure", "check_named_fetches",
+           "check_run_args", "overrides", "resolve_fetches", "warn_misspelled_methods"]
+
+logger = logging.getLogger(__name__)
 
 
 class Hook:
@@ -182,3 +186,92 @@ def _fetch_key(key: str, output: Any, hook: Hook | None) -> Any:
 
 def _who(hook: Hook | None) -> str:
     return type(hook).__name__ if hook is not None else "a hook"
+
+
+# ---------------------------------------------------------------- fetch arguments of hooks
+def check_fetch_structure(name: str, fetches: Any) -> None:
+    """Validates a fetch structure as `resolve_fetches` takes it: an output key, a zero-argument
+    callable, or a non-empty list/tuple/dict of those (nested)."""
+    if isinstance(fetches, str) or callable(fetches):
+        return
+    if isinstance(fetches, Mapping):
+        children = list(fetches.values())
+    elif isinstance(fetches, (list, tuple)):
+        children = list(fetches)
+    else:
+        raise TypeError(f"{name} must be a zero-argument callable, an output key, or a list/tuple/dict of those, "
+                        f"got {fetches!r}")
+    if not children:
+        raise ValueError(f"{name} is empty: there is nothing to evaluate")
+    for child in children:
+        check_fetch_structure(name, child)
+
+
+def check_named_fetches(name: str, fetches: Any, *, keys_only: bool = False, wrap_string: bool = True,
+                        empty: str | None = None, also: str = "") -> dict[str, Any]:
+    """Validates the named fetches a hook takes (e.g. ``SummarySaverHook(fetches=...)``) and
+    returns them as ``{tag: fetch}`` in the given order.
+
+    Accepted: a list/tuple of output keys (each its own tag); unless ``keys_only``, a dict
+    ``{tag: key_or_zero_argument_callable}``; a single key string (wrapped in a list if
+    ``wrap_string``, else refused with the fix). ``empty``: the message of the `ValueError` for
+    no fetches (None: allowed). ``also``: other accepted values, for the message.
+    """
+    kinds = f"{also}a list of output keys{'' if keys_only else ' or a dict {tag: key_or_callable}'}"
+    if isinstance(fetches, str):
+        if not wrap_string:
+            raise TypeError(f"{name} must be {kinds}, got the string {fetches!r}; write [{fetches!r}]")
+        fetches = [fetches]
+    if isinstance(fetches, Mapping) and not keys_only:
+        tags = dict(fetches)
+    elif isinstance(fetches, (list, tuple)):
+        for fetch in fetches:
+            if not isinstance(fetch, str) or not fetch:
+                fix = "" if keys_only else "; use a dict {tag: key_or_callable} to name a callable"
+                raise TypeError(f"{name}: a list entry must be an output key (a non-empty str), got {fetch!r}{fix}")
+        tags = {fetch: fetch for fetch in fetches}
+    else:
+        raise TypeError(f"{name} must be {kinds}, got {fetches!r}")
+    if not tags and empty is not None:
+        raise ValueError(empty)
+    for tag, fetch in tags.items():
+        if not isinstance(tag, str) or not tag:
+            raise TypeError(f"{name}: every tag must be a non-empty string, got {tag!r}")
+        if not ((isinstance(fetch, str) and fetch) or callable(fetch)):
+            raise TypeError(f"{name}[{tag!r}] must be an output key (str) or a zero-argument callable, got {fetch!r}")
+    return tags
+
+
+# ---------------------------------------------------------------- mistakes in user hooks
+_HOOK_METHODS = ("begin", "after_create_session", "before_run", "after_run", "end", "on_exception")
+_warned_classes: set[type] = set()
+
+
+def warn_misspelled_methods(hooks: Any) -> None:
+    """Logs a WARNING, once per class, for each method of a hook class whose name is close to a
+    hook method's but is not one (``after_runs``, ``beforeRun``): it would never be called."""
+    import difflib
+
+    for hook in hooks:
+        cls = type(hook)
+        if cls in _warned_classes:
+            continue
+        _warned_classes.add(cls)
+        for klass in cls.__mro__:
+            if klass is Hook or klass is object or not issubclass(klass, Hook):
+                continue
+            for name, member in vars(klass).items():
+                if name.startswith("_") or name in _HOOK_METHODS or not callable(member):
+                    continue
+                close = difflib.get_close_matches(name.lower(), _HOOK_METHODS, n=1, cutoff=0.85)
+                if close:
+                    logger.warning("%s defines %s(), which is not a hook method and is never called by the "
+                                   "session; did you mean %s()?", cls.__name__, name, close[0])
+
+
+def check_run_args(hook: Hook, value: Any) -> RunArgs:
+    """What ``hook.before_run`` returned, if it is a `RunArgs`; else a `TypeError` saying so."""
+    if isinstance(value, RunArgs):
+        return value
+    raise TypeError(f"{type(hook).__name__}.before_run returned {type(value).__name__} {value!r}; it must return "
+                    "None or supervisor.RunArgs(fetches=..., feeds=...), e.g. RunArgs(fetches=['loss'])")

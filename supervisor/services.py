@@ -8,9 +8,16 @@ duplicates), saves a checkpoint if the state is not already the one on disk, and
 - checkpoint service: every ``save_model_secs`` it asks for a checkpoint, captured on the
   training thread at the next step boundary (a consistent cut) and written in the background;
 - summary service: every ``save_summaries_secs`` it writes the scalars of the latest step's
-  output and what ``summary_fn(session)`` returns (called on the service thread);
-- step counter: every ``save_summaries_secs`` it writes ``global_step/sec`` (0.0 on the first
-  tick; a stalled loop shows as 0, which a hook-only design cannot see).
+  output and what ``summary_fn(session)`` returns (called on the service thread); a step output
+  that is not a scalar is left out with a WARNING naming its key, once;
+- step counter: every ``save_summaries_secs`` it writes ``global_step/sec``. The first tick
+  after each session start only starts the measurement (a rate needs two points, and a 0.0
+  there would draw every resume as a stall); from then on a stalled loop shows as 0.0, which a
+  hook-only design cannot see.
+
+At a clean close, if the step advanced since the last tick, a final summary (step outputs,
+``summary_fn``, and the step rate since the last tick) is written at the last step, so a run
+shorter than ``save_summaries_secs`` still shows its curves.
 
 The final checkpoint is taken at the boundary of the step during which the stop was
 requested (`MonitoredSession.save_at_stop`, SPEC §3.5), so a loop that fetched one more batch
@@ -20,32 +27,17 @@ without a stopping boundary (data exhausted) captures at close if the step chang
 from __future__ import annotations
 
 import logging
-import numbers
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from supervisor._scalars import scalars_of
 from supervisor.clock import Clock
 from supervisor.coordinator import Coordinator, LooperThread
-from supervisor.hook import SINGLE_OUTPUT_KEY, Hook
+from supervisor.hook import Hook
 
-__all__ = ["SupervisorServices", "scalars_of", "save_if_changed"]
+__all__ = ["SupervisorServices", "save_if_changed"]
 
 logger = logging.getLogger(__name__)
-
-
-def scalars_of(output: Any) -> dict[str, float]:
-    """The scalars of a step's output: every number or one-element tensor in a returned dict
-    (a single returned value counts as ``"loss"``)."""
-    if output is None:
-        return {}
-    items = output.items() if isinstance(output, Mapping) else ((SINGLE_OUTPUT_KEY, output),)
-    scalars = {}
-    for tag, value in items:
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            scalars[str(tag)] = float(value)
-        elif getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-            scalars[str(tag)] = float(value.item())
-    return scalars
 
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
@@ -70,6 +62,7 @@ class SupervisorServices(Hook):
         self._session: Any = None
         self._last_summary_step: int | None = None
         self._last_count: tuple[int, float] | None = None
+        self._warned: set[str] = set()  # step outputs already reported as not scalar
 
     def after_create_session(self, session: Any, coord: Coordinator) -> None:
         self._session = session
@@ -83,12 +76,16 @@ class SupervisorServices(Hook):
             self._loop(coord, self._save_model_secs, self._request_checkpoint, "checkpoint", skip_first=True)
         if writer is not None and self._save_summaries_secs:
             self._last_count = None
+            self._last_summary_step = None
             self._loop(coord, self._save_summaries_secs, self._write_summaries, "summaries")
             self._loop(coord, self._save_summaries_secs, self._count_steps, "step-counter")
 
     def end(self, session: Any) -> None:
         # The final checkpoint was captured at the stopping boundary and committed before `end`.
         if session.summary_writer is not None:
+            if self._save_summaries_secs:  # the service threads are joined: no tick races this
+                self._write_summaries()
+                self._count_steps(final=True)
             session.summary_writer.flush()
 
     def _loop(self, coord: Coordinator, interval_secs: float, target: Callable[[], None],
@@ -113,7 +110,7 @@ class SupervisorServices(Hook):
         step = session.global_step
         if step == self._last_summary_step:
             return  # nothing new since the last tick
-        scalars = scalars_of(session.last_output)
+        scalars = scalars_of(session.last_output, self._warned, owner="Supervisor summaries")
         if self._summary_fn is not None:
             extra = self._summary_fn(session)
             if extra:
@@ -124,13 +121,16 @@ class SupervisorServices(Hook):
             session.summary_writer.add_scalars(scalars, step)
         self._last_summary_step = step
 
-    def _count_steps(self) -> None:
+    def _count_steps(self, final: bool = False) -> None:
         session = self._session
         step, now = session.global_step, self._clock.monotonic()
-        if self._last_count is None:
-            rate = 0.0
-        else:
-            last_step, last_time = self._last_count
-            rate = (step - last_step) / (now - last_time) if now > last_time else 0.0
-        session.summary_writer.add_scalar("global_step/sec", rate, step)
+        if self._last_count is None:  # the first tick of this session: start measuring
+            if not final:
+                self._last_count = (step, now)
+            return
+        last_step, last_time = self._last_count
+        if final and step == last_step:
+            return  # at close, only a rate over new steps is news
+        if now > last_time:
+            session.summary_writer.add_scalar("global_step/sec", (step - last_step) / (now - last_time), step)
         self._last_count = (step, now)

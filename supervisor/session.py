@@ -26,7 +26,7 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
-from supervisor.hook import Hook, RunContext, RunValues, overrides, resolve_fetches
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_run_args, overrides, resolve_fetches
 from supervisor.signals import SignalHandlers
 
 __all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
@@ -391,6 +391,8 @@ class MonitoredSession:
             run_args = hook.before_run(context)
             if run_args is None:
                 continue
+            if type(run_args) is not RunArgs:  # a clear TypeError, not AttributeError: 'list'...
+                run_args = check_run_args(hook, run_args)
             if run_args.fetches is not None:
                 if fetches is None:
                     fetches = {}

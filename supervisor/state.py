@@ -118,6 +118,9 @@ def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
         )
     if "/" in name or name.startswith("."):
         raise ValueError(f"state name {name!r} may not contain '/' or start with '.'; rename the entry")
+    if isinstance(obj, type):
+        raise TypeError(f"{argument} is the class {obj.__module__}.{obj.__qualname__}, not an instance; "
+                        f"create one, e.g. {argument}={obj.__qualname__}(...)")
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
         raise TypeError(
             f"{argument} must have state_dict() and load_state_dict(sd) methods to be checkpointed, "

@@ -15,12 +15,13 @@ Example::
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import threading
 import time
 from typing import Any
 
+from supervisor._paths import check_path
+from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
 
 __all__ = ["SummaryWriter", "SummaryWriterCache", "SESSION_LOG_STATUSES"]
@@ -45,8 +46,7 @@ class SummaryWriter:
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
                  max_queue: int = 10) -> None:
-        if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
-            raise TypeError(f"logdir must be a non-empty path, got {logdir!r}")
+        logdir = check_path("logdir", logdir)
         if not isinstance(filename_suffix, str):
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)
@@ -174,13 +174,8 @@ def _check_tag(tag: Any) -> str:
 
 
 def _to_float(tag: str, value: Any) -> float:
-    if isinstance(value, numbers.Real):
-        return float(value)
-    numel = getattr(value, "numel", None) or getattr(value, "size", None)
-    count = numel() if callable(numel) else numel
-    if count == 1:
-        # ``.item()`` also copies a CUDA value to the host; summaries are written rarely.
-        return float(value.item() if hasattr(value, "item") else value)
-    shape = tuple(getattr(value, "shape", ()))
-    raise TypeError(f"summary {tag!r} needs a number or a 0-dim tensor, got {type(value).__name__}"
-                    f"{f' of shape {shape}' if shape else ''}; reduce it first, e.g. value.mean()")
+    scalar = scalar_or_none(value, one_element=True)
+    if scalar is None:
+        raise TypeError(f"summary {tag!r} needs a number or a 0-dim tensor, got {describe_value(value)}; "
+                        "reduce it first, e.g. value.mean()")
+    return scalar

@@ -22,6 +22,8 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
+from supervisor._paths import check_logdir
+from supervisor.checkpoint.options import check_trusted_globals
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import SessionCreator
@@ -33,6 +35,8 @@ from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 
 __all__ = ["Supervisor"]
+
+_LOGDIR_HINT = " (None disables checkpoints and summaries)"
 
 
 class Supervisor:
@@ -58,6 +62,8 @@ class Supervisor:
         max_recoveries: how many recoveries in a row before the error is re-raised.
         save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
         handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
+        trusted_globals: classes/functions a checkpoint may reference beyond what
+            ``torch.load(weights_only=True)`` and NumPy's scalars/arrays need (SPEC §5.4).
         clock: injectable clock for tests.
     """
 
@@ -85,12 +91,13 @@ class Supervisor:
         max_recoveries: int = 10,
         save_mode: str = "async",
         handle_signals: bool = True,
+        trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
     ) -> None:
-        self._logdir = _check_logdir("logdir", logdir)
+        self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
+        self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
         self._hooks = v.check_hooks("hooks", hooks)
-        self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._init_fns = {
             "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
             "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
@@ -101,7 +108,8 @@ class Supervisor:
         self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)
         self._checkpoint_options = check_checkpoint_options(
             basename=checkpoint_basename, max_to_keep=max_to_keep,
-            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode)
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
+            trusted_globals=trusted_globals)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._recoverable = check_exception_types(recoverable_exceptions)
@@ -257,20 +265,8 @@ class _ManagedSession:
             sv._session_closed()
 
 
-def _check_logdir(name: str, logdir: Any) -> str | None:
-    if logdir is None:
-        return None
-    if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
-        raise TypeError(f"{name} must be a directory path or None (None disables checkpoints and "
-                        f"summaries), got {logdir!r}")
-    path = os.fspath(logdir)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{name} {path!r} exists and is not a directory; choose another path")
-    return path
-
-
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
-                             save_mode: Any) -> dict[str, Any]:
+                             save_mode: Any, trusted_globals: Any = ()) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
@@ -280,6 +276,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         "keep_checkpoint_every_n_hours": v.check_number(
             "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
         "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
+        "trusted_globals": check_trusted_globals(trusted_globals),
     }
 
 
@@ -307,6 +304,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
                                        recovery_wait_secs=recovery_wait_secs, clock=clock,
-                                       logdir=checkpoint_dir, **init_fns)
+                                       logdir=checkpoint_dir,
+                                       trusted_globals=(checkpoint_options or {}).get("trusted_globals", ()),
+                                       **init_fns)
     creator.environment.owns_summary_writer = writer is not None
     return creator

@@ -28,7 +28,8 @@ from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
-from supervisor.supervisor import _check_logdir, check_checkpoint_options, make_session_creator
+from supervisor._paths import check_logdir
+from supervisor.supervisor import check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
@@ -69,11 +70,11 @@ def _build(
     save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
-    ready_fn: Any, save_mode: str, clock: Clock,
+    ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (),
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
-    checkpoint_dir = _check_logdir("checkpoint_dir", checkpoint_dir)
-    summary_dir = _check_logdir("summary_dir", summary_dir) or checkpoint_dir
+    checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
+    summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
     training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
     user_hooks = v.check_hooks("hooks", hooks)
     chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
@@ -82,7 +83,7 @@ def _build(
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                       save_mode=save_mode)
+                                       save_mode=save_mode, trusted_globals=trusted_globals)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
@@ -99,7 +100,9 @@ def _build(
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
 
-    import hooks as builtin  # lazily: supervisor never imports hooks at import time
+    from supervisor._shadowing import import_builtin_hooks
+
+    builtin = import_builtin_hooks()  # lazily (supervisor never imports hooks at import time), checked
 
     all_hooks = list(chief_hooks)
     if writes_summaries and log_steps:
@@ -117,7 +120,7 @@ _BUILD_ARGUMENTS = (
     "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
-    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock",
+    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
 )
 
 
@@ -147,6 +150,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     max_recoveries: int = 10,
     save_mode: str = "async",
     handle_signals: bool = True,
+    trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None,
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
@@ -154,6 +158,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)
+    # Checked before _build opens the summary writer (a thread, a directory) for the session.
+    v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
+    v.check_int("max_recoveries", max_recoveries, minimum=0)
+    v.check_bool("handle_signals", handle_signals)
     arguments = dict(locals())
     arguments.update(is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
@@ -196,9 +204,12 @@ class SingularMonitoredSession(MonitoredSession):
         save_mode: str = "async",
         handle_signals: bool = True,
         session_creator: Any = None,
+        trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None,
     ) -> None:
         clock = resolve_clock(clock)
+        v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
+        v.check_bool("handle_signals", handle_signals)
         if session_creator is not None:
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:

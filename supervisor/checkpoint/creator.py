@@ -19,6 +19,7 @@ import logging
 import os
 from typing import Any, Callable, Iterable
 
+from supervisor._paths import check_path
 from supervisor._validate import check_bool, check_choice, check_number
 from supervisor.checkpoint.finished import clear_finished, mark_finished
 from supervisor.checkpoint.index import latest_checkpoint
@@ -111,8 +112,7 @@ class WorkerSessionCreator(SessionCreator):
                  local_init_fn: Callable[[Any], Any] | None = None,
                  ready_fn: Callable[[Any], Any] | None = None,
                  logdir: str | None = None, summary_writer: Any = None) -> None:
-        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
-            raise TypeError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}")
+        checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=False, logdir=logdir, summary_writer=summary_writer)
         self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))

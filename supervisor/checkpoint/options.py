@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
+from supervisor._paths import check_path
+
 __all__ = ["check_basename", "check_directory", "check_trusted_globals"]
 
 
 def check_directory(directory: Any) -> str:
-    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-        raise TypeError(f"directory must be a non-empty path (str or os.PathLike), got {directory!r}")
-    return os.path.abspath(os.fspath(directory))
+    return os.path.abspath(check_path("directory", directory))
 
 
 def check_basename(basename: Any) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -45,6 +44,7 @@ from supervisor.checkpoint.format import (
 )
 from supervisor import distributed
 from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from supervisor.rng import restore_rng_state
 from supervisor.state import TrainingState, unwrap_module
@@ -261,9 +261,6 @@ def _reason(error: Exception, path: str) -> str:
 
 
 # ---------------------------------------------------------------- loading
-_GLOBAL_IN_MESSAGE = re.compile(r"GLOBAL ([\w.]+)")
-
-
 def safe_torch_load(file_path: str, *, map_location: Any = "cpu", trusted_globals: Iterable[Any] = (),
                     step: int | None = None, mmap: bool = False) -> Any:
     """``torch.load(file_path, weights_only=True)`` with ``trusted_globals`` allowlisted.
@@ -272,20 +269,16 @@ def safe_torch_load(file_path: str, *, map_location: Any = "cpu", trusted_global
         CheckpointError: the file needs another global; names it and the opt-in.
         Exception: whatever ``torch.load`` raises for a damaged file.
     """
+    trusted_globals = list(trusted_globals)
     try:
-        with torch.serialization.safe_globals(list(trusted_globals)):
+        with torch.serialization.safe_globals(allowed_globals(trusted_globals)):
             return torch.load(file_path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        match = _GLOBAL_IN_MESSAGE.search(str(e))
-        if match is None:
+        # Every missing global at once, with the state entries using it (safe_globals.py).
+        missing = describe_untrusted(file_path, e, trusted_globals)
+        if not missing:
             raise
-        name = match.group(1)
-        at_step = f" (step {step})" if step is not None else ""
-        raise CheckpointError(
-            f"{file_path}{at_step} needs the global {name}, which torch.load(weights_only=True) does "
-            "not allow; torch-supervisor never unpickles unsafely. If you trust this checkpoint, "
-            f"pass trusted_globals=[{name}] (the class or function object itself) to allow exactly "
-            "that global") from e
+        raise CheckpointError(untrusted_message(file_path, step, missing)) from e
 
 
 # ---------------------------------------------------------------- applying

@@ -80,7 +80,7 @@ CASES = [
     # ProgressBarHook
     (hooks.ProgressBarHook, {"total_steps": 0}, ValueError, "total_steps must be a positive integer"),
     (hooks.ProgressBarHook, {"every_n_steps": 5, "every_n_secs": 5}, ValueError, "exactly one of every_n_steps and every_n_secs"),
-    (hooks.ProgressBarHook, {"fetches": [3]}, TypeError, "fetches must be a list of output keys"),
+    (hooks.ProgressBarHook, {"fetches": [3]}, TypeError, "fetches: a list entry must be an output key"),
     (hooks.ProgressBarHook, {"use_tqdm": "auto"}, TypeError, "use_tqdm must be True, False or None"),
     (hooks.ProgressBarHook, {"tqdm_kwargs": ["file"]}, TypeError, "tqdm_kwargs must be a dict"),
     (hooks.ProgressBarHook, {"desc": 1}, TypeError, "desc must be a string"),

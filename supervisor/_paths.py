@@ -1,0 +1,62 @@
+"""Directory arguments, checked once for every constructor that takes one (messages name the
+argument, the value and the fix).
+
+`check_path` is the type check every directory argument gets. `check_logdir` is for a log or
+checkpoint directory a session will write: it also refuses, at construction, what would fail
+or do harm later — a path that is a file, a path that cannot be created (under a file, or
+without write permission on its nearest existing ancestor), and a checkpoint directory itself
+(``runs/x/model.ckpt-2``: training there would start from scratch and write a new run inside a
+sealed checkpoint). Nothing is created here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["check_logdir", "check_path"]
+
+# The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
+_CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
+
+
+def check_path(name: str, value: Any, *, allow_none: bool = False, hint: str = "") -> str | None:
+    """``value`` as a ``str`` path; `TypeError` unless it is a non-empty ``str``/``os.PathLike``
+    (or None, with ``allow_none``). ``hint`` is appended to the message, e.g. what None means."""
+    if value is None and allow_none:
+        return None
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"{name} must be a directory path{' or None' if allow_none else ''}{hint}, got {value!r}")
+    return path
+
+
+def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bool = True,
+                 hint: str = "") -> str | None:
+    """`check_path`, then refuses a file, a checkpoint directory and (``writable``) a path that
+    cannot be created or written, with `ValueError` (see the module docstring)."""
+    path = check_path(name, value, allow_none=allow_none, hint=hint)
+    if path is None:
+        return None
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} exists and is not a directory; choose another path")
+    marker = next((f for f in _CHECKPOINT_FILES if os.path.isfile(os.path.join(path, f))), None)
+    if marker is not None:
+        parent = os.path.dirname(os.path.abspath(path))
+        raise ValueError(f"{name} {path!r} is a checkpoint directory (it holds {marker}), not a log directory; "
+                         f"pass the directory that holds the checkpoints, {parent!r}, to resume from them")
+    if writable:
+        _check_creatable(name, path)
+    return path
+
+
+def _check_creatable(name: str, path: str) -> None:
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(f"{name} {path!r} cannot be created: {ancestor!r} is a file, not a directory; "
+                         "choose another path")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        what = "written" if ancestor == os.path.abspath(path) else "created"
+        raise ValueError(f"{name} {path!r} cannot be {what}: no write permission on {ancestor!r}; choose a "
+                         "directory you can write, or fix its permissions")

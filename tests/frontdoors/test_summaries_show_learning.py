@@ -1,0 +1,120 @@
+"""Summaries that always show learning (SPEC §6, §9; issue 10 item 1): a final summary at a
+clean close, no ``global_step/sec`` point before a rate is measurable, non-scalars named."""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from supervisor import Supervisor
+from supervisor.testing import FakeClock
+
+
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _train(model, opt):
+    x = torch.ones(4, 3)
+
+    def step():
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return {"loss": loss.detach(), "accuracy": torch.tensor(0.5), "vector": torch.ones(3), "name": "run-1"}
+
+    return step
+
+
+def _scalars(logdir, tag):
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def _raw_scalars(logdir, tag):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    found = []
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        for event in EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.tag == tag:
+                    found.append((event.step, value.simple_value or float(value.tensor.float_val[0])))
+    return found
+
+
+def test_a_run_shorter_than_the_interval_still_writes_its_last_values(tmp_path):
+    clock = FakeClock()
+    model, opt = _model()
+    sv = Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=120, clock=clock,
+                    summary_fn=lambda s: {"custom": float(s.global_step)})
+    with sv.managed_session() as s:
+        clock.wait_for_waiters(2)  # the services' first ticks (step 0: no output yet)
+        train = _train(model, opt)
+        for _ in range(5):
+            s.run(train)
+        clock.advance(2.5)
+    assert [step for step, _ in _scalars(tmp_path, "loss")] == [5]
+    assert _scalars(tmp_path, "accuracy") == [(5, 0.5)]
+    assert _scalars(tmp_path, "custom") == [(0, 0.0), (5, 5.0)]
+    assert _scalars(tmp_path, "global_step/sec") == [(5, 2.0)]  # 5 steps in 2.5 s, measured at close
+
+
+def test_no_final_summary_when_the_step_did_not_advance(tmp_path):
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=10, clock=clock).managed_session() as s:
+        clock.wait_for_waiters(2)
+        train = _train(model, opt)
+        for _ in range(4):
+            s.run(train)
+        clock.advance(10)
+        clock.wait_for_waiters(2)  # the tick wrote step 4
+    assert [step for step, _ in _scalars(tmp_path, "loss")] == [4]
+    assert _scalars(tmp_path, "global_step/sec") == [(4, pytest.approx(0.4))]
+
+
+def test_a_resumed_session_draws_no_zero_rate_at_its_start(tmp_path):
+    model, opt = _model()
+    for round_ in range(2):
+        clock = FakeClock()
+        with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=10,
+                        clock=clock).managed_session() as s:
+            clock.wait_for_waiters(2)
+            train = _train(model, opt)
+            for _ in range(10):
+                s.run(train)
+            clock.advance(10)
+            clock.wait_for_waiters(2)
+    # Every point ever written, in both events files (TensorBoard's purge at the second
+    # START would hide a point at step 10, so read the raw records).
+    assert _raw_scalars(tmp_path, "global_step/sec") == [(10, 1.0), (20, 1.0)]
+    assert _scalars(tmp_path, "global_step/sec") == [(20, 1.0)]
+
+
+def test_non_scalar_outputs_are_named_once(tmp_path, caplog):
+    clock = FakeClock()
+    model, opt = _model()
+    with caplog.at_level(logging.WARNING):
+        with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=10,
+                        clock=clock).managed_session() as s:
+            clock.wait_for_waiters(2)
+            train = _train(model, opt)
+            for _ in range(3):
+                for _ in range(2):
+                    s.run(train)
+                clock.advance(10)
+                clock.wait_for_waiters(2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert any("'vector' is a Tensor of shape (3,)" in w for w in warnings)
+    assert any("'name' is a str" in w for w in warnings)
+    assert all("not written to TensorBoard" in w and "Supervisor" in w for w in warnings)
