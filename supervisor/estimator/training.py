@@ -103,8 +103,9 @@ class Evaluator:
 class EvaluateAfterSaveListener(CheckpointSaverListener):
     """Evaluates committed checkpoints during local training (TF's
     ``_NewCheckpointListenerForEvaluate``), throttled, skipping the creation save, and once
-    more at the end if the final checkpoint was not evaluated — unless a signal stopped the
-    run (preemption: the process should exit quickly; the resumed run evaluates).
+    more at the end if the final checkpoint was not evaluated. Once a signal stopped the run
+    (preemption) it evaluates nothing more: the process should exit quickly, and the resumed run
+    evaluates.
 
     Args:
         evaluator: the `Evaluator`.
@@ -130,6 +131,9 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
     def after_save(self, session: Any, global_step_value: int) -> None:
         if global_step_value == self._start_step:
             return  # the model is not trained yet (TF skipped the first save too)
+        if getattr(session, "preempted", False):
+            logger.info("not evaluating the checkpoint of step %d: the run was preempted", global_step_value)
+            return
         now = self._clock.monotonic()
         if self._last_start is not None and now - self._last_start < self._throttle_secs:
             logger.info("Skip the current checkpoint eval due to throttle secs (%s secs).", self._throttle_secs)
@@ -196,13 +200,14 @@ def _run_local(estimator: Estimator, train_spec: TrainSpec,
                 "frequency is determined based on RunConfig arguments: save_checkpoints_steps %s or "
                 "save_checkpoints_secs %s.", config.save_checkpoints_steps, config.save_checkpoints_secs)
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
-    listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs,
-                                         start_step=estimator.checkpoint_step() or 0, clock=estimator.clock)
+    start_step = estimator.checkpoint_step()
+    listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs, start_step=start_step or 0,
+                                         clock=estimator.clock)
     estimator.train(train_spec.input_fn, max_steps=train_spec.max_steps, hooks=train_spec.hooks,
                     saving_listeners=tuple(train_spec.saving_listeners) + (listener,))
     result = listener.result
-    if result is None and estimator.latest_checkpoint() is not None:
-        logger.info("no evaluation during training (nothing was trained); evaluating the latest checkpoint")
+    if result is None and start_step is not None and estimator.checkpoint_step() == start_step:
+        logger.info("nothing was trained (max_steps already reached); evaluating the latest checkpoint")
         result = evaluator.evaluate_and_export(estimator.latest_checkpoint(), final=True)
     return (None, None) if result is None else (result.metrics, result.export_results)
 

@@ -3,6 +3,8 @@ training), early stopping end to end, return values."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 
 import torch
@@ -26,6 +28,8 @@ class AdvanceClock(Hook):
 
 
 def evaluated_steps(est):
+    if not os.path.isdir(est.eval_dir()):
+        return []
     return [step for step, _ in eval_scalars(est.eval_dir()).get("loss", [])]
 
 
@@ -264,3 +268,21 @@ def test_resume_with_evaluations_in_the_loop_is_bit_identical(tmp_path):
     torch.manual_seed(99)  # the resumed process starts with other RNG states: the checkpoint restores them
     resumed = resumable_run(tmp_path / "b", 20)
     assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
+
+
+class SigtermAt(Hook):
+    def __init__(self, step):
+        self.step = step
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_stops_training_without_the_final_evaluation(tmp_path):
+    est = make_estimator(tmp_path)
+    metrics, _ = train_and_evaluate(est, TrainSpec(endless(), max_steps=100, hooks=[SigtermAt(7)]),
+                                    EvalSpec(lambda: batches(), steps=1, throttle_secs=0))
+    assert est.checkpoint_step() == 7  # the final checkpoint of the preempted run
+    # 7 is left to the resumed run (5 is evaluated if its commit arrived before the signal)
+    assert 7 not in evaluated_steps(est) and (metrics is None or metrics["global_step"] == 5)
