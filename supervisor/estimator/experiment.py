@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
+import sys
 from typing import Any, Callable, Iterable
 
 from supervisor import _validate as v
@@ -129,21 +129,15 @@ class Experiment:
         estimator = self.estimator
         evaluator = Evaluator(estimator, self._eval_spec(None, True), self.train_steps)
         frequency = 1 if self.min_eval_frequency is None else self.min_eval_frequency
-        listeners: tuple[Any, ...] = ()
-        if frequency:
-            listener = EvaluateAfterSaveListener(evaluator, 0, start_step=estimator.checkpoint_step() or 0,
-                                                 clock=estimator.clock, every_steps=frequency)
-            listeners = (listener,)
+        start_step = estimator.checkpoint_step()
+        # min_eval_frequency=0: no evaluation during training, only the final one (at the end)
+        listener = EvaluateAfterSaveListener(evaluator, 0, start_step=start_step or 0, clock=estimator.clock,
+                                             every_steps=frequency or sys.maxsize)
         estimator.train(self.train_input_fn, max_steps=self.train_steps, hooks=self.train_hooks,
-                        saving_listeners=listeners)
-        result = listeners[0].result if listeners else None
-        latest = estimator.latest_checkpoint()
-        evaluated_latest = result is not None and latest is not None and \
-            os.path.abspath(result.checkpoint_path) == os.path.abspath(latest)
-        if latest is not None and not evaluated_latest:
-            result = evaluator.evaluate_and_export(latest, final=True)
-        elif result is not None:
-            result = evaluator.export_final(result)
+                        saving_listeners=(listener,))
+        result = listener.result
+        if result is None and start_step is not None and estimator.checkpoint_step() == start_step:
+            result = evaluator.evaluate_and_export(estimator.latest_checkpoint(), final=True)  # nothing trained
         return (None, ()) if result is None else (result.metrics, result.export_results)
 
     def continuous_train_and_eval(
