@@ -9,6 +9,11 @@ pickled generator objects — so a checkpoint still loads with ``torch.load(weig
 Checkpoints keep one state per rank (``{"rng": {rank: state}}``) so that distributed runs can
 give each rank its own stream back (§12); a single process is rank 0.
 
+Besides the global generators, a state may hold named ``torch.Generator`` objects the training
+state owns (``"generators": {name: state}``), e.g. a ``StatefulDataLoader``'s ``generator=``;
+`supervisor.resume` names them and decides when to restore them (optional key: checkpoints
+without it still load, in the same format version).
+
 Example::
 
     state = capture_rng_state()
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -35,8 +41,9 @@ logger = logging.getLogger(__name__)
 RNG_FORMAT_VERSION = 1
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """Returns the state of every generator of this process, in a ``weights_only``-safe form."""
+def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Returns the state of every global generator of this process, and of each of the named
+    ``generators`` (under ``"generators"``), in a ``weights_only``-safe form."""
     version, internal, gauss_next = random.getstate()
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -59,23 +66,27 @@ def capture_rng_state() -> dict[str, Any]:
     # Only touch CUDA when it is in use: querying it would initialise a context for nothing.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = list(torch.cuda.get_rng_state_all())
+    if generators:
+        state["generators"] = {name: g.get_state() for name, g in generators.items()}
     return state
 
 
-def restore_rng_state(state: Any, *, where: str = "checkpoint") -> None:
-    """Sets every generator from a state `capture_rng_state` returned.
+def restore_rng_state(state: Any, *, where: str = "checkpoint",
+                      generators: Mapping[str, torch.Generator] | None = None) -> list[str]:
+    """Sets every global generator, and each of the named ``generators`` the state holds, from a
+    state `capture_rng_state` returned; returns the names in ``generators`` it holds no state for.
 
     Raises:
         CheckpointError: the state is malformed or of an unknown version (``where`` names the
             checkpoint in the message).
     """
     try:
-        _restore(state)
+        return _restore(state, generators or {})
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
         raise CheckpointError(f"the RNG state stored in {where} cannot be restored: {e}") from e
 
 
-def _restore(state: Any) -> None:
+def _restore(state: Any, generators: Mapping[str, torch.Generator]) -> list[str]:
     if not isinstance(state, dict):
         raise TypeError(f"expected a dict, got {type(state).__name__}")
     if state.get("version") != RNG_FORMAT_VERSION:
@@ -89,6 +100,12 @@ def _restore(state: Any) -> None:
     cpu = state["torch"]
     if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8:
         raise TypeError("the torch CPU state must be a uint8 tensor")
+    saved = state.get("generators") or {}
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"'generators' must be a dict of name -> state, got {type(saved).__name__}")
+    for name in generators:
+        if name in saved and not (isinstance(saved[name], torch.Tensor) and saved[name].dtype == torch.uint8):
+            raise TypeError(f"the state of the generator {name!r} must be a uint8 tensor")
     random.setstate((int(py["version"]), internal, py["gauss_next"]))
     np.random.set_state((np_state["kind"], keys, int(np_state["pos"]),
                          int(np_state["has_gauss"]), float(np_state["cached_gaussian"])))
@@ -96,6 +113,10 @@ def _restore(state: Any) -> None:
     cuda = state.get("cuda")
     if cuda:
         _restore_cuda(cuda)
+    for name, generator in generators.items():
+        if name in saved:
+            generator.set_state(saved[name])
+    return [name for name in generators if name not in saved]
 
 
 def _restore_cuda(states: list[torch.Tensor]) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
 
+from supervisor import resume
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
 from supervisor.boundary import Agreement, StepBoundary
 from supervisor.clock import Clock, resolve_clock
@@ -473,12 +474,15 @@ class MonitoredSession:
     def _create_session(self) -> None:
         self._stop_actions.clear()
         self._creating = True
+        resume.begin_creation(self._creator.state)  # exact resume: see reinstate() below
         try:
             step = self._creator.create(self)
             if step is not None:
                 self._global_step = int(step)
             for hook in self._hooks_overriding("after_create_session"):
                 hook.after_create_session(self, self._coord)
+            # Exact resume: re-apply the restored RNG state, whatever creation drew (supervisor/resume.py).
+            resume.reinstate(self._creator.state)
         finally:
             self._creating = False
         if self._boundary.pending and self._boundary.agreement.local:

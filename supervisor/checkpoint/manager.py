@@ -37,6 +37,7 @@ from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
+from supervisor.resume import loader_generators
 from supervisor.rng import capture_rng_state
 from supervisor.state import TrainingState
 
@@ -275,7 +276,8 @@ class CheckpointManager:
     def _capture(self, step: int, state: TrainingState) -> dict[str, Any]:
         try:
             entries = self._staging.capture(state.state_dict())
-            rng = {distributed.rank(): capture_rng_state()} if self.save_rng else None
+            # With the generators of the state's data loaders (exact resume, supervisor/resume.py).
+            rng = {distributed.rank(): capture_rng_state(loader_generators(state))} if self.save_rng else None
         except Exception as e:
             raise CheckpointError(f"capturing the training state for the checkpoint of step {step} "
                                   f"failed: {type(e).__name__}: {e}") from e

@@ -42,11 +42,10 @@ from supervisor.checkpoint.format import (
     read_manifest,
     step_of,
 )
-from supervisor import distributed
+from supervisor import distributed, resume
 from supervisor.checkpoint.index import read_index
 from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
-from supervisor.rng import restore_rng_state
 from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "find_and_load", "load_verified",
@@ -291,15 +290,18 @@ def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_
         CheckpointError: the checkpoint does not fit the state; names the path and step.
     """
     payload = _materialize_non_modules(loaded.payload, state) if loaded.mapped else loaded.payload
+    where = f"{loaded.path} (step {loaded.step})"
+    live = resume.live_iterators(state)  # exact resume (supervisor/resume.py): checked before the load
     try:
         state.load_state_dict(payload, strict=strict)
     except CheckpointError as e:
         raise CheckpointError(f"restoring {loaded.path} (step {loaded.step}) failed: {e}") from e
+    resume.prime_loaders(state, live, where)  # exact resume: may draw from the RNG, so before it
     if restore_rng:
         rank = distributed.rank()
         states = loaded.payload.get(RNG_KEY)
         if isinstance(states, dict) and rank in states:
-            restore_rng_state(states[rank], where=f"{loaded.path} (step {loaded.step})")
+            resume.restore_rng(states[rank], state, where=where)  # + the loaders' generators
         elif isinstance(states, dict):  # other ranks' states only: this rank keeps its own streams
             logger.info("%s has no RNG state for rank %d (it has ranks %s); this rank's random "
                         "generators continue from their current state", loaded.path, rank, sorted(states))
