@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import logging
+import numbers
 from typing import Any
 
-from supervisor._paths import check_path
+from supervisor._paths import check_directory
 from supervisor._validate import check_int, check_number
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,10 @@ def check_schedule(owner: str, steps: tuple[str, Any], secs: tuple[str, Any]) ->
             check_number(secs_name, every_secs, strictly_positive=True, allow_none=True))
 
 
+def check_output_dir(name: str, value: Any) -> str | None:
+    return check_directory(name, value)  # a path to an existing file is refused here
+
+
 def check_summary_writer(name: str, value: Any) -> Any:
     if value is not None and not callable(getattr(value, "add_scalars", None)):
         raise TypeError(f"{name} must be a supervisor.summary.SummaryWriter (or an object with its "
@@ -44,7 +49,7 @@ class WriterSlot:
     def __init__(self, owner: str, summary_writer: Any, output_dir: str | None) -> None:
         self.owner = owner
         self._given = check_summary_writer("summary_writer", summary_writer)
-        self._output_dir = check_path("output_dir", output_dir, allow_none=True)
+        self._output_dir = check_output_dir("output_dir", output_dir)
         self.writer: Any = summary_writer
         self._told = False
 

@@ -18,6 +18,7 @@ import os
 from typing import Any, Iterable
 
 from supervisor._paths import check_path
+from supervisor.checkpoint.options import check_basename
 from supervisor.clock import Clock
 from supervisor.hook import Hook
 
@@ -64,6 +65,8 @@ class CheckpointSaverHook(Hook):
                  checkpoint_basename: str = "model.ckpt", *, clock: Clock | None = None) -> None:
         checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
         steps, secs = check_schedule("CheckpointSaverHook", ("save_steps", save_steps), ("save_secs", save_secs))
+        if isinstance(listeners, CheckpointSaverListener):  # one listener given bare: accept it
+            listeners = [listeners]
         listeners = list(listeners or ())
         for i, listener in enumerate(listeners):
             if not isinstance(listener, CheckpointSaverListener):
@@ -71,7 +74,7 @@ class CheckpointSaverHook(Hook):
         self._dir = os.path.abspath(os.fspath(checkpoint_dir))
         self._timer = SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)
         self._listeners = listeners
-        self._basename = checkpoint_basename
+        self._basename = check_basename(checkpoint_basename, argument="checkpoint_basename")
         self._clock = clock
         self._manager: Any = None
         self._own_manager: Any = None

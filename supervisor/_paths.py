@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["check_logdir", "check_path"]
+__all__ = ["check_directory", "check_logdir", "check_path"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
@@ -27,6 +27,16 @@ def check_path(name: str, value: Any, *, allow_none: bool = False, hint: str = "
     path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(path, str) or not path:
         raise TypeError(f"{name} must be a directory path{' or None' if allow_none else ''}{hint}, got {value!r}")
+    return path
+
+
+def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | None:
+    """`check_path`, then `ValueError` for a path that exists and is not a directory (it need not
+    exist yet: it is created on first use)."""
+    path = check_path(name, value, allow_none=allow_none)
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
+                         "if missing) or remove that file")
     return path
 
 
@@ -58,5 +68,8 @@ def _check_creatable(name: str, path: str) -> None:
                          "choose another path")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         what = "written" if ancestor == os.path.abspath(path) else "created"
+        if os.statvfs(ancestor).f_flag & os.ST_RDONLY:
+            raise ValueError(f"{name} {path!r} cannot be {what}: {ancestor!r} is on a read-only filesystem "
+                             "(EROFS); choose a directory on a writable filesystem")
         raise ValueError(f"{name} {path!r} cannot be {what}: no write permission on {ancestor!r}; choose a "
                          "directory you can write, or fix its permissions")

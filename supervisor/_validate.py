@@ -2,7 +2,9 @@
 the fix, e.g. ``max_to_keep must be a positive integer or None, got 0``."""
 from __future__ import annotations
 
+import math
 import numbers
+import os
 from typing import Any, Callable, Iterable
 
 __all__ = [
@@ -38,8 +40,13 @@ def check_number(
     minimum: float | None = None,
     strictly_positive: bool = False,
     allow_none: bool = False,
+    allow_inf: bool = False,
 ) -> float | None:
-    """Validates a real number (not bool, not NaN), optionally ``>= minimum`` or ``> 0``."""
+    """Validates a real number (not bool, not NaN), optionally ``>= minimum`` or ``> 0``.
+
+    Infinity is refused unless ``allow_inf`` (an interval or timeout of ``inf`` would fail
+    later, in a thread, with ``OverflowError``); pass None or a large number instead.
+    """
     if value is None and allow_none:
         return None
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
@@ -47,10 +54,13 @@ def check_number(
         ok = False
     if ok and minimum is not None and value < minimum:
         ok = False
-    if not ok:
+    finite = ok and (allow_inf or math.isfinite(value))
+    if not finite:
         kind = "a positive number" if strictly_positive else (
             "a non-negative number" if minimum == 0 else
             f"a number >= {minimum}" if minimum is not None else "a number")
+        if ok:
+            kind = kind.replace("number", "finite number")
         raise _error(value, f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
     return float(value)
 

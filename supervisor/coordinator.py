@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 from supervisor._validate import check_bool, check_callable, check_number
 from supervisor.clock import Clock, resolve_clock
 
-__all__ = ["Coordinator", "LooperThread"]
+__all__ = ["Coordinator", "LooperThread", "overdue_warning"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,13 @@ class Coordinator:
         self._registered: set[threading.Thread] = set()
         self._requested_by: str | None = None
 
-    def request_stop(self, exc: BaseException | None = None) -> None:
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
         """Asks every thread to stop. Only the first request may carry an exception; a
-        `StopIteration` is a clean stop (data exhausted), not an error."""
+        `StopIteration` is a clean stop (data exhausted), not an error.
+
+        The first request is logged once, at INFO, with ``reason`` (else the exception); later
+        requests are not logged.
+        """
         if isinstance(exc, tuple):  # sys.exc_info() style, as TF accepted
             exc = exc[1]
         if isinstance(exc, StopIteration):
@@ -59,7 +63,8 @@ class Coordinator:
             self._requested_by = threading.current_thread().name
             if exc is not None:
                 self._exception = exc
-                logger.info("stop requested because of %s: %s", type(exc).__name__, exc)
+            if reason is not None or exc is not None:
+                logger.info("stop requested: %s", reason if reason is not None else f"{type(exc).__name__}: {exc}")
             self._stop_event.set()
 
     def should_stop(self) -> bool:
@@ -130,9 +135,9 @@ class Coordinator:
         """Waits for the threads to end once a stop is requested.
 
         Blocks until every thread has ended or a stop is requested, then gives the threads
-        ``stop_grace_secs`` (real time) to end. Re-raises the recorded exception first; else,
-        raises `RuntimeError` naming the threads still alive (logged instead when
-        ``ignore_live_threads``).
+        ``stop_grace_secs`` (real time) to end. Re-raises the recorded exception first (a note
+        on it, and a WARNING, name the threads still alive); else, raises `RuntimeError` naming
+        the threads still alive (logged instead when ``ignore_live_threads``).
         """
         check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         with self._lock:
@@ -148,14 +153,38 @@ class Coordinator:
             self._joined = True
             self._registered.clear()
             exc = self._exception
+        message = (f"Coordinator stopped with threads still running after the "
+                   f"{stop_grace_secs:g} s grace period: {', '.join(stragglers)}")
         if exc is not None:
+            if stragglers:
+                logger.warning("%s (stopping because of %s: %s)", message, type(exc).__name__, exc)
+                if message not in getattr(exc, "__notes__", ()):
+                    exc.add_note(message)
             raise exc.with_traceback(exc.__traceback__)
         if stragglers:
-            message = (f"Coordinator stopped with threads still running after the "
-                       f"{stop_grace_secs:g} s grace period: {', '.join(stragglers)}")
             if not ignore_live_threads:
                 raise RuntimeError(message)
             logger.info("%s", message)
+
+
+@contextlib.contextmanager
+def overdue_warning(what: str, after_secs: float) -> Iterator[None]:
+    """Logs a WARNING naming ``what`` if the block still runs ``after_secs`` after it started.
+
+    For the calls a closing session cannot interrupt (a hook's ``end``/``on_exception``): the
+    WARNING says which one hangs; a second SIGTERM/SIGINT interrupts it.
+    """
+    timer = threading.Timer(after_secs, logger.warning, args=(
+        "%s is still running %g s (stop_grace_secs) after it was called while the session closes; "
+        "a second SIGTERM or SIGINT interrupts it", what, after_secs))
+    timer.name = "supervisor-overdue-warning"
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
 
 
 class LooperThread(threading.Thread):
@@ -163,7 +192,7 @@ class LooperThread(threading.Thread):
 
     The first call happens at once; later calls follow a fixed-rate schedule (start + k ×
     interval). A call that overruns skips the ticks it missed rather than bursting to catch
-    up. Between calls the thread waits on the stop event (never a bare sleep), so a stop
+    up. ``interval_secs=0`` or None calls ``target`` back to back (TF's semantics). Between calls the thread waits on the stop event (never a bare sleep), so a stop
     request ends it at once. An exception from ``target`` is reported to the coordinator,
     which stops every other thread and re-raises it from `Coordinator.join`.
     """
@@ -171,7 +200,7 @@ class LooperThread(threading.Thread):
     def __init__(
         self,
         coord: Coordinator,
-        interval_secs: float,
+        interval_secs: float | None,
         target: Callable[..., Any],
         args: Iterable[Any] = (),
         kwargs: dict | None = None,
@@ -182,12 +211,12 @@ class LooperThread(threading.Thread):
     ) -> None:
         if not isinstance(coord, Coordinator):
             raise TypeError(f"coord must be a supervisor.Coordinator, got {coord!r}")
-        check_number("interval_secs", interval_secs, strictly_positive=True)
+        check_number("interval_secs", interval_secs, minimum=0, allow_none=True)
         check_callable("target", target, allow_none=False)
         check_bool("daemon", daemon)
         super().__init__(name=name or f"LooperThread-{getattr(target, '__name__', 'target')}", daemon=daemon)
         self._coord = coord
-        self._interval_secs = float(interval_secs)
+        self._interval_secs = float(interval_secs or 0.0)
         self._target_fn = target
         self._target_args = tuple(args)
         self._target_kwargs = dict(kwargs or {})
@@ -208,9 +237,11 @@ class LooperThread(threading.Thread):
             next_tick = clock.monotonic()
             while not self._coord.should_stop():
                 self._target_fn(*self._target_args, **self._target_kwargs)
+                if interval == 0:
+                    continue
                 next_tick += interval
                 now = clock.monotonic()
                 if next_tick < now:  # overran: skip missed ticks, keep the phase
                     next_tick += interval * ((now - next_tick) // interval + 1)
-                if clock.wait(self._coord._stop_event, next_tick - now):
+                if clock.wait(self._coord.stop_event, next_tick - now):
                     break

@@ -12,7 +12,9 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointCorruptError",
+    "CheckpointVanishedError",
     "LogdirInUseError",
+    "StopRequestedError",
     "NanLossDuringTrainingError",
     "RecoverableError",
 ]
@@ -30,12 +32,26 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """A checkpoint that was asked for does not exist."""
 
 
+class CheckpointVanishedError(CheckpointNotFoundError):
+    """A checkpoint disappeared while it was being read: retention (or a person) deleted it.
+
+    It is not damage. A reader that gets it moves on: it looks at the index again and reads
+    the checkpoint it names now (`find_and_load` and `checkpoints_iterator` do this). Reuse it
+    in any reader that must not report a healthy, deleted checkpoint as corrupt.
+    """
+
+
 class CheckpointCorruptError(CheckpointError):
     """Checkpoints exist but none of them verifies; never silently start fresh."""
 
 
 class LogdirInUseError(SupervisorError):
     """Another live process holds the logdir's ownership lock."""
+
+
+class StopRequestedError(SupervisorError):
+    """A stop (SIGTERM, SIGINT, ``request_stop``) ended a wait before the session could start,
+    e.g. a worker waiting for the chief's first checkpoint. Nothing was restored or saved."""
 
 
 class NanLossDuringTrainingError(SupervisorError):

@@ -24,7 +24,7 @@ from supervisor import resume
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
 from supervisor.boundary import Agreement, StepBoundary
 from supervisor.clock import Clock, resolve_clock
-from supervisor.coordinator import Coordinator
+from supervisor.coordinator import Coordinator, overdue_warning
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_run_args, overrides, resolve_fetches
@@ -562,7 +562,8 @@ class MonitoredSession:
             self._coord.join(stop_grace_secs=self._stop_grace_secs)
             self._boundary.flush(self)
             for hook in self._hooks_overriding("end"):
-                hook.end(self)
+                with overdue_warning(f"{type(hook).__name__}.end()", self._stop_grace_secs):
+                    hook.end(self)
         except BaseException as error:
             first = self._close_on_error(error)
             first.__suppress_context__ = True
@@ -592,7 +593,8 @@ class MonitoredSession:
             first.add_note(str(straggler_error))
         for hook in self._hooks_overriding("on_exception"):
             try:
-                hook.on_exception(self, first)
+                with overdue_warning(f"{type(hook).__name__}.on_exception()", self._stop_grace_secs):
+                    hook.on_exception(self, first)
             except Exception:  # noqa: BLE001 - cleanup must reach every hook
                 logger.exception("%s.on_exception failed while closing after %s",
                                  type(hook).__name__, type(first).__name__)

@@ -287,6 +287,12 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
     (taking the ownership lock), wait-and-restore on workers, in memory without a directory."""
     writer = None
+    if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
+        from supervisor.checkpoint.options import check_writable_directory
+
+        for directory, argument in ((checkpoint_dir, "checkpoint_dir"), (summary_dir, "summary_dir")):
+            if directory is not None:
+                check_writable_directory(directory, argument=argument)
     if summary_dir is not None and is_chief:
         from supervisor.summary import SummaryWriterCache
 

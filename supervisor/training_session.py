@@ -84,7 +84,7 @@ def _build(
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode, trusted_globals=trusted_globals)
-    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
+    max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     init_fns = {
         "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
         "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),

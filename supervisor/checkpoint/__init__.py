@@ -8,8 +8,8 @@
 
 Where each concern lives: format.py (layout, manifest), fileio.py (checksums while writing,
 fsync), staging.py (capture), writer.py (background thread), commit.py (temp dir → rename),
-index.py (the ``checkpoint`` file), retention.py (pure keep/delete rules), restore.py (verify,
-load, fall back), lock.py (ownership), manager.py, creator.py, helpers.py.
+index.py (the ``checkpoint`` file, an untrusted input), retention.py (pure keep/delete rules),
+verify.py (a checkpoint against its manifest; vanished vs corrupt), restore.py (load, fall back), lock.py (ownership), manager.py, creator.py, helpers.py.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_a
 from supervisor.clock import Clock, resolve_clock
 from supervisor.checkpoint.restore import Restored
 from supervisor.creator import SessionCreator
-from supervisor.errors import CheckpointCorruptError
+from supervisor.errors import CheckpointCorruptError, StopRequestedError
 from supervisor.state import TrainingState
 
 __all__ = ["CheckpointSessionCreator", "WorkerSessionCreator"]
@@ -116,7 +116,7 @@ class WorkerSessionCreator(SessionCreator):
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=False, logdir=logdir, summary_writer=summary_writer)
         self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
-        self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
+        self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
         self.recovery_wait_secs = check_number("recovery_wait_secs", recovery_wait_secs, strictly_positive=True)
         self.basename = check_basename(basename)
         self.verify = check_choice("verify", verify, VERIFY_MODES)
@@ -142,4 +142,10 @@ class WorkerSessionCreator(SessionCreator):
                     f"first verified checkpoint in {self.checkpoint_dir}; {last_problem}. Check that "
                     "the chief is running and writes to this directory, or raise max_wait_secs")
             logger.info("waiting for the chief's checkpoint in %s (%.0f s so far)", self.checkpoint_dir, waited)
-            self._clock.sleep(min(self.recovery_wait_secs, self.max_wait_secs - waited))
+            # On the stop event, not a sleep: SIGTERM or request_stop() ends the wait at once.
+            if self._clock.wait(session.coord.stop_event, min(self.recovery_wait_secs, self.max_wait_secs - waited)):
+                why = session.stop_reason or ("a stop signal (SIGTERM/SIGINT)" if session.preempted
+                                              else "stop requested")
+                raise StopRequestedError(
+                    f"stopped ({why}) after waiting {waited:.0f} s for the "
+                    f"chief's first verified checkpoint in {self.checkpoint_dir}; nothing was restored")

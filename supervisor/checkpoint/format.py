@@ -60,7 +60,9 @@ META_KEY = "__meta__"
 STEP_KEY = "global_step"
 RNG_KEY = "rng"
 
-_TRANSIENT = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|deleting)-[0-9a-f]{32}$")
+# Any suffix (SPEC §5.1: ``*.tmp-*``), after a checkpoint-shaped name ``<basename>-<step>``:
+# other writers' temp names (a hand copy, another version) are leftovers too.
+_TRANSIENT = re.compile(r"^(?P<name>[^/]+-\d+)\.(?P<kind>tmp|deleting)-.+$")
 
 
 def checkpoint_name(basename: str, step: int) -> str:

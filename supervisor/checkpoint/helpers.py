@@ -17,9 +17,15 @@ import torch
 
 from supervisor.checkpoint.format import META_KEY
 from supervisor.checkpoint.index import latest_checkpoint
-from supervisor.checkpoint.restore import VERIFY_MODES, check_checkpoint, load_verified, safe_torch_load
+from supervisor.checkpoint.restore import check_checkpoint, check_verify, load_verified, safe_torch_load
 from supervisor.clock import Clock, resolve_clock
-from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+from supervisor._validate import check_callable, check_number
+from supervisor.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointVanishedError,
+)
 from supervisor.state import strip_wrapper_prefixes, unwrap_module
 
 __all__ = ["load_checkpoint", "restore_partial", "PartialRestoreReport", "checkpoints_iterator"]
@@ -36,13 +42,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     Loading is always ``weights_only``; ``trusted_globals`` allowlists extra classes/functions.
 
     Raises:
+        ValueError: ``verify`` is not ``"full"`` or ``"size"``.
         CheckpointNotFoundError: nothing at ``path``.
+        CheckpointVanishedError: the checkpoint was deleted while being read (retention made
+            room for a newer one): not damage; read `latest_checkpoint` again.
         CheckpointCorruptError: the checkpoint fails verification or cannot be loaded.
         CheckpointError: it needs a global that is not trusted.
     """
     path = os.fspath(path)
-    if verify not in VERIFY_MODES:
-        raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
+    verify = check_verify(verify)
     trusted_globals = tuple(trusted_globals)
     if os.path.isdir(path):
         return load_verified(path, verify=verify, trusted_globals=trusted_globals,
@@ -166,11 +174,23 @@ def checkpoints_iterator(checkpoint_dir: str | os.PathLike, min_interval_secs: f
 
     Waits for the index to name a checkpoint other than the last one yielded, checking every
     ``poll_secs``; yields it only once it verifies (a checkpoint that fails is reported once and
-    waited past). At most one checkpoint per ``min_interval_secs``. When ``timeout`` seconds pass
-    without a new checkpoint: stop, unless ``timeout_fn()`` returns False (then keep waiting).
+    waited past; one that retention deletes while it is verified is passed over silently, the
+    index already names a newer one). At most one checkpoint per ``min_interval_secs``. When
+    ``timeout`` seconds pass without a new checkpoint: stop, unless ``timeout_fn()`` returns
+    False (then keep waiting). Arguments are checked at the call, before iteration starts.
     """
-    clock = resolve_clock(clock)
-    directory = os.fspath(checkpoint_dir)
+    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
+        raise TypeError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}")
+    check_number("min_interval_secs", min_interval_secs, minimum=0)
+    check_number("timeout", timeout, minimum=0, allow_none=True)
+    check_callable("timeout_fn", timeout_fn, signature="timeout_fn() -> bool")
+    check_number("poll_secs", poll_secs, strictly_positive=True)
+    return _iterate(os.fspath(checkpoint_dir), float(min_interval_secs), timeout, timeout_fn,
+                    check_verify(verify), float(poll_secs), resolve_clock(clock))
+
+
+def _iterate(directory: str, min_interval_secs: float, timeout: float | None,
+             timeout_fn: Callable[[], bool] | None, verify: str, poll_secs: float, clock: Clock) -> Iterator[str]:
     last: str | None = None
     rejected: set[str] = set()
     while True:
@@ -199,8 +219,10 @@ def _wait_for_new(directory: str, last: str | None, timeout: float | None, poll_
             try:
                 check_checkpoint(path, verify)
                 return path
+            except CheckpointVanishedError:
+                continue  # deleted by retention meanwhile: the index already names a newer one
             except CheckpointNotFoundError:
-                pass  # deleted by retention meanwhile: a newer one is already named
+                pass
             except CheckpointCorruptError as e:
                 rejected.add(path)
                 logger.warning("not yielding %s: %s", path, e)

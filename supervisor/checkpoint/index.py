@@ -13,25 +13,37 @@ Paths are written relative to the logdir, oldest first; ``model_checkpoint_path`
 restore picks, and a person may edit it by hand to restart from an older checkpoint. The file is
 rewritten atomically (temp file, fsync, ``os.replace``, fsync of the directory), so a reader
 always sees the old or the new index, never a mix.
+
+Because anyone can edit it, the index is untrusted input: retention and restore act only on
+entries that name a checkpoint of this logdir (`entry_problem`: ``<basename>-<step>``, directly
+inside the logdir, no ``..``, no absolute path elsewhere, no symlink out of it). Every other
+entry is ignored with a WARNING — never deleted, never loaded.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
 
 from supervisor.checkpoint.fileio import fsync_dir
-from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE
+from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
-           "parse_index", "format_index", "relative_index"]
+           "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
+           "EmptyIndexError"]
 
 logger = logging.getLogger(__name__)
 
 _LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(.*?)\s*$")
 _STRING_KEYS = ("model_checkpoint_path", "all_model_checkpoint_paths")
 _FLOAT_KEYS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
+_ANY_CHECKPOINT_NAME = re.compile(r"[^./\\][^/\\]*-\d+")
+
+
+class EmptyIndexError(ValueError):
+    """The index file exists but names no ``model_checkpoint_path`` (TF raises ValueError)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ def parse_index(text: str) -> CheckpointState:
             raise ValueError(f"line {number} ({key}) has a malformed value {raw!r}: {e}") from e
     latest = values["model_checkpoint_path"]
     if not latest or not latest[-1]:
-        raise ValueError("it names no model_checkpoint_path")
+        raise EmptyIndexError("it names no model_checkpoint_path")
     preserved = values["last_preserved_timestamp"]
     return CheckpointState(
         model_checkpoint_path=latest[-1],
@@ -96,6 +108,8 @@ def read_index(directory: str) -> CheckpointState | None:
     """
     path = os.path.join(directory, INDEX_FILE)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO or a device: it could block
+            raise ValueError(f"the checkpoint index {path} is not a regular file")
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
@@ -104,6 +118,8 @@ def read_index(directory: str) -> CheckpointState | None:
         raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
     try:
         return parse_index(text)
+    except EmptyIndexError as e:
+        raise EmptyIndexError(f"the checkpoint index {path} is unreadable: {e}") from e
     except ValueError as e:
         raise ValueError(f"the checkpoint index {path} is unreadable: {e}") from e
 
@@ -129,10 +145,17 @@ def write_index(directory: str, state: CheckpointState) -> None:
 
 def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState | None:
     """The index of ``checkpoint_dir`` with absolute paths, or None (TF's semantics: a missing
-    or unreadable index gives None, the latter with a WARNING)."""
+    or unreadable index gives None, the latter with a WARNING).
+
+    Raises:
+        ValueError: the index exists but names no ``model_checkpoint_path`` (e.g. it is empty),
+            as TF's ``get_checkpoint_state`` does.
+    """
     directory = os.fspath(checkpoint_dir)
     try:
         state = read_index(directory)
+    except EmptyIndexError as e:
+        raise ValueError(f"invalid checkpoint state loaded from {directory}: {e}") from e
     except (ValueError, OSError) as e:
         logger.warning("%s; checkpoint index ignored", e)
         return None
@@ -147,29 +170,105 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
     """The path of the checkpoint the index names, if it exists (committed); else None.
 
     Like TF, this reads the index only and does not verify checksums;
-    `supervisor.checkpoints_iterator` yields verified checkpoints only.
+    `supervisor.checkpoints_iterator` yields verified checkpoints only. An index that names
+    something other than a checkpoint directly inside ``checkpoint_dir`` gives None, with a
+    WARNING (see `entry_problem`); so does an empty index.
     """
-    state = get_checkpoint_state(checkpoint_dir)
+    directory = os.path.abspath(os.fspath(checkpoint_dir))
+    try:
+        state = read_index(directory)
+    except (ValueError, OSError) as e:
+        logger.warning("%s; checkpoint index ignored", e)
+        return None
     if state is None:
         return None
-    path = state.model_checkpoint_path
+    name, problem = entry_problem(directory, state.model_checkpoint_path)
+    if problem is not None:
+        logger.warning("ignoring the checkpoint index entry model_checkpoint_path %r of %s: %s",
+                       state.model_checkpoint_path, directory, problem)
+        return None
+    path = os.path.join(directory, name)
     return path if os.path.isfile(os.path.join(path, MANIFEST_FILE)) else None
 
 
-def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
-    """The index's managed paths relative to ``directory``; paths elsewhere are left out, so
-    retention never deletes them."""
+def entry_problem(directory: str, entry: str, basename: str | None = None) -> tuple[str | None, str | None]:
+    """Checks an index entry as untrusted input: ``(name, None)`` when it names a checkpoint
+    directly inside ``directory`` (``name`` relative to it), else ``(None, why not)``.
 
-    def relative(path: str) -> str | None:
-        if not os.path.isabs(path):
-            return os.path.normpath(path)
-        parent, name = os.path.split(os.path.normpath(path))
-        return name if os.path.abspath(parent) == directory else None
+    An entry qualifies when it is ``<basename>-<step>`` (any ``<name>-<step>`` without
+    ``basename``), relative or absolute, its parent is ``directory`` itself (no ``..``, no
+    subdirectory, no other directory) and, if it is a symbolic link, it points to a directory
+    inside ``directory``.
+    """
+    directory = os.path.abspath(directory)
+    if not isinstance(entry, str) or not entry or "\0" in entry:
+        return None, "it is empty or not a path"
+    normalized = os.path.normpath(entry)
+    if os.path.isabs(normalized):
+        parent, name = os.path.split(normalized)
+        if os.path.realpath(parent) != os.path.realpath(directory):
+            return None, f"it is outside the logdir {directory}"
+    else:
+        name = normalized
+        if os.sep in name or (os.altsep and os.altsep in name) or name in (os.curdir, os.pardir):
+            return None, "it is not directly inside the logdir (no '..' or subdirectories)"
+    if basename is not None and step_of(name, basename) is None:
+        return None, f"it is not a checkpoint name of the form {basename}-<step>"
+    if basename is None and not _ANY_CHECKPOINT_NAME.fullmatch(name):
+        return None, "it is not a checkpoint name of the form <basename>-<step>"
+    full = os.path.join(directory, name)
+    if os.path.islink(full):
+        target = os.path.realpath(full)
+        if os.path.dirname(target) != os.path.realpath(directory):
+            return None, f"it is a symbolic link out of the logdir (to {target})"
+    return name, None
 
+
+def trusted_index(index: CheckpointState, directory: str, basename: str, *,
+                  warn: bool = True) -> tuple[CheckpointState, list[str]]:
+    """The index with only the entries `entry_problem` accepts, as names relative to
+    ``directory``; every other entry is logged (WARNING) and left out, so retention never
+    deletes and restore never loads it. Returns the index and the names of the entries left
+    out. An unacceptable ``model_checkpoint_path`` becomes ``""``."""
+    ignored: list[str] = []
+
+    def accept(field_name: str, entry: str) -> str | None:
+        name, problem = entry_problem(directory, entry, basename)
+        if problem is not None:
+            ignored.append(entry)
+        if problem is not None and warn:
+            logger.warning("ignoring the checkpoint index entry %s %r in %s: %s; it is never deleted "
+                           "or restored", field_name, entry, os.path.join(directory, INDEX_FILE), problem)
+        return name
+
+    latest = accept("model_checkpoint_path", index.model_checkpoint_path) or ""
     paths = index.all_model_checkpoint_paths
     timed = len(index.all_model_checkpoint_timestamps) == len(paths)
     stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
-    kept = [(r, t) for p, t in zip(paths, stamps, strict=True) if (r := relative(p)) is not None]
+    kept = [(n, t) for p, t in zip(paths, stamps, strict=True)
+            if (n := accept("all_model_checkpoint_paths", p)) is not None]
+    trusted = replace(index, model_checkpoint_path=latest, all_model_checkpoint_paths=tuple(n for n, _ in kept),
+                      all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
+    return trusted, ignored
+
+
+def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
+    """The index's managed paths relative to ``directory``. Entries that do not name a
+    checkpoint directly inside it (`entry_problem`, any basename) are left out with a WARNING,
+    so nothing that acts on the result (retention, pruning) can touch them. Prefer
+    `trusted_index`, which also checks the basename."""
+    directory = os.path.abspath(directory)
+    paths = index.all_model_checkpoint_paths
+    timed = len(index.all_model_checkpoint_timestamps) == len(paths)
+    stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
+    kept = []
+    for path, stamp in zip(paths, stamps, strict=True):
+        name, problem = entry_problem(directory, path)
+        if problem is None:
+            kept.append((name, stamp))
+        else:
+            logger.warning("ignoring the checkpoint index entry all_model_checkpoint_paths %r in %s: %s",
+                           path, os.path.join(directory, INDEX_FILE), problem)
     return replace(index, all_model_checkpoint_paths=tuple(r for r, _ in kept),
                    all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
 

@@ -29,7 +29,7 @@ from supervisor.checkpoint.commit import (
 )
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
-from supervisor.checkpoint.index import read_index, relative_index, write_index
+from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index, write_index
 from supervisor.checkpoint.lock import OwnershipLock
 from supervisor.checkpoint.options import check_basename, check_directory, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
@@ -164,26 +164,29 @@ class CheckpointManager:
             raise
         self._opened = True
 
-    def _indexed_names(self) -> list[str]:
-        """The checkpoint names the index lists (plain names in this directory only)."""
-        try:
-            index = read_index(self.directory)
-        except (ValueError, OSError):
-            return []  # _recover_retention reports an unreadable index
-        if index is None:
-            return []
-        index = relative_index(index, self.directory)
-        names = [index.model_checkpoint_path, *index.all_model_checkpoint_paths]
-        return [n for n in names if n and os.sep not in n and n not in (os.curdir, os.pardir)]
-
-    def _recover_retention(self) -> retention.RetentionState:
+    def _read_trusted_index(self, *, quiet: bool = False) -> CheckpointState | None:
+        """The index with only entries that name checkpoints of this logdir (`trusted_index`
+        warns about each other entry); None when there is none or it cannot be read."""
         try:
             index = read_index(self.directory)
         except (ValueError, OSError) as e:
-            logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
-            index = None
-        if index is not None:
-            index = relative_index(index, self.directory)
+            if not quiet:
+                logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
+            return None
+        if index is None:
+            return None
+        # quiet: _recover_retention reports the ignored entries, once.
+        return trusted_index(index, self.directory, self.basename, warn=not quiet)[0]
+
+    def _indexed_names(self) -> list[str]:
+        """The checkpoint names the index lists (checkpoints of this logdir only)."""
+        index = self._read_trusted_index(quiet=True)
+        if index is None:
+            return []
+        return [n for n in (index.model_checkpoint_path, *index.all_model_checkpoint_paths) if n]
+
+    def _recover_retention(self) -> retention.RetentionState:
+        index = self._read_trusted_index()
         present = set(os.listdir(self.directory))
         state = retention.recover(index, self._clock.time(), present=present)
         if index is not None:

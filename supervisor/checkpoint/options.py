@@ -2,23 +2,56 @@
 argument, the value and the fix)."""
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Iterable
 
 from supervisor._paths import check_path
+from supervisor.errors import CheckpointError
 
-__all__ = ["check_basename", "check_directory", "check_trusted_globals"]
+__all__ = ["check_basename", "check_directory", "check_trusted_globals", "check_writable_directory"]
 
 
 def check_directory(directory: Any) -> str:
     return os.path.abspath(check_path("directory", directory))
 
 
-def check_basename(basename: Any) -> str:
+def check_basename(basename: Any, *, argument: str = "basename") -> str:
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith(".") \
-            or (os.altsep and os.altsep in basename):
-        raise ValueError(f"basename must be a plain file name such as 'model.ckpt', got {basename!r}")
+            or (os.altsep and os.altsep in basename) or "\0" in basename:
+        raise ValueError(f"{argument} must be a plain file name such as 'model.ckpt', got {basename!r}")
     return basename
+
+
+def check_writable_directory(path: Any, *, argument: str = "logdir") -> str:
+    """Creates ``path`` if missing and proves it writable (creates and removes a probe file),
+    so a read-only or foreign logdir fails before any thread starts, naming the path and the fix.
+
+    Raises:
+        ValueError: ``path`` exists and is not a directory.
+        CheckpointError: it cannot be created or written.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{argument} {path!r} exists and is not a directory; choose a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create the {argument} {path} ({_errno(e)}); create it or choose a "
+                              "writable location") from e
+    probe = os.path.join(path, f".supervisor-write-probe-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.remove(probe)
+    except OSError as e:
+        raise CheckpointError(f"the {argument} {path} is not writable ({_errno(e)}); make it writable by this "
+                              f"user (uid {os.getuid() if hasattr(os, 'getuid') else '?'}), remount it "
+                              "read-write, or choose another directory") from e
+    return path
+
+
+def _errno(error: OSError) -> str:
+    return f"{errno.errorcode.get(error.errno or 0, type(error).__name__)}: {error.strerror or error}"
 
 
 def check_trusted_globals(trusted: Any) -> tuple:

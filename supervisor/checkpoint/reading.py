@@ -25,8 +25,8 @@ is damaged (missing manifest or file, wrong size, wrong checksum, unloadable pay
 `CheckpointError` when it verifies but needs an untrusted global, or is a sharded (DCP) checkpoint
 (not read here: DCP unpickles its ``.metadata`` without ``weights_only``).
 
-Note: restore.py (hardening) will get its own vanished-vs-corrupt distinction; the two are meant
-to merge into one `CheckpointVanishedError` in `supervisor.errors`.
+`CheckpointVanishedError` is `supervisor.errors`' (the same one restore and ``verify`` raise),
+re-exported here.
 """
 from __future__ import annotations
 
@@ -39,19 +39,13 @@ from typing import Any, Iterable
 from supervisor.checkpoint.fileio import format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
-from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointVanishedError
 
 __all__ = ["CheckpointRead", "CheckpointVanishedError", "read_checkpoint"]
 
 _CHUNK_BYTES = 8 << 20
 _MANIFEST_MAX_BYTES = 64 << 20
 _DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata (sharded checkpoints)  # a manifest lists file names and checksums: never this large
-
-
-class CheckpointVanishedError(CheckpointNotFoundError):
-    """The checkpoint was deleted (by retention, usually) before its files could be opened: not
-    damage; a newer checkpoint exists. (The same class as hardening's
-    ``supervisor.errors.CheckpointVanishedError``; this definition goes once that lands.)"""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Verify, load and choose checkpoints (SPEC §5.4).
 
-Verification checks what the commit protocol promised: the manifest is there, every file it
-lists has the recorded size and (``verify="full"``) checksum. The checksum pass reads the file
+Verification (verify.py) checks what the commit protocol promised: the manifest is there, every
+file it lists is a regular file with the recorded size and (``verify="full"``) checksum; a
+checkpoint deleted while it is read raises `CheckpointVanishedError`, never "corrupt". The checksum pass reads the file
 once, on parallel threads (`supervisor.checkpoint.fileio.checksum_file`). A restore then maps
 the verified file (``torch.load(mmap=True)``) so modules copy their weights straight from the
 page cache: no second full read into an intermediate copy. Measured on the project's 2-core
@@ -15,8 +16,9 @@ is refused with a `CheckpointError` naming the global and the ``trusted_globals=
 which allowlists exactly those (``torch.serialization.safe_globals``) — never a fallback to
 unsafe unpickling.
 
-Choosing: the index's ``model_checkpoint_path`` (hand edits honoured), else the highest-step
-checkpoint directory; a candidate that fails is skipped with a WARNING giving the reason and the
+Choosing: the index's ``model_checkpoint_path`` (hand edits honoured, when it names a checkpoint
+of this logdir), else the highest-step checkpoint directory; a candidate that vanishes sends
+the search back to the index; a candidate that fails is skipped with a WARNING giving the reason and the
 next older one is tried; if checkpoints exist and none is usable, `CheckpointCorruptError` lists
 each and why.
 """
@@ -25,33 +27,50 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
-from supervisor.checkpoint.fileio import checksum_file
 from supervisor.checkpoint.format import (
-    MANIFEST_FILE,
+    INDEX_FILE,
     RNG_KEY,
     STATE_FILE,
     STEP_KEY,
     Manifest,
     list_committed,
-    read_manifest,
     step_of,
 )
 from supervisor import distributed, resume
-from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
-from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+from supervisor.checkpoint.verify import (
+    VERIFY_MODES,
+    check_checkpoint,
+    check_sizes,
+    check_verify,
+    checksum_all,
+    compare_checksum,
+    raise_if_vanished,
+)
+from supervisor.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointVanishedError,
+)
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "find_and_load", "load_verified",
-           "safe_torch_load", "VERIFY_MODES"]
+__all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "check_verify", "find_and_load",
+           "load_verified", "safe_torch_load", "VERIFY_MODES"]
 
 logger = logging.getLogger(__name__)
+
+#: How many times `find_and_load` looks at the index again after a candidate vanished.
+_MAX_RESCANS = 20
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 @dataclass(frozen=True)
@@ -60,8 +79,6 @@ class Restored:
 
     global_step: int
     path: str
-
-VERIFY_MODES = ("full", "size")
 
 
 @dataclass(frozen=True)
@@ -75,20 +92,6 @@ class LoadedCheckpoint:
     mapped: bool = False  # tensors are memory-mapped from state.pt (see load_verified)
 
 
-def check_checkpoint(path: str, verify: str = "full") -> Manifest:
-    """Verifies a committed checkpoint without loading it; returns its manifest.
-
-    Raises:
-        CheckpointNotFoundError: ``path`` does not exist (e.g. deleted by retention meanwhile).
-        CheckpointCorruptError: it exists but fails verification; the message gives the reason.
-    """
-    manifest = _check_sizes(path)
-    if verify == "full":
-        for name, record in manifest.files.items():
-            _compare_checksum(path, name, record.checksum, _checksum(path, name))
-    return manifest
-
-
 def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
                   map_location: Any = "cpu", mmap: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` (see the module docstring).
@@ -99,159 +102,215 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
     helper thread verifies, and are safe to keep after the checkpoint is deleted.
 
     Raises:
-        CheckpointNotFoundError, CheckpointCorruptError: as `check_checkpoint`.
+        ValueError: ``verify`` is not one of `VERIFY_MODES`.
+        CheckpointNotFoundError, CheckpointVanishedError, CheckpointCorruptError: as
+            `check_checkpoint`.
         CheckpointError: the checkpoint verifies but needs a global that is not trusted.
     """
-    manifest = _check_sizes(path)
+    verify = check_verify(verify)
+    manifest = check_sizes(path)
     state_path = os.path.join(path, STATE_FILE)
     checksums: dict[str, Any] = {}
     verifier = None
     if verify == "full":
-        verifier = threading.Thread(target=_checksum_all, args=(path, manifest, checksums),
+        verifier = threading.Thread(target=checksum_all, args=(path, manifest, checksums),
                                     name="supervisor-verify", daemon=True)
         verifier.start()
         if mmap:
             verifier.join()  # mapped tensors are used in place: verify strictly before loading
-    payload: Any = None
-    load_error: Exception | None = None
-    try:
-        payload = safe_torch_load(state_path, map_location=map_location, trusted_globals=trusted_globals,
-                                  step=manifest.step, mmap=mmap)
-    except CheckpointError as e:
-        load_error = e
-    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways; reported below
-        load_error = e
-        if mmap:  # some filesystems cannot map files: read it instead before calling it damaged
-            mmap = False
-            try:
-                payload = safe_torch_load(state_path, map_location=map_location,
-                                          trusted_globals=trusted_globals, step=manifest.step)
-                load_error = None
-            except Exception:  # noqa: BLE001 - the first error is the one to report
-                pass
+    payload, load_error, mapped = _load_payload(state_path, map_location, tuple(trusted_globals),
+                                                manifest.step, mmap)
     if verifier is not None:
         verifier.join()
         for name, record in manifest.files.items():
-            _compare_checksum(path, name, record.checksum, checksums.get(name))
+            compare_checksum(path, name, record.checksum, checksums.get(name))
     if type(load_error) is CheckpointError:  # verified, but needs an untrusted global
         raise load_error
     if load_error is not None:
-        raise CheckpointCorruptError(f"{path}: {STATE_FILE} cannot be loaded "
-                                     f"({type(load_error).__name__}: {load_error})") from load_error
+        raise_if_vanished(path, load_error)
+        error = CheckpointCorruptError(f"{path}: {STATE_FILE} cannot be loaded ({_describe(load_error, state_path)})")
+        # torch's unpickling errors advise loading unsafely: never chain (and print) that advice.
+        raise error from (None if isinstance(load_error, pickle.UnpicklingError) else load_error)
     if not isinstance(payload, dict):
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} holds a {type(payload).__name__}, not a mapping")
     step = payload.get(STEP_KEY, manifest.step)
-    return LoadedCheckpoint(path, int(step), manifest, payload, mapped=mmap)
+    return LoadedCheckpoint(path, int(step), manifest, payload, mapped=mapped)
+
+
+def _load_payload(state_path: str, map_location: Any, trusted_globals: tuple, step: int,
+                  mmap: bool) -> tuple[Any, Exception | None, bool]:
+    """``(payload, None, mapped)`` or ``(None, the error, False)``. Maps the file only when it is a zip archive
+    (the only format torch can map); if mapping fails, reads it instead before calling it
+    damaged, and reports the read's error, not the mapping's."""
+    mmap = mmap and _is_zip(state_path)
+    try:
+        return safe_torch_load(state_path, map_location=map_location, trusted_globals=trusted_globals,
+                               step=step, mmap=mmap), None, mmap
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways; reported by the caller
+        if not mmap or isinstance(e, CheckpointError):
+            return None, e, False
+    try:  # some filesystems cannot map files
+        return safe_torch_load(state_path, map_location=map_location, trusted_globals=trusted_globals,
+                               step=step), None, False
+    except Exception as e:  # noqa: BLE001
+        return None, e, False
+
+
+def _is_zip(file_path: str) -> bool:
+    try:
+        with open(file_path, "rb") as f:
+            return f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    except OSError:
+        return False
+
+
+def _describe(error: Exception, file_path: str) -> str:
+    """A load error in words that never repeat torch's advice to load unsafely."""
+    if isinstance(error, pickle.UnpicklingError):
+        reason = _unpickler_reason(str(error))
+        zip_note = "" if _is_zip(file_path) else "; it is not a zip archive as torch.save writes"
+        return (f"torch.load(weights_only=True) refused it ({reason}){zip_note}: the file needs globals or "
+                "pickle operations that are not allowed (a file crafted to run code looks like this), or it "
+                "is damaged. torch-supervisor never unpickles unsafely")
+    return _strip_unsafe_advice(f"{type(error).__name__}: {error}")
+
+
+_ADVICE = re.compile(r"[^.\n]*weights_only[`'\s]*(?:set to|=)\s*`?False[^.\n]*\.?", re.IGNORECASE)
+
+
+def _strip_unsafe_advice(text: str) -> str:
+    return _ADVICE.sub("", text).strip()
+
+
+def _unpickler_reason(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    core = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation",
+                                                           "Please file an issue"))
+            and "weights_only" not in line]
+    core = [line.replace("WeightsUnpickler error:", "").strip() for line in core]
+    return _strip_unsafe_advice("; ".join(c for c in core if c)) or "an unsupported pickle"
 
 
 def find_and_load(directory: str, basename: str, *, verify: str = "full",
                   trusted_globals: Iterable[Any] = (), mmap: bool = True) -> LoadedCheckpoint | None:
     """Loads the checkpoint to restore from ``directory``, falling back to older ones.
 
-    Returns None when there is no checkpoint at all.
+    A candidate that vanishes while it is read (retention deleted it after a newer commit) is
+    not a failure: the index is read again and its new choice tried. Returns None when there is
+    no checkpoint at all.
 
     Raises:
+        ValueError: ``verify`` is not one of `VERIFY_MODES`.
         CheckpointCorruptError: checkpoints exist but none verifies (each is listed with why).
         CheckpointError: a verified checkpoint needs an untrusted global.
     """
+    verify = check_verify(verify)
     trusted_globals = tuple(trusted_globals)
-    failures: list[tuple[str, str]] = []
-    candidates = _candidates(directory, basename)
-    for i, path in enumerate(candidates):
-        try:
-            return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap)
-        except (CheckpointNotFoundError, CheckpointCorruptError) as e:
-            reason = _reason(e, path)
-            failures.append((path, reason))
-            nxt = "trying the next older one" if i + 1 < len(candidates) else "no older checkpoint left"
-            logger.warning("skipping checkpoint %s: %s; %s", path, reason, nxt)
+    failures: dict[str, str] = {}
+    for _ in range(_MAX_RESCANS):
+        candidates = [p for p in _candidates(directory, basename) if p not in failures]
+        for i, path in enumerate(candidates):
+            try:
+                return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap)
+            except CheckpointVanishedError:
+                logger.info("%s was deleted while being read (retention); looking at the index again", path)
+                break
+            except (CheckpointNotFoundError, CheckpointCorruptError) as e:
+                failures[path] = reason = _reason(e, path)
+                nxt = "trying the next older one" if i + 1 < len(candidates) else "no older checkpoint left"
+                logger.warning("skipping checkpoint %s: %s; %s", path, reason, nxt)
+        else:
+            break
     if not failures:
         return None
-    listing = "; ".join(f"{p}: {r}" for p, r in failures)
+    listing = "; ".join(f"{p}: {r}" for p, r in failures.items())
     raise CheckpointCorruptError(
-        f"none of the {len(failures)} checkpoint(s) in {directory} can be restored ({listing}). "
-        "Refusing to start from scratch over them: repair or move them away, or point the index "
-        f"({os.path.join(directory, 'checkpoint')}) at a good one")
+        f"none of the {len(failures)} checkpoint(s) the index allows in {directory} can be restored "
+        f"({listing}).{_newer_hint(directory, basename, failures)} Refusing to start from scratch over "
+        f"them: repair or move them away, or point the index ({os.path.join(directory, INDEX_FILE)}) at a "
+        "good one")
+
+
+def _newer_hint(directory: str, basename: str, failures: dict[str, str]) -> str:
+    """Names the checkpoints newer than the failed index choice, which are never jumped to."""
+    steps = [step_of(os.path.basename(p), basename) for p in failures]
+    lowest = min((s for s in steps if s is not None), default=None)
+    if lowest is None:
+        return ""
+    newer = [name for step, name in list_committed(directory, basename)
+             if step > lowest and os.path.join(directory, name) not in failures]
+    if not newer:
+        return ""
+    return (f" Newer checkpoint(s) exist ({', '.join(newer)}) but the index names an older one (a rollback "
+            "by hand?), and a rollback never jumps forward: set model_checkpoint_path to one of them, or "
+            "delete the index to restore the newest.")
 
 
 # ---------------------------------------------------------------- candidates
 def _candidates(directory: str, basename: str) -> list[str]:
-    """Paths to try, best first: the index's choice, then older committed directories."""
-    committed = list_committed(directory, basename)
-    try:
-        index, problem = read_index(directory), None
-    except (ValueError, OSError) as e:
-        index, problem = None, str(e)
-    if index is None:
+    """Paths to try, best first: the index's choice, then older committed directories.
+
+    The index is untrusted (`supervisor.checkpoint.index.entry_problem`): an entry that does not
+    name a checkpoint of this logdir is ignored. A hand rollback never jumps forward: when the
+    index's choice is missing or damaged, only older checkpoints are tried (`_newer_hint` tells
+    the user about the newer ones).
+    """
+    for _ in range(3):  # the index names a checkpoint retention just deleted: read it again
+        committed = _own_committed(directory, basename)
+        newest_first = [os.path.join(directory, name) for _, name in reversed(committed)]
+        primary, problem, index = _index_choice(directory, basename)
+        if primary is None or os.path.isdir(primary) or _index_choice(directory, basename)[0] == primary:
+            break
+    if primary is None:
         if committed:
             logger.warning("%s; restoring from the highest-step checkpoint directory %s",
                            problem or f"no checkpoint index in {directory}", committed[-1][1])
-        return [os.path.join(directory, name) for _, name in reversed(committed)]
-    primary = index.model_checkpoint_path
-    if not os.path.isabs(primary):
-        primary = os.path.join(directory, primary)
-    primary_step = _step_of_path(primary, basename)
-    older = [os.path.join(directory, name) for step, name in reversed(committed)
-             if (primary_step is None or step < primary_step)
-             and os.path.abspath(os.path.join(directory, name)) != os.path.abspath(primary)]
-    return [primary] + older
+        return newest_first
+    primary_step = step_of(os.path.basename(primary), basename)
+    if os.path.isdir(primary):
+        _warn_unindexed(directory, index, primary_step, committed)
+    return [primary] + [p for p, (step, _) in zip(newest_first, reversed(committed)) if step < primary_step]
 
 
-def _step_of_path(path: str, basename: str) -> int | None:
-    step = step_of(os.path.basename(os.path.normpath(path)), basename)
-    if step is not None:
-        return step
+def _own_committed(directory: str, basename: str) -> list[tuple[int, str]]:
+    """`list_committed` without symlinks out of the logdir (never restored; WARNING each)."""
+    own = []
+    for step, name in list_committed(directory, basename):
+        problem = entry_problem(directory, name, basename)[1]
+        if problem is None:
+            own.append((step, name))
+        else:
+            logger.warning("not restoring %s: %s", os.path.join(directory, name), problem)
+    return own
+
+
+def _index_choice(directory: str, basename: str) -> tuple[str | None, str | None, CheckpointState | None]:
+    """``(path the index names or None, why None, the index)``."""
     try:
-        return read_manifest(path).step
-    except (OSError, ValueError):
-        return None
+        index = read_index(directory)
+    except (ValueError, OSError) as e:
+        return None, str(e), None
+    if index is None:
+        return None, None, None
+    name, why = entry_problem(directory, index.model_checkpoint_path, basename)
+    if why is not None:
+        return None, (f"the checkpoint index names model_checkpoint_path {index.model_checkpoint_path!r}, "
+                      f"which is ignored: {why}"), index
+    return os.path.join(directory, name), None, index
 
 
-# ---------------------------------------------------------------- verification
-def _check_sizes(path: str) -> Manifest:
-    if not os.path.isdir(path):
-        raise CheckpointNotFoundError(f"{path}: does not exist")
-    try:
-        manifest = read_manifest(path)
-    except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is missing (the write was never sealed)") from None
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
-    if STATE_FILE not in manifest.files:
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
-    for name, record in manifest.files.items():
-        try:
-            size = os.path.getsize(os.path.join(path, name))
-        except FileNotFoundError:
-            if not os.path.isdir(path):
-                raise CheckpointNotFoundError(f"{path}: does not exist (deleted while being read)") from None
-            raise CheckpointCorruptError(f"{path}: {name} is missing") from None
-        if size != record.size:
-            raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, the manifest says {record.size} "
-                                         "(truncated or overwritten)")
-    return manifest
-
-
-def _checksum(path: str, name: str) -> str | BaseException:
-    try:
-        return checksum_file(os.path.join(path, name))[1]
-    except OSError as e:
-        return e
-
-
-def _checksum_all(path: str, manifest: Manifest, out: dict[str, Any]) -> None:
-    for name in manifest.files:
-        out[name] = _checksum(path, name)
-
-
-def _compare_checksum(path: str, name: str, expected: str, actual: Any) -> None:
-    if isinstance(actual, FileNotFoundError) and not os.path.isdir(path):
-        raise CheckpointNotFoundError(f"{path}: does not exist (deleted while being read)") from actual
-    if isinstance(actual, BaseException) or actual is None:
-        raise CheckpointCorruptError(f"{path}: {name} cannot be read to verify it ({actual})")
-    if actual != expected:
-        raise CheckpointCorruptError(f"{path}: {name} checksum {actual} does not match the manifest's "
-                                     f"{expected} (the file is damaged)")
+def _warn_unindexed(directory: str, index: CheckpointState, primary_step: int,
+                    committed: list[tuple[int, str]]) -> None:
+    """Names committed checkpoints newer than the index's choice that the index does not list:
+    what a failed index update (e.g. ENOSPC) leaves behind. The index stays the authority."""
+    listed = {os.path.basename(os.path.normpath(p)) for p in index.all_model_checkpoint_paths}
+    newer = [name for step, name in committed if step > primary_step and name not in listed]
+    if newer:
+        logger.warning("%s: complete checkpoint(s) %s are newer than %s but not in the index (its update "
+                       "probably failed, e.g. the disk was full); the index is the authority, so %s is "
+                       "restored. To resume from %s instead, set model_checkpoint_path in %s",
+                       directory, ", ".join(newer), index.model_checkpoint_path, index.model_checkpoint_path,
+                       newer[-1], os.path.join(directory, INDEX_FILE))
 
 
 def _reason(error: Exception, path: str) -> str:
@@ -277,7 +336,8 @@ def safe_torch_load(file_path: str, *, map_location: Any = "cpu", trusted_global
         missing = describe_untrusted(file_path, e, trusted_globals)
         if not missing:
             raise
-        raise CheckpointError(untrusted_message(file_path, step, missing)) from e
+        # torch's message advises unsafe loading: never chained, never repeated
+        raise CheckpointError(untrusted_message(file_path, step, missing)) from None
 
 
 # ---------------------------------------------------------------- applying

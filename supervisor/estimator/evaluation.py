@@ -48,10 +48,10 @@ from supervisor._validate import check_callable, check_choice, check_int, check_
 from supervisor.checkpoint.finished import read_finished
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.options import check_trusted_globals
-from supervisor.checkpoint.reading import CheckpointRead, CheckpointVanishedError, read_checkpoint
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.checkpoint.restore import VERIFY_MODES
 from supervisor.clock import Clock, resolve_clock
-from supervisor.errors import CheckpointCorruptError
+from supervisor.errors import CheckpointCorruptError, CheckpointVanishedError
 
 __all__ = ["EvaluationLoop", "EvaluationResult", "EvaluationStats", "StopReason", "evaluation_loop"]
 

@@ -92,14 +92,15 @@ def test_worker_waits_for_the_chiefs_checkpoint_then_restores_it(tmp_path):
     train_step(chief_state, 1)
     polls = []
 
-    def chief_writes_after_two_polls(secs):
+    def chief_writes_after_two_polls(event, secs):
         polls.append(secs)
         if len(polls) == 2:
             with CheckpointManager(logdir, clock=clock) as manager:
                 manager.save(7, chief_state, wait=True)
         clock.advance(secs)
+        return event.is_set()
 
-    clock.sleep = chief_writes_after_two_polls
+    clock.wait = chief_writes_after_two_polls
     worker_state = small_state(seed=3)
     creator = WorkerSessionCreator(worker_state, logdir, recovery_wait_secs=5, clock=clock)
     with MonitoredSession(creator, clock=clock) as session:
@@ -113,6 +114,7 @@ def test_worker_waits_for_the_chiefs_checkpoint_then_restores_it(tmp_path):
 
 def test_worker_times_out_naming_the_directory(tmp_path):
     clock = FakeClock()
+    clock.wait = lambda event, secs: (clock.advance(secs), event.is_set())[1]  # nobody else advances it
     creator = WorkerSessionCreator(small_state(), tmp_path / "nothing", max_wait_secs=60,
                                    recovery_wait_secs=25, clock=clock)
     with pytest.raises(TimeoutError) as info:

@@ -207,9 +207,9 @@ def test_looper_exception_reaches_coordinator():
 @pytest.mark.parametrize(
     "kwargs, error, text",
     [
-        ({"interval_secs": 0}, ValueError, "interval_secs must be a positive number"),
-        ({"interval_secs": -1}, ValueError, "interval_secs must be a positive number"),
-        ({"interval_secs": "5"}, TypeError, "interval_secs must be a positive number, got '5'"),
+        ({"interval_secs": -1}, ValueError, "interval_secs must be a non-negative number or None, got -1"),
+        ({"interval_secs": float("inf")}, ValueError, "interval_secs must be a non-negative finite number"),
+        ({"interval_secs": "5"}, TypeError, "interval_secs must be a non-negative number or None, got '5'"),
         ({"target": None}, TypeError, "target must be a callable"),
         ({"coord": object()}, TypeError, "coord must be a supervisor.Coordinator"),
         ({"clock": object()}, TypeError, "clock must provide time()"),

@@ -1,0 +1,133 @@
+"""Issue 9 finding 5: after a stale-lock takeover, `LogdirInUseError` names the live holder, never
+the dead previous one (the owner record is written just after the lock is taken)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from supervisor.checkpoint import CheckpointManager
+from supervisor.checkpoint.lock import OWNER_FILE
+from supervisor.errors import LogdirInUseError
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1",
+           PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+
+
+def _dead_holder(logdir) -> int:
+    """A writer that takes the lock, records itself and is SIGKILLed: its record stays behind."""
+    script = textwrap.dedent(f"""
+        import os, signal
+        from supervisor.checkpoint import CheckpointManager
+        CheckpointManager({str(logdir)!r}).open()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    child = subprocess.run([sys.executable, "-c", script], env=ENV, timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    with open(logdir / OWNER_FILE, encoding="utf-8") as f:
+        return json.load(f)["pid"]
+
+
+def test_refused_writer_waits_for_the_new_holder_to_record_itself(tmp_path):
+    dead_pid = _dead_holder(tmp_path)
+    # The new holder takes the OS lock and records itself 0.5 s later: the window a loser used
+    # to fall into, widened so the test hits it every time.
+    script = textwrap.dedent(f"""
+        import json, os, socket, sys, time
+        import filelock
+        lock = filelock.FileLock({str(tmp_path / ".supervisor.lock")!r}, timeout=0)
+        lock.acquire()
+        print("locked", flush=True)
+        time.sleep(0.5)
+        with open({str(tmp_path / OWNER_FILE)!r}, "w") as f:
+            json.dump({{"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}}, f)
+        sys.stdin.readline()
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=ENV)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LogdirInUseError) as info:
+            CheckpointManager(tmp_path).open()
+        assert f"pid {holder.pid} " in str(info.value)
+        assert f"pid {dead_pid} " not in str(info.value)
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+
+
+def test_a_holder_that_never_records_itself_is_not_misnamed(tmp_path, monkeypatch):
+    from supervisor.checkpoint import lock as lock_module
+
+    monkeypatch.setattr(lock_module, "OWNER_RECORD_WAIT_SECS", 0.2)
+    dead_pid = _dead_holder(tmp_path)
+    script = textwrap.dedent(f"""
+        import sys, filelock
+        lock = filelock.FileLock({str(tmp_path / ".supervisor.lock")!r}, timeout=0)
+        lock.acquire()
+        print("locked", flush=True)
+        sys.stdin.readline()
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=ENV)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LogdirInUseError, match=f"pid and host unknown: the new holder has not recorded "
+                                                   f"itself yet, .* still names pid {dead_pid} .* no longer running"):
+            CheckpointManager(tmp_path).open()
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+
+
+CONTENDERS = 6
+
+
+@pytest.mark.slow
+def test_takeover_race_every_loser_names_the_winner(tmp_path):
+    """Real processes race to take over from a SIGKILLed holder; exactly one wins and every
+    loser's error names the winner's pid."""
+    dead_pid = _dead_holder(tmp_path)
+    go = tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from supervisor.checkpoint import CheckpointManager
+        from supervisor.errors import LogdirInUseError
+        print("ready", flush=True)
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.001)
+        manager = CheckpointManager({str(tmp_path)!r})
+        try:
+            manager.open()
+        except LogdirInUseError as e:
+            print("LOST", str(e).replace(chr(10), " "), flush=True)
+            sys.exit(0)
+        print("WON", os.getpid(), flush=True)
+        sys.stdin.readline()
+        manager.close()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=ENV) for _ in range(CONTENDERS)]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "ready"
+        go.touch()
+        lines = {proc.pid: proc.stdout.readline().strip() for proc in procs}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            proc.wait(timeout=60)
+    winners = [pid for pid, line in lines.items() if line.startswith("WON")]
+    losers = [line for line in lines.values() if line.startswith("LOST")]
+    assert len(winners) == 1 and len(losers) == CONTENDERS - 1, lines
+    for line in losers:
+        assert f"pid {winners[0]} " in line and f"pid {dead_pid} " not in line, line
