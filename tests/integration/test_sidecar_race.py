@@ -65,8 +65,9 @@ def test_race_against_a_trainer_saving_every_step_with_max_to_keep_1(tmp_path, c
     assert [r.step for r in results] == sorted({r.step for r in results})
     assert stats.evaluated >= 20
     with capsys.disabled():
-        print(f"\nsidecar race: trainer committed {final} checkpoints in ~22 s (max_to_keep=1); evaluator "
-              f"evaluated {stats.evaluated}, skipped {final - stats.evaluated - stats.vanished} superseded "
+        committed = final + 1  # steps 0 (the session's first checkpoint) to final
+        print(f"\nsidecar race: trainer committed {committed} checkpoints in ~22 s (max_to_keep=1); evaluator "
+              f"evaluated {stats.evaluated}, skipped {committed - stats.evaluated - stats.vanished} superseded "
               f"unread, {stats.vanished} vanished before opening, {stats.corrupt} corrupt; "
               f"{stats.deleted_while_reading} of the evaluated ones were deleted by retention while being read")
 
