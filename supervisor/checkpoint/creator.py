@@ -23,6 +23,8 @@ from supervisor import distributed
 from supervisor.distributed import restore as distributed_restore
 from supervisor._paths import check_path
 from supervisor._validate import check_bool, check_choice, check_number
+from supervisor.checkpoint.finished import clear_finished, mark_finished
+from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, apply_checkpoint, find_and_load
@@ -71,8 +73,19 @@ class CheckpointSessionCreator(SessionCreator):
         manager.open()
         if self._routes_errors:
             manager.on_error = session.request_stop
+        # -- finished mark (issue 12, SPEC §10.2): a new session means the run is not finished.
+        self._session = session
+        clear_finished(manager.directory)
         # Distributed (§12): the other ranks restore exactly what the chief chose here.
         return distributed_restore.decide_as_chief(lambda: manager.restore(self.state))
+
+    def shutdown(self, *, failed: bool) -> None:
+        super().shutdown(failed=failed)  # closing the manager commits the final checkpoint
+        # -- finished mark: a clean end that no signal caused (a preempted run will resume).
+        session = getattr(self, "_session", None)
+        if not failed and session is not None and not session.preempted:
+            mark_finished(self.checkpoints.directory, step=session.global_step,
+                          checkpoint=latest_checkpoint(self.checkpoints.directory))
 
 
 class WorkerSessionCreator(SessionCreator):

@@ -52,4 +52,6 @@ def test_worker_waits_for_the_chiefs_committed_step(tmp_path):
     assert not chief.is_alive()
     # the worker wrote nothing: every file is the chief's (checkpoints, index, lock, events)
     created = set(os.listdir(tmp_path)) - before
-    assert all(name.startswith("model.ckpt-") or name == "checkpoint" for name in created), created
+    # (.supervisor.finished: the chief marks its clean end, issue 12)
+    chiefs = ("checkpoint", ".supervisor.finished")
+    assert all(name.startswith("model.ckpt-") or name in chiefs for name in created), created

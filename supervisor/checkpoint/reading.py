@@ -1,0 +1,288 @@
+"""Read a committed checkpoint once, from open descriptors, verifying it in the same read
+(SPEC §5.5, §10.4): what an evaluator uses while a trainer writes and deletes underneath it.
+
+`read_checkpoint(path)`:
+
+1. opens the checkpoint directory (``O_DIRECTORY``) and then, relative to that descriptor,
+   ``MANIFEST.json`` and every file the manifest lists — before reading any of them. From then
+   on every byte comes from those inodes: retention renames the directory aside and unlinks its
+   files, but on POSIX an open descriptor keeps the inode and its data, so the read can neither
+   lose bytes mid-way nor mix files of two checkpoints (a writer never rewrites a committed
+   file in place: it writes a new temp directory and renames it).
+2. reads each file once into memory, computing its CRC-32 as it goes (the manifest's checksum,
+   `supervisor.checkpoint.fileio`), and compares size and checksum with the manifest;
+3. only then unpickles ``state.pt`` from that memory with ``torch.load(weights_only=True)``
+   (`supervisor.checkpoint.restore.safe_torch_load`: ``trusted_globals`` opt-in, never unsafe
+   unpickling), and checks that the payload's ``global_step`` is the manifest's step.
+
+Bytes read per checkpoint = its size (1.0×); the previous verify-then-load path read it twice.
+Peak memory is about twice ``state.pt`` while ``torch.load`` copies each record out of the
+buffer into its tensor (the buffer is released right after).
+
+Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
+before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
+is damaged (missing manifest or file, wrong size, wrong checksum, unloadable payload);
+`CheckpointError` when it verifies but needs an untrusted global, or is a sharded (DCP) checkpoint
+(not read here: DCP unpickles its ``.metadata`` without ``weights_only``).
+
+`CheckpointVanishedError` is `supervisor.errors`' (the same one restore and ``verify`` raise),
+re-exported here.
+"""
+from __future__ import annotations
+
+import io
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from supervisor.checkpoint.fileio import format_checksum
+from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
+from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
+from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointVanishedError
+
+__all__ = ["CheckpointRead", "CheckpointVanishedError", "read_checkpoint"]
+
+_CHUNK_BYTES = 8 << 20
+_MANIFEST_MAX_BYTES = 64 << 20
+_DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata (sharded checkpoints)  # a manifest lists file names and checksums: never this large
+
+
+@dataclass(frozen=True)
+class CheckpointRead(LoadedCheckpoint):
+    """A `LoadedCheckpoint` read by `read_checkpoint`, plus the bytes read to get it and whether
+    retention deleted (or moved aside) the checkpoint while it was being read — read whole
+    anyway, from the open descriptors."""
+
+    bytes_read: int = 0
+    deleted_while_reading: bool = False
+
+
+def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
+                    map_location: Any = "cpu") -> CheckpointRead:
+    """Opens, verifies and loads the committed checkpoint at ``path`` in one read.
+
+    Args:
+        path: a checkpoint directory (``logdir/model.ckpt-N``).
+        verify: ``"full"`` (sizes and checksums) or ``"size"`` (sizes only: the CRC is skipped,
+            the data is still read once).
+        trusted_globals: globals ``torch.load(weights_only=True)`` may load in addition.
+        map_location: where tensors go (``torch.load``'s argument).
+
+    Raises:
+        CheckpointVanishedError: deleted before it could be opened.
+        CheckpointCorruptError: damaged; the message says how.
+        CheckpointError: verified, but needs a global that is not trusted.
+    """
+    path = os.fspath(path)
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
+    dir_fd = _open_dir(path)
+    try:
+        manifest, manifest_bytes, fds = _open_all(dir_fd, path)
+        try:
+            contents = {name: _read_verified(fd, path, name, manifest, verify == "full")
+                        for name, fd in fds.items()}
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        deleted = _moved_or_deleted(dir_fd, path)
+    finally:
+        os.close(dir_fd)
+    bytes_read = manifest_bytes + sum(len(data) for data in contents.values())
+    payload = _load(path, manifest, contents.pop(STATE_FILE), trusted_globals, map_location)
+    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=False,
+                          bytes_read=bytes_read, deleted_while_reading=deleted)
+
+
+# ---------------------------------------------------------------- opening
+def _open_dir(path: str) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        return os.open(path, flags)
+    except FileNotFoundError:
+        raise CheckpointVanishedError(f"{path}: does not exist (deleted before it could be read)") from None
+    except NotADirectoryError:
+        raise CheckpointCorruptError(f"{path}: not a checkpoint directory") from None
+    except OSError as e:
+        raise CheckpointCorruptError(f"{path}: cannot be opened ({e})") from e
+
+
+def _open_all(dir_fd: int, path: str) -> tuple[Manifest, int, dict[str, int]]:
+    """Reads the manifest and opens every file it lists; returns (manifest, its size, fds)."""
+    manifest_fd = _open_in(dir_fd, path, MANIFEST_FILE)
+    try:
+        data = _read_small(manifest_fd, path)
+    finally:
+        os.close(manifest_fd)
+    manifest = _parse_manifest(path, data)
+    return manifest, len(data), _open_listed(dir_fd, path, manifest)
+
+
+def _open_in(dir_fd: int, path: str, name: str) -> int:
+    """Opens ``name`` inside the open directory; a missing file means "vanished" when the
+    directory is no longer at ``path`` (retention renamed it aside), else "damaged"."""
+    try:
+        return os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if _moved_or_deleted(dir_fd, path):
+            raise CheckpointVanishedError(f"{path}: deleted while being opened") from None
+        if name == MANIFEST_FILE:
+            raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is missing (the write was never sealed)") from None
+        raise CheckpointCorruptError(f"{path}: {name} is missing") from None
+    except OSError as e:
+        raise CheckpointCorruptError(f"{path}: {name} cannot be opened ({e})") from e
+
+
+def _moved_or_deleted(dir_fd: int, path: str) -> bool:
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return True
+    mine = os.fstat(dir_fd)
+    return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino) or mine.st_nlink == 0
+
+
+def _open_listed(dir_fd: int, path: str, manifest: Manifest) -> dict[str, int]:
+    if STATE_FILE not in manifest.files:
+        if _DCP_METADATA in manifest.files:
+            raise CheckpointError(f"{path} is a sharded (checkpoint_format='dcp') checkpoint; evaluators read "
+                                  f"single-file ({STATE_FILE}) checkpoints only: train with the default format "
+                                  "or load it with supervisor.checkpoint.dcp.load_into")
+        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
+    fds: dict[str, int] = {}
+    try:
+        for name in manifest.files:
+            if os.path.basename(name) != name or name in (os.curdir, os.pardir):
+                raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists {name!r}, not a file of the checkpoint")
+            fds[name] = _open_in(dir_fd, path, name)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
+
+
+# ---------------------------------------------------------------- reading
+def _read_small(fd: int, path: str) -> bytes:
+    chunks = []
+    total = 0
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > _MANIFEST_MAX_BYTES:
+            raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is larger than {_MANIFEST_MAX_BYTES} bytes")
+        chunks.append(chunk)
+
+
+def _parse_manifest(path: str, data: bytes) -> Manifest:
+    try:
+        return Manifest.from_json(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
+
+
+def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: bool) -> bytearray:
+    """Reads the whole file once, computing its CRC-32 on the way; checks size and checksum."""
+    record = manifest.files[name]
+    size = os.fstat(fd).st_size
+    if size != record.size:
+        raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, the manifest says {record.size} "
+                                     "(truncated or overwritten)")
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    crc = 0
+    done = 0
+    with io.FileIO(fd, "rb", closefd=False) as f:
+        while done < size:
+            try:
+                n = f.readinto(view[done:done + _CHUNK_BYTES])
+            except OSError as e:
+                raise CheckpointCorruptError(f"{path}: {name} cannot be read ({e})") from e
+            if not n:
+                raise CheckpointCorruptError(f"{path}: {name} ended after {done} of {size} bytes (truncated)")
+            if checksum:
+                crc = zlib.crc32(view[done:done + n], crc)
+            done += n
+    view.release()
+    if checksum and format_checksum(crc) != record.checksum:
+        raise CheckpointCorruptError(f"{path}: {name} checksum {format_checksum(crc)} does not match the "
+                                     f"manifest's {record.checksum} (the file is damaged)")
+    return buffer
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over ``state.pt``'s bytes in memory, for ``torch.load``.
+
+    Unlike ``io.BytesIO(bytearray)`` it copies nothing up front: ``torch.load`` copies each
+    record straight into its tensor (measured with a 200 MB state: +190 MB peak and 0.14 s,
+    against +380 MB and 2.2 s through ``BytesIO``). Prints as the file's path, so
+    `safe_torch_load`'s messages name it.
+    """
+
+    def __init__(self, data: bytearray, name: str) -> None:
+        super().__init__()
+        self._view = memoryview(data)
+        self._pos = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        b[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        out = bytes(self._view[self._pos:end])
+        self._pos = max(self._pos, end)
+        return out
+
+    def close(self) -> None:
+        self._view.release()
+        super().close()
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
+
+def _load(path: str, manifest: Manifest, data: bytearray, trusted_globals: Iterable[Any],
+          map_location: Any) -> dict:
+    state_path = os.path.join(path, STATE_FILE)
+    buffer = _MemoryFile(data, state_path)
+    del data
+    try:
+        payload = safe_torch_load(buffer, map_location=map_location, trusted_globals=trusted_globals,
+                                  step=manifest.step)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise CheckpointCorruptError(f"{path}: {STATE_FILE} cannot be loaded ({type(e).__name__}: {e})") from e
+    finally:
+        buffer.close()
+    if not isinstance(payload, dict):
+        raise CheckpointCorruptError(f"{path}: {STATE_FILE} holds a {type(payload).__name__}, not a mapping")
+    step = payload.get(STEP_KEY, manifest.step)
+    if step != manifest.step:
+        raise CheckpointCorruptError(f"{path}: {STATE_FILE} is of step {step}, the manifest says "
+                                     f"{manifest.step} (files of two checkpoints mixed)")
+    return payload

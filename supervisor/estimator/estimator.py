@@ -1,0 +1,314 @@
+"""`Estimator`: TF's train / evaluate / predict / export workflow on the runtime (SPEC §10.1).
+
+Training runs on `MonitoredTrainingSession` with TF's hook assembly. Evaluation, prediction and
+export never touch the live model: they load a checkpoint into a separate copy of it (made once
+with ``copy.deepcopy`` and reloaded for every checkpoint), in eval mode under ``torch.no_grad()``,
+and save and restore the process's RNG states around the work, so training that evaluates in
+between ends bit-identical to training that does not.
+
+Example::
+
+    est = Estimator("runs/exp", model=net, optimizer=opt, train_step=train_step,
+                    eval_step=lambda m, b: {"loss": F.cross_entropy(m(b[0]), b[1])},
+                    config=RunConfig("runs/exp", save_checkpoints_steps=500))
+    est.train(train_input_fn, max_steps=2_000)
+    est.evaluate(eval_input_fn, steps=50)    # {"loss": 0.41, "global_step": 2000}
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from supervisor import _validate as v
+from supervisor.checkpoint import latest_checkpoint
+from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY, read_manifest
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
+from supervisor.clock import Clock, resolve_clock
+from supervisor.errors import CheckpointNotFoundError
+from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
+from supervisor.estimator.run_config import RunConfig
+from supervisor.estimator.sidecar import evaluate_batches
+from supervisor.estimator.specs import (
+    _positive_or_none,
+    validate_hooks,
+    validate_input_fn,
+    validate_saving_listeners,
+)
+from supervisor.estimator.variables import variable_names, variable_value
+from supervisor.rng import capture_rng_state, restore_rng_state
+from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
+
+__all__ = ["Estimator", "preserved_rng"]
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restores every RNG of the process (Python, NumPy, torch CPU and CUDA) on exit."""
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state, where="the state saved before an evaluation")
+
+
+class Estimator:
+    """Trains, evaluates, predicts and exports one model in ``model_dir``.
+
+    Args:
+        model_dir: the log directory (or None to take ``config.model_dir``).
+        model: the ``torch.nn.Module`` trained; evaluation uses a copy of it.
+        optimizer, state: more training state (see `MonitoredTrainingSession`).
+        train_step: ``train_step(batch) -> {"loss": ..., ...}`` on the live model it closes over.
+        eval_step: ``eval_step(model, batch) -> {name: scalar}`` on the evaluation copy
+            (None: ``model(batch)`` returns a scalar loss or a dict of scalars).
+        predict_step: ``predict_step(model, batch) -> tensor | dict`` (None: ``model(batch)``).
+        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``.
+        example_input: a tensor or tuple of positional arguments; exports then include a
+            ``torch.export`` program.
+        config: a `RunConfig` (default: ``RunConfig(model_dir)``).
+        clock: injectable clock (throttling, export timestamps, the training session).
+    """
+
+    def __init__(self, model_dir: str | os.PathLike | None = None, *, model: torch.nn.Module,
+                 optimizer: Any = None, state: Mapping[str, Any] | None = None,
+                 train_step: Callable[[Any], Any] | None = None,
+                 eval_step: Callable[[torch.nn.Module, Any], Any] | None = None,
+                 predict_step: Callable[[torch.nn.Module, Any], Any] | None = None,
+                 metrics: Mapping[str, Any] | None = None, example_input: Any = None,
+                 config: RunConfig | None = None, clock: Clock | None = None) -> None:
+        self._config = _resolve_config(model_dir, config)
+        if not isinstance(unwrap_module(model), torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {model!r}")
+        TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)  # validates
+        self._model, self._optimizer, self._state = model, optimizer, state
+        self._train_step = v.check_callable("train_step", train_step, signature="train_step(batch) -> dict")
+        self._eval_step = v.check_callable("eval_step", eval_step, signature="eval_step(model, batch) -> dict")
+        self._predict_step = v.check_callable("predict_step", predict_step,
+                                              signature="predict_step(model, batch) -> tensor | dict")
+        self._metrics = check_metric_objects(metrics)
+        if example_input is not None and not isinstance(example_input, (torch.Tensor, tuple)):
+            raise TypeError(f"example_input must be a tensor or a tuple of positional arguments, got "
+                            f"{type(example_input).__name__}")
+        self.example_input = example_input
+        self._clock = resolve_clock(clock)
+        self._eval_copy: torch.nn.Module | None = None
+        self._copy_holds: str | None = None  # the checkpoint whose weights the copy holds
+        self._copy_step = 0
+        self._event_files: dict[str, EvalEventsFile] = {}
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def config(self) -> RunConfig:
+        return self._config
+
+    @property
+    def model_dir(self) -> str:
+        return self._config.model_dir
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The live model training updates (evaluation never uses it)."""
+        return self._model
+
+    @property
+    def optimizer(self) -> Any:
+        return self._optimizer
+
+    @property
+    def state(self) -> Mapping[str, Any] | None:
+        """The extra training state given as ``state=``."""
+        return self._state
+
+    def eval_dir(self, name: str | None = None) -> str:
+        """Where evaluation ``name`` writes its events: ``model_dir/eval`` or ``eval_<name>``."""
+        return os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
+
+    def latest_checkpoint(self) -> str | None:
+        """The newest committed checkpoint the index names, or None."""
+        return latest_checkpoint(self.model_dir)
+
+    # ------------------------------------------------------------------ train
+    def train(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
+              max_steps: int | None = None, hooks: Iterable[Any] = (),
+              saving_listeners: Iterable[Any] = ()) -> Estimator:
+        """Trains on ``input_fn()``'s batches for ``steps`` more steps or up to ``max_steps``
+        (or until the data ends); returns self. Skips training when a checkpoint at or beyond
+        ``max_steps`` exists (TF's behaviour)."""
+        if self._train_step is None:
+            raise ValueError("Estimator.train needs train_step=...: pass train_step(batch) -> {'loss': ...} "
+                             "to the Estimator")
+        validate_input_fn(input_fn)
+        if steps is not None and max_steps is not None:
+            raise ValueError(f"Can not provide both steps and max_steps (got steps={steps!r}, "
+                             f"max_steps={max_steps!r}); pass one of them")
+        _positive_or_none("steps", steps)
+        _positive_or_none("max_steps", max_steps)
+        hooks, listeners = validate_hooks(hooks), validate_saving_listeners(saving_listeners)
+        if max_steps is not None:
+            reached = self.checkpoint_step()
+            if reached is not None and reached >= max_steps:
+                logger.info("Skipping training since max_steps=%d has already been reached (checkpoint of "
+                            "step %d in %s)", max_steps, reached, self.model_dir)
+                return self
+        from supervisor.estimator.training_hooks import training_session
+
+        with training_session(self, steps, max_steps, hooks, listeners) as session:
+            batches = iter(input_fn())
+            while not session.should_stop():
+                session.run(self._train_step, next(batches))  # StopIteration: a clean end
+        return self
+
+    def checkpoint_step(self, checkpoint_path: str | None = None) -> int | None:
+        """The step of ``checkpoint_path`` (default: the latest checkpoint; None if none)."""
+        path = checkpoint_path or self.latest_checkpoint()
+        return None if path is None else read_manifest(path).step
+
+    # ------------------------------------------------------------------ evaluate
+    def evaluate(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
+                 name: str | None = None, checkpoint_path: str | None = None,
+                 hooks: Iterable[Any] = ()) -> dict[str, Any]:
+        """Evaluates a checkpoint (default: the latest) on at most ``steps`` batches.
+
+        Returns ``{metric: float, ..., "global_step": checkpoint's step}`` and writes the
+        metrics into `eval_dir` (``name``) at that step.
+
+        Raises:
+            CheckpointNotFoundError: there is no checkpoint to evaluate.
+        """
+        validate_input_fn(input_fn)
+        _positive_or_none("steps", steps)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"`name` must be string, given: {name!r}")
+        hooks = validate_hooks(hooks)
+        checkpoint = read_checkpoint(self._checkpoint_or_latest(checkpoint_path, "evaluate"))
+        return self.evaluate_checkpoint(checkpoint, input_fn, steps=steps, name=name, hooks=hooks)
+
+    def evaluate_checkpoint(self, checkpoint: CheckpointRead, input_fn: Callable[[], Iterable[Any]], *,
+                            steps: int | None = None, name: str | None = None,
+                            hooks: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """`evaluate` on a checkpoint already read (`supervisor.checkpoint.reading`)."""
+        with preserved_rng():
+            model, step = self.load_model_copy(checkpoint)
+            metrics: dict[str, Any] = evaluate_batches(
+                model, input_fn(), steps=steps, eval_step=self._eval_step, metrics=self._metrics, hooks=hooks,
+                global_step=step, path=checkpoint.path)
+        metrics["global_step"] = step
+        directory = self.eval_dir(name)
+        events = self._event_files.setdefault(directory, EvalEventsFile(directory))
+        events.write({k: val for k, val in metrics.items() if k != "global_step"}, step)
+        logger.info("Saving dict for global step %d: %s", step,
+                    ", ".join(f"{k} = {val:.6g}" for k, val in sorted(metrics.items()) if k != "global_step"))
+        return metrics
+
+    def load_model_copy(self, checkpoint: str | CheckpointRead) -> tuple[torch.nn.Module, int]:
+        """The evaluation copy of the model with a checkpoint's weights (a path, read and
+        verified in one read, or a `CheckpointRead`), in eval mode, and the checkpoint's step.
+        The same copy is reused by every call; it is never the live model."""
+        if not isinstance(checkpoint, CheckpointRead):
+            if self._eval_copy is not None and self._copy_holds == os.fspath(checkpoint):
+                return self._eval_copy, self._copy_step  # e.g. exporting what was just evaluated
+            checkpoint = read_checkpoint(checkpoint)
+        payload, checkpoint_path = checkpoint.payload, checkpoint.path
+        self._copy_holds = None
+        if self._eval_copy is None:
+            with torch.no_grad():
+                self._eval_copy = copy.deepcopy(unwrap_module(self._model))
+        copy_ = self._eval_copy
+        entry = payload.get("model")
+        if not isinstance(entry, Mapping):
+            names = [k for k in payload if k not in (META_KEY, RNG_KEY, STEP_KEY)]
+            raise ValueError(f"{checkpoint_path} has no 'model' entry (it has {names}); the Estimator "
+                             "saves its model under the name 'model'")
+        copy_.load_state_dict(strip_wrapper_prefixes(entry, copy_.state_dict().keys()))
+        copy_.eval()
+        self._copy_holds, self._copy_step = checkpoint_path, int(payload[STEP_KEY])
+        return copy_, self._copy_step
+
+    # ------------------------------------------------------------------ predict
+    def predict(self, input_fn: Callable[[], Iterable[Any]],
+                checkpoint_path: str | None = None) -> Iterator[Any]:
+        """Yields ``predict_step``'s outputs one example at a time (batches split along dim 0)."""
+        validate_input_fn(input_fn)
+        path = self._checkpoint_or_latest(checkpoint_path, "predict")
+        with preserved_rng():
+            model, _ = self.load_model_copy(path)
+            batches = iter(input_fn())
+        while True:
+            with preserved_rng(), torch.no_grad():
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                out = self._predict_step(model, batch) if self._predict_step is not None else model(batch)
+            yield from _split_examples(out)
+
+    # ------------------------------------------------------------------ variables and export
+    def get_variable_names(self) -> list[str]:
+        """The names of the latest checkpoint's values (``model/fc.weight``,
+        ``optimizer/state/0/exp_avg``, ``global_step``), read without loading the tensors."""
+        return variable_names(self._checkpoint_or_latest(None, "get_variable_names"))
+
+    def get_variable_value(self, name: str) -> Any:
+        """One value of the latest checkpoint by its `get_variable_names` name; only that
+        tensor's bytes are read (memory-mapped load)."""
+        return variable_value(self._checkpoint_or_latest(None, "get_variable_value"), name)
+
+    def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
+               eval_result: Mapping[str, Any] | None = None) -> str:
+        """Writes ``<export_dir_base>/<timestamp>/`` (weights, eval result, and a ``torch.export``
+        program when ``example_input`` is set) and returns its path (see `exporters`)."""
+        from supervisor.estimator.exporters import write_export
+
+        path = self._checkpoint_or_latest(checkpoint_path, "export")
+        return write_export(self, os.fspath(export_dir_base), path, eval_result)
+
+    # ------------------------------------------------------------------ helpers
+    def _checkpoint_or_latest(self, checkpoint_path: str | None, action: str) -> str:
+        if checkpoint_path is not None:
+            if not os.path.isdir(os.fspath(checkpoint_path)):
+                raise CheckpointNotFoundError(f"{action}: no checkpoint at {os.fspath(checkpoint_path)}")
+            return os.fspath(checkpoint_path)
+        path = self.latest_checkpoint()
+        if path is None:
+            raise CheckpointNotFoundError(f"Could not find trained model in model_dir: {self.model_dir}; "
+                                          f"train first or pass checkpoint_path= to {action}")
+        return path
+
+def _split_examples(out: Any) -> Iterator[Any]:
+    if isinstance(out, torch.Tensor):
+        yield from out.unbind(0)
+    elif isinstance(out, Mapping):
+        values = {k: val for k, val in out.items()}
+        sizes = {len(val) for val in values.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"predict_step's outputs must share their first dimension, got sizes "
+                             f"{ {k: len(val) for k, val in values.items()} }")
+        for i in range(sizes.pop()):
+            yield {k: val[i] for k, val in values.items()}
+    else:
+        raise TypeError(f"predict_step must return a tensor or a dict of tensors, got {type(out).__name__}")
+
+
+def _resolve_config(model_dir: Any, config: Any) -> RunConfig:
+    if config is not None and not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a supervisor.estimator.RunConfig or None, got {config!r}")
+    if config is None:
+        if model_dir is None:
+            raise ValueError("Estimator needs a model_dir: pass model_dir= or config=RunConfig(model_dir)")
+        return RunConfig(model_dir)
+    if model_dir is not None and os.path.abspath(os.fspath(model_dir)) != os.path.abspath(config.model_dir):
+        raise ValueError(f"model_dir={os.fspath(model_dir)!r} and config.model_dir={config.model_dir!r} differ; "
+                         "pass one of them, or the same directory to both")
+    return config

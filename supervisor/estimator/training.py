@@ -1,0 +1,238 @@
+"""`train_and_evaluate`: TF's train-then-evaluate-each-checkpoint workflow (SPEC §10.2).
+
+What this process does depends on ``estimator.config.task_type``:
+
+- ``None`` (local): train, with a `CheckpointSaverListener` that evaluates each committed
+  checkpoint — never the one written at session creation, never sooner than
+  ``eval_spec.throttle_secs`` after the previous evaluation started, and always the final one;
+  the exporters run after each evaluation. Returns ``(metrics, export_results)`` of the last
+  evaluation. The listener evaluates the checkpoint whose commit it was told about, loaded into
+  a copy of the model; it never asks for a synchronous save.
+- ``"chief"`` / ``"worker"``: train only (``train_spec.hooks`` and ``saving_listeners``).
+- ``"evaluator"``: the continuous-evaluation loop (`supervisor.estimator.evaluation`): waits
+  ``start_delay_secs``, evaluates each new checkpoint, throttled, and exits after evaluating a
+  checkpoint at or beyond ``max_steps`` or the final checkpoint of a run the trainer marked
+  finished.
+
+Decisions where TF is silent or surprising: the final local evaluation counts as the final
+export even when ``max_steps`` is None (training ended because the data did), and exporters that
+did not export the final checkpoint when it was first evaluated are offered it again as final;
+a local call whose training is skipped (``max_steps`` already reached) evaluates the latest
+checkpoint once instead of returning nothing. Workers start at once (TF delayed worker ``i`` by
+``5 * (i + 1)`` seconds for asynchronous parameter-server training; torch.distributed ranks step
+together, so a delay would only hold every rank back); `Experiment` keeps TF's delays.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from hooks.checkpoint import CheckpointSaverListener
+
+from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
+from supervisor.errors import CheckpointNotFoundError
+from supervisor.estimator.estimator import Estimator
+from supervisor.estimator.exporters import BestExporter
+from supervisor.estimator.run_config import TaskType
+from supervisor.estimator.specs import EvalSpec, TrainSpec
+
+__all__ = ["train_and_evaluate", "EvalResult", "Evaluator", "EvaluateAfterSaveListener"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: its metrics (with ``global_step``), the checkpoint, the exports."""
+
+    metrics: dict[str, Any]
+    checkpoint_path: str
+    export_results: tuple[Any, ...] = ()
+
+
+class Evaluator:
+    """Evaluates one checkpoint and runs the exporters (TF's ``_Evaluator``)."""
+
+    def __init__(self, estimator: Estimator, eval_spec: EvalSpec, max_training_steps: int | None) -> None:
+        self._estimator, self._spec, self._max_steps = estimator, eval_spec, max_training_steps
+        self._exported: dict[str, str] = {}  # exporter name -> checkpoint it last exported
+        self.is_final_export_triggered = False
+        for exporter in eval_spec.exporters:
+            if isinstance(exporter, BestExporter):
+                exporter.set_default_eval_dir(estimator.eval_dir(eval_spec.name))
+
+    def evaluate_and_export(self, checkpoint: str | CheckpointRead, *, final: bool = False) -> EvalResult:
+        """Evaluates a checkpoint (a path, or one already read); it is the final export when
+        ``final`` or its step reaches ``max_training_steps``."""
+        spec = self._spec
+        if not isinstance(checkpoint, CheckpointRead):
+            checkpoint = read_checkpoint(checkpoint)
+        checkpoint_path = checkpoint.path
+        metrics = self._estimator.evaluate_checkpoint(checkpoint, spec.input_fn, steps=spec.steps,
+                                                      name=spec.name, hooks=spec.hooks)
+        del checkpoint  # the payload can be large: exporters reuse the loaded evaluation copy
+        final = final or bool(self._max_steps and metrics["global_step"] >= self._max_steps)
+        return EvalResult(metrics, checkpoint_path, self._export(metrics, checkpoint_path, final, spec.exporters))
+
+    def export_final(self, result: EvalResult) -> EvalResult:
+        """Offers an already evaluated checkpoint as the final export to the exporters that did
+        not export it."""
+        pending = [e for e in self._spec.exporters if self._exported.get(e.name) != result.checkpoint_path]
+        if self.is_final_export_triggered or not pending:
+            return result
+        return dataclasses.replace(result, export_results=self._export(
+            result.metrics, result.checkpoint_path, True, pending))
+
+    def _export(self, metrics: dict[str, Any], checkpoint_path: str, final: bool, exporters: Any) -> tuple:
+        base = os.path.join(self._estimator.model_dir, "export")
+        results = []
+        for exporter in exporters:
+            path = exporter.export(self._estimator, os.path.join(base, exporter.name), checkpoint_path,
+                                   metrics, final)
+            if path is not None:
+                self._exported[exporter.name] = checkpoint_path
+            results.append(path)
+        if final:
+            self.is_final_export_triggered = True
+        return tuple(results)
+
+
+class EvaluateAfterSaveListener(CheckpointSaverListener):
+    """Evaluates committed checkpoints during local training (TF's
+    ``_NewCheckpointListenerForEvaluate``), throttled, skipping the creation save, and once
+    more at the end if the final checkpoint was not evaluated. Once a signal stopped the run
+    (preemption) it evaluates nothing more: the process should exit quickly, and the resumed run
+    evaluates.
+
+    Args:
+        evaluator: the `Evaluator`.
+        throttle_secs: minimum seconds between the starts of two evaluations.
+        start_step: the global step training starts from; its checkpoint (the one written at
+            session creation, or the one restored) is not evaluated when saved.
+        clock: the clock throttling uses.
+        every_steps: also wait for this many steps since the last evaluation (`Experiment`'s
+            ``min_eval_frequency``).
+    """
+
+    def __init__(self, evaluator: Evaluator, throttle_secs: float, start_step: int, clock: Any, *,
+                 every_steps: int | None = None) -> None:
+        self._evaluator, self._throttle_secs = evaluator, throttle_secs
+        self._start_step, self._clock, self._every_steps = start_step, clock, every_steps
+        self.result: EvalResult | None = None
+        self._last_start: float | None = None
+        self._last_step = start_step
+
+    def begin(self) -> None:
+        self._last_start = None
+
+    def after_save(self, session: Any, global_step_value: int) -> None:
+        if global_step_value == self._start_step:
+            return  # the model is not trained yet (TF skipped the first save too)
+        if getattr(session, "preempted", False):
+            logger.info("not evaluating the checkpoint of step %d: the run was preempted", global_step_value)
+            return
+        now = self._clock.monotonic()
+        if self._last_start is not None and now - self._last_start < self._throttle_secs:
+            logger.info("Skip the current checkpoint eval due to throttle secs (%s secs).", self._throttle_secs)
+            return
+        if self._every_steps and global_step_value - self._last_step < self._every_steps:
+            logger.info("Skip the current checkpoint eval: %d steps since the last one, min_eval_frequency=%d",
+                        global_step_value - self._last_step, self._every_steps)
+            return
+        self._evaluate(session, global_step_value, final=False)
+
+    def end(self, session: Any, global_step_value: int) -> None:
+        if getattr(session, "preempted", False):
+            # A signal stopped training: exit within the grace period; the resumed run evaluates.
+            logger.info("not evaluating the final checkpoint of step %d: the run was preempted", global_step_value)
+            return
+        if self.result is None or self.result.metrics["global_step"] != global_step_value:
+            self._evaluate(session, global_step_value, final=True)
+        elif not self._evaluator.is_final_export_triggered:
+            self.result = self._evaluator.export_final(self.result)
+
+    def _evaluate(self, session: Any, step: int, *, final: bool) -> None:
+        manager = session.checkpoint_manager
+        path = os.path.join(manager.directory, checkpoint_name(manager.basename, step))
+        self._last_start, self._last_step = self._clock.monotonic(), step
+        try:
+            self.result = self._evaluator.evaluate_and_export(path, final=final)
+        except CheckpointNotFoundError:
+            logger.info("not evaluating the checkpoint of step %d: it is gone (a later one replaced it)", step)
+
+
+def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec,
+                       eval_spec: EvalSpec) -> tuple[dict[str, Any] | None, tuple[Any, ...] | None]:
+    """Trains and evaluates ``estimator`` as its task type says (see the module docstring).
+
+    Returns:
+        ``(metrics, export_results)`` of the last evaluation in local mode; ``(None, None)``
+        on a chief or worker; the evaluator returns its last evaluation's.
+    """
+    if not isinstance(estimator, Estimator):
+        raise TypeError(f"`estimator` must have type `supervisor.estimator.Estimator`. Got: {type(estimator)}")
+    if not isinstance(train_spec, TrainSpec):
+        raise TypeError(f"`train_spec` must have type `supervisor.estimator.TrainSpec`. Got: {type(train_spec)}")
+    if not isinstance(eval_spec, EvalSpec):
+        raise TypeError(f"`eval_spec` must have type `supervisor.estimator.EvalSpec`. Got: {type(eval_spec)}")
+    config = estimator.config
+    if config.task_type == TaskType.EVALUATOR and config.task_id > 0:
+        raise ValueError("For distributed training, there can only be one `evaluator` task (with task id 0). "
+                         f"Given task id {config.task_id}")
+    if config.task_type is None:
+        logger.info("Running training and evaluation locally (non-distributed).")
+        return _run_local(estimator, train_spec, eval_spec)
+    if config.task_type == TaskType.EVALUATOR:
+        return _run_evaluator(estimator, train_spec, eval_spec)
+    logger.info("Running training as the %s (task %d)", config.task_type, config.task_id)
+    estimator.train(train_spec.input_fn, max_steps=train_spec.max_steps, hooks=train_spec.hooks,
+                    saving_listeners=train_spec.saving_listeners)
+    return None, None
+
+
+def _run_local(estimator: Estimator, train_spec: TrainSpec,
+               eval_spec: EvalSpec) -> tuple[dict[str, Any] | None, tuple[Any, ...] | None]:
+    config = estimator.config
+    logger.info("Start train and evaluate loop. The evaluate will happen after every checkpoint. Checkpoint "
+                "frequency is determined based on RunConfig arguments: save_checkpoints_steps %s or "
+                "save_checkpoints_secs %s.", config.save_checkpoints_steps, config.save_checkpoints_secs)
+    evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
+    start_step = estimator.checkpoint_step()
+    listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs, start_step=start_step or 0,
+                                         clock=estimator.clock)
+    estimator.train(train_spec.input_fn, max_steps=train_spec.max_steps, hooks=train_spec.hooks,
+                    saving_listeners=tuple(train_spec.saving_listeners) + (listener,))
+    result = listener.result
+    if result is None and start_step is not None and estimator.checkpoint_step() == start_step:
+        logger.info("nothing was trained (max_steps already reached); evaluating the latest checkpoint")
+        result = evaluator.evaluate_and_export(estimator.latest_checkpoint(), final=True)
+    return (None, None) if result is None else (result.metrics, result.export_results)
+
+
+def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,
+                   eval_spec: EvalSpec) -> tuple[dict[str, Any] | None, tuple[Any, ...] | None]:
+    """The evaluator task: the shared continuous-evaluation loop over ``model_dir``.
+
+    Steps whose metrics are already in the eval directory's event files are not evaluated again
+    (a restarted evaluator). When the loop ends because the trainer marked the run finished, the
+    last evaluated checkpoint is the final one: exporters that did not export it get it as final.
+    """
+    from supervisor.estimator.evaluation import EvaluationLoop, StopReason
+    from supervisor.estimator.sidecar import evaluated_steps
+
+    evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
+    done_before = evaluated_steps(estimator.eval_dir(eval_spec.name))
+    loop = EvaluationLoop(estimator.model_dir, evaluator.evaluate_and_export,
+                          start_delay_secs=eval_spec.start_delay_secs, throttle_secs=eval_spec.throttle_secs,
+                          max_steps=train_spec.max_steps, skip_step=done_before.__contains__,
+                          clock=estimator.clock)
+    logger.info("Running the evaluator over %s (max_steps=%s)", estimator.model_dir, train_spec.max_steps)
+    last: EvalResult | None = None
+    for outcome in loop:
+        last = outcome.metrics
+    if last is not None and loop.stop_reason == StopReason.FINISHED:
+        last = evaluator.export_final(last)
+    return (None, None) if last is None else (last.metrics, last.export_results)
