@@ -30,7 +30,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.checkpoint.fileio import fsync_dir
+from supervisor.checkpoint.fileio import atomic_write_text
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["FINISHED_FILE", "FinishedMark", "clear_finished", "mark_finished", "read_finished"]
@@ -68,20 +68,7 @@ def mark_finished(logdir: str | os.PathLike, *, step: int | None, checkpoint: st
     path = finished_path(logdir)
     record = {"step": step, "checkpoint": os.path.basename(os.fspath(checkpoint)) if checkpoint else None,
               "wall_time": resolve_clock(clock).time(), "host": socket.gethostname(), "pid": os.getpid()}
-    tmp = f"{path}.tmp-{os.urandom(8).hex()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(os.fspath(logdir))
+    atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n")
     logger.info("marked the run in %s finished at step %s", os.fspath(logdir), step)
     return path
 

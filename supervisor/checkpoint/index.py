@@ -27,7 +27,7 @@ import re
 import stat
 from dataclasses import dataclass, replace
 
-from supervisor.checkpoint.fileio import fsync_dir
+from supervisor.checkpoint.fileio import atomic_write_text
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
@@ -126,21 +126,7 @@ def read_index(directory: str) -> CheckpointState | None:
 
 def write_index(directory: str, state: CheckpointState) -> None:
     """Atomically replaces ``directory/checkpoint`` with ``state``."""
-    path = os.path.join(directory, INDEX_FILE)
-    tmp = f"{path}.tmp-{os.urandom(16).hex()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(format_index(state))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(directory)
+    atomic_write_text(os.path.join(directory, INDEX_FILE), format_index(state), replace=os.replace)
 
 
 def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState | None:
