@@ -51,3 +51,8 @@ def test_step_overhead_benchmark_quick(capsys):
                 "MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services",
                 "low-noise"):
         assert row in out, row
+    loops = out.split("tiny CPU model", 1)[1].split("low-noise", 1)[0]
+    for row in ("MonitoredTrainingSession, default hooks", "MonitoredTrainingSession, no default hooks",
+                "Supervisor.managed_session(), default services"):
+        (line,) = [x for x in loops.splitlines() if x.strip().startswith(row)]
+        assert re.search(r"\d\.\d{3}x \(\d\.\d{3}-\d\.\d{3}\)  (ok|MISSES TARGET)$", line), line
