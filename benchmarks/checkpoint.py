@@ -26,7 +26,14 @@ a cloud disk's speed drifts). A phase breakdown of one save follows the table
 (capture, serialisation + CRC into a null sink, CRC alone, the engine's write+commit) to show
 where a missed target goes.
 
-Run: ``python benchmarks/checkpoint.py [--gib 1] [--dir PATH] [--quick]``
+Then the comparison with ``torch.distributed.checkpoint`` (DCP) and ``torch.save`` of
+``benchmarks/checkpoint_dcp.py`` for each shape of ``--sizes`` (default 64 MiB, 256 MiB, 1 GiB
+and 2,000 tensors of 64 KiB), ``--repeats`` interleaved rounds each, printed as medians with
+min–max; its ``vs DCP`` rows in the table are ratios of medians (not best-of) with the §14 targets
+(stall ≤ 0.5× DCP ``async_save``, save-to-commit ≤ 1.0× DCP ``save`` + fsync, verified restore
+≤ 1.5× DCP ``load``).
+
+Run: ``python benchmarks/checkpoint.py [--gib 1] [--sizes 64M,256M,1G,many] [--dir PATH] [--quick]``
 """
 from __future__ import annotations
 
@@ -43,12 +50,17 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import sys
+
 import torch
 from torch import nn
 
-import hooks
-from supervisor import MonitoredSession, TrainingState
-from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import hooks  # noqa: E402
+from benchmarks.checkpoint_dcp import parse_sizes, run_dcp_comparison  # noqa: E402
+from supervisor import MonitoredSession, TrainingState  # noqa: E402
+from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 _ROW_BYTES = 4096 * 4  # one row of a 4096-wide float32 layer
@@ -408,10 +420,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--dir", default=None, help="directory on the disk under test (default: temp dir)")
     parser.add_argument("--repeats", type=int, default=5, help="best of this many rounds (default: 5)")
     parser.add_argument("--growth-mib", type=int, default=256, help="state size for the 50-save loop")
-    parser.add_argument("--quick", action="store_true", help="64 MiB state, 16 MiB growth loop (smoke run)")
+    parser.add_argument("--sizes", default=None,
+                        help="shapes of the DCP comparison, e.g. 64M,256M,1G,many (2,000 x 64 KiB) or "
+                             "many200; 'none' skips it (default: 64M,256M,1G,many; --quick: 64M,many200)")
+    parser.add_argument("--quick", action="store_true",
+                        help="64 MiB state, 16 MiB growth loop, DCP comparison at 64M,many200 (smoke run)")
     args = parser.parse_args(argv)
     nbytes = 64 * MiB if args.quick else int(args.gib * GiB)
     growth = 16 * MiB if args.quick else args.growth_mib * MiB
+    sizes = args.sizes or ("64M,many200" if args.quick else "64M,256M,1G,many")
+    shapes = [] if sizes == "none" else parse_sizes(sizes)
 
     commits = CommitLog()
     logger = logging.getLogger("supervisor.checkpoint")
@@ -420,13 +438,14 @@ def main(argv: list[str] | None = None) -> list[Row]:
     logger.setLevel(logging.INFO)
     try:
         with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.dir) as directory:
-            return _run(directory, nbytes, growth, args.repeats, commits)
+            return _run(directory, nbytes, growth, args.repeats, commits, shapes)
     finally:
         logger.removeHandler(commits)
         logger.setLevel(old_level)
 
 
-def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: CommitLog) -> list[Row]:
+def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: CommitLog,
+         shapes: list) -> list[Row]:
     model = BigModel(nbytes)
     state = TrainingState.from_arguments(model=model)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, state {model.nbytes / MiB:.0f} MiB in "
@@ -444,6 +463,9 @@ def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: Commit
     print("phase breakdown of one save:")
     phase_breakdown(model, state, directory)
     rows = [stall, listener_stall, write, write_kept, restore, memory, growth_row]
+    for c in run_dcp_comparison(directory, shapes, repeats) if shapes else ():
+        rows.append(Row(c.name, f"{c.ours:8.3f} s", f"{c.theirs:8.3f} s", c.ratio, f"<= {c.target:.2f}x",
+                        c.ratio <= c.target))
     print_table(rows)
     return rows
 

@@ -2,6 +2,8 @@
 not asserted here: they belong to ``benchmarks/``, not to a test on a shared machine)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from benchmarks.checkpoint import main
@@ -15,6 +17,10 @@ ROWS = (
     "memory: peak extra RSS, 1st async save",
     "memory: RSS after 50 saves vs 2",
 )
+DCP_ROWS = tuple(f"vs DCP: {figure} @ {shape}" for shape in ("64 MiB", "200 x 64 KiB")
+                 for figure in ("stall", "save-to-commit", "verified restore"))
+DCP_FIGURES = ("ours: async save() stall", "ours: save to commit", "DCP async_save stall", "DCP save + fsync",
+               "torch.save + fsync", "ours: verified restore", "DCP load", "torch.load")
 
 
 @pytest.mark.slow
@@ -22,10 +28,14 @@ def test_checkpoint_benchmark_quick(capsys, tmp_path):
     rows = main(["--quick", "--dir", str(tmp_path)])
     out = capsys.readouterr().out
     table = out.split("\nfigure", 1)[1]
-    for name in ROWS:
+    for name in ROWS + DCP_ROWS:
         (line,) = [row for row in table.splitlines() if row.startswith(name)]
         assert line.rstrip().endswith(("ok", "MISSES TARGET", "(info)")), line
-    assert [r.name for r in rows] == list(ROWS)
+    assert [r.name for r in rows] == list(ROWS + DCP_ROWS)
+    comparison = out.split("vs torch.distributed.checkpoint", 1)[1].split("\nfigure", 1)[0]
+    for figure in DCP_FIGURES:  # each shape prints every figure as median (min-max)
+        lines = [row for row in comparison.splitlines() if row.strip().startswith(figure)]
+        assert len(lines) == 2 and all(re.search(r"\d\.\d{3} \(\d\.\d{3}-\d\.\d{3}\)$", x) for x in lines), lines
     assert all(r.ratio > 0 for r in rows)
     assert "phase breakdown of one save:" in out
     assert list(tmp_path.iterdir()) == []  # the temporary directory is gone
@@ -41,3 +51,8 @@ def test_step_overhead_benchmark_quick(capsys):
                 "MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services",
                 "low-noise"):
         assert row in out, row
+    loops = out.split("tiny CPU model", 1)[1].split("low-noise", 1)[0]
+    for row in ("MonitoredTrainingSession, default hooks", "MonitoredTrainingSession, no default hooks",
+                "Supervisor.managed_session(), default services"):
+        (line,) = [x for x in loops.splitlines() if x.strip().startswith(row)]
+        assert re.search(r"\d\.\d{3}x \(\d\.\d{3}-\d\.\d{3}\)  (ok|MISSES TARGET)$", line), line
