@@ -39,13 +39,13 @@ from typing import Any, Iterable
 from supervisor.checkpoint.fileio import format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
+from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointVanishedError
 
 __all__ = ["CheckpointRead", "CheckpointVanishedError", "read_checkpoint"]
 
 _CHUNK_BYTES = 8 << 20
-_MANIFEST_MAX_BYTES = 64 << 20
-_DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata (sharded checkpoints)  # a manifest lists file names and checksums: never this large
+_MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists file names and checksums: never this large
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _moved_or_deleted(dir_fd: int, path: str) -> bool:
 
 def _open_listed(dir_fd: int, path: str, manifest: Manifest) -> dict[str, int]:
     if STATE_FILE not in manifest.files:
-        if _DCP_METADATA in manifest.files:
+        if DCP_METADATA in manifest.files:
             raise CheckpointError(f"{path} is a sharded (checkpoint_format='dcp') checkpoint; evaluators read "
                                   f"single-file ({STATE_FILE}) checkpoints only: train with the default format "
                                   "or load it with supervisor.checkpoint.dcp.load_into")
