@@ -24,7 +24,7 @@ from supervisor import resume
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
 from supervisor import distributed
 from supervisor.boundary import Agreement, StepBoundary
-from supervisor.clock import Clock, resolve_clock
+from supervisor.clock import Clock, resolve_clock, system_clock
 from supervisor.coordinator import Coordinator, overdue_warning
 from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
@@ -133,6 +133,8 @@ class MonitoredSession:
         self._stop_reason: str | None = None
         self._stopped = False  # a boundary decided the stop: should_stop() is True
         self._preempted = False
+        self._signalled = threading.Event()
+        self._signal_reason = ""
         self._closed = False
         self._in_step = False
         self._creating = False
@@ -479,6 +481,8 @@ class MonitoredSession:
     def _on_signal(self, *, reason: str) -> None:
         if not self._stopped:
             self._preempted = True
+        self._signal_reason = reason
+        self._signalled.set()  # ends a recovery's backoff at once
         self._request_stop(reason=reason)
 
     # ---------------------------------------------------------------- creation and recovery
@@ -533,13 +537,21 @@ class MonitoredSession:
         except BaseException as joined:  # noqa: BLE001 - the recorded error is the one recovered from
             if joined is not exc and not isinstance(joined, self._recoverable):
                 raise
-        self._clock.sleep(backoff)
+        # The coordinator is stopped (its threads are joined), so a signal is watched separately:
+        # a SIGTERM during the backoff ends the wait and stops at the first boundary after it.
+        # (An injected test clock's sleep passes its time at once: nothing to interrupt.)
+        if self._clock is system_clock:
+            self._signalled.wait(backoff)
+        else:
+            self._clock.sleep(backoff)
         self._coord.clear_stop()
         self._in_step = self._after_increment = False
         self._global_step = start_step
         with self._boundary_lock:
             self._boundary_actions.clear()
         self._boundary.clear()
+        if self._signalled.is_set():  # a signal's stop outlives the recovery
+            self._boundary.request_stop(self._signal_reason)
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

@@ -30,7 +30,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.checkpoint.fileio import atomic_write_text
+from supervisor.checkpoint.fileio import atomic_write_text, fsync_dir
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["FINISHED_FILE", "FinishedMark", "clear_finished", "mark_finished", "read_finished"]

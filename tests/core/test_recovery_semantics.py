@@ -140,3 +140,25 @@ def test_without_a_checkpoint_dir_recovery_keeps_step_and_state_consistent():
             s.run(step)
         # in memory: nothing to restore; the step count matches the updates applied
         assert s.global_step == counter["applied"] == 4
+
+
+def test_sigterm_during_a_recovery_backoff_ends_the_wait_and_stops():
+    import os
+    import signal
+    import time
+
+    failures = [RecoverableError("flaky")]
+
+    def step():
+        if failures:
+            raise failures.pop()
+
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    start = time.monotonic()
+    with MonitoredSession(recovery_backoff_secs=60, handle_signals=True) as s:
+        timer.start()
+        s.run(step)  # fails, backs off (60 s) — the SIGTERM ends the wait, the retry succeeds
+        assert s.should_stop()  # and the signal's stop applied at that step's boundary
+    timer.join(5)
+    assert time.monotonic() - start < 30
+    assert s.preempted and s.stop_reason == "received SIGTERM" and s.global_step == 1
