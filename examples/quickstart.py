@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=1500, help="train until this global step")
     parser.add_argument("--save-secs", type=float, default=5.0, help="checkpoint every N seconds")
     # Real runs keep the default 120 s; this run lasts seconds, so it writes often enough to draw curves.
-    parser.add_argument("--summary-secs", type=float, default=0.1, help="summaries every N seconds")
+    parser.add_argument("--summary-secs", type=float, default=0.02, help="summaries every N seconds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
