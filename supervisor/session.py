@@ -125,7 +125,8 @@ class MonitoredSession:
             from supervisor.distributed.agreement import CollectiveAgreement
 
             agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0),
-                                            capture_rng=self._capture_rng)
+                                            capture_rng=self._capture_rng,
+                                            modules=tuple(getattr(self._creator, "state", {}).values()))
         self._boundary = StepBoundary(agreement)
         # A collective agreement must be called at every boundary, the same number of times on
         # every rank; the local one only when something was requested.
