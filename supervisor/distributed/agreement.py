@@ -119,6 +119,9 @@ class CollectiveAgreement(Agreement):
             decision = _merge(decision, self._decode(step, carried, *self._staged))
         if requests.stop and requests.stop_on_every_rank:
             decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
+        if requests.save and requests.save_on_every_rank:  # every rank saves here: not sent on
+            decision = _merge(decision, Decision(step, save=True, save_reasons=requests.save_reasons))
+            requests = Requests(stop_reason=requests.stop_reason) if requests.stop else NO_REQUESTS
         if decision.stop:
             self._finished = True  # every rank stops here: no collective for a next boundary
         elif carried is not None:
