@@ -97,6 +97,10 @@ class CheckpointSaverHook(Hook):
         self._timer.update_last_triggered_step(step)
         session.save_at_stop(self._manager)
 
+    def _next_active_step(self) -> int | None:
+        """The session skips this hook until the global step about to be taken reaches it."""
+        return self._timer.next_step()
+
     def after_run(self, run_context: Any, run_values: Any) -> None:
         step = run_context.session.global_step
         if self._timer.should_trigger_for_step(step):
@@ -145,6 +149,9 @@ class _SaveScheduleOnWorker(Hook):
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.update_last_triggered_step(session.global_step)
+
+    def _next_active_step(self) -> int | None:
+        return self._timer.next_step()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         step = run_context.session.global_step

@@ -91,6 +91,10 @@ class SummarySaverHook(Hook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._slot.after_create_session(session)
 
+    def _next_active_step(self) -> int | None:
+        """The session skips this hook until the global step about to be taken reaches it."""
+        return 0 if self._first else self._timer.next_step()
+
     def before_run(self, run_context: RunContext) -> RunArgs | None:
         # The decision is about the step about to be taken: the post-increment step.
         self._request = self._first or self._timer.should_trigger_for_step(run_context.session.global_step + 1)

@@ -62,6 +62,12 @@ class SecondOrStepTimer:
             return step >= last + self._every_steps
         return self._clock.monotonic() >= self._last_time + self._every_secs
 
+    def next_step(self) -> int | None:
+        """The first step that may trigger (0: the next one asked about); None on a time schedule."""
+        if self._every_steps is None:
+            return None
+        return 0 if self._last_step is None else self._last_step + self._every_steps
+
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         """Records a trigger at ``step``; returns ``(elapsed_secs, elapsed_steps)`` since the
         previous one, ``(None, None)`` for the first."""

@@ -61,6 +61,18 @@ class StepContext:
 _NO_RESULTS = RunValues(None)  # immutable: one for every hook of every step that fetched nothing
 
 
+def _gateable(hook: Hook) -> bool:
+    """Whether ``hook``'s ``before_run``/``after_run`` are those its ``_next_active_step``
+    describes: not when a subclass overrides them (it may do work on every step)."""
+    def owner(name: str) -> type | None:
+        return next((c for c in type(hook).__mro__ if name in c.__dict__), None)
+
+    schedule = owner("_next_active_step")
+    if schedule is None or not callable(getattr(hook, "_next_active_step", None)):
+        return False
+    return all(owner(name) in (schedule, Hook) for name in ("before_run", "after_run"))
+
+
 class MonitoredSession:
     """Runs steps through hooks, with init-or-recover, stop agreement and clean shutdown.
 
@@ -120,6 +132,14 @@ class MonitoredSession:
 
         self._before_hooks = [h for h in self._hooks if overrides(h, "before_run")]
         self._after_hooks = [h for h in self._hooks if overrides(h, "after_run")]
+        # Step-scheduled hooks (the built-in ones: ``_next_active_step()``) are not called on the
+        # steps before the next one they act on: a loop with the default hooks calls one hook a
+        # step, not four. `_gate_step`: the step (post-increment) from which every hook is called.
+        self._gated = [h for h in self._hooks if _gateable(h)
+                       and (h in self._before_hooks or h in self._after_hooks)]
+        self._open_before = [h for h in self._before_hooks if h not in self._gated]
+        self._open_after = [h for h in self._after_hooks if h not in self._gated]
+        self._gate_step = 0
         self._global_step = 0
         self._last_output: Any = None
         self._coord = coord if coord is not None else Coordinator()
@@ -387,6 +407,26 @@ class MonitoredSession:
         return self._boundary.capture(self, manager, self._global_step, "save_checkpoint()",
                                       wait=wait, creation=self._creating)
 
+    def _regate(self) -> None:
+        """After a step that called every hook: which step-scheduled hooks are idle until when.
+
+        A hook is idle while the step about to be taken is before its ``_next_active_step()``
+        (None: a time schedule, never idle). Until the first of those steps the session calls
+        only the other hooks; then every hook once, and this again. Calling a hook more often
+        than needed is always correct, so anything unsure stays in the open lists."""
+        upcoming = self._global_step + 1
+        idle = []
+        gate = 0
+        for hook in self._gated:
+            step = hook._next_active_step()  # type: ignore[attr-defined]
+            if step is not None and step > upcoming:
+                idle.append(hook)
+                gate = step if not gate else min(gate, step)
+        self._gate_step = gate
+        if idle:
+            self._open_before = [h for h in self._before_hooks if h not in idle]
+            self._open_after = [h for h in self._after_hooks if h not in idle]
+
     def _at_boundary_now(self, *, every_rank: bool = False) -> bool:
         """Whether the caller is the training thread between two steps (a step boundary that
         resolves now: with a distributed agreement, only what every rank asks there)."""
@@ -397,7 +437,8 @@ class MonitoredSession:
     _after_increment = False
 
     def _run_once(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        before, after = self._before_hooks, self._after_hooks
+        gated = self._global_step + 1 < self._gate_step
+        before, after = (self._open_before, self._open_after) if gated else (self._before_hooks, self._after_hooks)
         if not before and not after:
             self._in_step = True
             output = fn(*args, **kwargs)
@@ -437,6 +478,8 @@ class MonitoredSession:
             if stopper is None and context._stop_requested:
                 stopper = hook
         self._in_step = self._after_increment = False
+        if not gated and self._gated:
+            self._regate()
         if stopper is not None:
             self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
                                         stop_on_every_rank=context._stop_on_every_rank)
@@ -505,6 +548,7 @@ class MonitoredSession:
 
     def _create_session(self) -> None:
         self._stop_actions.clear()
+        self._gate_step = 0  # after_create_session resets the hooks' schedules: ask them again
         self._creating = True
         resume.begin_creation(self._creator.state)  # exact resume: see reinstate() below
         try:

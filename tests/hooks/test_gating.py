@@ -1,0 +1,80 @@
+"""Step-scheduled built-in hooks are not called on the steps before they act (the session's
+gate), with the same results as calling them every step."""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+import hooks
+from supervisor import MonitoredSession, SessionCreator, TrainingState
+from supervisor.testing import InMemorySummaryWriter
+
+
+def _counting(monkeypatch, *classes):
+    calls = collections.Counter()
+    for cls in classes:
+        for name in ("before_run", "after_run"):
+            if name in cls.__dict__:
+                original = cls.__dict__[name]
+
+                def wrapper(self, *args, _original=original, _key=f"{cls.__name__}.{name}"):
+                    calls[_key] += 1
+                    return _original(self, *args)
+
+                monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+def _session(hook_list):
+    return MonitoredSession(SessionCreator(TrainingState({"model": torch.nn.Linear(1, 1)})), hooks=hook_list,
+                            handle_signals=False)
+
+
+def test_step_hooks_run_only_on_their_steps_and_write_the_same_summaries(monkeypatch):
+    calls = _counting(monkeypatch, hooks.SummarySaverHook, hooks.StepCounterHook, hooks.StopAtStepHook)
+    writer = InMemorySummaryWriter()
+    hook_list = [hooks.SummarySaverHook(save_steps=10, summary_writer=writer),
+                 hooks.StepCounterHook(every_n_steps=25, summary_writer=writer),
+                 hooks.StopAtStepHook(last_step=100)]
+    with _session(hook_list) as s:
+        while not s.should_stop():
+            s.run(lambda: {"loss": torch.tensor(float(s.global_step))})
+        assert s.global_step == 100  # StopAtStepHook still stops exactly at last_step
+    # written at the first step and every 10 steps after it, as with a call on every step
+    assert [e.step for e in writer.scalars if e.tag == "loss"] == [1, 11, 21, 31, 41, 51, 61, 71, 81, 91, 100]
+    assert [e.step for e in writer.scalars if e.tag == "global_step/sec"] == [26, 51, 76]
+    assert calls["SummarySaverHook.after_run"] < 40 and calls["StopAtStepHook.after_run"] < 40, calls
+
+
+def test_a_subclass_that_overrides_after_run_is_called_every_step():
+    seen = []
+
+    class EveryStep(hooks.StopAtStepHook):
+        def after_run(self, run_context, run_values):
+            seen.append(run_context.session.global_step)
+            super().after_run(run_context, run_values)
+
+    with _session([EveryStep(last_step=30)]) as s:
+        while not s.should_stop():
+            s.run(lambda: None)
+    assert seen == list(range(1, 31))
+
+
+def test_a_recovery_asks_the_hooks_again():
+    from supervisor import RecoverableError
+
+    failures = [RecoverableError("transient")]
+    stop = hooks.StopAtStepHook(num_steps=20)
+    session = MonitoredSession(SessionCreator(TrainingState({"model": torch.nn.Linear(1, 1)})), hooks=[stop],
+                               handle_signals=False, recovery_backoff_secs=0)
+
+    def step():
+        if session.global_step == 12 and failures:
+            raise failures.pop()
+
+    with session as s:
+        while not s.should_stop():
+            s.run(step)
+        # re-created at step 0 (no checkpoint): num_steps counts again from there
+        assert s.global_step == 20
