@@ -277,12 +277,17 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     _, _, eval_x, eval_y, _ = load_data()
     iteration, seen = 1, []
     while iteration <= args.iterations:
-        path, book = wait_for_iteration(args.logdir, iteration, args.worker_timeout_secs)
-        model, _ = build(book, args.iterations)
-        try:
-            model.load_state_dict(supervisor.load_checkpoint(path)["model"])
+        path, _ = wait_for_iteration(args.logdir, iteration, args.worker_timeout_secs)
+        try:  # one verified read: the iteration switch replaces a checkpoint at the same path
+            payload = supervisor.load_checkpoint(path)
         except supervisor.CheckpointError:
             continue  # replaced while being read: wait again
+        book = Bookkeeping()
+        book.load_state_dict(payload["adanet"])
+        if book.iteration < iteration:
+            continue  # an older iteration's checkpoint took the path back meanwhile: wait again
+        model, _ = build(book, args.iterations)
+        model.load_state_dict(payload["model"])
         with torch.no_grad():
             accuracy = (model.frozen_logits(eval_x).argmax(1) == eval_y).float().mean().item()
         print(f"worker: iteration {book.iteration} published in {os.path.basename(path)}; frozen ensemble "
