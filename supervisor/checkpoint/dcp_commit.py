@@ -186,29 +186,23 @@ def commit(save: ShardedSave, channel: Channel) -> str:
 
     Raises:
         CheckpointError: the save failed — on every rank, with the chief's verdict (the temp
-            directory is removed); or this rank gave up waiting (timeout, abort).
+            directory is removed); or this rank gave up waiting (timeout, abort), or could not
+            reach the store.
     """
     deadline = time.monotonic() + save.timeout_secs
-    temp = None
-    if save.rank == 0:
-        try:
-            temp = TempCheckpoint.create(save.directory, save.name)
-            channel.post(f"{save.key}/path", {"path": temp.path})
-        except OSError as e:
-            channel.post(f"{save.key}/path", {"error": f"rank 0 cannot create the temp directory: {e}"})
-            raise CheckpointError(_failed(save, f"rank 0: {type(e).__name__}: {e}")) from e
-        path = temp.path
-    else:
-        message = channel.wait(f"{save.key}/path", deadline=deadline, what="the chief's temp directory")
-        if "error" in message:
-            raise CheckpointError(_failed(save, message["error"]))
-        path = message["path"]
-    outcome = write_own_part(path, save)
-    if temp is not None:
-        verdict = _chief_part(temp, save, outcome, channel, deadline)
-    else:
-        channel.post(f"{save.key}/rank-{save.rank}", outcome)
-        verdict = channel.wait(f"{save.key}/verdict", deadline=deadline, what="the chief's commit")["error"]
+    try:
+        if save.rank == 0:
+            verdict = _chief(save, channel, deadline)
+        else:
+            message = channel.wait(f"{save.key}/path", deadline=deadline, what="the chief's temp directory")
+            verdict = message.get("error", "")
+            if not verdict:
+                channel.post(f"{save.key}/rank-{save.rank}", write_own_part(message["path"], save))
+                verdict = channel.wait(f"{save.key}/verdict", deadline=deadline, what="the chief's commit")["error"]
+    except CheckpointError as e:
+        raise CheckpointError(_failed(save, str(e))) from e
+    except Exception as e:  # noqa: BLE001 - e.g. the store is gone with the chief
+        raise CheckpointError(_failed(save, f"rank {save.rank}: {type(e).__name__}: {e}")) from e
     if verdict:
         raise CheckpointError(_failed(save, verdict))
     return save.path
@@ -218,10 +212,32 @@ def _failed(save: ShardedSave, why: str) -> str:
     return f"saving the sharded checkpoint of step {save.step} to {save.path} failed: {why}"
 
 
+def _chief(save: ShardedSave, channel: Channel, deadline: float) -> str:
+    """The chief's part: temp directory, own files, the others' records, seal; the verdict is
+    posted whatever happens (an unexpected error too), so no rank waits for it in vain."""
+    try:
+        temp = TempCheckpoint.create(save.directory, save.name)
+    except OSError as e:
+        verdict = f"rank 0 cannot create the temp directory: {type(e).__name__}: {e}"
+        channel.post(f"{save.key}/path", {"error": verdict})
+        return verdict
+    try:
+        channel.post(f"{save.key}/path", {"path": temp.path})
+        return _chief_part(temp, save, write_own_part(temp.path, save), channel, deadline)
+    except BaseException as e:
+        temp.discard()
+        try:
+            channel.post(f"{save.key}/verdict", {"error": f"rank 0: {type(e).__name__}: {e}"})
+        except Exception:  # noqa: BLE001 - the store is gone: the others fail on it too
+            pass
+        raise
+
+
 def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
     """This rank's files: its DCP shards (fsynced by DCP), its RNG file, and the size and CRC-32
     of each (read back from the page cache). Never raises: the outcome goes to the chief."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     try:
         dcp.save(save.state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
@@ -233,8 +249,17 @@ def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
                    for f in os.listdir(path) if f.startswith(f"__{save.rank}_")}
         records.update({f: [r.size, r.checksum] for f, r in own.records.items()})
         return {"ok": True, "message": "", "records": records}
-    except Exception as e:  # noqa: BLE001 - reported to the chief, raised on every rank
-        return {"ok": False, "message": f"rank {save.rank}: {type(e).__name__}: {e}", "records": {}}
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported to the chief, raised on every rank
+        return {"ok": False, "message": f"rank {save.rank}: {_describe(e)}", "records": {}}
+
+
+def _describe(error: BaseException) -> str:
+    """One line per failed rank of DCP's `CheckpointException` (its str is a traceback per rank)."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        errors = {r: f[0] if isinstance(f, tuple) else f for r, f in failures.items()}  # (exception, trace)
+        return "; ".join(f"DCP on rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()))
+    return f"{type(error).__name__}: {error}"
 
 
 def _chief_part(temp: TempCheckpoint, save: ShardedSave, own: dict, channel: Channel, deadline: float) -> str:

@@ -50,13 +50,15 @@ def env_for(rank: int, world_size: int, port: int, extra: dict[str, str] | None 
 
 
 def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
-            extra_env: dict[str, str] | None = None, after_rank0_secs: float | None = None) -> list[RankResult]:
+            extra_env: dict[str, str] | None = None, after_rank0_secs: float | None = None,
+            module: str = "tests.distributed.worker") -> list[RankResult]:
     """Runs ``scenario`` on ``world_size`` ranks; returns each rank's exit code and output.
     A rank still running at ``timeout`` — or ``after_rank0_secs`` after rank 0 ended, when
-    given (a hung rank, as torchrun would kill it) — is killed (returncode None)."""
+    given (a hung rank, as torchrun would kill it) — is killed (returncode None). ``module``: the
+    worker module (one that registers more scenarios into worker.py's and runs its main)."""
     port = free_port()
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.worker", scenario, *args],
+    procs = [subprocess.Popen([sys.executable, "-m", module, scenario, *args],
                               cwd=ROOT, env=env_for(r, world_size, port, extra_env),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
