@@ -10,19 +10,32 @@ rank writes its own shards, in parallel, into **one** temp directory, and the ch
       rng-0.pt rng-1.pt    # each rank's RNG state (supervisor.rng), one file per rank
 
 A save is a collective, called by every rank at the same step (the `CollectiveAgreement` makes
-the step the same): the chief creates ``model.ckpt-100.tmp-<hex>/`` and broadcasts its path;
-every rank runs ``dcp.save`` into it, checksums the files it wrote (still in the page cache) and
-sends the records to the chief; the chief checksums ``.metadata``, seals the manifest naming
-every file, renames the directory and publishes the index (retention as for ``state.pt``
-checkpoints). A failure on any rank removes the temp directory on every rank's word and raises
-`CheckpointError` everywhere; a crash leaves only the temp directory. Saves are synchronous (DCP's
-``async_save`` stages into its own buffers and commits from a thread the commit protocol cannot
-seal from all ranks at once; not used yet).
+the step the same). The commit protocol (`supervisor.checkpoint.dcp_commit`): the chief creates
+``model.ckpt-100.tmp-<hex>/`` and posts its path in the process group's store; every rank runs
+``dcp.save`` into it, checksums the files it wrote (still in the page cache) and posts the
+records; the chief, once it has every rank's records, checksums ``.metadata``, seals the
+manifest naming every file, renames the directory, publishes the index (retention as for
+``state.pt`` checkpoints) and posts its verdict, which every rank waits for. A failure on any
+rank removes the temp directory and fails the save on every rank; a crash or SIGKILL at any
+point leaves only the temp directory, never a published incomplete checkpoint.
+
+Saves are **asynchronous** by default (`ShardedCheckpointManager`, ``save_mode="async"``): the
+training thread only copies the state into reused CPU buffers (DTensors as their local shards,
+re-wrapped without a collective) and captures the RNG and loader-generator states; a background
+thread runs the protocol above, with ``dcp.save``'s planning and metadata collectives on a gloo
+group of the manager's own — never the default group, whose collectives (DDP's, the training
+step's) belong to the training thread — and the records and verdict in the store. DCP's own
+``async_save`` is not used: its background ``save`` runs collectives on the group it is given,
+stages into fresh buffers each time, and has no place for the chief's seal after every rank's
+files are known. `save_sharded` is the synchronous form (training thread, default group).
 
 Restore: the chief chooses and verifies (§5.4: index first, full checksums, fall back to older),
-broadcasts the path, and every rank loads exactly that with ``dcp.load`` — which reshards: the
-world size may differ from the one that saved. `load_into` loads a DCP checkpoint into a plain
-module or state in one process (evaluation, export), verified first.
+posts the path, and every rank loads exactly that with ``dcp.load`` — which reshards: the world
+size may differ from the one that saved — then takes back its own ``rng-<rank>.pt`` (global
+generators and data-loader ``generator=`` states, `supervisor.resume`; a rank with no file gets
+a derived seed). `load_into` loads a DCP checkpoint into a plain module or a `TrainingState` in
+one process (evaluation, export, resuming a one-process run), verified first; into a state it
+restores rank 0's RNG and loader generators.
 """
 from __future__ import annotations
 
