@@ -277,6 +277,8 @@ def _chief_part(temp: TempCheckpoint, save: ShardedSave, own: dict, channel: Cha
             break
         outcomes.append(outcome)
         failure = "" if outcome["ok"] else outcome["message"]
+    if not failure and channel.abort.is_set():  # the manager closed after an error: publish nothing
+        failure = "rank 0: the checkpoint manager is closing after an error; not sealed"
     if failure:
         temp.discard()
         verdict = failure

@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from supervisor import distributed
@@ -19,7 +20,6 @@ from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, resto
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
-from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -29,6 +29,62 @@ from supervisor.state import TrainingState
 __all__ = ["ShardedCheckpointManager", "ShardedSessionCreator"]
 
 logger = logging.getLogger(__name__)
+
+#: How long ``close(failed=True)`` waits for a save still in flight before leaving it behind.
+FAILED_CLOSE_JOIN_SECS = 10.0
+
+
+class _SaveThread:
+    """At most one save in flight, each on its own **daemon** thread.
+
+    Unlike `BackgroundWriter` (non-daemon, so a process exiting without ``close()`` still
+    commits), a sharded save can be blocked in a collective of its side group by a peer that is
+    alive but never joins the save; a daemon thread lets a failed close give up on it after a
+    bounded time (`FAILED_CLOSE_JOIN_SECS`) and the process exit. A save cut short that way
+    leaves only its temp directory. A clean close waits for the save to finish.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None], after: Callable[[], None]) -> None:
+        if not self._idle.is_set():
+            raise RuntimeError("a save is already in flight; wait() for it before submitting another")
+        self._idle.clear()
+        self._thread = threading.Thread(target=self._run, args=(job, after), name=self._name, daemon=True)
+        self._thread.start()
+
+    def _run(self, job: Callable[[], None], after: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException:  # noqa: BLE001 - jobs report their own errors; this is a last resort
+            logger.exception("the sharded checkpoint writer's job failed outside its own error handling")
+        finally:
+            del job  # drop the staged state before signalling: the next capture reuses its buffers
+            self._idle.set()
+        try:
+            after()
+        except Exception:  # noqa: BLE001 - cleanup only; the save itself is committed
+            logger.exception("the sharded checkpoint writer's cleanup failed")
+
+    def wait(self, timeout: float | None = None) -> float:
+        """Blocks until no save is in flight (at most ``timeout``); returns the seconds waited."""
+        if self._idle.is_set():
+            return 0.0
+        start = time.perf_counter()
+        self._idle.wait(timeout)
+        return time.perf_counter() - start
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Joins the last save's thread (cleanup included); whether it ended."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
 
 class ShardedCheckpointManager:
@@ -85,7 +141,7 @@ class ShardedCheckpointManager:
         self._clock = resolve_clock(clock)
         self.on_commit: Callable[[int, str], Any] | None = None
         self.on_error: Callable[[CheckpointError], Any] | None = None
-        self._writer = BackgroundWriter("supervisor-dcp-writer")
+        self._writer = _SaveThread("supervisor-dcp-writer")
         self._staging = StagingArea()
         self._abort = threading.Event()
         self._group: Any = None
@@ -247,16 +303,23 @@ class ShardedCheckpointManager:
         return restored
 
     def close(self, *, failed: bool = False) -> None:
-        """Finishes the save in flight (``failed=True``: a rank still waiting on the store for
-        another stops waiting, and the chief discards the temp directory), releases the lock.
-        ``failed=False`` re-raises a failure not yet raised on a caller's thread. Idempotent."""
+        """Finishes the save in flight and releases the lock. ``failed=False`` waits for the save
+        to commit and re-raises a failure not yet raised on a caller's thread. ``failed=True``
+        (closing after an error): the save in flight is abandoned — a rank waiting on the store
+        stops waiting, the chief seals nothing and discards the temp directory — and waited for
+        at most `FAILED_CLOSE_JOIN_SECS` (a thread blocked in a collective is left behind, with
+        a WARNING). Idempotent."""
         if self._closed:
             return
         self._closed = True
         if failed:
             self._abort.set()
         try:
-            self._writer.close()
+            if not self._writer.join(FAILED_CLOSE_JOIN_SECS if failed else None):
+                logger.warning("closing after an error: the sharded save in flight did not end within %g s "
+                               "(blocked in a collective with a rank that never joined it?); leaving it "
+                               "behind — its temp directory is removed when the logdir is next opened",
+                               FAILED_CLOSE_JOIN_SECS)
         finally:
             self._staging.release()
             if self._inner is not None:

@@ -185,3 +185,65 @@ def test_load_into_a_plain_module_leaves_the_rng_alone(tmp_path):
     load_into(path, target)
     assert torch.equal(target.weight, state["model"].weight)
     assert torch.equal(torch.rand(2), expected)
+
+
+# ---------------------------------------------------------------- in a session
+def test_listeners_hear_of_async_sharded_commits_and_the_final_save_is_committed_at_close(tmp_path):
+    import hooks
+    from supervisor import MonitoredTrainingSession
+
+    heard = []
+
+    class Listener(hooks.CheckpointSaverListener):
+        def after_save(self, session, step):  # on the training thread, after the commit
+            heard.append((step, threading.current_thread() is threading.main_thread(),
+                          os.path.exists(os.path.join(tmp_path, f"model.ckpt-{step}", "MANIFEST.json"))))
+
+    state = _state()
+    saver = hooks.CheckpointSaverHook(str(tmp_path), save_steps=2, listeners=[Listener()])
+    with MonitoredTrainingSession(str(tmp_path), model=state["model"], optimizer=state["optimizer"],
+                                  checkpoint_format="dcp", hooks=[saver, hooks.StopAtStepHook(last_step=5)],
+                                  save_checkpoint_steps=None, save_checkpoint_secs=None,
+                                  log_step_count_steps=None, save_summaries_steps=None) as s:
+        while not s.should_stop():
+            s.run(lambda: None)
+    assert [h[0] for h in heard] == [0, 2, 4, 5] and all(h[1] and h[2] for h in heard), heard
+    assert latest_checkpoint(str(tmp_path)).endswith("model.ckpt-5")  # the final save, committed
+    verify_checkpoint(os.path.join(tmp_path, "model.ckpt-5"))
+
+
+def test_a_failed_async_sharded_save_stops_the_session_with_the_error(tmp_path, monkeypatch):
+    from supervisor import MonitoredTrainingSession
+
+    real = dcp_commit.write_own_part
+    monkeypatch.setattr(dcp_commit, "write_own_part", lambda path, save: real(path, save) if save.step < 3 else
+                        {"ok": False, "message": "rank 0: OSError: disk full (injected)", "records": {}})
+    state = _state()
+    steps = []
+    with pytest.raises(CheckpointError, match="step 3.*disk full"):
+        with MonitoredTrainingSession(str(tmp_path), model=state["model"], checkpoint_format="dcp",
+                                      save_checkpoint_steps=3, log_step_count_steps=None,
+                                      save_summaries_steps=None) as s:
+            while not s.should_stop() and s.global_step < 50:
+                s.run(lambda: time.sleep(0.01))
+                steps.append(s.global_step)
+    assert steps[-1] < 50  # stopped by the failure, not by the loop's bound
+    assert latest_checkpoint(str(tmp_path)).endswith("model.ckpt-0")
+
+
+def test_a_failed_close_abandons_a_stuck_save_in_bounded_time_and_publishes_nothing(tmp_path, gate, monkeypatch,
+                                                                                    caplog):
+    from supervisor.checkpoint import dcp_manager
+
+    monkeypatch.setattr(dcp_manager, "FAILED_CLOSE_JOIN_SECS", 0.3)
+    manager = ShardedCheckpointManager(tmp_path)
+    manager.open()
+    manager.save(1, _state())  # held in its write (the gate) like a save waiting for a hung peer
+    start = time.monotonic()
+    manager.close(failed=True)
+    assert time.monotonic() - start < 5
+    assert "did not end within 0.3 s" in caplog.text
+    gate.set()  # the abandoned save wakes up after the close: it must not publish
+    manager._writer.join(30)
+    assert latest_checkpoint(str(tmp_path)) is None
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("model.ckpt")]

@@ -66,3 +66,15 @@ def test_a_rank_killed_during_an_async_save_leaves_the_previous_checkpoint_publi
     assert all(r.returncode == 0 for r in resumed), describe(resumed)
     assert [r.result["start"] for r in resumed] == [3, 3] and [r.result["end"] for r in resumed] == [8, 8]
     assert not any(".tmp-" in n for n in os.listdir(logdir))
+
+
+@pytest.mark.slow
+def test_the_async_benchmark_stays_runnable(capsys):
+    from benchmarks.dcp_async import FIGURES, main
+
+    times = main(["--quick"])
+    out = capsys.readouterr().out
+    for name in (*FIGURES, "stall / sync save"):
+        (row,) = [line for line in out.splitlines() if line.strip().startswith(name)]
+        assert "(" in row and "-" in row, row
+    assert all(len(times[name]) == 2 and all(t > 0 for t in times[name]) for name in FIGURES)
