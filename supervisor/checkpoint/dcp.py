@@ -230,5 +230,11 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", res
     return manifest.step
 
 
-# The manager and the session creator of checkpoint_format="dcp" (they build on the above).
-from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager, ShardedSessionCreator  # noqa: E402
+def __getattr__(name: str) -> Any:
+    # The manager and the session creator of checkpoint_format="dcp" live in dcp_manager.py
+    # (they build on this module; lazy, so either module can be imported first).
+    if name in ("ShardedCheckpointManager", "ShardedSessionCreator"):
+        from supervisor.checkpoint import dcp_manager
+
+        return getattr(dcp_manager, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -180,8 +180,14 @@ class ShardedCheckpointManager:
             CheckpointError: this save failed and was waited for (``save_mode="sync"`` or
                 ``wait=True``), or an earlier failure not yet reported.
         """
-        if self._closed:
-            raise RuntimeError(f"the sharded checkpoint manager of {self.directory} is closed")
+        from supervisor._validate import check_int
+
+        step = check_int("step", step, minimum=0)
+        if not isinstance(state, TrainingState):
+            raise TypeError(f"state must be a supervisor.TrainingState, got {type(state).__name__}")
+        if self._closed or (self._inner is not None and not self._inner._opened):
+            raise RuntimeError(f"the sharded checkpoint manager of {self.directory} is not open; call "
+                               "open() before save() (and do not save after close())")
         self._raise_undelivered()
         waited = self._writer.wait()
         if waited > 0:
@@ -190,8 +196,8 @@ class ShardedCheckpointManager:
         background = self.save_mode == "async"
         if background and self._group is None and distributed.is_initialized():
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
-        job = self._job(int(step), state, background)
-        self._last_saved_step = int(step)
+        job = self._job(step, state, background)
+        self._last_saved_step = step
         outcome: list[CheckpointError] | None = [] if wait or not background else None
         run = functools.partial(self._run, job, outcome)
         if background:

@@ -123,7 +123,13 @@ def test_a_failed_background_save_publishes_nothing_and_is_reported(tmp_path, mo
 def test_sync_mode_writes_on_the_calling_thread(tmp_path):
     state = _state()
     manager = ShardedCheckpointManager(tmp_path, save_mode="sync")
+    with pytest.raises(RuntimeError, match="not open; call open"):
+        manager.save(1, state)
     manager.open()
+    with pytest.raises(ValueError, match="step"):
+        manager.save(-1, state)
+    with pytest.raises(TypeError, match="TrainingState"):
+        manager.save(1, {"model": state["model"]})
     threads = []
     manager.on_commit = lambda step, path: threads.append(threading.current_thread())
     verify_checkpoint(manager.save(4, state))
