@@ -3,8 +3,9 @@
 Three loops, run by both ranks in interleaved rounds (the order rotates each round):
 
 - ``bare``: the DDP step alone;
-- ``agreement``: the step plus `CollectiveAgreement.decide` (one async all_reduce per step,
-  started at boundary N, waited for at N+1 — overlapping the step);
+- ``agreement``: the step plus `CollectiveAgreement.decide`, as a session runs it on a DDP model:
+  the flags ride in DDP's own gradient all-reduce (supervisor.distributed.channel), so a step
+  has no collective of its own;
 - ``naive``: the step plus a blocking all_reduce of the same flags every step (the agreement
   done without overlap), for comparison;
 - ``raw_async``: the step plus a bare async all_reduce of the same tensor on the same kind of
@@ -49,29 +50,37 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", init_method="env://")
-    torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                                        torch.nn.Linear(64, 4)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    def build() -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        net = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                                          torch.nn.Linear(64, 4)))
+        return net, torch.optim.SGD(net.parameters(), lr=0.01)
+
+    # The agreement installs its channel (a comm hook) on the model it is given: that model is
+    # used by the agreement loop only, so the other loops run DDP's built-in reducer.
+    models = {"plain": build(), "agreement": build()}
     x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
     side = dist.new_group(backend="gloo")
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.MAX
 
-    def step() -> None:
+    def step(which: str = "plain") -> None:
+        model, optimizer = models[which]
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
 
     def run(loop: str) -> float:
         # Created outside the timed loop (a session creates it once, with the session).
-        agreement = CollectiveAgreement(stop_grace_secs=60) if loop == "agreement" else None
+        agreement = CollectiveAgreement(stop_grace_secs=60, modules=[models["agreement"][0]]) \
+            if loop == "agreement" else None
+        which = "agreement" if loop == "agreement" else "plain"
         flags = torch.zeros(4, dtype=torch.int32)
         pending = None
         dist.barrier()
         start = time.perf_counter()
         for n in range(steps):
-            step()
+            step(which)
             if agreement is not None:
                 agreement.decide(n, NO_REQUESTS)
             elif loop == "naive":
@@ -90,7 +99,8 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
         return elapsed / steps * 1e6
 
     for _ in range(20):
-        step()
+        step("plain")
+        step("agreement")
     times: dict[str, list[float]] = {loop: [] for loop in LOOPS}
     for r in range(rounds):
         order = LOOPS[r % len(LOOPS):] + LOOPS[:r % len(LOOPS)]

@@ -78,6 +78,10 @@ class CheckpointSaverHook(Hook):
         self._clock = clock
         self._manager: Any = None
         self._own_manager: Any = None
+        # Set by a front door that runs the same step schedule on every rank (MonitoredTraining-
+        # Session): a step-scheduled save is then captured at its own step on every rank, not
+        # one step later through the rank agreement.
+        self.schedule_on_every_rank = False
 
     def begin(self) -> None:
         for listener in self._listeners:
@@ -97,7 +101,9 @@ class CheckpointSaverHook(Hook):
         step = run_context.session.global_step
         if self._timer.should_trigger_for_step(step):
             self._timer.update_last_triggered_step(step)
-            run_context.session.request_save(f"{type(self).__name__} schedule", manager=self._manager)
+            run_context.session.request_save(
+                f"{type(self).__name__} schedule", manager=self._manager,
+                on_every_rank=self.schedule_on_every_rank and self._timer.every_steps is not None)
 
     def end(self, session: Any) -> None:
         # The final checkpoint was captured at the stopping boundary (save_at_stop) and its
@@ -127,3 +133,21 @@ class CheckpointSaverHook(Hook):
         if self._own_manager is not None:
             manager, self._own_manager = self._own_manager, None
             manager.close(failed=failed)
+
+
+class _SaveScheduleOnWorker(Hook):
+    """A non-chief rank's side of the chief's step-scheduled saves (state.pt format): asks for
+    the same saves at the same steps so the agreement applies them at once on every rank (the
+    chief writes; this rank takes part in the save's RNG gather). Private to the front doors."""
+
+    def __init__(self, save_steps: int) -> None:
+        self._timer = SecondOrStepTimer(every_steps=save_steps)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        self._timer.update_last_triggered_step(session.global_step)
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        step = run_context.session.global_step
+        if self._timer.should_trigger_for_step(step):
+            self._timer.update_last_triggered_step(step)
+            run_context.session.request_save("the chief's CheckpointSaverHook schedule", on_every_rank=True)

@@ -53,7 +53,8 @@ class StopAtStepHook(Hook):
         elif step >= self._last_step:
             logger.info("StopAtStepHook: the session starts at step %d, already at or beyond "
                         "last_step=%d; stopping before the first step", step, self._last_step)
-            session.request_stop(reason=f"StopAtStepHook: already at step {step} >= last_step={self._last_step}")
+            session.request_stop(reason=f"StopAtStepHook: already at step {step} >= last_step={self._last_step}",
+                                 on_every_rank=True)  # every rank restored the same step
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if run_context.session.global_step >= self._last_step:

@@ -49,11 +49,14 @@ class Requests:
         stop_reason: why a stop was asked for (None: no stop requested).
         stop_on_every_rank: the stop is one every process requests at this same step (e.g. a
             step count known to all ranks, `StopAtStepHook`), so an agreement may apply it at once.
+        save_on_every_rank: likewise for a save (a step schedule every rank runs, e.g. the
+            ``save_checkpoint_steps`` of `MonitoredTrainingSession`).
     """
 
     save_reasons: tuple[str, ...] = ()
     stop_reason: str | None = None
     stop_on_every_rank: bool = False
+    save_on_every_rank: bool = False
 
     @property
     def save(self) -> bool:
@@ -137,6 +140,7 @@ class StepBoundary:
         self._save_reasons: list[str] = []
         self._stop_reason: str | None = None
         self._stop_on_every_rank = False
+        self._save_on_every_rank = False
         self._pending = False
         self._commits: deque[tuple[Any, Commit]] = deque()
         self._listeners: list[_Listener] = []
@@ -156,11 +160,22 @@ class StepBoundary:
         """Whether a stop was requested and waits for the next boundary."""
         return self._stop_reason is not None
 
-    def request_save(self, reason: str, manager: Any = None) -> None:
+    @property
+    def only_every_rank_requests(self) -> bool:
+        """Whether what waits is only what every rank requests at this step (so every rank
+        resolves it here, e.g. at creation, without an agreement's collective)."""
+        with self._lock:
+            stop_ok = self._stop_reason is None or self._stop_on_every_rank
+            save_ok = not self._save_reasons or self._save_on_every_rank
+            return stop_ok and save_ok and not self._commits and (
+                self._stop_reason is not None or bool(self._save_reasons))
+
+    def request_save(self, reason: str, manager: Any = None, *, save_on_every_rank: bool = False) -> None:
         """A save at the next boundary, through ``manager`` (default: the session's)."""
         with self._lock:
             self._save_reasons.append(reason)
             self._save_managers.append(manager)
+            self._save_on_every_rank = self._save_on_every_rank or save_on_every_rank
             self._pending = True
 
     def request_stop(self, reason: str, *, stop_on_every_rank: bool = False) -> None:
@@ -181,10 +196,11 @@ class StepBoundary:
             if not (self._save_reasons or self._stop_reason is not None):
                 self._pending = bool(self._commits)
                 return NO_REQUESTS
-            requests = Requests(tuple(self._save_reasons), self._stop_reason, self._stop_on_every_rank)
+            requests = Requests(tuple(self._save_reasons), self._stop_reason, self._stop_on_every_rank,
+                                self._save_on_every_rank)
             self._save_reasons.clear()
             self._stop_reason = None
-            self._stop_on_every_rank = False
+            self._stop_on_every_rank = self._save_on_every_rank = False
             self._pending = bool(self._commits)
             return requests
 
@@ -201,7 +217,7 @@ class StepBoundary:
         with self._lock:
             self._save_reasons.clear()
             self._stop_reason = None
-            self._stop_on_every_rank = False
+            self._stop_on_every_rank = self._save_on_every_rank = False
             self._save_managers.clear()
             self._pending = bool(self._commits)
         self._listeners.clear()

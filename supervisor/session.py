@@ -125,7 +125,8 @@ class MonitoredSession:
             from supervisor.distributed.agreement import CollectiveAgreement
 
             agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0),
-                                            capture_rng=self._capture_rng)
+                                            capture_rng=self._capture_rng,
+                                            modules=tuple(getattr(self._creator, "state", {}).values()))
         self._boundary = StepBoundary(agreement)
         # A collective agreement must be called at every boundary, the same number of times on
         # every rank; the local one only when something was requested.
@@ -242,29 +243,38 @@ class MonitoredSession:
             return exc is not None and not isinstance(exc, self._recoverable)
         return False
 
-    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None,
+                     on_every_rank: bool = False) -> None:
         """Ends training; an ``exc`` is re-raised at close. ``reason`` becomes `stop_reason`
         (the first stop's reason wins).
 
         Called on the training thread between two steps, the stop takes effect at once (this is
         a step boundary: the final checkpoint is captured now). Called during a step (from a
         hook or the step function) or from another thread, it takes effect at the step's
-        boundary. With a distributed agreement every rank stops at the same step.
+        boundary. With a distributed agreement every rank stops at the same step; a stop every
+        rank requests at the same point (``on_every_rank=True``, e.g. `StopAtStepHook` finding
+        the restored step past ``last_step``) applies there, with no step more.
         """
         if exc is not None:
             self._request_stop(exc, reason=f"{type(exc).__name__}: {exc}")
             return
         reason = reason or "request_stop() called"
-        if self._at_boundary_now():
-            self._boundary.request_stop(reason)
+        if self._at_boundary_now(every_rank=on_every_rank):
+            self._boundary.request_stop(reason, stop_on_every_rank=on_every_rank)
             self._at_boundary()
         else:
-            self._request_stop(reason=reason)
+            self._boundary.request_stop(reason, stop_on_every_rank=on_every_rank)
+            self._coord.request_stop(None)
 
-    def request_save(self, reason: str, *, manager: Any = None) -> None:
+    def request_save(self, reason: str, *, manager: Any = None, on_every_rank: bool = False) -> None:
         """Asks for a checkpoint at the next step boundary (thread-safe); ``manager`` defaults to
-        the session's. Skipped when the state on disk is already at that step."""
-        self._boundary.request_save(reason, manager)
+        the session's. Skipped when the state on disk is already at that step.
+
+        ``on_every_rank=True`` says every rank of a distributed job requests this save at this
+        same step (a step schedule they all run): it is then captured at this step's boundary,
+        not one step later through the agreement. Wrong if some rank does not ask: that rank
+        would not take part in the save's collectives (RNG gather, sharded writes)."""
+        self._boundary.request_save(reason, manager, save_on_every_rank=on_every_rank)
 
     def add_checkpoint_listener(self, listener: Any, *, manager: Any = None) -> None:
         """Registers a `hooks.CheckpointSaverListener` for the checkpoints of ``manager``
@@ -374,10 +384,11 @@ class MonitoredSession:
         return self._boundary.capture(self, manager, self._global_step, "save_checkpoint()",
                                       wait=wait, creation=self._creating)
 
-    def _at_boundary_now(self) -> bool:
-        """Whether the caller is the training thread between two steps (a step boundary)."""
+    def _at_boundary_now(self, *, every_rank: bool = False) -> bool:
+        """Whether the caller is the training thread between two steps (a step boundary that
+        resolves now: with a distributed agreement, only what every rank asks there)."""
         return (not self._in_step and not self._creating and not self._closed
-                and self._boundary.agreement.local
+                and (self._boundary.agreement.local or every_rank)
                 and threading.current_thread() is self._training_thread)
 
     _after_increment = False
@@ -503,7 +514,7 @@ class MonitoredSession:
             resume.reinstate(self._creator.state)
         finally:
             self._creating = False
-        if self._boundary.pending and self._boundary.agreement.local:
+        if self._boundary.pending and (self._boundary.agreement.local or self._boundary.only_every_rank_requests):
             self._at_boundary()  # creation is a boundary: e.g. a hook stopping before the first step
 
     def _create_with_retries(self, start_step: int) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor.clock import Clock, resolve_clock
+from supervisor import distributed
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.session import MonitoredSession, check_exception_types
@@ -104,7 +105,12 @@ def _build(
         # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
         saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
                                                            save_steps=ckpt_steps, clock=clock)
+        saver.schedule_on_every_rank = True
         return creator, [saver] + user_hooks
+    if not is_chief and distributed.is_distributed() and checkpoint_dir is not None and ckpt_steps:
+        from hooks.checkpoint import _SaveScheduleOnWorker
+
+        return creator, [_SaveScheduleOnWorker(ckpt_steps)] + user_hooks
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
 
@@ -117,7 +123,10 @@ def _build(
         all_hooks.append(builtin.SummarySaverHook(save_steps=summary_steps, save_secs=summary_secs,
                                                   summary_writer=creator.summary_writer, clock=clock))
     if checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
-        all_hooks.append(builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock))
+        saver = builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock)
+        # Every rank of a distributed job runs this step schedule (workers: _SaveScheduleOnWorker).
+        saver.schedule_on_every_rank = distributed.is_distributed()
+        all_hooks.append(saver)
     return creator, all_hooks + user_hooks
 
 

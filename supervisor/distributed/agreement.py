@@ -33,6 +33,7 @@ import torch
 from supervisor import distributed
 from supervisor._validate import check_number
 from supervisor.boundary import NO_REQUESTS, Agreement, Decision, Requests
+from supervisor.distributed import channel as channel_module
 from supervisor.distributed import rng as rng_module
 from supervisor.distributed.failure import (
     HangWatchdog,
@@ -60,12 +61,15 @@ class CollectiveAgreement(Agreement):
             checkpoint holds them all (supervisor.distributed.rng).
         capture_rng: ``capture_rng() -> state``: this rank's RNG state as a checkpoint stores it
             (the session passes one that includes its data loaders' generators).
+        modules: the training state's objects; when one is a ``DistributedDataParallel`` model
+            (without a communication hook of its own) the flags ride in its gradient all-reduce
+            (supervisor.distributed.channel) and steps that run it need no collective of their own.
     """
 
     local = False
 
     def __init__(self, *, stop_grace_secs: float = 120.0, gather_rng: bool = True,
-                 capture_rng: Any = None) -> None:
+                 capture_rng: Any = None, modules: Any = ()) -> None:
         import torch.distributed as dist
 
         if not distributed.is_initialized():
@@ -90,6 +94,10 @@ class CollectiveAgreement(Agreement):
                          torch.zeros(2 * self.world_size, dtype=torch.int32))
         self._options: Any = None
         self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
+        self._channel = channel_module.attach(modules, 2 * self.world_size)
+        self._staged: tuple[int, tuple[tuple[str, ...], str | None]] = (0, ((), None))
+        if self._channel is not None:
+            self._channel.bind()
         self._finished = False
         self._closed = False
         self.collectives = 0  # how many all_reduces were started (for tests and benchmarks)
@@ -105,10 +113,19 @@ class CollectiveAgreement(Agreement):
             self._first_boundary()
         self._watchdog.progress(step)
         decision = self._collect(step)
+        carried = self._channel.take() if self._channel is not None else None
+        # carried is the same on every rank: DDP's all-reduce ran on all of them or on none
+        if carried is not None and any(carried):
+            decision = _merge(decision, self._decode(step, carried, *self._staged))
         if requests.stop and requests.stop_on_every_rank:
             decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
+        if requests.save and requests.save_on_every_rank:  # every rank saves here: not sent on
+            decision = _merge(decision, Decision(step, save=True, save_reasons=requests.save_reasons))
+            requests = Requests(stop_reason=requests.stop_reason) if requests.stop else NO_REQUESTS
         if decision.stop:
             self._finished = True  # every rank stops here: no collective for a next boundary
+        elif carried is not None:
+            self._stage(step, requests)  # the next backward carries them
         else:
             self._start(step, requests)
         if self._gather_rng and (decision.save or decision.stop):
@@ -126,6 +143,17 @@ class CollectiveAgreement(Agreement):
         self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
         self._watchdog.start()
 
+    def _stage(self, step: int, requests: Requests) -> None:
+        if requests is NO_REQUESTS:
+            self._channel.stage(None)
+            self._staged = (step, ((), None))
+            return
+        flags = torch.zeros(2 * self.world_size)
+        flags[self.rank] = float(requests.save)
+        flags[self.world_size + self.rank] = float(requests.stop)
+        self._channel.stage(flags)
+        self._staged = (step, (requests.save_reasons, requests.stop_reason))
+
     def _start(self, step: int, requests: Requests) -> None:
         # Two buffers in turn: the one in flight is never the one being filled.
         flags = self._buffers[self.collectives & 1]
@@ -136,6 +164,11 @@ class CollectiveAgreement(Agreement):
             self._local_reasons = (requests.save_reasons, requests.stop_reason)
         else:
             self._local_reasons = ((), None)
+        unsent = self._channel.unsent() if self._channel is not None else None
+        if unsent is not None:  # staged for a step that did not run DDP's all-reduce
+            flags.copy_(torch.maximum(flags, unsent.to(torch.int32)))
+            own_saves, own_stop = self._staged[1]
+            self._local_reasons = (own_saves + self._local_reasons[0], self._local_reasons[1] or own_stop)
         # The process group's own call: the per-step path skips the Python wrapper's checks.
         work = self._group.allreduce([flags], self._options)
         self.collectives += 1
@@ -152,12 +185,16 @@ class CollectiveAgreement(Agreement):
                 work.wait()
             except Exception as e:  # noqa: BLE001 - a peer died, raised or hung
                 raise self._failure(step, e) from e
-        values = flags.tolist()
+        return self._decode(step, flags.tolist(), started, self._local_reasons)
+
+    def _decode(self, step: int, values: list[Any], started: int,
+                local_reasons: tuple[tuple[str, ...], str | None]) -> Decision:
+        """The decision of a step from every rank's flags (a save and a stop flag per rank)."""
         if not any(values):
             return Decision(step)
         savers = [r for r in range(self.world_size) if values[r]]
         stoppers = [r for r in range(self.world_size) if values[self.world_size + r]]
-        own_saves, own_stop = self._local_reasons
+        own_saves, own_stop = local_reasons
         save_reasons = tuple(own_saves) + tuple(f"save requested on rank {r} at step {started}"
                                                 for r in savers if r != self.rank)
         stop_reason = None
@@ -197,13 +234,15 @@ class CollectiveAgreement(Agreement):
         if self._closed:
             return
         self._closed = True
+        if self._channel is not None:
+            self._channel.unbind()
         if self._watchdog is not None:
             self._watchdog.close()
         if error is not None:
             self.report_failure(error)
-        elif self._pending is not None:
-            post_failure(self._store, self.rank, f"left the session at step {self._pending[2]} "
-                         "without an agreed stop")
+        elif self._watchdog is not None and not self._finished:
+            step = self._pending[2] if self._pending is not None else self._staged[0]
+            post_failure(self._store, self.rank, f"left the session at step {step} without an agreed stop")
         self._pending = None
 
     def __repr__(self) -> str:

@@ -27,12 +27,21 @@ def test_every_rank_restores_the_checkpoint_the_chief_chose(tmp_path):
     # Only the chief wrote; the model's keys are the unwrapped module's.
     payload = torch.load(os.path.join(logdir, "model.ckpt-4", "state.pt"), weights_only=True)
     assert set(payload["model"]) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    # save_checkpoint_steps=3: every rank runs the schedule, so the save lands at step 3 itself
+    # (not one step late through the agreement)
+    from supervisor.checkpoint import get_checkpoint_state
+    steps = sorted(int(p.rsplit("-", 1)[1]) for p in get_checkpoint_state(logdir).all_model_checkpoint_paths)
+    assert steps == [0, 3, 4], describe(first)
     second = run_job("ddp_session", 2, logdir, "6", timeout=120)
     assert all(r.returncode == 0 for r in second), describe(second)
     chosen = [_restored(r.output) for r in second]
     assert chosen[0] == chosen[1] == [(4, os.path.join(logdir, "model.ckpt-4"))], describe(second)
     assert [r.result["start"] for r in second] == [4, 4]
     assert [r.result["end"] for r in second] == [6, 6]
+    # Restored at last_step already: no rank runs a step (StopAtStepHook's every-rank stop at creation)
+    third = run_job("ddp_session", 2, logdir, "6", timeout=120)
+    assert all(r.returncode == 0 for r in third), describe(third)
+    assert [(r.result["start"], r.result["end"]) for r in third] == [(6, 6), (6, 6)], describe(third)
 
 
 @pytest.mark.slow
