@@ -120,9 +120,10 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
         CheckpointError: on every rank, when any rank failed (the temp directory is removed).
     """
     rank, size = dcp_commit.rank_and_size()
+    key = dcp_commit.next_save_key()  # first: every rank numbers this save, even if its capture fails
     save = dcp_commit.ShardedSave(
         directory, checkpoint_name(basename, step), int(step), wall_time, build_state_dict(state),
-        capture_rng_state(loader_generators(state)) if save_rng else None, dcp_commit.next_save_key(),
+        capture_rng_state(loader_generators(state)) if save_rng else None, key,
         rank=rank, world_size=size, timeout_secs=timeout_secs, publish=publish if rank == 0 else None)
     return dcp_commit.commit(save, dcp_commit.channel_for())
 

@@ -215,6 +215,7 @@ class ShardedCheckpointManager:
         """The capture, on the caller's thread: the state dict (staged for a background write),
         this rank's RNG and loader-generator states, the save's store key."""
         rank, size = dcp_commit.rank_and_size()
+        key = dcp_commit.next_save_key()  # first: every rank numbers this save, even if its capture fails
         try:
             state_dict = build_state_dict(state)
             if background:
@@ -225,7 +226,7 @@ class ShardedCheckpointManager:
                                   f"failed: {type(e).__name__}: {e}") from e
         return dcp_commit.ShardedSave(
             self.directory, checkpoint_name(self.basename, step), step, self._clock.time(), state_dict, rng,
-            dcp_commit.next_save_key(), rank=rank, world_size=size, group=self._group if background else None,
+            key, rank=rank, world_size=size, group=self._group if background else None,
             timeout_secs=self.save_timeout_secs, publish=self._inner._publish if self._inner is not None else None)
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None) -> None:
