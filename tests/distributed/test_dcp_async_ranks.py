@@ -51,20 +51,20 @@ def test_an_async_save_on_2_ranks_restores_identically_on_2_3_and_1(tmp_path):
 @pytest.mark.slow
 def test_a_rank_killed_during_an_async_save_leaves_the_previous_checkpoint_published(tmp_path):
     logdir = str(tmp_path / "run")
-    # saves at steps 0, 3, 5 (save_checkpoint_steps=2, agreed one step later); rank 1 dies in 5's
-    killed = run_job("dcp_async_killed", 2, logdir, "8", "5", module=WORKER, timeout=120, after_rank0_secs=20)
-    assert "killing rank 1 during the async save of step 5 (supervisor-dcp-writer, shards written: True)" \
+    # saves at steps 0, 2, 4, 6 (save_checkpoint_steps=2); rank 1 dies in the save of step 4
+    killed = run_job("dcp_async_killed", 2, logdir, "8", "4", module=WORKER, timeout=120, after_rank0_secs=20)
+    assert "killing rank 1 during the async save of step 4 (supervisor-dcp-writer, shards written: True)" \
         in killed[1].output, describe(killed)
     assert killed[0].returncode not in (0, None) and killed[1].returncode == -9, describe(killed)
-    assert latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-3")
-    assert "model.ckpt-5" not in os.listdir(logdir)
+    assert latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-2")
+    assert "model.ckpt-4" not in os.listdir(logdir)
     committed = [n for n in os.listdir(logdir) if n.startswith("model.ckpt-") and ".tmp-" not in n]
     assert committed and all(".deleting-" not in n for n in committed)
     for name in committed:
         verify_checkpoint(os.path.join(logdir, name))
     resumed = run_job("dcp_session", 2, logdir, "8", "dtensor", timeout=150)
     assert all(r.returncode == 0 for r in resumed), describe(resumed)
-    assert [r.result["start"] for r in resumed] == [3, 3] and [r.result["end"] for r in resumed] == [8, 8]
+    assert [r.result["start"] for r in resumed] == [2, 2] and [r.result["end"] for r in resumed] == [8, 8]
     assert not any(".tmp-" in n for n in os.listdir(logdir))
 
 
