@@ -1,7 +1,8 @@
 """The checkpoint engine against ``torch.distributed.checkpoint`` and ``torch.save`` (SPEC §14).
 
 One process, no process group (DCP then saves and loads as a single rank), the same state dict
-(``{"model": model.state_dict()}``, what the engine saves for a model-only `TrainingState`), the
+(``{"model": model.state_dict()}``, what the engine saves for a model-only `TrainingState`; DCP's
+and torch.save's timed windows build it, as a user's call does — ours builds it inside), the
 same disk, interleaved round by round so a shared machine's drift hits every side alike. Per
 round, in this order (``os.sync()`` before each write, page cache warm for every read):
 
@@ -119,11 +120,10 @@ class _Round:
 
     def __init__(self, directory: str, state: TrainingState, manager: CheckpointManager) -> None:
         self.directory, self.state, self.manager = directory, state, manager
-        self.sd = {"model": state.state_dict()["model"]}
         self.dcp_dir, self.plain = os.path.join(directory, "dcp"), os.path.join(directory, "plain.pt")
 
     def run(self, step: int, figures: dict[str, list[float]]) -> None:
-        manager, state, sd = self.manager, self.state, self.sd
+        manager, state = self.manager, self.state
         self._drop_older()
         figures["ours: async save() stall"].append(_synced(lambda: manager.save(2 * step, state)))
         manager.wait()
@@ -133,18 +133,24 @@ class _Round:
         os.sync()
         gc.collect()
         start = time.perf_counter()
-        future = dcp.async_save(sd, checkpoint_id=async_dir)
+        future = dcp.async_save(self._user_sd(), checkpoint_id=async_dir)
         figures["DCP async_save stall"].append(time.perf_counter() - start)
         future.result()
         shutil.rmtree(async_dir)
         figures["DCP save + fsync"].append(_synced(self._dcp_save))
-        figures["torch.save + fsync"].append(_synced(lambda: _torch_save_fsync(sd, self.plain)))
+        figures["torch.save + fsync"].append(_synced(lambda: _torch_save_fsync(self._user_sd(), self.plain)))
         restore_dir = self._copy_newest(2 * step + 1)
         figures["ours: verified restore"].append(_timed(lambda: self._restore(restore_dir)))
-        figures["DCP load"].append(_timed(lambda: dcp.load(sd, checkpoint_id=self.dcp_dir)))
+        figures["DCP load"].append(_timed(lambda: dcp.load(self._user_sd(), checkpoint_id=self.dcp_dir)))
         figures["torch.load"].append(_timed(lambda: torch.load(self.plain, weights_only=True)))
         shutil.rmtree(self.dcp_dir)
         os.remove(self.plain)
+
+    def _user_sd(self) -> dict:
+        """What a DCP user passes: ``{"model": model.state_dict()}``, built in the timed window
+        as their call builds it (ours builds the same inside ``save``/``restore``). Its tensors
+        share storage with the parameters, so ``dcp.load`` into it loads the live model."""
+        return {"model": self.state.state_dict()["model"]}
 
     def _drop_older(self) -> None:
         """Deletes all but the engine's newest checkpoint (untimed; ``max_to_keep=None``), so
@@ -156,7 +162,7 @@ class _Round:
             shutil.rmtree(os.path.join(self.manager.directory, f"{prefix}{step}"))
 
     def _dcp_save(self) -> None:
-        dcp.save(self.sd, checkpoint_id=self.dcp_dir)
+        dcp.save(self._user_sd(), checkpoint_id=self.dcp_dir)
         _fsync_tree(self.dcp_dir)
 
     def _copy_newest(self, step: int) -> str:

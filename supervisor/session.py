@@ -58,6 +58,9 @@ class StepContext:
         raise StopIteration("step_fn has requested the iterations to stop")
 
 
+_NO_RESULTS = RunValues(None)  # immutable: one for every hook of every step that fetched nothing
+
+
 class MonitoredSession:
     """Runs steps through hooks, with init-or-recover, stop agreement and clean shutdown.
 
@@ -430,7 +433,7 @@ class MonitoredSession:
                    if (f := fetches.get(key := id(hook))) is not None} if fetches else None
         stopper = None
         for hook in after:
-            hook.after_run(context, RunValues(results.get(id(hook)) if results else None))
+            hook.after_run(context, RunValues(results.get(id(hook))) if results else _NO_RESULTS)
             if stopper is None and context._stop_requested:
                 stopper = hook
         self._in_step = self._after_increment = False

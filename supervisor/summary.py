@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from supervisor._event_file import EventFile
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
@@ -34,14 +35,16 @@ SESSION_LOG_STATUSES = ("START", "STOP", "CHECKPOINT")
 class SummaryWriter:
     """Appends TensorBoard events to a new ``events.out.tfevents.*`` file in ``logdir``.
 
-    Writes are queued and written by the ``tensorboard`` writer's background thread, flushed at
-    least every ``flush_secs``; `flush` blocks until everything queued is on disk. Thread-safe.
+    Events are serialised on the caller's thread and written in batches by a background thread
+    every ``flush_secs`` (or once ``max_queue`` wait), in TensorBoard's format (`_event_file`:
+    tensorboard's own writer wakes a thread per event, which a training loop pays for); `flush`
+    writes everything added so far. Thread-safe.
 
     Args:
         logdir: directory of the events file (created if missing).
         filename_suffix: appended to the events file's name.
         flush_secs: the longest time events wait in memory before being written.
-        max_queue: events queued before a write blocks until the writer thread catches up.
+        max_queue: events waiting that make the writer thread write before ``flush_secs``.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
@@ -53,12 +56,14 @@ class SummaryWriter:
         check_int("max_queue", max_queue, minimum=1)
         # Imported here: the protobuf modules cost ~100 ms, paid only by sessions that write.
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         self.logdir = os.fspath(logdir)
-        self._writer = EventFileWriter(self.logdir, max_queue_size=max_queue, flush_secs=flush_secs,
-                                       filename_suffix=filename_suffix)
+        os.makedirs(self.logdir, exist_ok=True)
+        version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
+                                  source_metadata=event_pb2.SourceMetadata(writer="torch-supervisor"))
+        self._writer = EventFile(self.logdir, filename_suffix, flush_secs=flush_secs, max_queue=max_queue,
+                                 first=version.SerializeToString())
         self._closed = False
 
     @property
@@ -114,7 +119,7 @@ class SummaryWriter:
             raise RuntimeError(f"the summary writer of {self.logdir} is closed; nothing can be added to it")
         step = check_int("step", step)
         wall_time = time.time() if walltime is None else check_number("walltime", walltime)
-        self._writer.add_event(self._event_pb2.Event(wall_time=wall_time, step=step, **fields))
+        self._writer.add(self._event_pb2.Event(wall_time=wall_time, step=step, **fields).SerializeToString())
 
 
 class SummaryWriterCache:

@@ -152,3 +152,66 @@ def test_the_in_memory_twin_has_the_same_interface():
         fake = inspect.signature(getattr(InMemorySummaryWriter, name))
         assert list(real.parameters) == list(fake.parameters), name
         assert [p.kind for p in real.parameters.values()] == [p.kind for p in fake.parameters.values()], name
+
+
+def _scalars_on_disk(logdir):
+    return [e.step for e in accumulate(logdir).Scalars("loss")] if "loss" in accumulate(logdir).Tags()["scalars"] else []
+
+
+def test_events_are_written_in_batches_within_flush_secs_without_a_flush_call(tmp_path):
+    import time
+
+    writer = SummaryWriter(str(tmp_path), flush_secs=0.3, max_queue=1000)
+    try:
+        writer.add_scalar("loss", 1.0, 1)
+        writer.add_scalar("loss", 2.0, 2)
+        deadline = time.monotonic() + 10
+        while _scalars_on_disk(tmp_path) != [1, 2] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _scalars_on_disk(tmp_path) == [1, 2]  # the writer thread wrote and flushed both
+    finally:
+        writer.close()
+
+
+def test_max_queue_events_wake_the_writer_before_flush_secs(tmp_path):
+    import time
+
+    writer = SummaryWriter(str(tmp_path), flush_secs=3600, max_queue=3)
+    try:
+        for step in (1, 2):
+            writer.add_scalar("loss", float(step), step)
+        time.sleep(0.3)
+        assert _scalars_on_disk(tmp_path) == []  # fewer than max_queue, an hour to go: still queued
+        writer.add_scalar("loss", 3.0, 3)
+        deadline = time.monotonic() + 10
+        while _scalars_on_disk(tmp_path) != [1, 2, 3] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _scalars_on_disk(tmp_path) == [1, 2, 3]
+    finally:
+        writer.close()
+
+
+def test_the_events_file_is_tensorboards_format_record_by_record(tmp_path):
+    """TFRecord framing with both masked CRC-32Cs right; TensorBoard's own loader reads it."""
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    writer = SummaryWriter(str(tmp_path))
+    for step in range(25):  # past max_queue: several batches
+        writer.add_scalar("loss", float(step), step)
+    writer.add_session_log("STOP", 25)
+    writer.close()
+    [path] = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+    with open(path, "rb") as f:
+        data, records = f.read(), 0
+    while data:
+        header, (header_crc,) = data[:8], struct.unpack("<I", data[8:12])
+        (length,) = struct.unpack("<Q", header)
+        body, (body_crc,) = data[12:12 + length], struct.unpack("<I", data[12 + length:16 + length])
+        assert header_crc == masked_crc32c(header) and body_crc == masked_crc32c(body)
+        data, records = data[16 + length:], records + 1
+    assert records == 27
+    events = list(LegacyEventFileLoader(path).Load())
+    assert events[0].file_version == "brain.Event:2"
+    assert [e.step for e in events[1:]] == list(range(26))

@@ -157,37 +157,28 @@ class CheckpointManager:
             raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
         self._lock.acquire()
         try:
-            recover_interrupted_replacements(self.directory, self._indexed_names())
+            index = self._read_trusted_index()  # once per open: fixed cost of every session creation
+            recover_interrupted_replacements(self.directory, _indexed_names(index))
             clean_transient(self.directory)
-            self._retention = self._recover_retention()
+            self._retention = self._recover_retention(index)
         except BaseException:
             self._lock.release()
             raise
         self._opened = True
 
-    def _read_trusted_index(self, *, quiet: bool = False) -> CheckpointState | None:
+    def _read_trusted_index(self) -> CheckpointState | None:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
         warns about each other entry); None when there is none or it cannot be read."""
         try:
             index = read_index(self.directory)
         except (ValueError, OSError) as e:
-            if not quiet:
-                logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
+            logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
             return None
         if index is None:
             return None
-        # quiet: _recover_retention reports the ignored entries, once.
-        return trusted_index(index, self.directory, self.basename, warn=not quiet)[0]
+        return trusted_index(index, self.directory, self.basename, warn=True)[0]
 
-    def _indexed_names(self) -> list[str]:
-        """The checkpoint names the index lists (checkpoints of this logdir only)."""
-        index = self._read_trusted_index(quiet=True)
-        if index is None:
-            return []
-        return [n for n in (index.model_checkpoint_path, *index.all_model_checkpoint_paths) if n]
-
-    def _recover_retention(self) -> retention.RetentionState:
-        index = self._read_trusted_index()
+    def _recover_retention(self, index: CheckpointState | None) -> retention.RetentionState:
         present = set(os.listdir(self.directory))
         state = retention.recover(index, self._clock.time(), present=present)
         if index is not None:
@@ -418,3 +409,10 @@ class CheckpointManager:
     def __repr__(self) -> str:
         return (f"CheckpointManager({self.directory!r}, basename={self.basename!r}, "
                 f"max_to_keep={self.max_to_keep}, save_mode={self.save_mode!r})")
+
+
+def _indexed_names(index: CheckpointState | None) -> list[str]:
+    """The checkpoint names a (trusted) index lists."""
+    if index is None:
+        return []
+    return [n for n in (index.model_checkpoint_path, *index.all_model_checkpoint_paths) if n]

