@@ -536,6 +536,14 @@ class MonitoredSession:
         self._create_with_retries(start_step)
 
     def _prepare_recovery(self, exc: BaseException, start_step: int) -> None:
+        if not self._boundary.agreement.local:
+            # The other ranks are inside this step's collectives (DDP's all-reduce, the agreement):
+            # a re-creation on this rank alone would restore a step they have left behind.
+            logger.error("recoverable error at step %d (%s: %s) in a distributed job: not recovered "
+                         "in this process — the other ranks cannot re-create with it; the job ends, "
+                         "and torchrun --max-restarts=N restarts every rank from the last committed "
+                         "checkpoint", start_step, type(exc).__name__, exc)
+            raise exc.with_traceback(exc.__traceback__)
         self._recoveries += 1
         if self._recoveries > self._max_recoveries:
             logger.warning("giving up after %d recoveries in a row at step %d",

@@ -33,20 +33,25 @@ class StagingArea:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._copy_cpu = True
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the staging buffers."""
         return sum(b.untyped_storage().nbytes() for b in self._buffers.values())
 
-    def capture(self, tree: Any) -> Any:
+    def capture(self, tree: Any, *, copy_cpu: bool = True) -> Any:
         """Returns a copy of ``tree`` whose tensors live in this area's buffers.
 
         The previous capture's copies are overwritten: the caller must be done with them.
+        ``copy_cpu=False`` (a save the caller waits for: nothing can change the state until it
+        is written) keeps plain CPU tensors as they are — no copy, no staging memory; tensors
+        on other devices are still copied to CPU so the file is the same.
         """
         used: dict[tuple, torch.Tensor] = {}
         shared: dict[tuple, torch.Tensor] = {}
         copies: tuple[list, list, list, list] = ([], [], [], [])  # CPU dst, src; CUDA dst, src
+        self._copy_cpu = copy_cpu
         with torch.no_grad():
             snapshot = self._copy(tree, (), used, shared, copies)
             # One call per device kind: a 2,000-tensor state pays one dispatch, not 2,000.
@@ -55,7 +60,10 @@ class StagingArea:
             if copies[2]:
                 torch._foreach_copy_(copies[2], copies[3], non_blocking=True)
                 torch.cuda.synchronize()
-        self._buffers = used  # drop buffers the state no longer has: no growth across saves
+        if copy_cpu:
+            self._buffers = used  # drop buffers the state no longer has: no growth across saves
+        else:
+            self._buffers.update(used)  # keep the periodic saves' buffers for the next one
         return snapshot
 
     def release(self) -> None:
@@ -90,6 +98,9 @@ class StagingArea:
         buffer = shared.get(alias)
         if buffer is not None:
             return buffer
+        if not self._copy_cpu and tensor.device.type == "cpu":
+            shared[alias] = tensor
+            return tensor
         buffer = self._buffers.get(path)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
             buffer = _allocate(tensor)  # strides need not match: the copy handles any layout

@@ -98,17 +98,32 @@ def test_staging_buffers_are_reused_between_saves(manager_factory):
     state = small_state(width=64)
     train_step(state, 0)  # Adam's moments exist from the first step on
     manager = manager_factory()
-    manager.save(1, state, wait=True)
+    manager.save(1, state)
+    manager.wait()
     first = {id(b) for b in manager._staging._buffers.values()}
     held = manager._staging.nbytes
     for step in range(2, 6):
         train_step(state, step)
-        manager.save(step, state, wait=True)
+        manager.save(step, state, wait=step == 3)  # a waited-for save in between keeps them too
+        manager.wait()
     assert {id(b) for b in manager._staging._buffers.values()} == first
     assert manager._staging.nbytes == held
     # one copy of the state: parameters + Adam's two moments (and its step counters)
     params = sum(p.numel() * 4 for p in state["model"].parameters())
     assert 3 * params <= held <= 3 * params + 1024
+
+
+def test_a_save_the_caller_waits_for_writes_the_live_tensors_without_staging(manager_factory, tmp_path):
+    import torch
+
+    state = small_state(width=64)
+    train_step(state, 0)
+    manager = manager_factory()
+    path = manager.save(1, state, wait=True)
+    assert manager._staging.nbytes == 0  # no copy: the caller was blocked until the commit
+    saved = torch.load(os.path.join(path, "state.pt"), weights_only=True)
+    for name, tensor in state["model"].state_dict().items():
+        assert torch.equal(saved["model"][name], tensor), name
 
 
 def test_no_final_directory_and_no_index_until_sealed(manager_factory, tmp_path):

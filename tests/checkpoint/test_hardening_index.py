@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import random
 import pickle
 import shutil
 import subprocess
@@ -200,7 +201,7 @@ class _Exec:
 
 @pytest.mark.parametrize("kind", ["garbage", "protocol-4 pickle"])
 def test_unloadable_state_file_is_described_without_unsafe_advice(logdir, clock, caplog, kind):
-    raw = os.urandom(4096) if kind == "garbage" else pickle.dumps({"model": _Exec()}, protocol=4)
+    raw = random.Random(0).randbytes(4096) if kind == "garbage" else pickle.dumps({"model": _Exec()}, protocol=4)
     _plant(logdir / "model.ckpt-3", raw)
     with caplog.at_level(logging.WARNING):
         restored = restore_into(logdir, small_state(seed=5), clock=clock)

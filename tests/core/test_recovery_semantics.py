@@ -162,3 +162,33 @@ def test_sigterm_during_a_recovery_backoff_ends_the_wait_and_stops():
     timer.join(5)
     assert time.monotonic() - start < 30
     assert s.preempted and s.stop_reason == "received SIGTERM" and s.global_step == 1
+
+
+class _ManyRanks:
+    """An agreement as a distributed job has one: not local (decisions are the identity here)."""
+
+    def __new__(cls):
+        from supervisor.boundary import Agreement
+
+        class Collective(Agreement):
+            local = False
+
+        return Collective()
+
+
+def test_a_recoverable_error_in_a_distributed_job_ends_the_rank_instead_of_recovering_alone(caplog):
+    created = []
+
+    class Counting(SessionCreator):
+        def create(self, session):
+            created.append(session.global_step)
+            return super().create(session)
+
+    session = MonitoredSession(Counting(), agreement=_ManyRanks(), max_recoveries=3,
+                               recovery_backoff_secs=0, clock=FakeClock())
+    with pytest.raises(RecoverableError, match="transient"):
+        with session as s:
+            s.run(lambda: None)
+            s.run(lambda: (_ for _ in ()).throw(RecoverableError("transient")))
+    assert created == [0]  # never re-created on this rank alone
+    assert "torchrun --max-restarts" in caplog.text and "not recovered" in caplog.text
