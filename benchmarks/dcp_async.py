@@ -71,7 +71,8 @@ def _rank_main(rank: int, port: int, mib: int, rounds: int, root: str, out: Any)
                 for mode in ("async", "sync")}
     for manager in managers.values():
         manager.open()
-    managers["async"].save(0, state, wait=True)  # allocates the staging buffers (and the side group)
+    managers["async"].save(0, state)  # allocates the staging buffers (and the side group)
+    managers["async"].wait()
     managers["sync"].save(0, state)
     times: dict[str, list[float]] = {name: [] for name in FIGURES}
     for step in range(1, rounds + 1):

@@ -196,7 +196,9 @@ class ShardedCheckpointManager:
         background = self.save_mode == "async"
         if background and self._group is None and distributed.is_initialized():
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
-        job = self._job(step, state, background)
+        # A save the caller waits for writes the live state (as CheckpointManager): the caller is
+        # blocked until the commit, so nothing changes it meanwhile; no staging copy is made.
+        job = self._job(step, state, stage=background and not wait, background=background)
         self._last_saved_step = step
         outcome: list[CheckpointError] | None = [] if wait or not background else None
         run = functools.partial(self._run, job, outcome)
@@ -211,14 +213,14 @@ class ShardedCheckpointManager:
             raise outcome[0]
         return self.path_of(step)
 
-    def _job(self, step: int, state: TrainingState, background: bool) -> dcp_commit.ShardedSave:
-        """The capture, on the caller's thread: the state dict (staged for a background write),
-        this rank's RNG and loader-generator states, the save's store key."""
+    def _job(self, step: int, state: TrainingState, *, stage: bool, background: bool) -> dcp_commit.ShardedSave:
+        """The capture, on the caller's thread: the state dict (``stage``: copied into the staging
+        buffers), this rank's RNG and loader-generator states, the save's store key."""
         rank, size = dcp_commit.rank_and_size()
         key = dcp_commit.next_save_key()  # first: every rank numbers this save, even if its capture fails
         try:
             state_dict = build_state_dict(state)
-            if background:
+            if stage:
                 state_dict = dcp_commit.stage(state_dict, self._staging)
             rng = capture_rng_state(loader_generators(state)) if self.save_rng else None
         except Exception as e:

@@ -83,6 +83,9 @@ def test_a_save_while_one_is_in_flight_waits_for_it_and_wait_true_returns_commit
     path = manager.save(2, state, wait=True)  # waits for save 1 (held until the timer), then commits 2
     assert time.monotonic() - start >= 0.25
     verify_checkpoint(path)
+    fresh = _state(seed=5)
+    load_into(path, fresh)  # a waited-for save writes the live state (no staging copy): the same values
+    assert all(torch.equal(v, _params(state)[k]) for k, v in _params(fresh).items())
     manager.close()
     # retention (max_to_keep=1) deleted step 1 for good (after the commit): no .deleting-* left
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith("model.ckpt")) == ["model.ckpt-2"]
