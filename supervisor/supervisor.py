@@ -318,8 +318,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     if checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
         from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
 
-        options = {k: val for k, val in (checkpoint_options or {}).items() if k != "save_mode"}
-        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock, **options)
+        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,
+                                           **(checkpoint_options or {}))  # save_mode too (async by default)
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)
     elif is_chief:

@@ -10,19 +10,32 @@ rank writes its own shards, in parallel, into **one** temp directory, and the ch
       rng-0.pt rng-1.pt    # each rank's RNG state (supervisor.rng), one file per rank
 
 A save is a collective, called by every rank at the same step (the `CollectiveAgreement` makes
-the step the same): the chief creates ``model.ckpt-100.tmp-<hex>/`` and broadcasts its path;
-every rank runs ``dcp.save`` into it, checksums the files it wrote (still in the page cache) and
-sends the records to the chief; the chief checksums ``.metadata``, seals the manifest naming
-every file, renames the directory and publishes the index (retention as for ``state.pt``
-checkpoints). A failure on any rank removes the temp directory on every rank's word and raises
-`CheckpointError` everywhere; a crash leaves only the temp directory. Saves are synchronous (DCP's
-``async_save`` stages into its own buffers and commits from a thread the commit protocol cannot
-seal from all ranks at once; not used yet).
+the step the same). The commit protocol (`supervisor.checkpoint.dcp_commit`): the chief creates
+``model.ckpt-100.tmp-<hex>/`` and posts its path in the process group's store; every rank runs
+``dcp.save`` into it, checksums the files it wrote (still in the page cache) and posts the
+records; the chief, once it has every rank's records, checksums ``.metadata``, seals the
+manifest naming every file, renames the directory, publishes the index (retention as for
+``state.pt`` checkpoints) and posts its verdict, which every rank waits for. A failure on any
+rank removes the temp directory and fails the save on every rank; a crash or SIGKILL at any
+point leaves only the temp directory, never a published incomplete checkpoint.
+
+Saves are **asynchronous** by default (`ShardedCheckpointManager`, ``save_mode="async"``): the
+training thread only copies the state into reused CPU buffers (DTensors as their local shards,
+re-wrapped without a collective) and captures the RNG and loader-generator states; a background
+thread runs the protocol above, with ``dcp.save``'s planning and metadata collectives on a gloo
+group of the manager's own — never the default group, whose collectives (DDP's, the training
+step's) belong to the training thread — and the records and verdict in the store. DCP's own
+``async_save`` is not used: its background ``save`` runs collectives on the group it is given,
+stages into fresh buffers each time, and has no place for the chief's seal after every rank's
+files are known. `save_sharded` is the synchronous form (training thread, default group).
 
 Restore: the chief chooses and verifies (§5.4: index first, full checksums, fall back to older),
-broadcasts the path, and every rank loads exactly that with ``dcp.load`` — which reshards: the
-world size may differ from the one that saved. `load_into` loads a DCP checkpoint into a plain
-module or state in one process (evaluation, export), verified first.
+posts the path, and every rank loads exactly that with ``dcp.load`` — which reshards: the world
+size may differ from the one that saved — then takes back its own ``rng-<rank>.pt`` (global
+generators and data-loader ``generator=`` states, `supervisor.resume`; a rank with no file gets
+a derived seed). `load_into` loads a DCP checkpoint into a plain module or a `TrainingState` in
+one process (evaluation, export, resuming a one-process run), verified first; into a state it
+restores rank 0's RNG and loader generators.
 """
 from __future__ import annotations
 
@@ -32,16 +45,13 @@ from typing import Any, Mapping
 
 import torch
 
-from supervisor import distributed
-from supervisor.checkpoint.fileio import checksum_file
-from supervisor.checkpoint.format import FileRecord, checkpoint_name
-from supervisor.checkpoint.restore import check_checkpoint, safe_torch_load
+from supervisor import distributed, resume
+from supervisor.checkpoint import dcp_commit
+from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint.restore import Restored, check_checkpoint, safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
-from supervisor.checkpoint.serialize import serialize
-from supervisor.checkpoint.temp import TempCheckpoint
-from supervisor.checkpoint.restore import Restored
-from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
+from supervisor.resume import loader_generators
 from supervisor.rng import capture_rng_state
 from supervisor.state import TrainingState, unwrap_module
 
@@ -97,80 +107,25 @@ def apply_state_dict(state: TrainingState, loaded: Mapping[str, Any]) -> None:
 
 # ---------------------------------------------------------------- saving
 def save_sharded(directory: str, basename: str, step: int, state: TrainingState, *, wall_time: float,
-                 publish: Any = None, save_rng: bool = True) -> str:
-    """Every rank's shards of ``state`` as the committed checkpoint ``<basename>-<step>``.
+                 publish: Any = None, save_rng: bool = True, timeout_secs: float = 1800.0) -> str:
+    """Every rank's shards of ``state`` as the committed checkpoint ``<basename>-<step>``,
+    synchronously, on the calling (training) thread.
 
-    A collective over the default group. ``publish(name, wall_time)`` runs on the chief after the
-    rename (index and retention; e.g. a `CheckpointManager`'s). Returns the committed path.
+    A collective over the default group (every rank calls it at the same step); the commit
+    protocol is `supervisor.checkpoint.dcp_commit.commit`. ``publish(name, wall_time)`` runs on
+    the chief after the rename (index and retention; e.g. a `CheckpointManager`'s). Returns the
+    committed path.
 
     Raises:
         CheckpointError: on every rank, when any rank failed (the temp directory is removed).
     """
-    import torch.distributed as dist
-
-    group = distributed.is_initialized()  # without one: a single process writes alone
-    rank, size = (distributed.rank(), distributed.world_size()) if group else (0, 1)
-    name = checkpoint_name(basename, step)
-    temp = TempCheckpoint.create(directory, name) if rank == 0 else None
-    box = [temp.path if temp is not None else None]
-    if group:
-        dist.broadcast_object_list(box, src=0)
-    path = box[0]
-    outcome = _write_own_part(path, state, rank, group, save_rng)
-    gathered: list[Any] | None = [None] * size if rank == 0 else None
-    if group:
-        dist.gather_object(outcome, gathered, dst=0)
-    else:
-        gathered = [outcome]
-    verdict = [""]
-    if temp is not None:
-        verdict[0] = _seal(temp, gathered or [], step, wall_time, size, publish)
-    if group:
-        dist.broadcast_object_list(verdict, src=0)
-    if verdict[0]:
-        raise CheckpointError(f"saving the sharded checkpoint of step {step} to "
-                              f"{os.path.join(directory, name)} failed: {verdict[0]}")
-    return os.path.join(directory, name)
-
-
-def _write_own_part(path: str, state: TrainingState, rank: int, group: bool,
-                    save_rng: bool) -> tuple[bool, str, dict[str, tuple[int, str]]]:
-    """This rank's part of a save: its DCP shards (fsynced by DCP), its RNG file, and the
-    size and CRC-32 of each file it wrote (read back from the page cache). Never raises: the
-    outcome goes to the chief."""
-    import torch.distributed.checkpoint as dcp
-
-    try:
-        dcp.save(build_state_dict(state), storage_writer=dcp.FileSystemWriter(path, sync_files=True),
-                 no_dist=not group)
-        own = TempCheckpoint.attach(path)
-        if save_rng:
-            own.write_file(f"rng-{rank}.pt", lambda w: serialize(capture_rng_state(), w))
-        records = {f: checksum_file(os.path.join(path, f)) for f in os.listdir(path) if f.startswith(f"__{rank}_")}
-        records.update({f: (r.size, r.checksum) for f, r in own.records.items()})
-        return True, "", records
-    except Exception as e:  # noqa: BLE001 - reported to the chief, raised on every rank by save_sharded
-        return False, f"rank {rank}: {type(e).__name__}: {e}", {}
-
-
-def _seal(temp: TempCheckpoint, outcomes: list[Any], step: int, wall_time: float, size: int, publish: Any) -> str:
-    """The chief's part: seal, rename, publish; returns "" or what failed."""
-    failures = [message for ok, message, _ in outcomes if not ok]
-    if failures:
-        temp.discard()
-        return "; ".join(failures)
-    for _, _, records in outcomes:
-        for rel, (nbytes, checksum) in records.items():
-            temp.add_record(rel, FileRecord(int(nbytes), str(checksum)))
-    try:
-        result = temp.finalize(step=step, wall_time=wall_time, world_size=size)
-        if publish is not None:
-            publish(temp.name, wall_time)
-    except Exception as e:  # noqa: BLE001 - reported to every rank
-        return f"rank 0 (sealing): {type(e).__name__}: {e}"
-    logger.info("committed the sharded checkpoint %s (%d ranks, %.1f MiB, %.2f s)", result.path, size,
-                result.nbytes / 2**20, result.write_secs)
-    return ""
+    rank, size = dcp_commit.rank_and_size()
+    key = dcp_commit.next_save_key()  # first: every rank numbers this save, even if its capture fails
+    save = dcp_commit.ShardedSave(
+        directory, checkpoint_name(basename, step), int(step), wall_time, build_state_dict(state),
+        capture_rng_state(loader_generators(state)) if save_rng else None, key,
+        rank=rank, world_size=size, timeout_secs=timeout_secs, publish=publish if rank == 0 else None)
+    return dcp_commit.commit(save, dcp_commit.channel_for())
 
 
 # ---------------------------------------------------------------- restoring
@@ -200,55 +155,75 @@ def choose_checkpoint(directory: str, basename: str, *, verify: str = "full") ->
 
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
-    the path the chief chose); DCP reshards to this job's world size."""
-    import torch.distributed.checkpoint as dcp
-
-    state_dict = build_state_dict(state)
+    the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
+    rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
+    (`supervisor.resume`); a rank the checkpoint has no state for gets a derived seed (§12)."""
+    live = resume.live_iterators(state)  # exact resume: checked before the load
     try:
-        dcp.load(state_dict, checkpoint_id=path, no_dist=not distributed.is_initialized())
-        apply_state_dict(state, state_dict)
+        _load(path, state, no_dist=not distributed.is_initialized())
     except Exception as e:
         raise CheckpointError(f"restoring the sharded checkpoint {path} (step {step}) failed: "
                               f"{type(e).__name__}: {e}") from e
+    where = f"{path} (step {step})"
+    resume.prime_loaders(state, live, where)  # may draw from the RNG, so before it is restored
     if restore_rng:
-        _restore_rng(path, step)
+        _restore_rng(path, step, state, distributed.rank())
     return Restored(global_step=step, path=path)
 
 
-def _restore_rng(path: str, step: int) -> None:
+def _load(path: str, state: TrainingState, *, no_dist: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state_dict = build_state_dict(state)
+    dcp.load(state_dict, checkpoint_id=path, no_dist=no_dist)
+    apply_state_dict(state, state_dict)
+
+
+def _restore_rng(path: str, step: int, state: TrainingState, rank: int) -> None:
+    """``rank``'s ``rng-<rank>.pt`` (global generators and the state's loader generators), or
+    a derived seed when the checkpoint has none for ``rank`` (the world size changed)."""
     from supervisor.distributed.rng import restore_for_rank
 
-    rank = distributed.rank()
-    files = {int(f[4:-3]): f for f in os.listdir(path) if f.startswith("rng-") and f.endswith(".pt")}
+    where = f"{path} (step {step})"
+    files = {int(f[4:-3]): f for f in os.listdir(path)
+             if f.startswith("rng-") and f.endswith(".pt") and f[4:-3].isdigit()}
     if not files:
         logger.warning("%s has no RNG state; the random generators continue from their current state", path)
-        return
-    if rank in files:
-        states = {rank: safe_torch_load(os.path.join(path, files[rank]), step=step)}
+    elif rank in files:
+        resume.restore_rng(safe_torch_load(os.path.join(path, files[rank]), step=step), state, where=where)
     else:
-        states = dict.fromkeys(files)  # only the keys matter: this rank gets the derived seed
-    restore_for_rank(states, rank, step=step, where=f"{path} (step {step})")
+        restore_for_rank(dict.fromkeys(files), rank, step=step, where=where)  # only the keys matter
 
 
-def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full") -> int:
+def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", restore_rng: bool = True) -> int:
     """Loads a DCP checkpoint into a plain, non-distributed module (its ``"model"`` entry) or
-    `TrainingState` in this one process — for evaluation and export. Verifies it first.
+    `TrainingState` in this one process — for evaluation, export, or resuming a one-process run
+    from a sharded checkpoint. Verifies it first.
+
+    Into a `TrainingState` with ``restore_rng``, the process takes **rank 0's** RNG state and
+    data-loader generators (``rng-0.pt``), as a one-process restore of a ``state.pt`` checkpoint
+    does, and its ``StatefulDataLoader`` s are primed (`supervisor.resume`): the run continues
+    as rank 0 would have. The other ranks' RNG files are not read. Non-tensor entries (a
+    loader's position, say) hold the one copy DCP kept (it writes each such entry once, from one
+    rank). Into a plain module no RNG is touched.
 
     Returns:
         The checkpoint's step.
     """
-    import torch.distributed.checkpoint as dcp
-
     path = os.fspath(path)
     manifest = check_checkpoint(path, verify=verify)
     if DCP_METADATA not in manifest.files:
         raise CheckpointError(f"{path} is not a sharded (checkpoint_format='dcp') checkpoint; use "
                               "supervisor.load_checkpoint or restore_partial")
     if isinstance(target, TrainingState):
-        state_dict = build_state_dict(target)
-        dcp.load(state_dict, checkpoint_id=path, no_dist=True)
-        apply_state_dict(target, state_dict)
+        live = resume.live_iterators(target)
+        _load(path, target, no_dist=True)
+        resume.prime_loaders(target, live, f"{path} (step {manifest.step})")
+        if restore_rng:
+            _restore_rng(path, manifest.step, target, 0)
     else:
+        import torch.distributed.checkpoint as dcp
+
         module = unwrap_module(target)
         state_dict = {"model": module.state_dict()}
         dcp.load(state_dict, checkpoint_id=path, no_dist=True)
@@ -256,121 +231,11 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full") -> 
     return manifest.step
 
 
-# ---------------------------------------------------------------- manager and creator
-class ShardedCheckpointManager:
-    """The checkpoint manager of ``checkpoint_format="dcp"``: one on **every** rank.
+def __getattr__(name: str) -> Any:
+    # The manager and the session creator of checkpoint_format="dcp" live in dcp_manager.py
+    # (they build on this module; lazy, so either module can be imported first).
+    if name in ("ShardedCheckpointManager", "ShardedSessionCreator"):
+        from supervisor.checkpoint import dcp_manager
 
-    ``save`` is a collective (every rank writes its shards; `save_sharded`), synchronous, and
-    reports the commit through ``on_commit(step, path)`` like `CheckpointManager`. The chief
-    holds an inner `CheckpointManager` for what only it does: the ownership lock, cleaning up
-    a crashed writer's temp directories, the index and retention. A failed save raises
-    `CheckpointError` on every rank (``max_consecutive_save_failures`` does not apply).
-
-    Args:
-        directory, basename, max_to_keep, keep_checkpoint_every_n_hours, verify, save_rng,
-        trusted_globals, clock: as `CheckpointManager`.
-        max_wait_secs: how long a non-chief rank waits for the chief's restore decision.
-    """
-
-    collective = True  # every rank calls save() at the same step
-
-    def __init__(self, directory: str | os.PathLike, *, basename: str = "model.ckpt",
-                 max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float | None = 10000.0,
-                 verify: str = "full", save_rng: bool = True, trusted_globals: Any = (),
-                 max_wait_secs: float = 7200, clock: Any = None) -> None:
-        from supervisor._validate import check_number
-        from supervisor.checkpoint.manager import CheckpointManager
-        from supervisor.clock import resolve_clock
-
-        self._chief = distributed.rank() == 0
-        inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
-                                  keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                  save_mode="sync", verify=verify, save_rng=save_rng,
-                                  trusted_globals=trusted_globals, clock=clock)
-        self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
-        self.save_rng = inner.save_rng
-        self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
-        self._inner = inner if self._chief else None
-        self._clock = resolve_clock(clock)
-        self.on_commit: Any = None
-        self.on_error: Any = None
-        self._last_saved_step: int | None = None
-
-    @property
-    def last_saved_step(self) -> int | None:
-        return self._last_saved_step
-
-    @property
-    def checkpoints(self) -> tuple[str, ...]:
-        return self._inner.checkpoints if self._inner is not None else ()
-
-    def open(self) -> None:
-        if self._inner is not None:
-            self._inner.open()
-
-    def save(self, step: int, state: TrainingState, *, wait: bool = False) -> str:
-        """Every rank's shards of ``state`` at ``step`` (a collective; see the class docstring)."""
-        publish = self._inner._publish if self._inner is not None else None
-        path = save_sharded(self.directory, self.basename, int(step), state, wall_time=self._clock.time(),
-                            publish=publish, save_rng=self.save_rng)
-        self._last_saved_step = int(step)
-        if self.on_commit is not None:
-            self.on_commit(int(step), path)
-        return path
-
-    def wait(self) -> None:
-        """Nothing in flight: sharded saves are synchronous."""
-
-    def restore(self, state: TrainingState) -> Restored | None:
-        """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
-        from supervisor.distributed import restore as channel
-
-        if not distributed.is_distributed():
-            choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
-        elif self._chief:
-            key = channel.next_key()
-            try:
-                choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
-            except BaseException as e:
-                channel.publish_decision(key, channel.RestoreDecision(error=f"{type(e).__name__}: {e}"))
-                raise
-            channel.publish_decision(key, channel.RestoreDecision(*choice) if choice else channel.RestoreDecision())
-        else:
-            decision = channel.await_decision(channel.next_key(), max_wait_secs=self.max_wait_secs, clock=self._clock)
-            if decision.error is not None:
-                raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
-                                      f"failed with {decision.error}")
-            choice = (decision.path, decision.step) if decision.path is not None else None
-        if choice is None:
-            return None
-        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng)
-        self._last_saved_step = restored.global_step
-        return restored
-
-    def close(self, *, failed: bool = False) -> None:
-        if self._inner is not None:
-            self._inner.close(failed=failed)
-
-
-class ShardedSessionCreator(SessionCreator):
-    """Restore-or-init from a `ShardedCheckpointManager`, on every rank (SPEC §4, §12).
-
-    The chief chooses; every rank (chief or not) loads its shards of that checkpoint. Only the
-    chief writes events; every rank takes part in each save.
-    """
-
-    reinitialise_on_recreate = True
-
-    def __init__(self, state: TrainingState | None, manager: ShardedCheckpointManager, *, is_chief: bool,
-                 init_fn: Any = None, local_init_fn: Any = None, ready_fn: Any = None,
-                 logdir: str | None = None, summary_writer: Any = None) -> None:
-        if not isinstance(manager, ShardedCheckpointManager):
-            raise TypeError(f"manager must be a ShardedCheckpointManager, got {manager!r}")
-        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
-                         is_chief=is_chief, logdir=logdir if logdir is not None else manager.directory,
-                         summary_writer=summary_writer)
-        self.environment.checkpoints = manager  # closed with the environment
-
-    def restore(self, session: Any) -> Restored | None:
-        self.checkpoints.open()
-        return self.checkpoints.restore(self.state)
+        return getattr(dcp_manager, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -54,7 +54,8 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
             module: str = "tests.distributed.worker") -> list[RankResult]:
     """Runs ``scenario`` on ``world_size`` ranks; returns each rank's exit code and output.
     A rank still running at ``timeout`` — or ``after_rank0_secs`` after rank 0 ended, when
-    given (a hung rank, as torchrun would kill it) — is killed (returncode None)."""
+    given (a hung rank, as torchrun would kill it) — is killed (returncode None). ``module``: the
+    worker module (one that registers more scenarios into worker.py's and runs its main)."""
     port = free_port()
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", module, scenario, *args],

@@ -94,14 +94,14 @@ def test_a_sharded_save_cut_by_a_killed_chief_is_never_committed(tmp_path):
 
     logdir = str(tmp_path / "run")
     killed = run_job("dcp_session", 2, logdir, "6", "dtensor", timeout=120, after_rank0_secs=20,
-                     extra_env={"SUPERVISOR_TEST_KILL_SEAL_AT": "5"})  # saves: 0, 3, 5 (agreed: N+1)
-    assert "killing the chief while committing step 5" in killed[0].output, describe(killed)
+                     extra_env={"SUPERVISOR_TEST_KILL_SEAL_AT": "4"})  # saves: 0, 2, 4 (save_checkpoint_steps=2)
+    assert "killing the chief while committing step 4" in killed[0].output, describe(killed)
     assert killed[0].returncode != 0 and killed[1].returncode != 0  # the other rank did not go on
-    assert latest_checkpoint(logdir).endswith("model.ckpt-3")
+    assert latest_checkpoint(logdir).endswith("model.ckpt-2")
     assert any(".tmp-" in n for n in os.listdir(logdir))  # the sealed but unrenamed shards
     resumed = run_job("dcp_session", 2, logdir, "6", "dtensor", timeout=150)
     assert all(r.returncode == 0 for r in resumed), describe(resumed)
-    assert [r.result["start"] for r in resumed] == [3, 3]
+    assert [r.result["start"] for r in resumed] == [2, 2]
     assert not any(".tmp-" in n for n in os.listdir(logdir))  # removed when the chief reopened the logdir
     for name in os.listdir(logdir):
         if name.startswith("model.ckpt-"):

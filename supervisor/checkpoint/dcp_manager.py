@@ -1,0 +1,372 @@
+"""`ShardedCheckpointManager` and `ShardedSessionCreator`: ``checkpoint_format="dcp"`` in a session.
+
+Every rank has a manager; each save is a collective (every rank calls ``save`` at the same step,
+which the `CollectiveAgreement` guarantees) through the commit protocol of
+`supervisor.checkpoint.dcp_commit`. Restores are decided by the chief (verified, §5.4) and
+loaded by every rank (`supervisor.checkpoint.dcp.restore_sharded`, resharding as needed).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from supervisor import distributed
+from supervisor.checkpoint import dcp_commit
+from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, restore_sharded
+from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint.restore import Restored
+from supervisor.checkpoint.staging import StagingArea
+from supervisor.creator import SessionCreator
+from supervisor.errors import CheckpointError
+from supervisor.resume import loader_generators
+from supervisor.rng import capture_rng_state
+from supervisor.state import TrainingState
+
+__all__ = ["ShardedCheckpointManager", "ShardedSessionCreator"]
+
+logger = logging.getLogger(__name__)
+
+#: How long ``close(failed=True)`` waits for a save still in flight before leaving it behind.
+FAILED_CLOSE_JOIN_SECS = 10.0
+
+
+class _SaveThread:
+    """At most one save in flight, each on its own **daemon** thread.
+
+    Unlike `BackgroundWriter` (non-daemon, so a process exiting without ``close()`` still
+    commits), a sharded save can be blocked in a collective of its side group by a peer that is
+    alive but never joins the save; a daemon thread lets a failed close give up on it after a
+    bounded time (`FAILED_CLOSE_JOIN_SECS`) and the process exit. A save cut short that way
+    leaves only its temp directory. A clean close waits for the save to finish.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None], after: Callable[[], None]) -> None:
+        if not self._idle.is_set():
+            raise RuntimeError("a save is already in flight; wait() for it before submitting another")
+        self._idle.clear()
+        self._thread = threading.Thread(target=self._run, args=(job, after), name=self._name, daemon=True)
+        self._thread.start()
+
+    def _run(self, job: Callable[[], None], after: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException:  # noqa: BLE001 - jobs report their own errors; this is a last resort
+            logger.exception("the sharded checkpoint writer's job failed outside its own error handling")
+        finally:
+            del job  # drop the staged state before signalling: the next capture reuses its buffers
+            self._idle.set()
+        try:
+            after()
+        except Exception:  # noqa: BLE001 - cleanup only; the save itself is committed
+            logger.exception("the sharded checkpoint writer's cleanup failed")
+
+    def wait(self, timeout: float | None = None) -> float:
+        """Blocks until no save is in flight (at most ``timeout``); returns the seconds waited."""
+        if self._idle.is_set():
+            return 0.0
+        start = time.perf_counter()
+        self._idle.wait(timeout)
+        return time.perf_counter() - start
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Joins the last save's thread (cleanup included); whether it ended."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+
+class ShardedCheckpointManager:
+    """The checkpoint manager of ``checkpoint_format="dcp"``: one on **every** rank.
+
+    ``save`` is a collective. With ``save_mode="async"`` (default) it blocks the caller only to
+    copy the state into reused CPU buffers (DTensors as their local shards) and capture this
+    rank's RNG and loader-generator states; a background thread then writes this rank's shards
+    (``dcp.save`` over a gloo group of the manager's own, made at the first save), sends their
+    checksums to the chief through the store, and the chief seals, renames and publishes. Like
+    `CheckpointManager`, at most one save is in flight: a save that falls due meanwhile first
+    waits for it (never skipped). ``save(wait=True)``, ``wait()`` and ``close()`` return once
+    the save is committed on every rank (the final save of a session is waited for at its
+    close). ``save_mode="sync"`` writes on the calling thread (``dcp.save`` over the default
+    group).
+
+    Each commit is reported through ``on_commit(step, path)`` on every rank (from the writer
+    thread for async saves). A failed save fails on every rank with the chief's verdict: raised
+    by a waited-for save, else handed to ``on_error`` (the session wires ``request_stop``), else
+    raised by the next ``save``, ``wait`` or ``close`` (``max_consecutive_save_failures`` does
+    not apply). The chief holds an inner `CheckpointManager` for what only it does: the
+    ownership lock, cleaning up a crashed writer's temp directories, the index and retention.
+
+    Args:
+        directory, basename, max_to_keep, keep_checkpoint_every_n_hours, save_mode, verify,
+        save_rng, trusted_globals, clock: as `CheckpointManager`.
+        max_wait_secs: how long a non-chief rank waits for the chief's restore decision.
+        save_timeout_secs: the longest a rank waits for another's part of one save (the
+            background group's collective timeout, and the waits on the store).
+    """
+
+    collective = True  # every rank calls save() at the same step
+
+    def __init__(self, directory: str | os.PathLike, *, basename: str = "model.ckpt",
+                 max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float | None = 10000.0,
+                 save_mode: str = "async", verify: str = "full", save_rng: bool = True,
+                 trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
+                 clock: Any = None) -> None:
+        from supervisor._validate import check_choice, check_number
+        from supervisor.checkpoint.manager import CheckpointManager
+        from supervisor.clock import resolve_clock
+
+        self._chief = distributed.rank() == 0
+        inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
+                                  keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                                  save_mode="sync", verify=verify, save_rng=save_rng,
+                                  trusted_globals=trusted_globals, clock=clock)
+        self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
+        self.save_rng = inner.save_rng
+        self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
+        self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
+        self.save_timeout_secs = check_number("save_timeout_secs", save_timeout_secs, strictly_positive=True)
+        self._inner = inner if self._chief else None
+        self._clock = resolve_clock(clock)
+        self.on_commit: Callable[[int, str], Any] | None = None
+        self.on_error: Callable[[CheckpointError], Any] | None = None
+        self._writer = _SaveThread("supervisor-dcp-writer")
+        self._staging = StagingArea()
+        self._abort = threading.Event()
+        self._group: Any = None
+        self._mutex = threading.Lock()
+        self._failure: CheckpointError | None = None
+        self._failure_delivered = False
+        self._last_saved_step: int | None = None
+        self._last_committed_step: int | None = None
+        self._closed = False
+
+    @property
+    def last_saved_step(self) -> int | None:
+        """The step of the newest save committed or in flight (or restored); None before any."""
+        return self._last_saved_step
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        return self._inner.checkpoints if self._inner is not None else ()
+
+    def path_of(self, step: int) -> str:
+        """The path the checkpoint of ``step`` is committed to."""
+        return os.path.join(self.directory, checkpoint_name(self.basename, step))
+
+    def open(self) -> None:
+        if self._inner is not None:
+            self._inner.open()
+
+    # ---------------------------------------------------------------- saving
+    def save(self, step: int, state: TrainingState, *, wait: bool = False) -> str:
+        """Every rank's shards of ``state`` at ``step`` (a collective; see the class docstring).
+
+        Returns:
+            The path the checkpoint is committed to.
+
+        Raises:
+            CheckpointError: this save failed and was waited for (``save_mode="sync"`` or
+                ``wait=True``), or an earlier failure not yet reported.
+        """
+        from supervisor._validate import check_int
+
+        step = check_int("step", step, minimum=0)
+        if not isinstance(state, TrainingState):
+            raise TypeError(f"state must be a supervisor.TrainingState, got {type(state).__name__}")
+        if self._closed or (self._inner is not None and not self._inner._opened):
+            raise RuntimeError(f"the sharded checkpoint manager of {self.directory} is not open; call "
+                               "open() before save() (and do not save after close())")
+        self._raise_undelivered()
+        waited = self._writer.wait()
+        if waited > 0:
+            logger.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+            self._raise_undelivered()
+        background = self.save_mode == "async"
+        if background and self._group is None and distributed.is_initialized():
+            self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
+        # A save the caller waits for writes the live state (as CheckpointManager): the caller is
+        # blocked until the commit, so nothing changes it meanwhile; no staging copy is made.
+        job = self._job(step, state, stage=background and not wait, background=background)
+        self._last_saved_step = step
+        outcome: list[CheckpointError] | None = [] if wait or not background else None
+        run = functools.partial(self._run, job, outcome)
+        if background:
+            self._writer.submit(run, after=self._remove_dropped)
+            if wait:
+                self._writer.wait()
+        else:
+            run()
+            self._remove_dropped()
+        if outcome:
+            raise outcome[0]
+        return self.path_of(step)
+
+    def _job(self, step: int, state: TrainingState, *, stage: bool, background: bool) -> dcp_commit.ShardedSave:
+        """The capture, on the caller's thread: the state dict (``stage``: copied into the staging
+        buffers), this rank's RNG and loader-generator states, the save's store key."""
+        rank, size = dcp_commit.rank_and_size()
+        key = dcp_commit.next_save_key()  # first: every rank numbers this save, even if its capture fails
+        try:
+            state_dict = build_state_dict(state)
+            if stage:
+                state_dict = dcp_commit.stage(state_dict, self._staging)
+            rng = capture_rng_state(loader_generators(state)) if self.save_rng else None
+        except Exception as e:
+            raise CheckpointError(f"capturing the training state for the sharded checkpoint of step {step} "
+                                  f"failed: {type(e).__name__}: {e}") from e
+        return dcp_commit.ShardedSave(
+            self.directory, checkpoint_name(self.basename, step), step, self._clock.time(), state_dict, rng,
+            key, rank=rank, world_size=size, group=self._group if background else None,
+            timeout_secs=self.save_timeout_secs, publish=self._inner._publish if self._inner is not None else None)
+
+    def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None) -> None:
+        try:
+            path = dcp_commit.commit(save, dcp_commit.channel_for(self._abort))
+        except CheckpointError as e:
+            self._failed(save.step, e, outcome)
+            return
+        finally:
+            save.state_dict = None  # the staging buffers are reused by the next capture
+        self._last_committed_step = save.step
+        if self.on_commit is not None:
+            try:
+                self.on_commit(save.step, path)
+            except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
+                logger.exception("reporting the commit of %s failed", path)
+
+    def _failed(self, step: int, failure: CheckpointError, outcome: list[CheckpointError] | None) -> None:
+        """A waited-for save's failure goes to its caller, else to ``on_error``, else to the next call."""
+        with self._mutex:
+            self._last_saved_step = self._last_committed_step
+        if outcome is not None:
+            outcome.append(failure)
+            return
+        logger.error("%s", failure)
+        delivered = False
+        if self.on_error is not None:
+            try:
+                self.on_error(failure)
+                delivered = True
+            except BaseException as e:  # noqa: BLE001 - e.g. the session is past its last join
+                logger.debug("on_error did not take the checkpoint failure (%s); raising it later", e)
+        with self._mutex:
+            if self._failure is None:
+                self._failure, self._failure_delivered = failure, delivered
+
+    def _raise_undelivered(self) -> None:
+        with self._mutex:
+            if self._failure is None or self._failure_delivered:
+                return
+            failure, self._failure = self._failure, None
+        raise failure
+
+    def _remove_dropped(self) -> None:
+        """Deletes what retention moved aside (the chief), after the save reported done."""
+        if self._inner is not None:
+            self._inner._remove_dropped()
+
+    def wait(self) -> None:
+        """Blocks until no save is in flight (committed or failed on every rank); raises a
+        failure not yet reported."""
+        self._writer.wait()
+        self._raise_undelivered()
+
+    # ---------------------------------------------------------------- restoring and closing
+    def restore(self, state: TrainingState) -> Restored | None:
+        """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
+        from supervisor.distributed import restore as channel
+
+        self._writer.wait()  # a save in flight is the newest checkpoint
+        if not distributed.is_distributed():
+            choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
+        elif self._chief:
+            key = channel.next_key()
+            try:
+                choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
+            except BaseException as e:
+                channel.publish_decision(key, channel.RestoreDecision(error=f"{type(e).__name__}: {e}"))
+                raise
+            channel.publish_decision(key, channel.RestoreDecision(*choice) if choice else channel.RestoreDecision())
+        else:
+            decision = channel.await_decision(channel.next_key(), max_wait_secs=self.max_wait_secs, clock=self._clock)
+            if decision.error is not None:
+                raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
+                                      f"failed with {decision.error}")
+            choice = (decision.path, decision.step) if decision.path is not None else None
+        if choice is None:
+            return None
+        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng)
+        self._last_saved_step = self._last_committed_step = restored.global_step
+        return restored
+
+    def close(self, *, failed: bool = False) -> None:
+        """Finishes the save in flight and releases the lock. ``failed=False`` waits for the save
+        to commit and re-raises a failure not yet raised on a caller's thread. ``failed=True``
+        (closing after an error): the save in flight is abandoned — a rank waiting on the store
+        stops waiting, the chief seals nothing and discards the temp directory — and waited for
+        at most `FAILED_CLOSE_JOIN_SECS` (a thread blocked in a collective is left behind, with
+        a WARNING). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if failed:
+            self._abort.set()
+        try:
+            if not self._writer.join(FAILED_CLOSE_JOIN_SECS if failed else None):
+                logger.warning("closing after an error: the sharded save in flight did not end within %g s "
+                               "(blocked in a collective with a rank that never joined it?); leaving it "
+                               "behind — its temp directory is removed when the logdir is next opened",
+                               FAILED_CLOSE_JOIN_SECS)
+        finally:
+            self._staging.release()
+            if self._inner is not None:
+                self._inner.close(failed=failed)
+        with self._mutex:
+            failure, self._failure = self._failure, None
+        if failure is not None and not failed:
+            raise failure
+
+    def __repr__(self) -> str:
+        return (f"ShardedCheckpointManager({self.directory!r}, basename={self.basename!r}, "
+                f"save_mode={self.save_mode!r})")
+
+
+class ShardedSessionCreator(SessionCreator):
+    """Restore-or-init from a `ShardedCheckpointManager`, on every rank (SPEC §4, §12).
+
+    The chief chooses; every rank (chief or not) loads its shards of that checkpoint. Only the
+    chief writes events; every rank takes part in each save. When the manager has no
+    ``on_error``, a failed background save is routed to the session's ``request_stop``.
+    """
+
+    reinitialise_on_recreate = True
+
+    def __init__(self, state: TrainingState | None, manager: ShardedCheckpointManager, *, is_chief: bool,
+                 init_fn: Any = None, local_init_fn: Any = None, ready_fn: Any = None,
+                 logdir: str | None = None, summary_writer: Any = None) -> None:
+        if not isinstance(manager, ShardedCheckpointManager):
+            raise TypeError(f"manager must be a ShardedCheckpointManager, got {manager!r}")
+        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
+                         is_chief=is_chief, logdir=logdir if logdir is not None else manager.directory,
+                         summary_writer=summary_writer)
+        self.environment.checkpoints = manager  # closed with the environment
+        self._routes_errors = manager.on_error is None
+
+    def restore(self, session: Any) -> Restored | None:
+        manager: ShardedCheckpointManager = self.checkpoints
+        manager.open()
+        if self._routes_errors:
+            manager.on_error = session.request_stop
+        return manager.restore(self.state)
