@@ -147,8 +147,10 @@ class MonitoredSession:
         if agreement is None and distributed.is_distributed():  # §12: every rank, same step
             from supervisor.distributed.agreement import CollectiveAgreement
 
+            # A sharded (DCP) manager writes each rank's RNG file itself: no gather to the chief.
+            sharded = getattr(getattr(self._creator, "checkpoints", None), "collective", False)
             agreement = CollectiveAgreement(stop_grace_secs=max(self._stop_grace_secs, 1.0),
-                                            capture_rng=self._capture_rng,
+                                            capture_rng=self._capture_rng, gather_rng=not sharded,
                                             modules=tuple(getattr(self._creator, "state", {}).values()))
         self._boundary = StepBoundary(agreement)
         # A collective agreement must be called at every boundary, the same number of times on
