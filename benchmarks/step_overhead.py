@@ -13,7 +13,7 @@ Prints:
   2-core VM identical loops differ by ±10 % from round to round, more than the 3 % target, while
   the runtime's overhead is additive and measurable to a fraction of a microsecond).
 
-Timing: variants run in alternating rounds (``--rounds``, default 7). µs figures keep each
+Timing: variants run in alternating rounds (``--rounds``, default 7; the order rotates each round). µs figures keep each
 variant's best round; loop ratios are the median, over rounds, of the variant's time over the
 bare loop's time in the same round (printed with their min–max), so a noisy neighbour on a
 2-core machine slows both sides of a ratio alike. ``MonitoredTrainingSession, no default hooks``
@@ -58,10 +58,13 @@ class NoOpRunHook(Hook):
 def measure_rounds(rounds: int, variants: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
     """Runs each variant ``rounds`` times, alternating, and returns every round's figure."""
     figures: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
+    names = list(variants)
+    for r in range(rounds):
+        # The order rotates each round, so no variant always runs first (or right after a
+        # session's teardown) on a machine whose speed drifts.
+        for name in names[r % len(names):] + names[:r % len(names)]:
             gc.collect()
-            figures[name].append(fn())
+            figures[name].append(variants[name]())
     return figures
 
 
