@@ -123,7 +123,7 @@ def _kind(mode: int) -> str:
 
 def _checksum(path: str, name: str) -> str | BaseException:
     try:
-        return checksum_file(os.path.join(path, name))[1]
+        return checksum_file(os.path.join(path, name), mapped=True)[1]  # committed: never truncated
     except OSError as e:
         return e
 
