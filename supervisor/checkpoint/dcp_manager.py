@@ -20,6 +20,7 @@ from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, resto
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
+from supervisor.checkpoint.failures import FailureDelivery
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -87,7 +88,7 @@ class _SaveThread:
         return True
 
 
-class ShardedCheckpointManager:
+class ShardedCheckpointManager(FailureDelivery):
     """The checkpoint manager of ``checkpoint_format="dcp"``: one on **every** rank.
 
     ``save`` is a collective. With ``save_mode="async"`` (default) it blocks the caller only to
@@ -254,23 +255,7 @@ class ShardedCheckpointManager:
             outcome.append(failure)
             return
         logger.error("%s", failure)
-        delivered = False
-        if self.on_error is not None:
-            try:
-                self.on_error(failure)
-                delivered = True
-            except BaseException as e:  # noqa: BLE001 - e.g. the session is past its last join
-                logger.debug("on_error did not take the checkpoint failure (%s); raising it later", e)
-        with self._mutex:
-            if self._failure is None:
-                self._failure, self._failure_delivered = failure, delivered
-
-    def _raise_undelivered(self) -> None:
-        with self._mutex:
-            if self._failure is None or self._failure_delivered:
-                return
-            failure, self._failure = self._failure, None
-        raise failure
+        self._deliver_failure(failure)
 
     def _remove_dropped(self) -> None:
         """Deletes what retention moved aside (the chief), after the save reported done."""

@@ -36,6 +36,7 @@ from supervisor.checkpoint.options import check_basename, check_directory, check
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
+from supervisor.checkpoint.failures import FailureDelivery
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -47,7 +48,7 @@ __all__ = ["CheckpointManager"]
 logger = logging.getLogger(__name__)
 
 
-class CheckpointManager:
+class CheckpointManager(FailureDelivery):
     """Writes checkpoints of a `TrainingState` into ``directory`` and restores the newest good one.
 
     Example::
@@ -371,23 +372,7 @@ class CheckpointManager:
         if outcome is not None:
             outcome.append(failure)
             return
-        delivered = False
-        if self.on_error is not None:
-            try:
-                self.on_error(failure)
-                delivered = True
-            except BaseException as e:  # noqa: BLE001 - e.g. the session is past its last join
-                logger.debug("on_error did not take the checkpoint failure (%s); raising it later", e)
-        with self._mutex:
-            if self._failure is None:
-                self._failure, self._failure_delivered = failure, delivered
-
-    def _raise_undelivered(self) -> None:
-        with self._mutex:
-            if self._failure is None or self._failure_delivered:
-                return
-            failure, self._failure = self._failure, None
-        raise failure
+        self._deliver_failure(failure)
 
     # ---------------------------------------------------------------- restoring
     def restore(self, state: TrainingState) -> Restored | None:
