@@ -97,9 +97,9 @@ class CheckpointSaverHook(Hook):
         self._timer.update_last_triggered_step(step)
         session.save_at_stop(self._manager)
 
-    def _next_active_step(self) -> int | None:
-        """The session skips this hook until the global step about to be taken reaches it."""
-        return self._timer.next_step()
+    def _gate(self) -> tuple | None:
+        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.gate`)."""
+        return self._timer.gate()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         step = run_context.session.global_step
@@ -150,8 +150,8 @@ class _SaveScheduleOnWorker(Hook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.update_last_triggered_step(session.global_step)
 
-    def _next_active_step(self) -> int | None:
-        return self._timer.next_step()
+    def _gate(self) -> tuple | None:
+        return self._timer.gate()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         step = run_context.session.global_step

@@ -49,10 +49,10 @@ class StepCounterHook(Hook):
         self._last_step = None
         self._timer.reset()
 
-    def _next_active_step(self) -> int | None:
-        """The session skips this hook until the global step about to be taken reaches it (the
-        session advances the step every run, so no stall goes unseen in between)."""
-        return self._timer.next_step()
+    def _gate(self) -> tuple | None:
+        """The session skips this hook until its schedule may trigger (the session advances the
+        step every run, so no stall goes unseen in between)."""
+        return self._timer.gate()
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         step = run_context.session.global_step

@@ -56,9 +56,9 @@ class StopAtStepHook(Hook):
             session.request_stop(reason=f"StopAtStepHook: already at step {step} >= last_step={self._last_step}",
                                  on_every_rank=True)  # every rank restored the same step
 
-    def _next_active_step(self) -> int | None:
-        """The session skips this hook until the global step about to be taken reaches it."""
-        return 0 if self._last_step is None else self._last_step
+    def _gate(self) -> tuple | None:
+        """The session skips this hook until the global step about to be taken reaches last_step."""
+        return None if self._last_step is None else ("step", self._last_step)
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if run_context.session.global_step >= self._last_step:

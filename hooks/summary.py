@@ -91,9 +91,9 @@ class SummarySaverHook(Hook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._slot.after_create_session(session)
 
-    def _next_active_step(self) -> int | None:
-        """The session skips this hook until the global step about to be taken reaches it."""
-        return 0 if self._first else self._timer.next_step()
+    def _gate(self) -> tuple | None:
+        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.gate`)."""
+        return None if self._first else self._timer.gate()
 
     def before_run(self, run_context: RunContext) -> RunArgs | None:
         # The decision is about the step about to be taken: the post-increment step.
@@ -105,6 +105,7 @@ class SummarySaverHook(Hook):
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if not self._request:
             return
+        self._request = False  # consumed: only the next before_run asks again
         writer = self._slot.writer
         session = run_context.session
         step = session.global_step

@@ -62,11 +62,15 @@ class SecondOrStepTimer:
             return step >= last + self._every_steps
         return self._clock.monotonic() >= self._last_time + self._every_secs
 
-    def next_step(self) -> int | None:
-        """The first step that may trigger (0: the next one asked about); None on a time schedule."""
-        if self._every_steps is None:
+    def gate(self) -> tuple | None:
+        """When this schedule may trigger next, for the session's gate: ``("step", n)`` (not
+        before the global step reaches ``n``), ``("time", monotonic, t)`` (not before
+        ``monotonic() >= t``), or None (it may at the next step asked about)."""
+        if self._last_step is None:
             return None
-        return 0 if self._last_step is None else self._last_step + self._every_steps
+        if self._every_steps is not None:
+            return ("step", self._last_step + self._every_steps)
+        return ("time", self._clock.monotonic, self._last_time + self._every_secs)
 
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         """Records a trigger at ``step``; returns ``(elapsed_secs, elapsed_steps)`` since the

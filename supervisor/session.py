@@ -62,13 +62,13 @@ _NO_RESULTS = RunValues(None)  # immutable: one for every hook of every step tha
 
 
 def _gateable(hook: Hook) -> bool:
-    """Whether ``hook``'s ``before_run``/``after_run`` are those its ``_next_active_step``
-    describes: not when a subclass overrides them (it may do work on every step)."""
+    """Whether ``hook``'s ``before_run``/``after_run`` are those its ``_gate`` describes: not
+    when a subclass overrides them (it may do work on every step)."""
     def owner(name: str) -> type | None:
         return next((c for c in type(hook).__mro__ if name in c.__dict__), None)
 
-    schedule = owner("_next_active_step")
-    if schedule is None or not callable(getattr(hook, "_next_active_step", None)):
+    schedule = owner("_gate")
+    if schedule is None or not callable(getattr(hook, "_gate", None)):
         return False
     return all(owner(name) in (schedule, Hook) for name in ("before_run", "after_run"))
 
@@ -132,14 +132,17 @@ class MonitoredSession:
 
         self._before_hooks = [h for h in self._hooks if overrides(h, "before_run")]
         self._after_hooks = [h for h in self._hooks if overrides(h, "after_run")]
-        # Step-scheduled hooks (the built-in ones: ``_next_active_step()``) are not called on the
-        # steps before the next one they act on: a loop with the default hooks calls one hook a
-        # step, not four. `_gate_step`: the step (post-increment) from which every hook is called.
+        # Scheduled hooks (the built-in ones: ``_gate()``) are not called on the steps before
+        # their schedule may trigger: a loop with the default hooks calls no hook on most steps.
+        # Every hook is called again from step `_gate_step` or once `_gate_now()` reaches
+        # `_gate_time`, whichever comes first (see _regate).
         self._gated = [h for h in self._hooks if _gateable(h)
                        and (h in self._before_hooks or h in self._after_hooks)]
         self._open_before = [h for h in self._before_hooks if h not in self._gated]
         self._open_after = [h for h in self._after_hooks if h not in self._gated]
-        self._gate_step = 0
+        self._gate_step: float = 0
+        self._gate_now: Callable[[], float] | None = None
+        self._gate_time = 0.0
         self._global_step = 0
         self._last_output: Any = None
         self._coord = coord if coord is not None else Coordinator()
@@ -409,22 +412,42 @@ class MonitoredSession:
         return self._boundary.capture(self, manager, self._global_step, "save_checkpoint()",
                                       wait=wait, creation=self._creating)
 
-    def _regate(self) -> None:
-        """After a step that called every hook: which step-scheduled hooks are idle until when.
+    def _after_hooks_once(self, context: RunContext, after: list[Hook], results: dict | None) -> None:
+        """``after_run`` of ``after`` for the step that just ran; a stop request goes to the boundary."""
+        self._in_step = self._after_increment = True
+        stopper = None
+        for hook in after:
+            hook.after_run(context, RunValues(results.get(id(hook))) if results else _NO_RESULTS)
+            if stopper is None and context._stop_requested:
+                stopper = hook
+        self._in_step = self._after_increment = False
+        if stopper is not None:
+            self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
+                                        stop_on_every_rank=context._stop_on_every_rank)
 
-        A hook is idle while the step about to be taken is before its ``_next_active_step()``
-        (None: a time schedule, never idle). Until the first of those steps the session calls
-        only the other hooks; then every hook once, and this again. Calling a hook more often
-        than needed is always correct, so anything unsure stays in the open lists."""
+    def _regate(self) -> None:
+        """After a step that called every hook: which scheduled hooks are idle until when.
+
+        A hook's ``_gate()`` is ``("step", n)`` (idle while the step about to be taken is before
+        ``n``), ``("time", monotonic, t)`` (idle while ``monotonic() < t``) or None (active).
+        Until the first gate opens the session calls only the other hooks; then every hook once,
+        and this again. Calling a hook more often than needed is always correct, so anything
+        unsure (time gates on different clocks) stays active."""
         upcoming = self._global_step + 1
         idle = []
-        gate = 0
+        step_gate, now, time_gate = float("inf"), None, float("inf")
         for hook in self._gated:
-            step = hook._next_active_step()  # type: ignore[attr-defined]
-            if step is not None and step > upcoming:
+            gate = hook._gate()  # type: ignore[attr-defined]
+            if gate is None:
+                continue
+            if gate[0] == "step" and gate[1] > upcoming:
                 idle.append(hook)
-                gate = step if not gate else min(gate, step)
-        self._gate_step = gate
+                step_gate = min(step_gate, gate[1])
+            elif gate[0] == "time" and (now is None or gate[1] == now) and gate[1]() < gate[2]:
+                idle.append(hook)
+                now, time_gate = gate[1], min(time_gate, gate[2])
+        self._gate_step = step_gate if idle else 0
+        self._gate_now, self._gate_time = now, time_gate
         if idle:
             self._open_before = [h for h in self._before_hooks if h not in idle]
             self._open_after = [h for h in self._after_hooks if h not in idle]
@@ -439,7 +462,7 @@ class MonitoredSession:
     _after_increment = False
 
     def _run_once(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        gated = self._global_step + 1 < self._gate_step
+        gated = self._global_step + 1 < self._gate_step and (self._gate_now is None or self._gate_now() < self._gate_time)
         before, after = (self._open_before, self._open_after) if gated else (self._before_hooks, self._after_hooks)
         if not before and not after:
             self._in_step = True
@@ -447,6 +470,9 @@ class MonitoredSession:
             self._global_step += 1
             self._in_step = False
             self._last_output = output
+            if gated and self._gate_now is not None and self._gate_now() >= self._gate_time:
+                self._after_hooks_once(RunContext(fn, args, kwargs, self), self._after_hooks, None)
+                self._regate()  # a time gate opened during the step: its hooks see this step
             if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
                 self._at_boundary()
             return output
@@ -474,17 +500,11 @@ class MonitoredSession:
         self._last_output = output
         results = {key: resolve_fetches(f, output, hook) for hook in before
                    if (f := fetches.get(key := id(hook))) is not None} if fetches else None
-        stopper = None
-        for hook in after:
-            hook.after_run(context, RunValues(results.get(id(hook))) if results else _NO_RESULTS)
-            if stopper is None and context._stop_requested:
-                stopper = hook
-        self._in_step = self._after_increment = False
+        if gated and self._gate_now is not None and self._gate_now() >= self._gate_time:
+            after, gated = self._after_hooks, False  # a time gate opened during the step
+        self._after_hooks_once(context, after, results)
         if not gated and self._gated:
             self._regate()
-        if stopper is not None:
-            self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
-                                        stop_on_every_rank=context._stop_on_every_rank)
         if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
             self._at_boundary()
         return output
@@ -550,7 +570,7 @@ class MonitoredSession:
 
     def _create_session(self) -> None:
         self._stop_actions.clear()
-        self._gate_step = 0  # after_create_session resets the hooks' schedules: ask them again
+        self._gate_step, self._gate_now = 0, None  # after_create_session resets the schedules: ask again
         self._creating = True
         resume.begin_creation(self._creator.state)  # exact resume: see reinstate() below
         try:

@@ -78,3 +78,30 @@ def test_a_recovery_asks_the_hooks_again():
             s.run(step)
         # re-created at step 0 (no checkpoint): num_steps counts again from there
         assert s.global_step == 20
+
+
+def test_time_scheduled_hooks_skipped_until_their_time_write_at_the_same_steps():
+    """The time gate is checked again after the step, so a deadline passed during step k is
+    seen by the after_run of step k, as when the hook is called every step."""
+    from supervisor.testing import FakeClock
+
+    class Ungated(hooks.StepCounterHook):
+        def after_run(self, run_context, run_values):  # overridden: the session never gates it
+            super().after_run(run_context, run_values)
+
+    class UngatedSummary(hooks.SummarySaverHook):
+        def before_run(self, run_context):
+            return super().before_run(run_context)
+
+    written = {}
+    for name, counter, summary in (("gated", hooks.StepCounterHook, hooks.SummarySaverHook),
+                                   ("ungated", Ungated, UngatedSummary)):
+        clock, writer = FakeClock(), InMemorySummaryWriter()
+        hook_list = [counter(every_n_steps=None, every_n_secs=2.0, summary_writer=writer, clock=clock),
+                     summary(save_secs=1.5, summary_writer=writer, clock=clock)]
+        with _session(hook_list) as s:
+            for _ in range(40):
+                s.run(lambda: (clock.advance(0.35), {"loss": torch.tensor(1.0)})[1])
+        written[name] = [(e.tag, e.step) for e in writer.scalars]
+    assert written["gated"] == written["ungated"]
+    assert len([t for t, _ in written["gated"] if t == "global_step/sec"]) >= 5
