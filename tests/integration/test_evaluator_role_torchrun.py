@@ -43,9 +43,11 @@ def test_evaluator_exits_at_max_steps_next_to_a_torchrun_job(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), SCRIPT,
-                            str(tmp_path), "5000", "0.02"], env=env, stdout=subprocess.PIPE,
+                            str(tmp_path), "5000", "0.05"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    evaluator = start("evaluator", tmp_path, "--max-steps", 30)
+    # The evaluator and the job start at once; 60 steps of 50 ms leave it ~3 s to see several
+    # checkpoints before max_steps (30 steps of 20 ms sometimes left it only the first one).
+    evaluator = start("evaluator", tmp_path, "--max-steps", 60)
     try:
         result = finish(evaluator, timeout=300)
         assert job.poll() is None  # the evaluator stopped on max_steps, not because the job ended
@@ -55,6 +57,6 @@ def test_evaluator_exits_at_max_steps_next_to_a_torchrun_job(tmp_path):
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     ranks = sorted((r for r in lines if "task_type" in r), key=lambda r: r["rank"])
     assert [(r["task_type"], r["task_id"]) for r in ranks] == [("chief", 0), ("worker", 0)]
-    assert not result["finished_mark"] and result["metrics"]["global_step"] >= 30
+    assert not result["finished_mark"] and result["metrics"]["global_step"] >= 60
     steps = evaluated(tmp_path)
     assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == result["metrics"]["global_step"]
