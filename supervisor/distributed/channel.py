@@ -58,7 +58,7 @@ class GradientChannel:
         self.flags_size = flags_size
         self._outgoing: torch.Tensor | None = None
         self._received: list[torch.Tensor] = []
-        self._zeros: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._combined: tuple | None = None
         self.bound = False
         self.carried = 0  # backward passes that carried flags (for tests and benchmarks)
 
@@ -94,39 +94,41 @@ class GradientChannel:
     def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP checks string annotations
         """The communication hook: DDP's averaging all-reduce, plus the flags in bucket 0."""
         buffer = bucket.buffer()
-        buffer.mul_(self._scale)  # as DDP's built-in reducer: multiply, then sum
         if bucket.index() != 0:
+            buffer.mul_(self._scale)  # as DDP's built-in reducer: multiply, then sum
             return self._group.allreduce([buffer], self._options).get_future().then(_first)
-        size = buffer.numel()
         flags = self._outgoing
         self._outgoing = None
+        combined, head, tail = self._combined_for(buffer)
+        torch.mul(buffer, self._scale, out=head)  # the same multiplication, into the combined buffer
         if flags is None or not self.bound:
-            flags = self._zeros_like(buffer)
+            tail.zero_()
         else:
-            flags = flags.to(device=buffer.device, dtype=buffer.dtype)
-        combined = torch.cat((buffer, flags))
+            tail.copy_(flags)
         work = self._group.allreduce([combined], self._options)
         if bucket.is_last():
             # One bucket (a small model): backward has nothing left to overlap with, so wait on
             # this thread — no Python callback on the transport's thread, no GIL hand-over.
             work.wait()
             future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            future.set_result(self._split(combined, size))
+            future.set_result(self._split(head, tail))
             return future
-        return work.get_future().then(lambda done: self._split(done.value()[0], size))
+        return work.get_future().then(lambda done: self._split(head, tail))
 
-    def _split(self, combined: torch.Tensor, size: int) -> torch.Tensor:
+    def _combined_for(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A reused ``[bucket 0 | flags]`` buffer (reallocated when DDP rebuilds its buckets).
+        Reuse is safe: DDP copies a step's result out before the next backward starts."""
+        key = (buffer.numel(), buffer.dtype, buffer.device)
+        if self._combined is None or self._combined[0] != key:
+            combined = torch.empty(key[0] + self.flags_size, dtype=buffer.dtype, device=buffer.device)
+            self._combined = (key, combined, combined[:key[0]], combined[key[0]:])
+        return self._combined[1], self._combined[2], self._combined[3]
+
+    def _split(self, head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
         if self.bound:
-            self._received.append(combined[size:])
+            self._received.append(tail.clone())  # the buffer is reused by the next backward
             self.carried += 1
-        return combined[:size]
-
-    def _zeros_like(self, buffer: torch.Tensor) -> torch.Tensor:
-        key = (buffer.dtype, buffer.device)
-        zeros = self._zeros.get(key)
-        if zeros is None:
-            zeros = self._zeros[key] = torch.zeros(self.flags_size, dtype=buffer.dtype, device=buffer.device)
-        return zeros
+        return head
 
 
 def _first(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
