@@ -38,6 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from benchmarks._ranks import spread
 from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager
 
@@ -210,10 +211,6 @@ def measure_shape(directory: str, shape: Shape, rounds: int) -> tuple[int, dict[
     return nbytes, figures
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 COMPARISONS = (  # (row, ours, DCP, target ratio)
     ("vs DCP: stall", "ours: async save() stall", "DCP async_save stall", 0.5),
     ("vs DCP: save-to-commit", "ours: save to commit", "DCP save + fsync", 1.0),
@@ -237,7 +234,7 @@ def report(shape: Shape, nbytes: int, figures: dict[str, list[float]]) -> list[C
     print(f"  {shape.label} ({shape.count} tensors, {nbytes / MiB:.0f} MiB), {len(next(iter(figures.values())))} "
           "rounds, seconds as median (min-max):")
     for name, values in figures.items():
-        print(f"    {name:<28s} {_spread(values)}")
+        print(f"    {name:<28s} {spread(values)}")
     results = []
     for row, ours, theirs, target in COMPARISONS:
         mine, dcps = statistics.median(figures[ours]), statistics.median(figures[theirs])

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -33,13 +31,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks._ranks import run_ranks, spread  # noqa: E402
+
 FIGURES = ("async stall", "async save to commit", "sync save")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sharded_model(mib: int) -> torch.nn.Module:
@@ -99,10 +93,6 @@ def _rank_main(rank: int, port: int, mib: int, rounds: int, root: str, out: Any)
     dist.destroy_process_group()
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=128, help="model size in MiB (both ranks together)")
@@ -110,30 +100,17 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--quick", action="store_true", help="16 MiB, 2 rounds (a smoke run)")
     args = parser.parse_args(argv)
     mib, rounds = (16, 2) if args.quick else (args.mib, args.rounds)
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     root = tempfile.mkdtemp(prefix="dcp-async-bench-")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, mib, rounds, root, queue)) for r in range(2)]
     try:
-        for p in procs:
-            p.start()
-        times = queue.get(timeout=900)
+        times = run_ranks(_rank_main, mib, rounds, root)
     finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
         shutil.rmtree(root, ignore_errors=True)
     print(f"checkpoint_format='dcp', 2 gloo ranks, {mib} MiB of DTensor (Shard(0)) parameters, "
           f"{rounds} interleaved rounds, seconds as median (min-max) of the slower rank (shared machine: noisy)")
     for name in FIGURES:
-        print(f"  {name:<24s} {_spread(times[name])}")
+        print(f"  {name:<24s} {spread(times[name])}")
     ratios = [a / s for a, s in zip(times["async stall"], times["sync save"])]
-    print(f"  {'stall / sync save':<24s} {_spread(ratios)}")
+    print(f"  {'stall / sync save':<24s} {spread(ratios)}")
     return times
 
 

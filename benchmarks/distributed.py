@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -31,13 +30,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks._ranks import run_ranks, spread  # noqa: E402
+
 LOOPS = ("bare", "agreement", "naive", "raw_async")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, port: int, rounds: int, steps: int, out: Any) -> None:
@@ -123,31 +118,12 @@ def _last() -> Any:
     return Requests(stop_reason="benchmark over", stop_on_every_rank=True)
 
 
-def _spread(values: list[float], fmt: str) -> str:
-    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
-
-
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
     args = parser.parse_args(argv)
     rounds, steps = (3, 50) if args.quick else (15, 300)
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, rounds, steps, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        times = queue.get(timeout=900)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    times = run_ranks(_rank_main, rounds, steps)
     print(f"2-rank gloo DDP step of a tiny model, {rounds} interleaved rounds x {steps} steps "
           "(shared machine: noisy)")
     print(f"{'loop':<12}{'us/step median (min-max)':<32}{'ratio over bare, median (min-max)'}")
@@ -156,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
         verdict = ""
         if loop == "agreement":
             verdict = "  ok (target <= 1.05x)" if statistics.median(ratios) <= 1.05 else "  MISSES TARGET (<= 1.05x)"
-        print(f"{loop:<12}{_spread(times[loop], '{:.0f}'):<32}{_spread(ratios, '{:.3f}x')}{verdict}")
+        print(f"{loop:<12}{spread(times[loop], '{:.0f}'):<32}{spread(ratios, '{:.3f}x')}{verdict}")
     return times
 
 
