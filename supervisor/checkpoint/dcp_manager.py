@@ -20,7 +20,7 @@ from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, resto
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
-from supervisor.checkpoint.failures import FailureDelivery
+from supervisor.checkpoint.manager_common import ManagerCommon
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -88,7 +88,7 @@ class _SaveThread:
         return True
 
 
-class ShardedCheckpointManager(FailureDelivery):
+class ShardedCheckpointManager(ManagerCommon):
     """The checkpoint manager of ``checkpoint_format="dcp"``: one on **every** rank.
 
     ``save`` is a collective. With ``save_mode="async"`` (default) it blocks the caller only to
@@ -181,19 +181,8 @@ class ShardedCheckpointManager(FailureDelivery):
             CheckpointError: this save failed and was waited for (``save_mode="sync"`` or
                 ``wait=True``), or an earlier failure not yet reported.
         """
-        from supervisor._validate import check_int
-
-        step = check_int("step", step, minimum=0)
-        if not isinstance(state, TrainingState):
-            raise TypeError(f"state must be a supervisor.TrainingState, got {type(state).__name__}")
-        if self._closed or (self._inner is not None and not self._inner._opened):
-            raise RuntimeError(f"the sharded checkpoint manager of {self.directory} is not open; call "
-                               "open() before save() (and do not save after close())")
-        self._raise_undelivered()
-        waited = self._writer.wait()
-        if waited > 0:
-            logger.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
-            self._raise_undelivered()
+        step = self._begin_save(step, state, kind="sharded checkpoint manager",
+                                is_open=not self._closed and (self._inner is None or self._inner._opened))
         background = self.save_mode == "async"
         if background and self._group is None and distributed.is_initialized():
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save

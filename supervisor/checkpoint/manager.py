@@ -36,7 +36,7 @@ from supervisor.checkpoint.options import check_basename, check_directory, check
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
-from supervisor.checkpoint.failures import FailureDelivery
+from supervisor.checkpoint.manager_common import ManagerCommon
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -48,7 +48,7 @@ __all__ = ["CheckpointManager"]
 logger = logging.getLogger(__name__)
 
 
-class CheckpointManager(FailureDelivery):
+class CheckpointManager(ManagerCommon):
     """Writes checkpoints of a `TrainingState` into ``directory`` and restores the newest good one.
 
     Example::
@@ -232,17 +232,7 @@ class CheckpointManager(FailureDelivery):
             CheckpointError: this save failed and waited for (sync or ``wait=True``) and the
                 failure policy says stop; or an earlier background failure not yet reported.
         """
-        step = check_int("step", step, minimum=0)
-        if not isinstance(state, TrainingState):
-            raise TypeError(f"state must be a supervisor.TrainingState, got {type(state).__name__}")
-        if not self._opened or self._closed:
-            raise RuntimeError(f"the checkpoint manager of {self.directory} is not open; call open() "
-                               "before save() (and do not save after close())")
-        self._raise_undelivered()
-        waited = self._writer.wait()
-        if waited > 0:
-            logger.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
-            self._raise_undelivered()
+        step = self._begin_save(step, state, is_open=self._opened and not self._closed, kind="checkpoint manager")
         name = checkpoint_name(self.basename, step)
         timestamp = self._clock.time()
         start = time.perf_counter()
