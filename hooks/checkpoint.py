@@ -102,9 +102,7 @@ class CheckpointSaverHook(Hook):
         return self._timer.gate()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        step = run_context.session.global_step
-        if self._timer.should_trigger_for_step(step):
-            self._timer.update_last_triggered_step(step)
+        if self._timer.trigger_if_due(run_context.session.global_step):
             run_context.session.request_save(
                 f"{type(self).__name__} schedule", manager=self._manager,
                 on_every_rank=self.schedule_on_every_rank and self._timer.every_steps is not None)
@@ -154,7 +152,5 @@ class _SaveScheduleOnWorker(Hook):
         return self._timer.gate()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        step = run_context.session.global_step
-        if self._timer.should_trigger_for_step(step):
-            self._timer.update_last_triggered_step(step)
+        if self._timer.trigger_if_due(run_context.session.global_step):
             run_context.session.request_save("the chief's CheckpointSaverHook schedule", on_every_rank=True)

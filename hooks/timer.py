@@ -62,6 +62,13 @@ class SecondOrStepTimer:
             return step >= last + self._every_steps
         return self._clock.monotonic() >= self._last_time + self._every_secs
 
+    def trigger_if_due(self, step: int) -> bool:
+        """`should_trigger_for_step`, recording the trigger when it is due."""
+        if not self.should_trigger_for_step(step):
+            return False
+        self.update_last_triggered_step(step)
+        return True
+
     def gate(self) -> tuple | None:
         """When this schedule may trigger next, for the session's gate: ``("step", n)`` (not
         before the global step reaches ``n``), ``("time", monotonic, t)`` (not before
