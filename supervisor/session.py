@@ -425,6 +425,10 @@ class MonitoredSession:
             self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",
                                         stop_on_every_rank=context._stop_on_every_rank)
 
+    def _time_gate_opened(self) -> bool:
+        """Whether a time-gated hook's deadline passed during the step that just ran."""
+        return self._gate_now is not None and self._gate_now() >= self._gate_time
+
     def _regate(self) -> None:
         """After a step that called every hook: which scheduled hooks are idle until when.
 
@@ -470,7 +474,7 @@ class MonitoredSession:
             self._global_step += 1
             self._in_step = False
             self._last_output = output
-            if gated and self._gate_now is not None and self._gate_now() >= self._gate_time:
+            if gated and self._time_gate_opened():
                 self._after_hooks_once(RunContext(fn, args, kwargs, self), self._after_hooks, None)
                 self._regate()  # a time gate opened during the step: its hooks see this step
             if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
@@ -500,7 +504,7 @@ class MonitoredSession:
         self._last_output = output
         results = {key: resolve_fetches(f, output, hook) for hook in before
                    if (f := fetches.get(key := id(hook))) is not None} if fetches else None
-        if gated and self._gate_now is not None and self._gate_now() >= self._gate_time:
+        if gated and self._time_gate_opened():
             after, gated = self._after_hooks, False  # a time gate opened during the step
         self._after_hooks_once(context, after, results)
         if not gated and self._gated:
