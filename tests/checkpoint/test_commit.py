@@ -135,3 +135,17 @@ def test_no_final_directory_and_no_index_until_sealed(manager_factory, tmp_path)
         manager.save(1, small_state())
     logdir = tmp_path / "logdir"
     assert sorted(os.listdir(logdir)) == [".supervisor.lock", ".supervisor.lock.owner"]
+
+
+def test_opening_a_manager_reads_the_index_once(manager_factory, monkeypatch):
+    from supervisor.checkpoint import manager as manager_module
+
+    state = small_state(width=8)
+    first = manager_factory()
+    first.save(1, state, wait=True)
+    first.close()
+    reads = []
+    real = manager_module.read_index
+    monkeypatch.setattr(manager_module, "read_index", lambda d: reads.append(d) or real(d))
+    manager_factory().open()
+    assert len(reads) == 1

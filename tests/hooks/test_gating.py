@@ -105,3 +105,16 @@ def test_time_scheduled_hooks_skipped_until_their_time_write_at_the_same_steps()
         written[name] = [(e.tag, e.step) for e in writer.scalars]
     assert written["gated"] == written["ungated"]
     assert len([t for t, _ in written["gated"] if t == "global_step/sec"]) >= 5
+
+
+def test_a_time_scheduled_hook_is_not_called_before_its_deadline(monkeypatch):
+    from supervisor.testing import FakeClock
+
+    calls = _counting(monkeypatch, hooks.StepCounterHook)
+    clock, writer = FakeClock(), InMemorySummaryWriter()
+    with _session([hooks.StepCounterHook(every_n_steps=None, every_n_secs=10.0, summary_writer=writer,
+                                         clock=clock)]) as s:
+        for _ in range(100):
+            s.run(lambda: clock.advance(0.5))  # 50 s in all: a rate every 20 steps
+    assert [e.step for e in writer.scalars] == [21, 41, 61, 81]
+    assert calls["StepCounterHook.after_run"] <= 10, calls  # not 100
