@@ -47,6 +47,7 @@ __all__ = ["CollectiveAgreement"]
 
 logger = logging.getLogger(__name__)
 
+_NO_REASONS: tuple[tuple[str, ...], str | None] = ((), None)
 _GENERATIONS = itertools.count()  # agreements are created in the same order on every rank
 
 
@@ -112,8 +113,15 @@ class CollectiveAgreement(Agreement):
         if self._watchdog is None:
             self._first_boundary()
         self._watchdog.progress(step)
-        decision = self._collect(step)
         carried = self._channel.take() if self._channel is not None else None
+        if (requests is NO_REQUESTS and self._pending is None and carried is not None
+                and not any(carried)):
+            # The usual step of a DDP model: nobody asked for anything, this rank has nothing to
+            # send. The same outcome as the general path below, without its bookkeeping.
+            self._channel.stage(None)
+            self._staged = (step, _NO_REASONS)
+            return Decision(step)
+        decision = self._collect(step)
         # carried is the same on every rank: DDP's all-reduce ran on all of them or on none
         if carried is not None and any(carried):
             decision = _merge(decision, self._decode(step, carried, *self._staged))
@@ -146,7 +154,7 @@ class CollectiveAgreement(Agreement):
     def _stage(self, step: int, requests: Requests) -> None:
         if requests is NO_REQUESTS:
             self._channel.stage(None)
-            self._staged = (step, ((), None))
+            self._staged = (step, _NO_REASONS)
             return
         flags = torch.zeros(2 * self.world_size)
         flags[self.rank] = float(requests.save)

@@ -59,6 +59,7 @@ class GradientChannel:
         self._outgoing: torch.Tensor | None = None
         self._received: list[torch.Tensor] = []
         self._combined: tuple | None = None
+        self._tail_zero = False  # whether the reused buffer's flags part holds zeros
         self.bound = False
         self.carried = 0  # backward passes that carried flags (for tests and benchmarks)
 
@@ -87,8 +88,7 @@ class GradientChannel:
         if not self._received:
             return None
         received, self._received = self._received, []
-        total = received[0] if len(received) == 1 else torch.stack(received).sum(0)
-        return total.tolist()
+        return received[0] if len(received) == 1 else [sum(column) for column in zip(*received)]
 
     # ------------------------------------------------------------ DDP's side
     def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP checks string annotations
@@ -102,7 +102,8 @@ class GradientChannel:
         combined, head, tail = self._combined_for(buffer)
         torch.mul(buffer, self._scale, out=head)  # the same multiplication, into the combined buffer
         if flags is None or not self.bound:
-            tail.zero_()
+            if not self._tail_zero:  # the last sum left zeros there unless someone sent a flag
+                tail.zero_()
         else:
             tail.copy_(flags)
         work = self._group.allreduce([combined], self._options)
@@ -118,15 +119,18 @@ class GradientChannel:
     def _combined_for(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A reused ``[bucket 0 | flags]`` buffer (reallocated when DDP rebuilds its buckets).
         Reuse is safe: DDP copies a step's result out before the next backward starts."""
-        key = (buffer.numel(), buffer.dtype, buffer.device)
+        key = (buffer.numel(), buffer.dtype)  # a DDP model's buckets do not change device
         if self._combined is None or self._combined[0] != key:
             combined = torch.empty(key[0] + self.flags_size, dtype=buffer.dtype, device=buffer.device)
             self._combined = (key, combined, combined[:key[0]], combined[key[0]:])
+            self._tail_zero = False
         return self._combined[1], self._combined[2], self._combined[3]
 
     def _split(self, head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+        values = tail.tolist()  # read now: the buffer is reused by the next backward
+        self._tail_zero = not any(values)
         if self.bound:
-            self._received.append(tail.clone())  # the buffer is reused by the next backward
+            self._received.append(values)
             self.carried += 1
         return head
 
