@@ -13,10 +13,15 @@ Prints:
   2-core VM identical loops differ by ±10 % from round to round, more than the 3 % target, while
   the runtime's overhead is additive and measurable to a fraction of a microsecond).
 
-Timing: variants run in alternating rounds (``--rounds``, default 7; the order rotates each round). µs figures keep each
-variant's best round; loop ratios are the median, over rounds, of the variant's time over the
-bare loop's time in the same round (printed with their min–max), so a noisy neighbour on a
-2-core machine slows both sides of a ratio alike. ``MonitoredTrainingSession, no default hooks``
+Timing: variants run in alternating rounds (the order rotates each round). µs figures keep each
+variant's best of ``--rounds`` (default 7). Loop ratios: each of ``--loop-rounds`` (default 31)
+rounds runs every variant for ``--steps`` (default 1,000) steps *between two bare loops* (bare,
+v1, bare, v2, …, bare); a variant's ratio in a round is its time over the mean of the two bare
+loops around it, and the printed ratio is the median over rounds (with min–max). Many short rounds rather than a few long ones: this
+machine's speed drifts by ±25 % between consecutive quarter-second blocks of the *same* loop
+(the benchmark pins itself to one CPU, see `pin`, which removes only part of that), so
+a median of 7 ratios moves by several percent from run to run — more than the 3 % target —
+and a bare loop run next to the variant cancels more of the drift than one run a round apart. ``MonitoredTrainingSession, no default hooks``
 (same checkpoint directory; ``log_step_count_steps``, ``save_summaries_steps`` and
 ``save_checkpoint_secs`` all None) isolates what the default hooks cost in a whole loop.
 
@@ -113,33 +118,29 @@ def tiny_model():
     return model, opt, (x, y), train_step
 
 
-def bare_loop(n: int, cpu: list[float] | None = None) -> Callable[[], float]:
-    """Wall seconds of ``n`` bare steps; the process's CPU seconds go to ``cpu`` when given."""
-    def measure() -> float:
+def bare_loop(n: int) -> Callable[[], tuple[float, float]]:
+    """(wall seconds, this process's CPU seconds) of ``n`` bare steps."""
+    def measure() -> tuple[float, float]:
         _, _, batch, train_step = tiny_model()
         start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(n):
             train_step(batch)
-        if cpu is not None:
-            cpu.append(time.process_time() - cpu_start)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu_start
     return measure
 
 
-def session_loop(n: int, make_session: Callable[..., object], cpu: list[float] | None = None) -> Callable[[], float]:
+def session_loop(n: int, make_session: Callable[..., object]) -> Callable[[], tuple[float, float]]:
     """As `bare_loop`, inside the session ``make_session`` makes. ``time.process_time`` counts
     every thread of this process — the runtime's background threads included — and nothing of
     other processes, so its ratio is the whole-loop cost with a shared machine's noise removed."""
-    def measure() -> float:
+    def measure() -> tuple[float, float]:
         model, opt, batch, train_step = tiny_model()
         with make_session(model, opt) as s:
             settled(s)
             start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(n):
                 s.run(train_step, batch)
-            if cpu is not None:
-                cpu.append(time.process_time() - cpu_start)
-            return time.perf_counter() - start
+            return time.perf_counter() - start, time.process_time() - cpu_start
     return measure
 
 
@@ -176,19 +177,19 @@ def supervisor_session(logdir: str) -> Callable[..., object]:
     return make
 
 
-def ignite_loop(n: int) -> Callable[[], float] | None:
+def ignite_loop(n: int) -> Callable[[], tuple[float, float]] | None:
     try:
         from ignite.engine import Engine
     except ImportError:
         return None
 
-    def measure() -> float:
+    def measure() -> tuple[float, float]:
         _, _, batch, train_step = tiny_model()
         engine = Engine(lambda _engine, b: train_step(b))
         data = [batch] * n
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         engine.run(data, max_epochs=1)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu_start
     return measure
 
 
@@ -204,33 +205,58 @@ def report_noop(rounds: int, n: int) -> dict[str, float]:
     return results
 
 
+def measure_bracketed(rounds: int, bare: Callable[[], tuple[float, float]],
+                      variants: dict[str, Callable[[], tuple[float, float]]]
+                      ) -> tuple[list[float], dict[str, list[tuple[float, float, float]]]]:
+    """Each round runs every variant between two runs of ``bare`` (bare, v1, bare, v2, …, bare;
+    the variants' order rotates each round). Every run returns (wall seconds, CPU seconds). A
+    variant's ratio in a round is its time over the mean of the two bare runs around it: this
+    machine's speed drifts, and the bare runs next to a variant saw the speed closest to its own.
+    Returns every bare run's wall time, and per variant and round (wall seconds, wall ratio,
+    CPU ratio)."""
+    bares: list[float] = []
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        gc.collect()
+        before = bare()
+        bares.append(before[0])
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            gc.collect()
+            wall, cpu = variants[name]()
+            gc.collect()
+            after = bare()
+            bares.append(after[0])
+            results[name].append((wall, wall / ((before[0] + after[0]) / 2), cpu / ((before[1] + after[1]) / 2)))
+            before = after
+    return bares, results
+
+
 def report_loops(rounds: int, n: int, sessions: dict[str, Callable[..., object]],
-                 others: dict[str, Callable[[], float]]) -> dict[str, float]:
-    cpu: dict[str, list[float]] = {name: [] for name in ["bare loop", *sessions]}
-    variants = {"bare loop": bare_loop(n, cpu["bare loop"])}
-    variants.update({name: session_loop(n, make, cpu[name]) for name, make in sessions.items()})
+                 others: dict[str, Callable[[], tuple[float, float]]]) -> dict[str, float]:
+    variants = {name: session_loop(n, make) for name, make in sessions.items()}
     variants.update(others)
-    figures = measure_rounds(rounds, variants)
-    bare = figures["bare loop"]
-    print(f"tiny CPU model, {n} steps; ratio = median (min-max) over {rounds} interleaved rounds of "
-          "(variant / the bare loop of the same round), target <= 1.03x:")
-    print(f"  {'bare loop':<52s} {statistics.median(bare) / n * 1e6:8.1f} us/step (median round; "
+    bare, results = measure_bracketed(rounds, bare_loop(n), variants)
+    print(f"tiny CPU model, {n} steps; each round runs every variant between two bare loops; ratio = "
+          f"median (min-max) over {rounds} rounds of (variant / mean of the two bare loops around "
+          "it), target <= 1.03x:")
+    print(f"  {'bare loop':<52s} {statistics.median(bare) / n * 1e6:8.1f} us/step (median run; "
           f"{min(bare) / n * 1e6:.1f}-{max(bare) / n * 1e6:.1f})")
     ratios = {}
     for name in [*sessions, *others]:
-        per_round = [v / b for v, b in zip(figures[name], bare)]
+        per_round = [r[1] for r in results[name]]
         ratios[name] = statistics.median(per_round)
         verdict = ("ok" if ratios[name] <= 1.03 else "MISSES TARGET") if name in sessions else "(reference)"
-        print(f"  {name:<52s} {statistics.median(figures[name]) / n * 1e6:8.1f} us/step  {ratios[name]:.3f}x "
-              f"({min(per_round):.3f}-{max(per_round):.3f})  {verdict}")
+        print(f"  {name:<52s} {statistics.median(r[0] for r in results[name]) / n * 1e6:8.1f} us/step  "
+              f"{ratios[name]:.3f}x ({min(per_round):.3f}-{max(per_round):.3f})  {verdict}")
     print("  the same loops in CPU time of this process (time.process_time: the runtime's threads "
           "included, other processes' load excluded), ratio per round, median (min-max):")
     for name in sessions:
-        per_round = [v / b for v, b in zip(cpu[name], cpu["bare loop"])]
+        per_round = [r[2] for r in results[name]]
         ratio = statistics.median(per_round)
         ratios[f"{name} (cpu)"] = ratio
-        print(f"  {name:<52s} {statistics.median(cpu[name]) / n * 1e6:8.1f} us/step  {ratio:.3f}x "
-              f"({min(per_round):.3f}-{max(per_round):.3f})  {'ok' if ratio <= 1.03 else 'MISSES TARGET'}")
+        print(f"  {name:<52s} {ratio:.3f}x ({min(per_round):.3f}-{max(per_round):.3f})  "
+              f"{'ok' if ratio <= 1.03 else 'MISSES TARGET'}")
     ratios["_bare_step_us"] = min(bare) / n * 1e6
     return ratios
 
@@ -275,12 +301,35 @@ def report_hook_costs(n: int, rounds: int) -> None:
         print(f"  {name:<40s} {us:7.2f}")
 
 
+def pin(cpu: int | None) -> int | None:
+    """Pins this process's main thread — and so every thread it starts later (Linux threads inherit
+    the mask): the runtime's event and checkpoint writers — to one CPU. That removes one source
+    of noise (the scheduler moving the loop between cores; the VM's own speed still drifts), and
+    it is the conservative setting: the runtime's background threads cannot hide on an idle
+    second core, they take their time from the training thread's own core."""
+    if cpu == -1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen = allowed[0] if cpu is None else cpu
+    os.sched_setaffinity(0, {chosen})
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds (smoke test)")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7; --quick: 2)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the per-call figures "
+                        "(default 7; --quick: 2)")
+    parser.add_argument("--loop-rounds", type=int, default=31, help="interleaved rounds of the whole-loop "
+                        "ratios (default 31; --quick: 2)")
+    parser.add_argument("--steps", type=int, default=1_000, help="training steps per loop and round (default 1000)")
+    parser.add_argument("--cpu", type=int, default=None, help="the CPU the whole process runs on (default: "
+                        "the first this process may use; -1: no pinning)")
     args = parser.parse_args(argv)
-    rounds, n_noop, n_model = (2, 2_000, 200) if args.quick else (args.rounds, 50_000, 3_000)
+    pinned = pin(args.cpu)
+    rounds, n_noop = (2, 2_000) if args.quick else (args.rounds, 50_000)
+    loop_rounds, n_model = (2, 200) if args.quick else (args.loop_rounds, args.steps)
+    print(f"pinned to CPU {pinned}, with every thread the runtime starts" if pinned is not None else "not pinned")
     print(f"torch {torch.__version__}, 1 intra-op thread, {rounds} alternating rounds (us figures: best "
           "round; loop ratios: median with min-max)\n")
     report_noop(rounds, n_noop)
@@ -297,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         ignite = ignite_loop(n_model)
         others = {"pytorch-ignite Engine": ignite} if ignite is not None else {}
-        ratios = report_loops(rounds, n_model, sessions, others)
+        ratios = report_loops(loop_rounds, n_model, sessions, others)
         bare_step_us = ratios.pop("_bare_step_us")
         report_additive_estimate(rounds, n_noop, bare_step_us, sessions)
         if ignite is None:
