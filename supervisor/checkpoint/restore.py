@@ -98,10 +98,12 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
                   map_location: Any = "cpu", mmap: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` (see the module docstring).
 
-    With ``mmap=True`` the file is verified first and then mapped (``torch.load(mmap=True)``):
-    tensors are read straight from the page cache when copied into the live state, with no
-    intermediate copy — what a restore wants. Without it, tensors are loaded into memory while a
-    helper thread verifies, and are safe to keep after the checkpoint is deleted.
+    With ``mmap=True`` the file is mapped (``torch.load(mmap=True)``): tensors are read straight
+    from the page cache when copied into the live state, with no intermediate copy — what a
+    restore wants. Without it, tensors are loaded into memory, and are safe to keep after the
+    checkpoint is deleted. Either way a helper thread verifies while the payload is unpickled
+    (``weights_only``: nothing in an unverified file can run code) and this returns only after
+    every checksum matched, so nothing reads the tensors' data before verification.
 
     Raises:
         ValueError: ``verify`` is not one of `VERIFY_MODES`.
@@ -118,8 +120,6 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         verifier = threading.Thread(target=checksum_all, args=(path, manifest, checksums),
                                     name="supervisor-verify", daemon=True)
         verifier.start()
-        if mmap:
-            verifier.join()  # mapped tensors are used in place: verify strictly before loading
     payload, load_error, mapped = _load_payload(state_path, map_location, tuple(trusted_globals),
                                                 manifest.step, mmap)
     if verifier is not None:
