@@ -89,6 +89,23 @@ def test_front_door_with_checkpoint_format_dcp_resumes_on_another_world_size(tmp
 
 
 @pytest.mark.slow
+def test_a_sharded_session_gives_each_rank_its_own_rng_back_after_a_restart(tmp_path):
+    # A sharded session skips the agreement's gather of every rank's RNG to the chief: each rank
+    # writes its own rng-<rank>.pt into the checkpoint, and reads its own back.
+    logdir = str(tmp_path / "run")
+    first = run_job("dcp_session", 2, logdir, "2", "dtensor", timeout=150)
+    assert all(r.returncode == 0 for r in first), describe(first)
+    manifest = json.loads(open(os.path.join(logdir, "model.ckpt-2", "MANIFEST.json")).read())
+    assert {name for name in manifest["files"] if name.startswith("rng")} == {"rng-0.pt", "rng-1.pt"}
+    resumed = run_job("dcp_session", 2, logdir, "4", "dtensor", timeout=150)
+    assert all(r.returncode == 0 for r in resumed), describe(resumed)
+    assert [r.result["start"] for r in resumed] == [2, 2]
+    by_rank = lambda results: [r.result for r in sorted(results, key=lambda r: r.rank)]  # noqa: E731
+    assert [r["first_draw"] for r in by_rank(resumed)] == [r["next_draw"] for r in by_rank(first)]
+    assert first[0].result["next_draw"] != first[1].result["next_draw"]  # the ranks' streams differ
+
+
+@pytest.mark.slow
 def test_a_sharded_save_cut_by_a_killed_chief_is_never_committed(tmp_path):
     from supervisor.checkpoint import latest_checkpoint
 

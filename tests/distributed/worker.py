@@ -351,15 +351,19 @@ def dcp_session(logdir: str, last_step: str, kind: str = "fsdp2") -> None:
             return manifest
 
         temp.TempCheckpoint.seal = dying_seal  # type: ignore[method-assign]
+    torch.manual_seed(1000 + dist.get_rank())  # each rank's own RNG stream (a restore replaces it)
     with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step))],
                                   save_checkpoint_steps=2, log_step_count_steps=None,
                                   save_summaries_steps=None, stop_grace_secs=20, max_wait_secs=60) as s:
         start = s.global_step
+        first_draw = torch.rand(1).item()  # after the restore: continues the saved stream
         while not s.should_stop():
             s.run(lambda: train_sharded_step(model, optimizer, s.global_step))
         end = s.global_step
-    emit({"start": start, "end": end, "full": full_state(model)})
+    # The final checkpoint captured this rank's RNG at `end`; nothing drew since.
+    emit({"start": start, "end": end, "full": full_state(model), "first_draw": first_draw,
+          "next_draw": torch.rand(1).item()})
 
 
 def train_sharded_step(model: torch.nn.Module, optimizer: Any, step: int) -> None:
