@@ -14,16 +14,18 @@ Prints:
   the runtime's overhead is additive and measurable to a fraction of a microsecond).
 
 Timing: variants run in alternating rounds (the order rotates each round). µs figures keep each
-variant's best of ``--rounds`` (default 7). Loop ratios: each of ``--loop-rounds`` (default 31)
-rounds runs every variant for ``--steps`` (default 1,000) steps *between two bare loops* (bare,
-v1, bare, v2, …, bare); a variant's ratio in a round is its time over the mean of the two bare
-loops around it, and the printed ratio is the median over rounds (with min–max). Many short rounds rather than a few long ones: this
-machine's speed drifts by ±25 % between consecutive quarter-second blocks of the *same* loop
-(the benchmark pins itself to one CPU, see `pin`, which removes only part of that), so
-a median of 7 ratios moves by several percent from run to run — more than the 3 % target —
-and a bare loop run next to the variant cancels more of the drift than one run a round apart. ``MonitoredTrainingSession, no default hooks``
-(same checkpoint directory; ``log_step_count_steps``, ``save_summaries_steps`` and
-``save_checkpoint_secs`` all None) isolates what the default hooks cost in a whole loop.
+variant's best of ``--rounds`` (default 7). Loop ratios: each of ``--loop-rounds`` (default 15)
+rounds runs every variant for ``--steps`` (default 3,000, as the issue measured) steps *between
+two bare loops* (bare, v1, bare, v2, …, bare); a variant's ratio in a round is its time over the
+mean of the two bare loops around it. Printed: the median over rounds (with min–max), and all
+rounds pooled (total over total, no round dropped). Why more rounds than 7, and the bracketing:
+this machine's speed drifts by ±25 % between consecutive blocks of the *same* loop (the
+benchmark pins itself to one CPU, see `pin`, which removes only part of that), so a median of 7
+ratios moves by several percent from run to run — more than the 3 % target — and a bare loop
+next to the variant cancels more of the drift than one a round away.
+``MonitoredTrainingSession, no default hooks`` (same checkpoint directory;
+``log_step_count_steps``, ``save_summaries_steps`` and ``save_checkpoint_secs`` all None)
+isolates what the default hooks cost in a whole loop.
 
 Run: ``python benchmarks/step_overhead.py [--quick]``
 """
@@ -327,9 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds (smoke test)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the per-call figures "
                         "(default 7; --quick: 2)")
-    parser.add_argument("--loop-rounds", type=int, default=31, help="interleaved rounds of the whole-loop "
-                        "ratios (default 31; --quick: 2)")
-    parser.add_argument("--steps", type=int, default=1_000, help="training steps per loop and round (default 1000)")
+    parser.add_argument("--loop-rounds", type=int, default=15, help="interleaved rounds of the whole-loop "
+                        "ratios (default 15; --quick: 2)")
+    parser.add_argument("--steps", type=int, default=3_000, help="training steps per loop and round (default 3000, as the issue measured)")
     parser.add_argument("--cpu", type=int, default=None, help="the CPU the whole process runs on (default: "
                         "the first this process may use; -1: no pinning)")
     args = parser.parse_args(argv)
