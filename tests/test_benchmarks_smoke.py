@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from benchmarks.checkpoint import main
 
@@ -46,9 +47,10 @@ def test_checkpoint_benchmark_quick(capsys, tmp_path):
 def test_step_overhead_benchmark_quick(capsys):
     from benchmarks.step_overhead import main as step_overhead
 
-    cpus = os.sched_getaffinity(0)
+    cpus, threads = os.sched_getaffinity(0), torch.get_num_threads()
     step_overhead(["--quick"])
-    assert os.sched_getaffinity(0) == cpus  # it pinned itself to one CPU while it ran, not after
+    # it pinned itself to one CPU and one intra-op thread while it ran, not after
+    assert os.sched_getaffinity(0) == cpus and torch.get_num_threads() == threads
     out = capsys.readouterr().out
     assert "pinned to CPU" in out
     for row in ("0 hooks", "5 no-op before_run/after_run hooks", "StopAtStepHook", "bare loop",
