@@ -9,8 +9,11 @@ An export is a directory ``<export_dir_base>/<timestamp>/`` holding:
   (the batch dimension is exported as dynamic where the model allows it).
 
 It is written into a temporary sibling directory, fsynced, and renamed into place, so a crash
-never leaves a partial export under a timestamp name (only a hidden ``.<version>.tmp-*``
-directory, which listings ignore and which can be deleted by hand). Versions are the export's
+never leaves a partial export under a timestamp name, only a hidden
+``.<version>.tmp-<host>-<pid>-<random>`` directory, which listings ignore. The next export into
+the same directory deletes such leftovers when they are from this host and their process is
+gone (a temp of a live process — another exporter still writing — or of another host, which
+this one cannot check, is left alone). Versions are the export's
 Unix time in seconds, bumped past the newest existing one, so they always sort in export order. ``train_and_evaluate`` calls each
 exporter after each evaluation with ``export_path = model_dir/export/<name>``.
 
@@ -27,7 +30,9 @@ import inspect
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
     from supervisor.estimator.estimator import Estimator
 
 __all__ = ["Exporter", "LatestExporter", "BestExporter", "FinalExporter", "write_export", "list_exports",
+           "remove_crashed_exports",
            "WEIGHTS_FILE", "PROGRAM_FILE", "RESULT_FILE"]
 
 logger = logging.getLogger(__name__)
@@ -54,8 +60,10 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
     from supervisor.estimator.estimator import preserved_rng
 
     os.makedirs(export_dir_base, exist_ok=True)
+    remove_crashed_exports(export_dir_base)
     final = _new_version_dir(export_dir_base, int(estimator.clock.time()))
-    tmp = os.path.join(export_dir_base, f".{os.path.basename(final)}.tmp-{os.urandom(8).hex()}")
+    tmp = os.path.join(export_dir_base, f".{os.path.basename(final)}.tmp-{socket.gethostname()}-{os.getpid()}-"
+                                        f"{os.urandom(8).hex()}")
     os.makedirs(tmp)
     try:
         with preserved_rng():
@@ -92,6 +100,39 @@ def _save_file(path: str, fill: Callable[[Any], Any]) -> None:
         fill(f)
         f.flush()
         os.fsync(f.fileno())
+
+
+_TEMP = re.compile(r"^\.\d+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{16}$")
+
+
+def remove_crashed_exports(export_dir_base: str) -> list[str]:
+    """Deletes the temp directories of exports whose process died (see the module docstring);
+    returns their paths. Only this host's, and only when their process no longer exists."""
+    try:
+        names = os.listdir(export_dir_base)
+    except FileNotFoundError:
+        return []
+    host, removed = socket.gethostname(), []
+    for name in names:
+        match = _TEMP.match(name)
+        if match is None or match["host"] != host or _process_exists(int(match["pid"])):
+            continue
+        path = os.path.join(export_dir_base, name)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            logger.info("removed %s, left by an export whose process (pid %s) died", path, match["pid"])
+            removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: it exists, owned by someone else
+        return True
+    return True
 
 
 def _new_version_dir(base: str, timestamp: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -65,6 +66,58 @@ def test_failed_export_leaves_no_partial_directory(tmp_path):
     with pytest.raises(Exception):
         est.export(tmp_path / "out")
     assert os.listdir(tmp_path / "out") == []
+
+
+_KILLED_EXPORT = """
+import os, signal, sys
+from supervisor.estimator import exporters
+from tests.estimator.estimator_toy import endless, make_estimator
+
+est = make_estimator(sys.argv[1])
+est.train(endless(), max_steps=5)
+save = exporters._save_file
+
+def dying_save(path, fill):
+    save(path, fill)
+    if path.endswith(exporters.WEIGHTS_FILE):  # the weights are written, the record is not
+        os.kill(os.getpid(), signal.SIGKILL)
+
+exporters._save_file = dying_save
+est.export(sys.argv[2])
+"""
+
+
+def test_an_export_killed_midway_leaves_only_a_temp_the_next_export_removes(tmp_path):
+    out = tmp_path / "out"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(tmp_path / "model"), str(out)],
+                            env=env, cwd=repo, timeout=300, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    (left,) = os.listdir(out)
+    assert left.startswith(".") and ".tmp-" in left and list_exports(str(out)) == []  # no partial version
+    assert os.listdir(out / left) == ["model.pt"]
+    # Temps another exporter may still be writing are kept: a live process's, another host's.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        live = out / f".1.tmp-{socket.gethostname()}-{sleeper.pid}-{'a' * 16}"
+        elsewhere = out / f".2.tmp-another-host-{killed_pid()}-{'b' * 16}"
+        live.mkdir()
+        elsewhere.mkdir()
+        est = make_estimator(tmp_path / "model")
+        path = est.export(out)
+        assert sorted(os.listdir(out)) == sorted([os.path.basename(path), live.name, elsewhere.name])
+        assert sorted(os.listdir(path)) == ["eval_result.json", "model.pt"]
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=60)
+
+
+def killed_pid() -> int:
+    """The pid of a process that has ended."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    return int(done.stdout)
 
 
 def test_latest_exporter_keeps_exports_to_keep(tmp_path):
