@@ -3,6 +3,9 @@
 An export is a directory ``<export_dir_base>/<timestamp>/`` holding:
 
 - ``model.pt`` — the model's state dict, loadable with ``torch.load(path, weights_only=True)``;
+- ``model.safetensors`` — when the ``safetensors`` package is installed (``pip install
+  torch-supervisor[safetensors]``): the same weights, for ``safetensors.torch.load_model(model,
+  path)`` or any safetensors reader (tied weights are stored once, as ``save_model`` does);
 - ``eval_result.json`` — ``{"global_step", "checkpoint_path", "metrics"}``;
 - ``model.pt2`` — when the estimator has an ``example_input``: a ``torch.export`` program that
   ``torch.export.load(path).module()(*example_input)`` runs without the model's Python class
@@ -45,12 +48,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Exporter", "LatestExporter", "BestExporter", "FinalExporter", "write_export", "list_exports",
            "remove_crashed_exports",
-           "WEIGHTS_FILE", "PROGRAM_FILE", "RESULT_FILE"]
+           "WEIGHTS_FILE", "PROGRAM_FILE", "RESULT_FILE", "SAFETENSORS_FILE"]
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.pt"
 PROGRAM_FILE = "model.pt2"
+SAFETENSORS_FILE = "model.safetensors"
 RESULT_FILE = "eval_result.json"
 
 
@@ -69,6 +73,7 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
         with preserved_rng():
             model, step = estimator.load_model_copy(checkpoint_path)
             _save_file(os.path.join(tmp, WEIGHTS_FILE), lambda f: torch.save(model.state_dict(), f))
+            _save_safetensors(model, os.path.join(tmp, SAFETENSORS_FILE), step)
             if estimator.example_input is not None:
                 program = export_program(model, estimator.example_input)
                 _save_file(os.path.join(tmp, PROGRAM_FILE), lambda f: torch.export.save(program, f))
@@ -93,6 +98,17 @@ def export_program(model: torch.nn.Module, example_input: Any) -> Any:
     dynamic = tuple({0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > 0 else None
                     for a in args)
     return torch.export.export(model, args, dynamic_shapes=dynamic)
+
+
+def _save_safetensors(model: torch.nn.Module, path: str, step: int) -> None:
+    """``model.safetensors`` when the package is installed (else nothing), fsynced."""
+    try:
+        from safetensors.torch import save_model
+    except ImportError:
+        return
+    save_model(model, path, metadata={"global_step": str(step)})
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def _save_file(path: str, fill: Callable[[Any], Any]) -> None:

@@ -32,7 +32,8 @@ def test_export_layout_weights_and_record(tmp_path):
     est = trained(tmp_path)
     path = est.export(tmp_path / "out", eval_result={"loss": 0.5, "global_step": 5})
     assert os.path.dirname(path) == str(tmp_path / "out") and os.path.basename(path).isdigit()
-    assert sorted(os.listdir(path)) == ["eval_result.json", "model.pt"]  # no example_input: no program
+    # no example_input: no program; safetensors is installed with the test extras
+    assert sorted(os.listdir(path)) == ["eval_result.json", "model.pt", "model.safetensors"]
     weights = torch.load(os.path.join(path, "model.pt"), weights_only=True)
     ckpt = est.load_model_copy(est.latest_checkpoint())[0].state_dict()
     assert weights.keys() == ckpt.keys() and all(torch.equal(weights[k], ckpt[k]) for k in ckpt)
@@ -40,6 +41,43 @@ def test_export_layout_weights_and_record(tmp_path):
     assert record == {"global_step": 5, "checkpoint_path": est.latest_checkpoint(), "metrics": {"loss": 0.5}}
     second = est.export(tmp_path / "out")
     assert int(os.path.basename(second)) > int(os.path.basename(path))  # same second: still a new version
+
+
+def test_safetensors_export_loads_into_a_fresh_model(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    from tests.estimator.estimator_toy import make_model
+
+    est = trained(tmp_path)
+    path = est.export(tmp_path / "out")
+    fresh = make_model(seed=1)
+    expected = est.load_model_copy(est.latest_checkpoint())[0].state_dict()
+    assert not all(torch.equal(fresh.state_dict()[k], expected[k]) for k in expected)
+    missing, unexpected = load_model(fresh, os.path.join(path, "model.safetensors"))
+    assert not missing and not unexpected
+    assert all(torch.equal(fresh.state_dict()[k], expected[k]) for k in expected)
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"global_step": "5"}
+
+
+def test_safetensors_export_stores_tied_weights_once(tmp_path):
+    from safetensors.torch import load_model
+
+    from supervisor.estimator.exporters import _save_safetensors
+
+    def tied() -> torch.nn.Module:
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+        model[1].weight = model[0].weight  # a language model's tied input and output embeddings
+        return model
+
+    torch.manual_seed(0)
+    model = tied()
+    _save_safetensors(model, str(tmp_path / "m.safetensors"), 3)
+    torch.manual_seed(1)
+    loaded = tied()
+    load_model(loaded, str(tmp_path / "m.safetensors"))
+    assert torch.equal(loaded[0].weight, model[0].weight) and loaded[1].weight is loaded[0].weight
 
 
 def test_torch_export_program_runs_without_the_model_class(tmp_path):
@@ -107,7 +145,7 @@ def test_an_export_killed_midway_leaves_only_a_temp_the_next_export_removes(tmp_
         est = make_estimator(tmp_path / "model")
         path = est.export(out)
         assert sorted(os.listdir(out)) == sorted([os.path.basename(path), live.name, elsewhere.name])
-        assert sorted(os.listdir(path)) == ["eval_result.json", "model.pt"]
+        assert sorted(os.listdir(path)) == ["eval_result.json", "model.pt", "model.safetensors"]
     finally:
         sleeper.kill()
         sleeper.wait(timeout=60)
