@@ -57,7 +57,7 @@ class GradientChannel:
         self._options.reduceOp = dist.ReduceOp.SUM
         self.flags_size = flags_size
         self._outgoing: torch.Tensor | None = None
-        self._received: list[torch.Tensor] = []
+        self._received: list[list[float] | torch.Tensor] = []
         self._combined: tuple | None = None
         self._tail_zero = False  # whether the reused buffer's flags part holds zeros
         self.bound = False
@@ -87,7 +87,8 @@ class GradientChannel:
         """The flags every rank sent since the last call, summed; None when no backward ran."""
         if not self._received:
             return None
-        received, self._received = self._received, []
+        received = [r.tolist() if isinstance(r, torch.Tensor) else r for r in self._received]
+        self._received = []
         return received[0] if len(received) == 1 else [sum(column) for column in zip(*received)]
 
     # ------------------------------------------------------------ DDP's side
@@ -127,8 +128,14 @@ class GradientChannel:
         return self._combined[1], self._combined[2], self._combined[3]
 
     def _split(self, head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-        values = tail.tolist()  # read now: the buffer is reused by the next backward
-        self._tail_zero = not any(values)
+        # Taken now: the buffer is reused by the next backward. On the CPU as a list (cheaper,
+        # and it tells whether the tail is still zero); on a GPU as a copy, read at the boundary,
+        # so DDP's callback never waits for the device.
+        if tail.device.type == "cpu":
+            values: list[float] | torch.Tensor = tail.tolist()
+            self._tail_zero = not any(values)
+        else:
+            values, self._tail_zero = tail.clone(), False
         if self.bound:
             self._received.append(values)
             self.carried += 1
