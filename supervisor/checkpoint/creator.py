@@ -39,7 +39,37 @@ __all__ = ["CheckpointSessionCreator", "WorkerSessionCreator"]
 logger = logging.getLogger(__name__)
 
 
-class CheckpointSessionCreator(SessionCreator):
+class ManagedCheckpointCreator(SessionCreator):
+    """What the creators that restore from a checkpoint manager share: the manager is closed
+    with the session's environment, opened (ownership lock) at the first restore, and — when it
+    has no ``on_error`` of its own — reports a failed background save to the session's
+    ``request_stop``, so the session stops and its ``close`` re-raises it."""
+
+    reinitialise_on_recreate = True
+    #: the manager class a subclass takes, and its name in the error for any other argument
+    manager_type: tuple[type, str] = (object, "checkpoint manager")
+
+    def __init__(self, state: TrainingState | None, manager: Any, *, is_chief: bool,
+                 init_fn: Callable[[Any], Any] | None, local_init_fn: Callable[[Any], Any] | None,
+                 ready_fn: Callable[[Any], Any] | None, logdir: str | None, summary_writer: Any) -> None:
+        kind, name = self.manager_type
+        if not isinstance(manager, kind):
+            raise TypeError(f"manager must be a {name}, got {manager!r}")
+        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
+                         is_chief=is_chief, logdir=logdir if logdir is not None else manager.directory,
+                         summary_writer=summary_writer)
+        self.environment.checkpoints = manager  # closed with the environment
+        self._routes_errors = manager.on_error is None
+
+    def _open_manager(self, session: Any) -> Any:
+        manager = self.checkpoints
+        manager.open()
+        if self._routes_errors:
+            manager.on_error = session.request_stop
+        return manager
+
+
+class CheckpointSessionCreator(ManagedCheckpointCreator):
     """The chief's creator: restore-or-init from a `CheckpointManager`'s directory.
 
     The manager is opened (ownership lock) at the first creation and closed with the session.
@@ -53,26 +83,18 @@ class CheckpointSessionCreator(SessionCreator):
         logdir: the log directory (default: the manager's directory).
     """
 
-    reinitialise_on_recreate = True
+    manager_type = (CheckpointManager, "supervisor.checkpoint.CheckpointManager")
 
     def __init__(self, state: TrainingState | None, manager: CheckpointManager, *,
                  init_fn: Callable[[Any], Any] | None = None,
                  local_init_fn: Callable[[Any], Any] | None = None,
                  ready_fn: Callable[[Any], Any] | None = None,
                  logdir: str | None = None, summary_writer: Any = None) -> None:
-        if not isinstance(manager, CheckpointManager):
-            raise TypeError(f"manager must be a supervisor.checkpoint.CheckpointManager, got {manager!r}")
-        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
-                         is_chief=True, logdir=logdir if logdir is not None else manager.directory,
-                         summary_writer=summary_writer)
-        self.environment.checkpoints = manager
-        self._routes_errors = manager.on_error is None
+        super().__init__(state, manager, is_chief=True, init_fn=init_fn, local_init_fn=local_init_fn,
+                         ready_fn=ready_fn, logdir=logdir, summary_writer=summary_writer)
 
     def restore(self, session: Any) -> Restored | None:
-        manager: CheckpointManager = self.checkpoints
-        manager.open()
-        if self._routes_errors:
-            manager.on_error = session.request_stop
+        manager: CheckpointManager = self._open_manager(session)
         # -- finished mark (issue 12, SPEC §10.2): a new session means the run is not finished.
         self._session = session
         clear_finished(manager.directory)

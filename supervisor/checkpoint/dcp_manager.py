@@ -21,7 +21,7 @@ from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon
-from supervisor.creator import SessionCreator
+from supervisor.checkpoint.creator import ManagedCheckpointCreator
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
 from supervisor.rng import capture_rng_state
@@ -317,7 +317,7 @@ class ShardedCheckpointManager(ManagerCommon):
                 f"save_mode={self.save_mode!r})")
 
 
-class ShardedSessionCreator(SessionCreator):
+class ShardedSessionCreator(ManagedCheckpointCreator):
     """Restore-or-init from a `ShardedCheckpointManager`, on every rank (SPEC §4, §12).
 
     The chief chooses; every rank (chief or not) loads its shards of that checkpoint. Only the
@@ -325,22 +325,14 @@ class ShardedSessionCreator(SessionCreator):
     ``on_error``, a failed background save is routed to the session's ``request_stop``.
     """
 
-    reinitialise_on_recreate = True
+    manager_type = (ShardedCheckpointManager, "ShardedCheckpointManager")
 
     def __init__(self, state: TrainingState | None, manager: ShardedCheckpointManager, *, is_chief: bool,
                  init_fn: Any = None, local_init_fn: Any = None, ready_fn: Any = None,
                  logdir: str | None = None, summary_writer: Any = None) -> None:
-        if not isinstance(manager, ShardedCheckpointManager):
-            raise TypeError(f"manager must be a ShardedCheckpointManager, got {manager!r}")
-        super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
-                         is_chief=is_chief, logdir=logdir if logdir is not None else manager.directory,
-                         summary_writer=summary_writer)
-        self.environment.checkpoints = manager  # closed with the environment
-        self._routes_errors = manager.on_error is None
+        super().__init__(state, manager, is_chief=is_chief, init_fn=init_fn, local_init_fn=local_init_fn,
+                         ready_fn=ready_fn, logdir=logdir, summary_writer=summary_writer)
 
     def restore(self, session: Any) -> Restored | None:
-        manager: ShardedCheckpointManager = self.checkpoints
-        manager.open()
-        if self._routes_errors:
-            manager.on_error = session.request_stop
+        manager: ShardedCheckpointManager = self._open_manager(session)
         return manager.restore(self.state)
