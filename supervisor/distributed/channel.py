@@ -60,6 +60,7 @@ class GradientChannel:
         self._received: list[list[float] | torch.Tensor] = []
         self._combined: tuple | None = None
         self._tail_zero = False  # whether the reused buffer's flags part holds zeros
+        self._on_cpu = True  # where the reused buffer lives
         self.bound = False
         self.carried = 0  # backward passes that carried flags (for tests and benchmarks)
 
@@ -125,13 +126,14 @@ class GradientChannel:
             combined = torch.empty(key[0] + self.flags_size, dtype=buffer.dtype, device=buffer.device)
             self._combined = (key, combined, combined[:key[0]], combined[key[0]:])
             self._tail_zero = False
+            self._on_cpu = combined.device.type == "cpu"
         return self._combined[1], self._combined[2], self._combined[3]
 
     def _split(self, head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
         # Taken now: the buffer is reused by the next backward. On the CPU as a list (cheaper,
         # and it tells whether the tail is still zero); on a GPU as a copy, read at the boundary,
         # so DDP's callback never waits for the device.
-        if tail.device.type == "cpu":
+        if self._on_cpu:
             values: list[float] | torch.Tensor = tail.tolist()
             self._tail_zero = not any(values)
         else:
