@@ -46,7 +46,6 @@ import shutil
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,6 +60,7 @@ import hooks  # noqa: E402
 from benchmarks.checkpoint_dcp import parse_sizes, run_dcp_comparison  # noqa: E402
 from supervisor import MonitoredSession, TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator  # noqa: E402
+from supervisor.checkpoint import fileio  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 _ROW_BYTES = 4096 * 4  # one row of a 4096-wide float32 layer
@@ -396,9 +396,9 @@ def phase_breakdown(model: BigModel, state: TrainingState, directory: str) -> No
     payload = staging.capture(state.state_dict())  # {"model": {name: tensor}}
     to_null = min(timed(serialise_to_null, payload) for _ in range(2))
     views = [memoryview(p.detach().numpy()).cast("B") for p in payload["model"].values()]
-    crc = min(timed(lambda: [zlib.crc32(v) for v in views]) for _ in range(2))
+    crc = min(timed(lambda: [fileio.crc32(v) for v in views]) for _ in range(2))
     raw = min(raw_write_8mib(views, os.path.join(directory, "raw8.bin")) for _ in range(2))
-    for name, secs in (("capture (memcpy into staging)", capture), ("CRC-32 alone (one thread)", crc),
+    for name, secs in (("capture (memcpy into staging)", capture), (f"CRC-32 alone ({fileio.CRC32_IMPLEMENTATION}, one thread)", crc),
                        ("serialise + CRC into a null sink", to_null),
                        ("raw write + fsync, 8 MiB chunks", raw)):
         print(f"  {name:<36s} {secs:7.3f} s  {model.nbytes / secs / GiB:.1f} GiB/s")
@@ -449,7 +449,8 @@ def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: Commit
     model = BigModel(nbytes)
     state = TrainingState.from_arguments(model=model)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, state {model.nbytes / MiB:.0f} MiB in "
-          f"{len(model.weights)} float32 tensors, directory {directory}, best of {repeats}")
+          f"{len(model.weights)} float32 tensors, directory {directory}, best of {repeats}, "
+          f"CRC-32 by {fileio.CRC32_IMPLEMENTATION}")
     ckpt_dir = os.path.join(directory, "run")
     with CheckpointManager(ckpt_dir, max_to_keep=2) as kept:
         memory, _ = measure_memory(model, state, kept)

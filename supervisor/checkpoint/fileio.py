@@ -10,6 +10,14 @@ checksums chunk ``k`` on a helper thread while the main writer thread writes it 
 the checksum costs next to nothing on top of the write itself.
 
 Checksums are written as ``"crc32:%08x"``; the prefix names the algorithm so the format can grow.
+
+Faster CRC-32, same values: with the optional extra ``torch-supervisor[fast]`` installed (the
+``isal`` package, Intel ISA-L's carry-less-multiply CRC), `crc32` runs at 12-14 GiB/s per core on
+the project's machine against the stdlib's 2 GiB/s (64 MiB: 4.6 ms against 33 ms), and releases
+the GIL the same way. It computes the very same CRC-32, so checkpoints written with it verify
+without it and the other way round; nothing on disk says which one was used. Without the extra
+the stdlib's ``zlib.crc32`` is used (the spec's runtime dependencies stay torch, numpy, filelock
+and tensorboard). `CRC32_IMPLEMENTATION` names the one in use; benchmarks print it.
 """
 from __future__ import annotations
 
@@ -22,9 +30,11 @@ from typing import IO, Any, Callable
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
+    "CRC32_IMPLEMENTATION",
     "ChecksumWriter",
     "Opener",
     "checksum_file",
+    "crc32",
     "crc32_combine",
     "default_opener",
     "format_checksum",
@@ -32,6 +42,24 @@ __all__ = [
 ]
 
 CHECKSUM_ALGORITHM = "crc32"
+
+
+def _pick_crc32() -> tuple[Callable[..., int], str]:
+    try:
+        from isal.isal_zlib import crc32 as isal_crc32
+    except ImportError:
+        return zlib.crc32, "zlib"
+    return isal_crc32, "isal"
+
+
+_crc32, CRC32_IMPLEMENTATION = _pick_crc32()
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """``zlib.crc32(data, value)``, computed by the fastest implementation installed (see the
+    module's docstring); the result is the same whichever runs."""
+    return _crc32(data, value)
+
 
 #: ``opener(path) -> binary file`` opened for writing a new file. The writer calls it for every
 #: file it creates inside a checkpoint; tests pass one that raises ``ENOSPC``/``EIO`` from
@@ -118,7 +146,7 @@ class ChecksumWriter:
     def _write_large(self, view: memoryview) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="supervisor-checksum")
-        future: Future = self._pool.submit(zlib.crc32, view, self._crc)
+        future: Future = self._pool.submit(crc32, view, self._crc)
         try:
             for start in range(0, view.nbytes, _CHUNK_BYTES):
                 _write_all(self._raw, view[start:start + _CHUNK_BYTES])
@@ -129,7 +157,7 @@ class ChecksumWriter:
 
     def _flush_batch(self) -> None:
         if self._batch:
-            self._crc = zlib.crc32(self._batch, self._crc)
+            self._crc = crc32(self._batch, self._crc)
             _write_all(self._raw, memoryview(self._batch))
             self._batch = bytearray()
 
@@ -176,7 +204,7 @@ def checksum_file(path: str, *, chunk_bytes: int = _CHUNK_BYTES, max_workers: in
                   mapped: bool = False) -> tuple[int, str]:
     """Returns ``(size, checksum)`` of the file at ``path``, read once.
 
-    Large files are split into ranges checksummed on parallel threads (``zlib.crc32`` and
+    Large files are split into ranges checksummed on parallel threads (`crc32` and
     ``readinto`` release the GIL) and the range CRCs are combined (`crc32_combine`), so a
     verification pass runs at the speed of all cores. ``max_workers`` defaults to the CPU count
     (at most 4).
@@ -218,7 +246,7 @@ def _checksum_mapped(path: str, size: int, parts: int, chunk_bytes: int) -> list
             def crc_of(i: int) -> tuple[int, str]:
                 crc = 0
                 for start in range(bounds[i], bounds[i + 1], chunk_bytes):
-                    crc = zlib.crc32(view[start:min(start + chunk_bytes, bounds[i + 1])], crc)
+                    crc = crc32(view[start:min(start + chunk_bytes, bounds[i + 1])], crc)
                 return bounds[i + 1] - bounds[i], format_checksum(crc)
 
             if parts == 1:
@@ -242,7 +270,7 @@ def _checksum_range(path: str, start: int, end: int, chunk_bytes: int) -> tuple[
             n = f.readinto(view[:min(chunk_bytes, end - start - size)])
             if not n:
                 break
-            crc = zlib.crc32(view[:n], crc)
+            crc = crc32(view[:n], crc)
             size += n
     return size, format_checksum(crc)
 

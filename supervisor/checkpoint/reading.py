@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from supervisor.checkpoint.fileio import format_checksum
+from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
@@ -204,7 +203,7 @@ def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: 
             if not n:
                 raise CheckpointCorruptError(f"{path}: {name} ended after {done} of {size} bytes (truncated)")
             if checksum:
-                crc = zlib.crc32(view[done:done + n], crc)
+                crc = crc32(view[done:done + n], crc)
             done += n
     view.release()
     if checksum and format_checksum(crc) != record.checksum:

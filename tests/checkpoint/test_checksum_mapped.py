@@ -32,3 +32,57 @@ def test_a_flipped_byte_changes_the_mapped_checksum(tmp_path, monkeypatch):
     path.write_bytes(bytes(data))
     assert fileio.checksum_file(str(path), mapped=True) != before
     assert os.path.getsize(path) == 3 << 20
+
+
+def test_the_accelerated_crc32_is_zlibs_over_odd_lengths_and_start_values():
+    # With the [fast] extra, fileio.crc32 is ISA-L's; the value must be zlib's exactly, or a
+    # checkpoint written on one machine would fail verification on another.
+    rng = random.Random(7)
+    for size in (0, 1, 15, 16, 17, 63, 64, 65, 4095, 4096 + 3, (1 << 20) + 5):
+        data = rng.randbytes(size)
+        for start in (0, 1, 0xFFFFFFFF, rng.getrandbits(32)):
+            assert fileio.crc32(data, start) == zlib.crc32(data, start), (size, start)
+        assert fileio.crc32(memoryview(data)) == zlib.crc32(data)
+
+
+def test_the_fast_extra_is_in_use_when_installed():
+    try:
+        import isal  # noqa: F401
+    except ImportError:
+        assert fileio.CRC32_IMPLEMENTATION == "zlib"
+    else:
+        assert fileio.CRC32_IMPLEMENTATION == "isal"
+
+
+def test_a_checkpoint_written_with_one_crc32_restores_verified_with_the_other(tmp_path, monkeypatch):
+    # Whether or not the [fast] extra is installed leaves nothing on disk to tell: save with
+    # the stdlib's CRC-32, verify with the one in use, and the other way round.
+    import torch
+
+    from supervisor import TrainingState
+    from supervisor.checkpoint.manager import CheckpointManager
+
+    monkeypatch.setattr(fileio, "_PARALLEL_MIN_BYTES", 1 << 20)  # the mapped, threaded path too
+
+    def save_and_restore(write_crc, read_crc, logdir):
+        monkeypatch.setattr(fileio, "_crc32", write_crc)
+        model = torch.nn.Linear(1024, 1024)  # 4 MiB
+        with CheckpointManager(logdir) as manager:
+            manager.save(3, TrainingState.from_arguments(model=model), wait=True)
+        monkeypatch.setattr(fileio, "_crc32", read_crc)
+        fresh = torch.nn.Linear(1024, 1024)
+        with CheckpointManager(logdir, verify="full") as manager:
+            assert manager.restore(TrainingState.from_arguments(model=fresh)).global_step == 3
+        assert torch.equal(fresh.weight, model.weight)
+        # and damage is still caught by the reading side's CRC-32
+        (state_file,) = logdir.glob("model.ckpt-3/state.pt")
+        data = bytearray(state_file.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        state_file.write_bytes(bytes(data))
+        with CheckpointManager(logdir, verify="full") as manager:
+            with pytest.raises(Exception, match="checksum|damaged|corrupt"):
+                manager.restore(TrainingState.from_arguments(model=torch.nn.Linear(1024, 1024)))
+
+    in_use = fileio._crc32
+    save_and_restore(zlib.crc32, in_use, tmp_path / "a")
+    save_and_restore(in_use, zlib.crc32, tmp_path / "b")
