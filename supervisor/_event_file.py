@@ -6,9 +6,10 @@ first, each record ``length, masked CRC-32C of length, data, masked CRC-32C of d
 back by TensorBoard's own loader in the tests. What differs is *when* the work happens:
 tensorboard's writer wakes its thread for every event, and that thread computes the CRC-32C in
 pure Python (~20 µs for an 80-byte event) while holding the GIL, so in a training loop every
-summary costs the training thread a thread hand-over or two. Here an event is serialised on the
-caller's thread and appended to a list; the writer thread wakes every ``flush_secs`` (or when
-``max_queue`` events wait) and frames, writes and flushes the whole batch at once.
+summary costs the training thread a thread hand-over or two. Here an event (or what it is made
+from: ``encode`` turns it into bytes) is appended to a list on the caller's thread; the writer
+thread wakes every ``flush_secs`` (or when ``max_queue`` events wait) and encodes, frames,
+writes and flushes the whole batch at once.
 
 What a reader sees is unchanged: tensorboard's writer also made events visible only when it
 flushed (every ``flush_secs``, or at `flush`/`close`), since its file object buffers.
@@ -22,6 +23,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +55,17 @@ class EventFile:
         flush_secs: the longest an added event waits before it is written and flushed.
         max_queue: events waiting that wake the writer thread early.
         first: the serialised first event (the file version), written and flushed at once.
+        encode: turns what `add` was given into the serialised event, at write time (default:
+            `add` is given bytes).
     """
 
-    def __init__(self, logdir: str, suffix: str, *, flush_secs: float, max_queue: int, first: bytes) -> None:
+    def __init__(self, logdir: str, suffix: str, *, flush_secs: float, max_queue: int, first: bytes,
+                 encode: Callable[[Any], bytes] | None = None) -> None:
         self.path = event_file_name(logdir, suffix)
         self._file = open(self.path, "wb")
         self._file.write(frame(first))
         self._file.flush()
+        self._encode = encode
         self._flush_secs = flush_secs
         self._max_queue = max_queue
         self._pending: list[bytes] = []
@@ -71,8 +77,9 @@ class EventFile:
         self._thread = threading.Thread(target=self._run, name="supervisor-events", daemon=True)
         self._thread.start()
 
-    def add(self, data: bytes) -> None:
-        """Queues one serialised event (cheap: no framing, no I/O on the caller's thread)."""
+    def add(self, data: Any) -> None:
+        """Queues one event, serialised or for ``encode`` (cheap: no framing, no I/O on the
+        caller's thread)."""
         if self._error is not None:
             raise OSError(f"writing the events file {self.path} failed: {self._error}") from self._error
         with self._lock:
@@ -89,7 +96,8 @@ class EventFile:
             if self._file.closed:
                 return
             if batch:
-                self._file.write(b"".join(frame(data) for data in batch))
+                encode = self._encode
+                self._file.write(b"".join(frame(encode(data) if encode else data) for data in batch))
             self._file.flush()
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ def scalar_or_none(value: Any, *, one_element: bool = False) -> float | None:
 
     ``.item()`` copies a CUDA value to the host: callers use it at summary time, not per step.
     """
+    if type(value) is float:  # the common case first: a summary step runs from cold caches
+        return value
     if isinstance(value, numbers.Real):
         return float(value)
     item = getattr(value, "item", None)

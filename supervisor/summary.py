@@ -35,10 +35,16 @@ SESSION_LOG_STATUSES = ("START", "STOP", "CHECKPOINT")
 class SummaryWriter:
     """Appends TensorBoard events to a new ``events.out.tfevents.*`` file in ``logdir``.
 
-    Events are serialised on the caller's thread and written in batches by a background thread
-    every ``flush_secs`` (or once ``max_queue`` wait), in TensorBoard's format (`_event_file`:
-    tensorboard's own writer wakes a thread per event, which a training loop pays for); `flush`
-    writes everything added so far. Thread-safe.
+    Values are checked and read on the caller's thread (a tensor's value as of the call; a bad
+    tag or value raises there); the events are built, serialised and written in batches by a
+    background thread every ``flush_secs`` (or once ``max_queue`` wait), in TensorBoard's format
+    (`_event_file`: tensorboard's own writer wakes a thread per event, which a training loop pays
+    for). Why the protobufs are built on the writer thread: measured in a training loop on the
+    project's machine, code a step runs once per 100 steps runs from cold caches — building and
+    serialising one scalar ``Event`` there took ~75 µs against ~3 µs back to back, and the
+    training step after it ran ~70 µs slower while its own data came back. Queuing a tuple
+    touches far less; the writer builds ten events in a row, warm. `flush` writes everything
+    added so far. Thread-safe.
 
     Args:
         logdir: directory of the events file (created if missing).
@@ -63,7 +69,7 @@ class SummaryWriter:
         version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
                                   source_metadata=event_pb2.SourceMetadata(writer="torch-supervisor"))
         self._writer = EventFile(self.logdir, filename_suffix, flush_secs=flush_secs, max_queue=max_queue,
-                                 first=version.SerializeToString())
+                                 first=version.SerializeToString(), encode=self._encode)
         self._closed = False
 
     @property
@@ -76,23 +82,18 @@ class SummaryWriter:
 
     def add_scalars(self, values: dict[str, Any], step: int, walltime: float | None = None) -> None:
         """Writes several scalars at one step, as one event (``{tag: value}``)."""
-        summary = self._summary_pb2.Summary(value=[
-            self._summary_pb2.Summary.Value(tag=_check_tag(tag), simple_value=_to_float(tag, value))
-            for tag, value in values.items()
-        ])
-        self._add(step, walltime, summary=summary)
+        scalars = tuple((_check_tag(tag), _to_float(tag, value)) for tag, value in values.items())
+        self._add(step, walltime, "scalars", scalars)
 
     def add_session_log(self, status: str, step: int, *, checkpoint_path: str | None = None, msg: str = "") -> None:
         """Writes a ``SessionLog`` event: ``"START"`` (TensorBoard then drops the events of a
         crashed run at steps >= ``step``), ``"STOP"`` or ``"CHECKPOINT"``."""
         if status not in SESSION_LOG_STATUSES:
             raise ValueError(f"status must be one of {', '.join(map(repr, SESSION_LOG_STATUSES))}, got {status!r}")
-        session_log = self._event_pb2.SessionLog(
-            status=self._event_pb2.SessionLog.SessionStatus.Value(status),
-            checkpoint_path=os.fspath(checkpoint_path) if checkpoint_path is not None else "",
-            msg=msg,
-        )
-        self._add(step, None, session_log=session_log)
+        if not isinstance(msg, str):
+            raise TypeError(f"msg must be a string, got {msg!r}")
+        path = os.fspath(checkpoint_path) if checkpoint_path is not None else ""
+        self._add(step, None, "session_log", (status, path, msg))
 
     def flush(self) -> None:
         """Blocks until every event added so far is written to the file."""
@@ -114,12 +115,29 @@ class SummaryWriter:
     def __repr__(self) -> str:
         return f"SummaryWriter(logdir={self.logdir!r}{', closed' if self._closed else ''})"
 
-    def _add(self, step: int, walltime: float | None, **fields: Any) -> None:
+    def _add(self, step: int, walltime: float | None, kind: str, payload: tuple) -> None:
+        # Checked and converted here, on the caller's thread (a bad value raises where it was
+        # given; a tensor's value is read now); the protobuf is built by `_encode` on the writer
+        # thread, a batch at a time (see the class docstring).
         if self._closed:
             raise RuntimeError(f"the summary writer of {self.logdir} is closed; nothing can be added to it")
         step = check_int("step", step)
         wall_time = time.time() if walltime is None else check_number("walltime", walltime)
-        self._writer.add(self._event_pb2.Event(wall_time=wall_time, step=step, **fields).SerializeToString())
+        self._writer.add((wall_time, step, kind, payload))
+
+    def _encode(self, item: tuple) -> bytes:
+        """The serialised ``Event`` of one queued ``(wall_time, step, kind, payload)``."""
+        wall_time, step, kind, payload = item
+        if kind == "scalars":
+            value = self._summary_pb2.Summary.Value
+            summary = self._summary_pb2.Summary(value=[value(tag=tag, simple_value=x) for tag, x in payload])
+            event = self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
+        else:
+            status, path, msg = payload
+            session_log = self._event_pb2.SessionLog(
+                status=self._event_pb2.SessionLog.SessionStatus.Value(status), checkpoint_path=path, msg=msg)
+            event = self._event_pb2.Event(wall_time=wall_time, step=step, session_log=session_log)
+        return event.SerializeToString()
 
 
 class SummaryWriterCache:

@@ -109,12 +109,33 @@ def test_close_is_idempotent_and_final(tmp_path):
         (lambda w: w.add_scalar("x", "high", 1), TypeError, "needs a number"),
         (lambda w: w.add_scalar("x", 1.0, 1.5), ValueError, "step must be an integer"),
         (lambda w: w.add_session_log("PAUSE", 1), ValueError, "status must be one of 'START', 'STOP', 'CHECKPOINT'"),
+        (lambda w: w.add_session_log("STOP", 1, msg=3), TypeError, "msg must be a string"),
+        (lambda w: w.add_scalars({"ok": 1.0, 7: 2.0}, 1), TypeError, "tag must be a non-empty string"),
     ],
 )
 def test_bad_values_are_refused(tmp_path, call, error, words):
     with SummaryWriter(str(tmp_path)) as writer:
         with pytest.raises(error, match=words):
             call(writer)
+        writer.add_scalar("after", 1.0, 2)  # the refusal queued nothing and broke nothing
+    assert [e.step for e in accumulate(tmp_path).Scalars("after")] == [2]
+    assert accumulate(tmp_path).Tags()["scalars"] == ["after"]
+
+
+def test_a_value_is_read_when_it_is_added_not_when_its_event_is_written(tmp_path):
+    # The events are built on the writer thread, later: what is written must be the value the
+    # tensor had at add_scalar, although the training step changes it in place afterwards.
+    loss = torch.tensor(0.5)
+    with SummaryWriter(str(tmp_path), flush_secs=60) as writer:
+        writer.add_scalar("loss", loss, 1, walltime=1000.0)
+        loss.fill_(9.0)
+        writer.add_scalars({"loss": loss}, 2)
+        loss.fill_(-1.0)
+        writer.add_session_log("CHECKPOINT", 2, checkpoint_path="/ckpt/model.ckpt-2", msg="m")
+    events = accumulate(tmp_path).Scalars("loss")
+    assert [(e.step, e.value) for e in events] == [(1, 0.5), (2, 9.0)]
+    assert events[0].wall_time == 1000.0
+    assert session_logs(tmp_path) == [("CHECKPOINT", 2, "/ckpt/model.ckpt-2", "m")]
 
 
 @pytest.mark.parametrize(
