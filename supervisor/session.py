@@ -474,10 +474,12 @@ class MonitoredSession:
             self._global_step += 1
             self._in_step = False
             self._last_output = output
-            if gated and self._time_gate_opened():
+            # Inlined, as below (`_time_gate_opened`, `Boundary.pending`): in a real training loop
+            # this code runs from cold caches every step, and each Python call costs there.
+            if gated and self._gate_now is not None and self._gate_now() >= self._gate_time:
                 self._after_hooks_once(RunContext(fn, args, kwargs, self), self._after_hooks, None)
                 self._regate()  # a time gate opened during the step: its hooks see this step
-            if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
+            if self._boundary._pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
                 self._at_boundary()
             return output
         self._in_step = True
@@ -509,7 +511,7 @@ class MonitoredSession:
         self._after_hooks_once(context, after, results)
         if not gated and self._gated:
             self._regate()
-        if self._boundary.pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
+        if self._boundary._pending or self._resolve_every_step or self._boundary_actions or self._stop_event.is_set():
             self._at_boundary()
         return output
 
