@@ -9,7 +9,8 @@ while it travels; at the boundary of N+1 its result is applied on every rank. So
 - any rank asks → every rank acts, at the same step (N+1 for a request made during step N);
 - a stop every rank requests at the same step (``Requests.stop_on_every_rank``: the target of
   ``StopAtStepHook(last_step)``, known to all ranks ahead) applies at once, at that step;
-- the collective overlaps the step: on the critical path there is only ``is_completed()``.
+- the collective overlaps the step: on the critical path there is only ``wait()`` on a work
+  that has usually completed (always called: only it raises the error of a failed one).
 
 The side group is always gloo (also when training uses NCCL), with ``timeout =
 stop_grace_secs``: a rank that dies, raises or hangs makes the others' wait fail within that
@@ -188,11 +189,12 @@ class CollectiveAgreement(Agreement):
             return Decision(step)
         work, flags, started = self._pending
         self._pending = None
-        if not work.is_completed():
-            try:
-                work.wait()
-            except Exception as e:  # noqa: BLE001 - a peer died, raised or hung
-                raise self._failure(step, e) from e
+        # Always wait(), even on a completed work: a collective that failed (a peer died or
+        # closed its connection) is completed too, and only wait() raises its error.
+        try:
+            work.wait()
+        except Exception as e:  # noqa: BLE001 - a peer died, raised or hung
+            raise self._failure(step, e) from e
         return self._decode(step, flags.tolist(), started, self._local_reasons)
 
     def _decode(self, step: int, values: list[Any], started: int,
