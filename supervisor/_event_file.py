@@ -6,8 +6,8 @@ first, each record ``length, masked CRC-32C of length, data, masked CRC-32C of d
 back by TensorBoard's own loader in the tests. What differs is *when* the work happens:
 tensorboard's writer wakes its thread for every event, and that thread computes the CRC-32C in
 pure Python (~20 µs for an 80-byte event) while holding the GIL, so in a training loop every
-summary costs the training thread a thread hand-over or two. Here an event (or what it is made
-from: ``encode`` turns it into bytes) is appended to a list on the caller's thread; the writer
+summary costs the training thread a thread hand-over or two. Here what an event is made of
+(``encode`` turns it into bytes) is appended to a list on the caller's thread; the writer
 thread wakes every ``flush_secs`` (or when ``max_queue`` events wait) and encodes, frames,
 writes and flushes the whole batch at once.
 
@@ -55,12 +55,11 @@ class EventFile:
         flush_secs: the longest an added event waits before it is written and flushed.
         max_queue: events waiting that wake the writer thread early.
         first: the serialised first event (the file version), written and flushed at once.
-        encode: turns what `add` was given into the serialised event, at write time (default:
-            `add` is given bytes).
+        encode: turns what `add` was given into the serialised event, at write time.
     """
 
     def __init__(self, logdir: str, suffix: str, *, flush_secs: float, max_queue: int, first: bytes,
-                 encode: Callable[[Any], bytes] | None = None) -> None:
+                 encode: Callable[[Any], bytes]) -> None:
         self.path = event_file_name(logdir, suffix)
         self._file = open(self.path, "wb")
         self._file.write(frame(first))
@@ -68,7 +67,7 @@ class EventFile:
         self._encode = encode
         self._flush_secs = flush_secs
         self._max_queue = max_queue
-        self._pending: list[bytes] = []
+        self._pending: list[Any] = []
         self._lock = threading.Lock()  # the pending list
         self._io_lock = threading.Lock()  # the file: one batch at a time, in order
         self._wake = threading.Event()
@@ -78,8 +77,8 @@ class EventFile:
         self._thread.start()
 
     def add(self, data: Any) -> None:
-        """Queues one event, serialised or for ``encode`` (cheap: no framing, no I/O on the
-        caller's thread)."""
+        """Queues what ``encode`` makes one event of (cheap: no serialising, no framing, no I/O
+        on the caller's thread)."""
         if self._error is not None:
             raise OSError(f"writing the events file {self.path} failed: {self._error}") from self._error
         with self._lock:
@@ -97,7 +96,7 @@ class EventFile:
                 return
             if batch:
                 encode = self._encode
-                self._file.write(b"".join(frame(encode(data) if encode else data) for data in batch))
+                self._file.write(b"".join(frame(encode(data)) for data in batch))
             self._file.flush()
 
     def close(self) -> None:
