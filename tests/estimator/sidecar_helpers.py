@@ -77,7 +77,14 @@ class StepTrainer:
 
 
 def weight_metrics(model: torch.nn.Module, batch: object = None) -> dict[str, torch.Tensor]:
-    """``w``: the mean parameter value; ``spread``: max - min over every parameter (0 when the
-    checkpoint is one consistent step)."""
+    """``w``: the largest parameter value; ``spread``: max - min over every parameter (0 when the
+    checkpoint is one consistent step, and then ``w`` is exactly the float32 value every
+    parameter holds — a float32 mean over a million parameters would round by ~1e-6)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return {"w": flat.mean(), "spread": flat.max() - flat.min()}
+    top = flat.max()
+    return {"w": top, "spread": top - flat.min()}
+
+
+def float32_weight_of(step: int) -> float:
+    """`weight_of` rounded as the trainer's float32 parameters store it."""
+    return float(torch.tensor(weight_of(step), dtype=torch.float32))

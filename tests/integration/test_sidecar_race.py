@@ -17,7 +17,7 @@ from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.estimator.evaluation import StopReason
 from supervisor.estimator.sidecar import SidecarEvaluator, evaluated_steps
 
-from tests.estimator.sidecar_helpers import make_model, weight_metrics, weight_of
+from tests.estimator.sidecar_helpers import float32_weight_of, make_model, weight_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(ROOT, "tests", "integration", "sidecar_trainer.py")
@@ -57,7 +57,7 @@ def test_race_against_a_trainer_saving_every_step_with_max_to_keep_1(tmp_path, c
     final = int(out.rsplit("finished step=", 1)[1].split()[0])
     stats = evaluator.stats
     wrong = [(r.step, r.metrics) for r in results
-             if abs(r.metrics["w"] - weight_of(r.step)) > 1e-6 or r.metrics["spread"] != 0]
+             if r.metrics["w"] != float32_weight_of(r.step) or r.metrics["spread"] != 0]
     assert not wrong, f"evaluated metrics inconsistent with their step: {wrong[:5]}"
     assert stats.corrupt == 0
     assert evaluator.stop_reason == StopReason.FINISHED
