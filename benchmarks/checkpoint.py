@@ -227,7 +227,9 @@ def measure_stall_and_write(model: BigModel, state: TrainingState, kept: Checkpo
     buffer = torch.empty(nbytes, dtype=torch.uint8).random_()
     view = memoryview(buffer.numpy()).cast("B")
     sync_path, raw_path = os.path.join(directory, "sync.pt"), os.path.join(directory, "raw.bin")
-    unlimited.save(0, state, wait=True)  # allocate its staging buffers: only periodic saves count
+    # The checkpoint the first round deletes. (``kept`` measures the stall: its staging buffers
+    # were allocated by `measure_memory`'s first save; waited-for saves copy nothing.)
+    unlimited.save(0, state, wait=True)
     stalls, kept_totals, totals, syncs, raws = [], [], [], [], []
     for step in range(1, repeats + 1):
         gc.collect()

@@ -203,7 +203,10 @@ def measure_shape(directory: str, shape: Shape, rounds: int) -> tuple[int, dict[
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         with CheckpointManager(os.path.join(directory, "ours"), max_to_keep=None) as manager:
-            manager.save(0, state, wait=True)  # allocates the staging buffers: periodic saves count
+            # A periodic (async) save allocates the staging buffers, as a run's first one does; a
+            # waited-for save would not (it writes the live CPU tensors, without a copy).
+            manager.save(0, state)
+            manager.wait()
             one_round = _Round(directory, state, manager)
             for step in range(1, rounds + 1):
                 one_round.run(step, figures)
