@@ -1,9 +1,13 @@
 """The `Supervisor`'s time-based services, run as one internal hook (SPEC §6, §9).
 
-At every session creation the hook writes TensorBoard's ``SessionLog.START`` at the session's
-step (TensorBoard then drops events a crashed run wrote beyond it, so a resumed curve has no
-duplicates), saves a checkpoint if the state is not already the one on disk, and starts its
-`LooperThread`s on the session's coordinator:
+At every session creation the hook writes TensorBoard's ``SessionLog.START`` at the first
+step this session takes (the restored step + 1), saves a checkpoint if the state is not already
+the one on disk, and starts its `LooperThread`s on the session's coordinator. TensorBoard drops
+every event at and after a START's step: a crashed run's events beyond its last checkpoint are
+hidden (the resumed curve has no duplicates), while the point at the restored step — written
+after the step that produced the checkpoint, so it describes that state — is kept. (A START at
+the restored step itself would hide the previous run's last point; `SummarySaverHook` writes its
+START at the same step, its first summary step.) The services are:
 
 - checkpoint service: every ``save_model_secs`` it asks for a checkpoint, captured on the
   training thread at the next step boundary (a consistent cut) and written in the background;
@@ -68,7 +72,7 @@ class SupervisorServices(Hook):
         self._session = session
         writer = session.summary_writer
         if writer is not None:
-            writer.add_session_log("START", session.global_step)
+            writer.add_session_log("START", session.global_step + 1)
         if session.checkpoint_manager is not None:
             session.save_at_stop()  # the final checkpoint, at the stopping step's boundary
         if session.checkpoint_manager is not None and self._save_model_secs:
@@ -76,7 +80,9 @@ class SupervisorServices(Hook):
             self._loop(coord, self._save_model_secs, self._request_checkpoint, "checkpoint", skip_first=True)
         if writer is not None and self._save_summaries_secs:
             self._last_count = None
-            self._last_summary_step = None
+            # A resumed session has nothing new at the restored step until it takes a step (the
+            # previous run's close summarised it; a duplicate point there would draw a zigzag).
+            self._last_summary_step = session.global_step if session.global_step > 0 else None
             self._loop(coord, self._save_summaries_secs, self._write_summaries, "summaries")
             self._loop(coord, self._save_summaries_secs, self._count_steps, "step-counter")
 

@@ -94,10 +94,47 @@ def test_a_resumed_session_draws_no_zero_rate_at_its_start(tmp_path):
                 s.run(train)
             clock.advance(10)
             clock.wait_for_waiters(2)
-    # Every point ever written, in both events files (TensorBoard's purge at the second
-    # START would hide a point at step 10, so read the raw records).
+    # Every point ever written, in both events files, and what TensorBoard shows: the same
+    # (the second session's START is at step 11, so the first run's last point stays).
     assert _raw_scalars(tmp_path, "global_step/sec") == [(10, 1.0), (20, 1.0)]
-    assert _scalars(tmp_path, "global_step/sec") == [(20, 1.0)]
+    assert _scalars(tmp_path, "global_step/sec") == [(10, 1.0), (20, 1.0)]
+
+
+def _session_logs(logdir):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return [(event.session_log.status, event.step)
+            for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+            for event in EventFileLoader(path).Load() if event.HasField("session_log")]
+
+
+def test_a_resumed_curve_keeps_the_last_point_before_it_and_hides_a_crashed_runs_extra_points(tmp_path):
+    from tensorboard.compat.proto.event_pb2 import SessionLog
+
+    from supervisor.summary import SummaryWriter
+
+    model, opt = _model()
+    for round_ in range(2):
+        clock = FakeClock()
+        with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=60, clock=clock,
+                        summary_fn=lambda s: {"custom": float(s.global_step)}).managed_session() as s:
+            clock.wait_for_waiters(2)  # the first ticks: step 0, then the restored step 10
+            train = _train(model, opt)
+            for _ in range(10):
+                s.run(train)
+        # The first session closed at step 10 with its final checkpoint and final summary. As if
+        # a later run had crashed before its next checkpoint: points beyond step 10 on disk.
+        if round_ == 0:
+            with SummaryWriter(str(tmp_path)) as stale:
+                stale.add_scalar("loss", 99.0, 13)
+                stale.add_scalar("custom", 99.0, 13)
+    assert [step for step, _ in _raw_scalars(tmp_path, "loss")] == [10, 13, 20]
+    # TensorBoard's view: the crashed run's step 13 is gone, step 10 (the state resumed from)
+    # stays, and the resumed session wrote nothing at step 10 again (one point per step).
+    assert [step for step, _ in _scalars(tmp_path, "loss")] == [10, 20]
+    assert _scalars(tmp_path, "custom") == [(0, 0.0), (10, 10.0), (20, 20.0)]
+    starts = [step for status, step in _session_logs(tmp_path) if status == SessionLog.START]
+    assert starts == [1, 11]  # each session's first step
 
 
 def test_non_scalar_outputs_are_named_once(tmp_path, caplog):
