@@ -43,7 +43,9 @@ class ManagedCheckpointCreator(SessionCreator):
     """What the creators that restore from a checkpoint manager share: the manager is closed
     with the session's environment, opened (ownership lock) at the first restore, and — when it
     has no ``on_error`` of its own — reports a failed background save to the session's
-    ``request_stop``, so the session stops and its ``close`` re-raises it."""
+    ``request_stop``, so the session stops and its ``close`` re-raises it. On the chief it also
+    keeps the run's finished mark (`supervisor.checkpoint.finished`), for ``state.pt`` and
+    sharded runs alike, so an evaluator of either stops after the final checkpoint."""
 
     reinitialise_on_recreate = True
     #: the manager class a subclass takes, and its name in the error for any other argument
@@ -62,11 +64,24 @@ class ManagedCheckpointCreator(SessionCreator):
         self._routes_errors = manager.on_error is None
 
     def _open_manager(self, session: Any) -> Any:
+        """Opens the manager at a session's restore; the chief also clears the run's finished
+        mark there (issue 12, SPEC §10.2): a new session means the run is not finished."""
         manager = self.checkpoints
         manager.open()
         if self._routes_errors:
             manager.on_error = session.request_stop
+        self._session = session
+        if self.is_chief:
+            clear_finished(manager.directory)
         return manager
+
+    def shutdown(self, *, failed: bool) -> None:
+        super().shutdown(failed=failed)  # closing the manager commits the final checkpoint
+        # -- finished mark (chief): a clean end that no signal caused (a preempted run resumes).
+        session = getattr(self, "_session", None)
+        if self.is_chief and not failed and session is not None and not session.preempted:
+            mark_finished(self.checkpoints.directory, step=session.global_step,
+                          checkpoint=latest_checkpoint(self.checkpoints.directory))
 
 
 class CheckpointSessionCreator(ManagedCheckpointCreator):
@@ -95,19 +110,8 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
 
     def restore(self, session: Any) -> Restored | None:
         manager: CheckpointManager = self._open_manager(session)
-        # -- finished mark (issue 12, SPEC §10.2): a new session means the run is not finished.
-        self._session = session
-        clear_finished(manager.directory)
         # Distributed (§12): the other ranks restore exactly what the chief chose here.
         return distributed_restore.decide_as_chief(lambda: manager.restore(self.state))
-
-    def shutdown(self, *, failed: bool) -> None:
-        super().shutdown(failed=failed)  # closing the manager commits the final checkpoint
-        # -- finished mark: a clean end that no signal caused (a preempted run will resume).
-        session = getattr(self, "_session", None)
-        if not failed and session is not None and not session.preempted:
-            mark_finished(self.checkpoints.directory, step=session.global_step,
-                          checkpoint=latest_checkpoint(self.checkpoints.directory))
 
 
 class WorkerSessionCreator(SessionCreator):

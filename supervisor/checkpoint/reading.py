@@ -11,7 +11,7 @@
    file in place: it writes a new temp directory and renames it).
 2. reads each file once into memory, computing its CRC-32 as it goes (the manifest's checksum,
    `supervisor.checkpoint.fileio`), and compares size and checksum with the manifest;
-3. only then unpickles ``state.pt`` from that memory with ``torch.load(weights_only=True)``
+3. only then unpickles ``state.pt`` (or assembles a sharded checkpoint, below) from that memory with ``torch.load(weights_only=True)``
    (`supervisor.checkpoint.restore.safe_torch_load`: ``trusted_globals`` opt-in, never unsafe
    unpickling), and checks that the payload's ``global_step`` is the manifest's step.
 
@@ -22,8 +22,12 @@ buffer into its tensor (the buffer is released right after).
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
 is damaged (missing manifest or file, wrong size, wrong checksum, unloadable payload);
-`CheckpointError` when it verifies but needs an untrusted global, or is a sharded (DCP) checkpoint
-(not read here: DCP unpickles its ``.metadata`` without ``weights_only``).
+`CheckpointError` when it verifies but needs an untrusted global.
+
+A sharded checkpoint (``checkpoint_format="dcp"``: ``.metadata`` and the ranks' shard files, no
+``state.pt``) is read the same way — every file opened first, read once, checksummed — and its
+payload is assembled from those bytes by `supervisor.checkpoint.dcp_reading` (DCP's loader,
+whole tensors in one process, unpickling restricted as for ``state.pt``).
 
 `CheckpointVanishedError` is `supervisor.errors`' (the same one restore and ``verify`` raise),
 re-exported here.
@@ -89,7 +93,14 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
     finally:
         os.close(dir_fd)
     bytes_read = manifest_bytes + sum(len(data) for data in contents.values())
-    payload = _load(path, manifest, contents.pop(STATE_FILE), trusted_globals, map_location)
+    if STATE_FILE in contents:
+        payload = _load(path, manifest, contents.pop(STATE_FILE), trusted_globals, map_location)
+    else:  # a sharded checkpoint (_open_listed let only those through)
+        from supervisor.checkpoint.dcp_reading import load_payload
+
+        payload = load_payload(path, manifest.step, contents, trusted_globals=trusted_globals,
+                               map_location=map_location)
+    del contents
     return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=False,
                           bytes_read=bytes_read, deleted_while_reading=deleted)
 
@@ -143,12 +154,8 @@ def _moved_or_deleted(dir_fd: int, path: str) -> bool:
 
 
 def _open_listed(dir_fd: int, path: str, manifest: Manifest) -> dict[str, int]:
-    if STATE_FILE not in manifest.files:
-        if DCP_METADATA in manifest.files:
-            raise CheckpointError(f"{path} is a sharded (checkpoint_format='dcp') checkpoint; evaluators read "
-                                  f"single-file ({STATE_FILE}) checkpoints only: train with the default format "
-                                  "or load it with supervisor.checkpoint.dcp.load_into")
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
+    if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:
+        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {STATE_FILE} nor {DCP_METADATA}")
     fds: dict[str, int] = {}
     try:
         for name in manifest.files:

@@ -10,6 +10,7 @@ import torch
 
 from supervisor.checkpoint import verify_checkpoint
 from supervisor.checkpoint.dcp import choose_checkpoint, load_into
+from supervisor.checkpoint.reading import read_checkpoint
 from supervisor.errors import CheckpointCorruptError
 
 from .harness import describe, run_job
@@ -52,6 +53,12 @@ def test_sharded_save_restores_on_2_and_3_ranks_and_in_one_process(tmp_path, kin
         if size == 3:
             assert restored[2].result["rng"] not in [s.result["rng"] for s in saved]
     assert _plain_full(path) == full
+    # An evaluator (one process, no process group: the sidecar's read) reads every rank's files
+    # once, verified, and gets the whole tensors.
+    read = read_checkpoint(path)
+    assert read.step == 3 and read.bytes_read == sum(r["bytes"] for r in manifest["files"].values()) + len(
+        open(os.path.join(path, "MANIFEST.json"), "rb").read())
+    assert {k: v.flatten().tolist() for k, v in read.payload["model"].items()} == full
 
 
 @pytest.mark.slow

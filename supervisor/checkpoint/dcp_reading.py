@@ -1,0 +1,212 @@
+"""Load a sharded (``checkpoint_format="dcp"``) checkpoint from bytes already read and verified
+(`supervisor.checkpoint.reading.read_checkpoint`, SPEC §10.4, §12): how an evaluator in another
+process reads a checkpoint written by FSDP2/DTensor ranks into its plain, non-distributed model.
+
+`read_checkpoint` opens every file the manifest lists (``.metadata``, the ranks' ``.distcp``
+shards, ``rng-<rank>.pt``), reads each once while checking its CRC-32, and hands the bytes here.
+`load_payload` then runs ``torch.distributed.checkpoint``'s own loading (its planner
+reassembles every tensor whole from the shards of any number of ranks: resharding to one
+process) over those bytes in memory — never the files again, so retention deleting the
+checkpoint meanwhile changes nothing, and nothing is read that was not verified. It returns a
+payload shaped like ``state.pt``'s: ``{"global_step": N, "model": {name: tensor}, ...}`` with
+every entry the trainer saved (an optimizer's state is keyed by parameter name, as DCP saves
+it). The ranks' RNG files are not part of it (an evaluation draws nothing from them).
+
+Unpickling stays as safe as for ``state.pt`` (no arbitrary code from a checkpoint):
+
+- DCP writes ``.metadata`` with plain ``pickle`` and its own reader loads it unrestricted; here it
+  is unpickled with only DCP's metadata classes, ``torch.Size``, dtypes, layouts, memory formats
+  and paths allowed — anything else is refused with an error naming the global;
+- tensors are read by ``torch.load(weights_only=True)`` (as DCP does), and non-tensor entries
+  (DCP pickles those whole with ``weights_only=False``) through `safe_torch_load`, with the same
+  ``trusted_globals`` opt-in as ``state.pt``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+
+from supervisor.checkpoint.format import STEP_KEY
+from supervisor.checkpoint.reading import _MemoryFile
+from supervisor.checkpoint.restore import safe_torch_load
+from supervisor.checkpoint.verify import DCP_METADATA
+from supervisor.errors import CheckpointCorruptError, CheckpointError
+
+__all__ = ["load_payload", "read_metadata"]
+
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    ("torch", "Size"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"), ("builtins", "set"), ("builtins", "frozenset"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` with an allowlist of what DCP itself pickles there."""
+
+    def __init__(self, data: bytes | bytearray, where: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self._where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == _METADATA_MODULE:  # the classes defined there, not what it imports
+            import torch.distributed.checkpoint.metadata as dcp_metadata
+
+            found = getattr(dcp_metadata, name, None)
+            if isinstance(found, type) and found.__module__ == _METADATA_MODULE:
+                return found
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+            return getattr(torch, name)
+        raise CheckpointError(f"{self._where}: {DCP_METADATA} references {module}.{name}, which is not part of "
+                              "torch.distributed.checkpoint's metadata; it is not unpickled (a checkpoint "
+                              "cannot run code in the process that reads it)")
+
+
+def read_metadata(data: bytes | bytearray, where: str) -> Any:
+    """DCP's ``Metadata`` from the bytes of a ``.metadata`` file, unpickled with the allowlist.
+
+    Raises:
+        CheckpointError: the file references another global.
+        CheckpointCorruptError: the file cannot be unpickled or is not DCP metadata.
+    """
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = _MetadataUnpickler(data, where).load()
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged pickle fails in many ways
+        raise CheckpointCorruptError(f"{where}: {DCP_METADATA} cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(metadata, Metadata):
+        raise CheckpointCorruptError(f"{where}: {DCP_METADATA} holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
+
+
+class _MemoryFileSystem:
+    """The part of DCP's file-system interface its reader uses, over the files' verified bytes."""
+
+    def __init__(self, root: str, contents: Mapping[str, bytearray]) -> None:
+        self._root, self._contents = root, contents
+
+    def init_path(self, path: str | os.PathLike) -> str:
+        return os.fspath(path)
+
+    def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
+        return os.path.join(os.fspath(path), suffix)
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        return os.path.relpath(os.fspath(path), self._root) in self._contents
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.RawIOBase]:
+        name = os.path.relpath(os.fspath(path), self._root)
+        if mode != "rb":
+            raise PermissionError(f"{path}: a verified checkpoint is read-only")
+        if name not in self._contents:
+            raise CheckpointCorruptError(f"{self._root}: {DCP_METADATA} names {name!r}, a file the manifest "
+                                         "does not list")
+        stream = _MemoryFile(self._contents[name], os.fspath(path))
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+
+def _reader(root: str, contents: Mapping[str, bytearray], metadata: Any) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class VerifiedBytesReader(FileSystemReader):
+        """DCP's file-system reader over bytes in memory, with the metadata already parsed."""
+
+        def __init__(self) -> None:
+            super().__init__(root)
+            self.fs = _MemoryFileSystem(root, contents)  # type: ignore[assignment]
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return metadata
+
+    return VerifiedBytesReader()
+
+
+def _planner(trusted_globals: list[Any], where: str) -> Any:
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafeBytesPlanner(_EmptyStateDictLoadPlanner):
+        """Rebuilds the state dict from the metadata (no template needed); non-tensor entries
+        are unpickled with ``weights_only=True`` instead of DCP's ``weights_only=False``."""
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            # Named in errors as the checkpoint and the entry (a non-tensor value: small).
+            stream = _MemoryFile(bytearray(value.getbuffer()), f"{where} ({read_item.dest_index.fqn})")
+            try:
+                loaded = safe_torch_load(stream, trusted_globals=trusted_globals)  # type: ignore[arg-type]
+            finally:
+                stream.close()
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafeBytesPlanner()
+
+
+def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, trusted_globals: Iterable[Any] = (),
+                 map_location: Any = "cpu") -> dict[str, Any]:
+    """The payload of the sharded checkpoint at ``path`` (step ``step``) from its files' verified
+    bytes (``contents``: file name -> bytes, ``.metadata`` included).
+
+    Raises:
+        CheckpointError: an untrusted global (named, with the opt-in).
+        CheckpointCorruptError: the metadata or a shard cannot be read.
+    """
+    # The loader under dcp.load, as torch's own dcp_to_torch_save calls it: dcp.load would fill
+    # a copy of the (empty) dict; the planner rebuilds the state dict from the metadata.
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    metadata = read_metadata(contents[DCP_METADATA], path)
+    state_dict: dict[str, Any] = {}
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    reader, planner = _reader(path, contents, metadata), _planner(list(trusted_globals), path)
+    try:
+        _load_state_dict(state_dict, storage_reader=reader, planner=planner, no_dist=True)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps a reader's failure
+        inner = _checkpoint_error_inside(e)
+        if inner is not None:
+            raise inner from None
+        raise CheckpointCorruptError(f"{path}: the sharded checkpoint cannot be loaded ({type(e).__name__}: {e})") from e
+    if map_location not in (None, "cpu") and map_location != torch.device("cpu"):
+        state_dict = _to(state_dict, map_location)
+    return {STEP_KEY: step, **state_dict}
+
+
+def _checkpoint_error_inside(error: BaseException) -> CheckpointError | None:
+    """A `CheckpointError` raised inside DCP's load (it re-raises as ``CheckpointException``,
+    keeping each rank's failure in ``failures``)."""
+    for failure in getattr(error, "failures", {}).values():  # rank -> (exception, traceback)
+        if isinstance(failure, tuple) and failure and isinstance(failure[0], CheckpointError):
+            return failure[0]
+    seen = error.__cause__ or error.__context__
+    return seen if isinstance(seen, CheckpointError) else None
+
+
+def _to(value: Any, device: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
