@@ -37,7 +37,7 @@ from supervisor.checkpoint.restore import safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
-__all__ = ["load_payload", "read_metadata"]
+__all__ = ["load_payload", "read_metadata", "read_metadata_file", "safe_file_reader"]
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
@@ -89,6 +89,28 @@ def read_metadata(data: bytes | bytearray, where: str) -> Any:
     if not isinstance(metadata, Metadata):
         raise CheckpointCorruptError(f"{where}: {DCP_METADATA} holds a {type(metadata).__name__}, not DCP metadata")
     return metadata
+
+
+def read_metadata_file(path: str) -> Any:
+    """`read_metadata` of the ``.metadata`` file in the checkpoint directory ``path``."""
+    try:
+        with open(os.path.join(path, DCP_METADATA), "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointCorruptError(f"{path}: {DCP_METADATA} cannot be read ({e})") from e
+    return read_metadata(data, path)
+
+
+def safe_file_reader(path: str) -> Any:
+    """DCP's ``FileSystemReader`` for the checkpoint directory ``path``, reading ``.metadata``
+    with the allowlist (its tensors are read with ``weights_only=True`` as always)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeMetadataReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return read_metadata_file(path)
+
+    return SafeMetadataReader(path)
 
 
 class _MemoryFileSystem:

@@ -27,7 +27,9 @@ Sharded checkpoints (``checkpoint_format="dcp"``: ``.metadata`` + shard files, n
 are read through ``torch.distributed.checkpoint``'s metadata and one-item loads, in one process:
 their tensors are listed under the same ``entry/key`` names (DCP keys an optimizer's state by
 parameter name: ``optimizer/state/fc.weight/exp_avg``), plus ``global_step`` from the manifest;
-their non-tensor values are not (DCP stores those pickled).
+their non-tensor values are not (DCP stores those pickled). ``.metadata`` is unpickled with
+only DCP's metadata classes allowed (`supervisor.checkpoint.dcp_reading`): DCP's own reader uses
+plain ``pickle``.
 
 Accepted ``ckpt``: a checkpoint directory (``logdir/model.ckpt-1200``), a log directory (the
 checkpoint its index names, else the highest-step committed one — TF's ``latest_checkpoint``,
@@ -245,23 +247,23 @@ class _DcpEntry:
     def load(self, path: str) -> torch.Tensor:
         import torch.distributed.checkpoint as dcp
 
+        from supervisor.checkpoint.dcp_reading import safe_file_reader
+
         tensor = torch.empty(self.shape, dtype=self.dtype)
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            dcp.load({self.fqn: tensor}, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+            dcp.load({self.fqn: tensor}, storage_reader=safe_file_reader(path), no_dist=True)
         return tensor
 
 
 def _dcp_variables(path: str) -> dict[str, _DcpEntry]:
     """The tensors a DCP checkpoint's ``.metadata`` describes, named like ``state.pt``'s (the
     saved nesting joined with ``/``). Non-tensor values (DCP pickles them) are not listed."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
-    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
-        raise CheckpointCorruptError(f"{path}: {DCP_METADATA} cannot be read ({type(e).__name__}: {e})") from e
+    from supervisor.checkpoint.dcp_reading import read_metadata_file
+
+    metadata = read_metadata_file(path)  # unpickled with DCP's metadata classes allowed, nothing else
     nesting = getattr(metadata, "planner_data", None) or {}
     out = {}
     for fqn, md in metadata.state_dict_metadata.items():
