@@ -27,7 +27,8 @@ import contextlib
 import io
 import os
 import pickle
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -160,8 +161,8 @@ def _reader(root: str, contents: Mapping[str, bytearray], metadata: Any) -> Any:
 
 
 def _planner(trusted_globals: list[Any], where: str) -> Any:
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
     class SafeBytesPlanner(_EmptyStateDictLoadPlanner):
         """Rebuilds the state dict from the metadata (no template needed); non-tensor entries

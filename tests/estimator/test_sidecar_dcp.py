@@ -4,11 +4,9 @@ read once and checksummed, assembled in one process, unpickling restricted. Chec
 by 2 and 3 ranks (FSDP2, DTensor) are read in tests/distributed/test_dcp.py."""
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import warnings
-import zlib
 
 import pytest
 import torch
@@ -16,13 +14,17 @@ import torch
 from supervisor import MonitoredTrainingSession, latest_checkpoint
 from supervisor.checkpoint.dcp import load_into
 from supervisor.checkpoint.dcp_reading import read_metadata
-from supervisor.checkpoint.fileio import format_checksum
 from supervisor.checkpoint.reading import read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 from supervisor.estimator.evaluation import StopReason
 from supervisor.estimator.sidecar import SidecarEvaluator
-
-from tests.estimator.sidecar_helpers import float32_weight_of, make_model, weight_metrics, weight_of
+from tests.estimator.sidecar_helpers import (
+    float32_weight_of,
+    make_model,
+    weight_metrics,
+    weight_of,
+)
+from tests.estimator.test_sidecar_reading import files_size, rewrite_manifest_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -65,21 +67,6 @@ def train_sharded(logdir: str, steps: int = 12, *, every: int = 4, extra: dict |
             while s.global_step < steps:
                 s.run(step, s.global_step + 1)
     return model
-
-
-def files_size(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
-
-
-def rewrite_manifest_for(path: str, name: str) -> None:
-    manifest_path = os.path.join(path, "MANIFEST.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    with open(os.path.join(path, name), "rb") as f:
-        data = f.read()
-    manifest["files"][name] = {"bytes": len(data), "checksum": format_checksum(zlib.crc32(data))}
-    with open(manifest_path, "w") as f:
-        json.dump(manifest, f)
 
 
 def test_the_sidecar_evaluates_a_sharded_run_and_stops_when_it_finished(tmp_path):
@@ -127,10 +114,10 @@ def test_a_damaged_shard_is_corrupt_and_the_sidecar_never_evaluates_it(tmp_path)
     train_sharded(logdir, steps=4)
     shard = os.path.join(logdir, "model.ckpt-4", "__0_0.distcp")
     with open(shard, "r+b") as f:
-        f.seek(200)
-        byte = f.read(1)
-        f.seek(200)
-        f.write(bytes([byte[0] ^ 0x10]))
+        data = bytearray(f.read())
+        data[200] ^= 0x10  # one bit, inside a tensor's bytes
+        f.seek(0)
+        f.write(data)
     with pytest.raises(CheckpointCorruptError, match=r"model.ckpt-4: __0_0.distcp checksum crc32:\w+ does not match"):
         read_checkpoint(shard.rsplit("/", 1)[0])
     evaluator = SidecarEvaluator(make_model(8), [None], logdir, eval_step=weight_metrics, timeout=60)
