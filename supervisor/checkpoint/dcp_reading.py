@@ -194,12 +194,12 @@ def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, tru
     """
     # The loader under dcp.load, as torch's own dcp_to_torch_save calls it: dcp.load would fill
     # a copy of the (empty) dict; the planner rebuilds the state dict from the metadata.
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    device = _device(map_location)
     metadata = read_metadata(contents[DCP_METADATA], path)
     state_dict: dict[str, Any] = {}
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-
     reader, planner = _reader(path, contents, metadata), _planner(list(trusted_globals), path)
     try:
         _load_state_dict(state_dict, storage_reader=reader, planner=planner, no_dist=True)
@@ -210,9 +210,20 @@ def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, tru
         if inner is not None:
             raise inner from None
         raise CheckpointCorruptError(f"{path}: the sharded checkpoint cannot be loaded ({type(e).__name__}: {e})") from e
-    if map_location not in (None, "cpu") and map_location != torch.device("cpu"):
-        state_dict = _to(state_dict, map_location)
+    if device is not None:
+        state_dict = _to(state_dict, device)
     return {STEP_KEY: step, **state_dict}
+
+
+def _device(map_location: Any) -> torch.device | None:
+    """Where a sharded checkpoint's tensors go: None for the CPU (where DCP loads them)."""
+    if map_location is None:
+        return None
+    if not isinstance(map_location, (str, torch.device)):
+        raise TypeError(f"map_location must be a device (a string or torch.device) for a sharded checkpoint, "
+                        f"got {map_location!r}; load it on the CPU (map_location='cpu') and move the model")
+    device = torch.device(map_location)
+    return None if device.type == "cpu" else device
 
 
 def _checkpoint_error_inside(error: BaseException) -> CheckpointError | None:

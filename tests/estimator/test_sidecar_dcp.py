@@ -162,3 +162,12 @@ def test_a_non_tensor_entry_needs_its_class_trusted_as_in_state_pt(tmp_path):
     assert not isinstance(info.value, CheckpointCorruptError)
     read = read_checkpoint(path, trusted_globals=[Box])
     assert read.payload["counter"]["box"].n == 7
+
+
+def test_map_location_must_be_a_device_for_a_sharded_checkpoint(tmp_path):
+    logdir = str(tmp_path / "run")
+    train_sharded(logdir, steps=4)
+    path = os.path.join(logdir, "model.ckpt-4")
+    assert read_checkpoint(path, map_location=torch.device("cpu")).payload["model"]["0.bias"].device.type == "cpu"
+    with pytest.raises(TypeError, match=r"map_location must be a device .* got \{'cuda:0': 'cpu'\}"):
+        read_checkpoint(path, map_location={"cuda:0": "cpu"})
