@@ -5,7 +5,13 @@ directory on the disk under test (``--dir``, default the system temp dir):
 
 - **stall**: how long ``CheckpointManager.save`` blocks the caller for one periodic async save
   (the capture; staging buffers already exist) vs a synchronous ``torch.save`` + fsync of the
-  same state. Target ≤ 5 %.
+  same state. Target ≤ 5 %. And the same stall vs a bare memcpy of the state into buffers that
+  exist (``torch._foreach_copy_``, measured in the same rounds): target ≤ 1.2×, the physical
+  limit of a consistent capture on CPU (SPEC §14). The 5 % depends on the disk as much as on
+  the engine: a synchronous save takes at least its raw write, so a memcpy-bound stall is under
+  5 % of it only where the disk writes at most 1/20 of the memory bandwidth. This project's disk
+  writes about 1/8 of it (1.4 against 11 GiB/s), so the row passes only in runs where
+  ``torch.save`` itself is well below the disk's speed.
 - **write throughput**: bytes of ``state.pt`` over the time from ``save()`` to its commit
   (``save(); wait()``: capture, serialisation, checksums, fsyncs, rename, index) vs a raw
   sequential ``os.write`` of the same byte count in 64 MiB chunks + fsync. Target ≥ 0.8×.
@@ -14,8 +20,9 @@ directory on the disk under test (``--dir``, default the system temp dir):
   ``state.pt``. Both run with the file in the page cache (read once before). Target ≤ 1.5×.
 - **stall with a listener**: the ``run()`` of a step whose boundary captures a checkpoint, in a
   `MonitoredSession` with a `CheckpointSaverHook` carrying a `CheckpointSaverListener` vs the
-  same hook without one (interleaved rounds). A listener's ``after_save`` is delivered after the
-  commit at a later boundary, so it must not make the save synchronous: target ≈ 1.0×.
+  same hook without one (interleaved rounds, each step timed with neither session writing in the
+  background). A listener's ``after_save`` is delivered after the commit at a later boundary, so
+  it must not make the save synchronous: target ≤ 1.1×.
 - **memory**: peak RSS above the baseline (state built, no save yet) during the first async
   save, sampled every ~1 ms from /proc/self/status plus the kernel's VmHWM (reset through
   /proc/self/clear_refs where allowed), over the state size. Target ≤ 1.1×. And RSS after 50
@@ -214,7 +221,7 @@ def measure_memory(model: BigModel, state: TrainingState, manager: CheckpointMan
 
 def measure_stall_and_write(model: BigModel, state: TrainingState, kept: CheckpointManager,
                             unlimited: CheckpointManager, directory: str, repeats: int,
-                            commits: CommitLog) -> tuple[Row, Row, Row]:
+                            commits: CommitLog) -> tuple[Row, Row, Row, Row]:
     """Periodic async saves, synchronous ``torch.save`` + fsync and raw writes, interleaved
     round by round: a cloud disk's speed drifts by 2x within a minute, and interleaving exposes
     each side to the same drift (the best round of each is kept).
@@ -230,9 +237,15 @@ def measure_stall_and_write(model: BigModel, state: TrainingState, kept: Checkpo
     # The checkpoint the first round deletes. (``kept`` measures the stall: its staging buffers
     # were allocated by `measure_memory`'s first save; waited-for saves copy nothing.)
     unlimited.save(0, state, wait=True)
-    stalls, kept_totals, totals, syncs, raws = [], [], [], [], []
+    # The physical limit of a capture (SPEC §14: stall <= 1.2x a bare memcpy of the state): a
+    # copy of every tensor into buffers that exist, measured in the same rounds.
+    sources = [p.detach() for p in model.weights]
+    targets = [torch.empty_like(t) for t in sources]
+    torch._foreach_copy_(targets, sources)  # their page faults, once
+    stalls, copies, kept_totals, totals, syncs, raws = [], [], [], [], [], []
     for step in range(1, repeats + 1):
         gc.collect()
+        copies.append(timed(torch._foreach_copy_, targets, sources))
         os.sync()  # no writeback of earlier files in a measured window
         start = time.perf_counter()
         kept.save(step, state)
@@ -250,21 +263,24 @@ def measure_stall_and_write(model: BigModel, state: TrainingState, kept: Checkpo
         os.sync()
         raws.append(timed(raw_write_fsync, [view[:nbytes]], raw_path))
         remove(raw_path)
-    del view, buffer
-    stall, sync = min(stalls), min(syncs)
+    del view, buffer, targets
+    stall, sync, memcpy = min(stalls), min(syncs), min(copies)
     stall_row = Row("stall: async save() blocks the loop", f"{stall:8.3f} s", f"{sync:8.3f} s",
                     stall / sync, "<= 5 %", stall / sync <= 0.05)
+    memcpy_row = Row("stall vs a bare memcpy of the state", f"{stall:8.3f} s", f"{memcpy:8.3f} s",
+                     stall / memcpy, "<= 1.20x", stall / memcpy <= 1.2)
     rate, kept_rate, raw_rate = nbytes / min(totals), nbytes / min(kept_totals), nbytes / min(raws)
     write_row = Row("write: save() to commit, MiB/s", f"{rate / MiB:8.0f}", f"{raw_rate / MiB:8.0f}",
                     rate / raw_rate, ">= 0.80x", rate / raw_rate >= 0.8)
     kept_row = Row("  same, retention deleting in the window", f"{kept_rate / MiB:8.0f}",
                    f"{raw_rate / MiB:8.0f}", kept_rate / raw_rate, "-", None)
+    print(f"  rounds (s): bare memcpy of the state {listing(copies)}")
     print(f"  rounds (s): async save() blocked {listing(stalls)}; save-to-commit {listing(totals)}; "
           f"with retention (max_to_keep=2) {listing(kept_totals)}")
     print(f"  rounds (s): sync torch.save+fsync {listing(syncs)}; raw write+fsync of {nbytes / MiB:.0f} MiB "
           f"{listing(raws)}")
     print(f"  writer's own write_checkpoint (s, from its log): {listing(commits.write_secs[-2 * repeats:])}")
-    return stall_row, write_row, kept_row
+    return stall_row, memcpy_row, write_row, kept_row
 
 
 class _CountingListener(hooks.CheckpointSaverListener):
@@ -290,7 +306,10 @@ def measure_listener_stall(state: TrainingState, directory: str, repeats: int) -
         times: dict[str, list[float]] = {"plain": [], "listened": []}
         for _ in range(repeats):
             for name, session in (("plain", plain), ("listened", listened)):
-                session.checkpoint_manager.wait()  # one save in flight at most: start idle
+                # Both sessions idle: neither capture may share the machine with the other
+                # session's background write (it did: the second always ran beside the first's).
+                plain.checkpoint_manager.wait()
+                listened.checkpoint_manager.wait()
                 gc.collect()
                 times[name].append(timed(session.run, lambda: None))
     assert len(listener.saved) >= repeats, "the listener's after_save was not delivered"
@@ -457,7 +476,7 @@ def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: Commit
     with CheckpointManager(ckpt_dir, max_to_keep=2) as kept:
         memory, _ = measure_memory(model, state, kept)
         with CheckpointManager(os.path.join(directory, "unlimited"), max_to_keep=None) as unlimited:
-            stall, write, write_kept = measure_stall_and_write(model, state, kept, unlimited, directory,
+            stall, memcpy, write, write_kept = measure_stall_and_write(model, state, kept, unlimited, directory,
                                                                repeats, commits)
         newest = state_file(kept, repeats)
     restore = measure_restore(model, state, ckpt_dir, newest, repeats)
@@ -465,7 +484,7 @@ def _run(directory: str, nbytes: int, growth: int, repeats: int, commits: Commit
     growth_row = measure_growth(directory, growth)
     print("phase breakdown of one save:")
     phase_breakdown(model, state, directory)
-    rows = [stall, listener_stall, write, write_kept, restore, memory, growth_row]
+    rows = [stall, memcpy, listener_stall, write, write_kept, restore, memory, growth_row]
     for c in run_dcp_comparison(directory, shapes, repeats) if shapes else ():
         rows.append(Row(c.name, f"{c.ours:8.3f} s", f"{c.theirs:8.3f} s", c.ratio, f"<= {c.target:.2f}x",
                         c.ratio <= c.target))

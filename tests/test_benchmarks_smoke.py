@@ -12,6 +12,7 @@ from benchmarks.checkpoint import main
 
 ROWS = (
     "stall: async save() blocks the loop",
+    "stall vs a bare memcpy of the state",
     "stall: save at a boundary, with a listener",
     "write: save() to commit, MiB/s",
     "  same, retention deleting in the window",
