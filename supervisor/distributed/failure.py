@@ -76,6 +76,9 @@ def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: floa
     return "; ".join(parts) if parts else "no rank reported a failure (a network problem?)"
 
 
+_CLOSED = "closed"
+
+
 class HangWatchdog:
     """Ends this process when another rank hangs while this one is blocked waiting for it.
 
@@ -88,6 +91,15 @@ class HangWatchdog:
     others, and exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started
     the job — sees the failure in bounded time. Committed checkpoints are untouched; a save in
     flight is left as a temp directory, removed at the next start.
+
+    A rank that is *gone* (SIGKILL, OOM killer) may have reached the same step as this one before
+    it died — e.g. killed by its own checkpoint writer thread while its training thread ran on —
+    and then it is not "behind". So this thread also posts a heartbeat (``heartbeat/<rank>``, a
+    counter, every interval; ``closed`` when the agreement closes normally): when this rank is
+    blocked (its step has not moved for ``grace_secs``) and another rank's heartbeat has not
+    changed for ``grace_secs``, that rank is dead or frozen, and this rank exits the same way. A
+    rank blocked in a collective still beats (its threads run), so a heartbeat never stops
+    because a rank waits.
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, *, grace_secs: float,
@@ -102,6 +114,12 @@ class HangWatchdog:
         self._thread = threading.Thread(target=self._run, name="supervisor-rank-watchdog", daemon=True)
 
     def start(self) -> None:
+        # The first heartbeat now, not an interval later: a rank killed within its first second
+        # (its writer thread, a short run) would otherwise leave no key, and no silence to see.
+        try:
+            self._store.set(f"heartbeat/{self.rank}", "0")
+        except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
+            logger.debug("rank watchdog: store unavailable (%s)", e)
         self._thread.start()
 
     def progress(self, step: int) -> None:
@@ -112,24 +130,54 @@ class HangWatchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        try:  # a rank that left normally is not "silent"
+            self._store.set(f"heartbeat/{self.rank}", _CLOSED)
+        except Exception as e:  # noqa: BLE001 - the store's host may be gone already
+            logger.debug("rank watchdog: could not post the close (%s)", e)
 
     def _run(self) -> None:
         seen: dict[int, tuple[int, float]] = {}
+        beats: dict[int, tuple[str, float]] = {}
         posted = None
         own_since = time.monotonic()
+        beat = 0
         while not self._stop.wait(self._interval):
             now = time.monotonic()
             step = self._step
+            beat += 1
             try:
+                self._store.set(f"heartbeat/{self.rank}", str(beat))
                 if step != posted:
                     self._store.set(f"progress/{self.rank}", str(step))
                     posted, own_since = step, now
-                hung = self._find_hung(step, seen, now) if now - own_since > self.grace_secs else None
+                blocked = now - own_since > self.grace_secs
+                silent = self._find_silent(beats, now, blocked)
+                hung = self._find_hung(step, seen, now) if blocked and silent is None else None
             except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
                 logger.debug("rank watchdog: store unavailable (%s)", e)
                 continue
+            if silent is not None:
+                self._abort_silent(silent)
             if hung is not None:
                 self._abort(*hung)
+
+    def _find_silent(self, beats: dict[int, tuple[str, float]], now: float, blocked: bool) -> int | None:
+        """A rank whose heartbeat has not changed for ``grace_secs`` (checked every interval, so
+        the time of each change is known; reported only while this rank is blocked)."""
+        for other in range(self.world_size):
+            if other == self.rank or not self._store.check([f"heartbeat/{other}"]):
+                continue
+            value = self._store.get(f"heartbeat/{other}").decode()
+            if beats.get(other, (None, 0.0))[0] != value:
+                beats[other] = (value, now)
+            elif blocked and value != _CLOSED and now - beats[other][1] > self.grace_secs:
+                return other
+        return None
+
+    def _abort_silent(self, other: int) -> None:
+        self._exit(f"rank {other} stopped responding: no heartbeat for more than stop_grace_secs="
+                   f"{self.grace_secs:g} s (killed, or its process is frozen) while rank {self.rank} waits "
+                   f"at step {self._step}; rank {self.rank} exits (status 1) so the job ends")
 
     def _find_hung(self, step: int | None, seen: dict[int, tuple[int, float]], now: float) -> tuple[int, int] | None:
         for other in range(self.world_size):
@@ -144,9 +192,11 @@ class HangWatchdog:
         return None
 
     def _abort(self, other: int, other_step: int) -> None:
-        message = (f"rank {other} hung: it has been at step {other_step} for more than "
+        self._exit(f"rank {other} hung: it has been at step {other_step} for more than "
                    f"stop_grace_secs={self.grace_secs:g} s while rank {self.rank} waits for it at "
                    f"step {self._step}; rank {self.rank} exits (status 1) so the job ends")
+
+    def _exit(self, message: str) -> None:
         logger.critical("%s", message)
         post_failure(self._store, self.rank, message)
         for handler in logging.getLogger().handlers:

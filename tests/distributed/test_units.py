@@ -94,3 +94,72 @@ def test_no_process_group_means_one_process():
     assert not distributed.is_distributed()
     assert distributed.default_is_chief(None) is (distributed.rank() == 0)
     assert distributed.default_is_chief(False) is False
+
+
+class RecordingWatchdog:
+    """A real `HangWatchdog` (thread, real TCPStore) whose exit is recorded instead of ending
+    the test process."""
+
+    @staticmethod
+    def make(store, rank, grace_secs=1.0):
+        from supervisor.distributed.failure import HangWatchdog
+
+        class Recording(HangWatchdog):
+            exits: list[str]
+
+            def _exit(self, message: str) -> None:
+                self.exits.append(message)
+                self._stop.set()
+
+        dog = Recording(store, rank, 2, grace_secs=grace_secs)
+        dog.exits = []
+        return dog
+
+
+def _tcp_store():
+    import socket
+
+    from torch.distributed import TCPStore
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return TCPStore("127.0.0.1", port, 2, True, wait_for_workers=False)
+
+
+def _wait_for(condition, secs):
+    import time
+
+    deadline = time.monotonic() + secs
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.parametrize("peer_ends", ["killed", "closed", "alive"])
+def test_a_blocked_rank_exits_when_a_peer_at_the_same_step_stops_beating_and_only_then(peer_ends):
+    """A rank killed at the same step as this one is not "behind": its missing heartbeat names it
+    (the flaky DCP kill test: rank 1's writer killed it within its first second, after its
+    training thread had reached rank 0's step, before its watchdog's first interval). A peer that
+    closed normally, or is alive and blocked too, is never named."""
+    store = _tcp_store()
+    zero, one = RecordingWatchdog.make(store, 0), RecordingWatchdog.make(store, 1)
+    zero.progress(6)
+    one.progress(6)
+    zero.start()
+    if peer_ends == "killed":
+        one._stop.set()  # it dies before its first interval: only start()'s heartbeat was posted
+    one.start()
+    try:
+        assert store.check(["heartbeat/1"])  # posted by start(), before any interval
+        if peer_ends == "closed":
+            one.close()
+        exited = _wait_for(lambda: zero.exits, 4)  # blocked > 1 s, then silence > 1 s
+        if peer_ends == "killed":
+            assert exited and "rank 1 stopped responding: no heartbeat for more than stop_grace_secs=1 s" \
+                in zero.exits[0] and "rank 0 waits at step 6" in zero.exits[0]
+        else:
+            assert not zero.exits and not one.exits
+    finally:
+        zero.close()
+        one.close()
