@@ -21,7 +21,9 @@ START at the same step, its first summary step.) The services are:
 
 At a clean close, if the step advanced since the last tick, a final summary (step outputs,
 ``summary_fn``, and the step rate since the last tick) is written at the last step, so a run
-shorter than ``save_summaries_secs`` still shows its curves.
+shorter than ``save_summaries_secs`` still shows its curves. That last rate runs to the
+boundary where the session stopped, not to the close: the final checkpoint's commit is not
+training time.
 
 The final checkpoint is taken at the boundary of the step during which the stop was
 requested (`MonitoredSession.save_at_stop`, SPEC §3.5), so a loop that fetched one more batch
@@ -66,6 +68,7 @@ class SupervisorServices(Hook):
         self._session: Any = None
         self._last_summary_step: int | None = None
         self._last_count: tuple[int, float] | None = None
+        self._stopped_at: tuple[int, float] | None = None  # (step, monotonic) of the stopping boundary
         self._warned: set[str] = set()  # step outputs already reported as not scalar
 
     def after_create_session(self, session: Any, coord: Coordinator) -> None:
@@ -79,6 +82,8 @@ class SupervisorServices(Hook):
             save_if_changed(session)
             self._loop(coord, self._save_model_secs, self._request_checkpoint, "checkpoint", skip_first=True)
         if writer is not None and self._save_summaries_secs:
+            self._stopped_at = None
+            session.call_when_stopping(self._mark_stop)
             self._last_count = None
             # A resumed session has nothing new at the restored step until it takes a step (the
             # previous run's close summarised it; a duplicate point there would draw a zigzag).
@@ -127,9 +132,18 @@ class SupervisorServices(Hook):
             session.summary_writer.add_scalars(scalars, step)
         self._last_summary_step = step
 
+    def _mark_stop(self, session: Any) -> None:
+        self._stopped_at = (session.global_step, self._clock.monotonic())
+
     def _count_steps(self, final: bool = False) -> None:
         session = self._session
         step, now = session.global_step, self._clock.monotonic()
+        stopped = self._stopped_at
+        if stopped is not None and stopped[0] == step:
+            # After the stop (a tick before the service threads ended, or the final one at close)
+            # the rate runs to the stopping boundary: the final checkpoint's commit and the rest
+            # of the close are not training time (counted, they drew a dip at every run's end).
+            now = min(now, stopped[1])
         if self._last_count is None:  # the first tick of this session: start measuring
             if not final:
                 self._last_count = (step, now)

@@ -155,3 +155,21 @@ def test_non_scalar_outputs_are_named_once(tmp_path, caplog):
     assert any("'vector' is a Tensor of shape (3,)" in w for w in warnings)
     assert any("'name' is a str" in w for w in warnings)
     assert all("not written to TensorBoard" in w and "Supervisor" in w for w in warnings)
+
+
+def test_the_last_step_rate_ends_at_the_stopping_boundary_not_at_close(tmp_path):
+    """The final ``global_step/sec`` point is training time only: a slow close (the final
+    checkpoint's commit, the rest of the ``with`` block) drew a dip at every run's end."""
+    from hooks import StopAtStepHook
+
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=60, clock=clock,
+                    hooks=[StopAtStepHook(last_step=5)]).managed_session() as s:
+        clock.wait_for_waiters(2)  # the first ticks start the measurement at step 0, t = 0
+        train = _train(model, opt)
+        while not s.should_stop():
+            clock.advance(0.5)  # each step takes 0.5 s: the stop comes at step 5, t = 2.5
+            s.run(train)
+        clock.advance(100)  # then the loop's own epilogue, and the close, take long
+    assert _scalars(tmp_path, "global_step/sec") == [(5, 2.0)]
