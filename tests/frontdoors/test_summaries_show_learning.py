@@ -57,7 +57,7 @@ def test_a_run_shorter_than_the_interval_still_writes_its_last_values(tmp_path):
     sv = Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=120, clock=clock,
                     summary_fn=lambda s: {"custom": float(s.global_step)})
     with sv.managed_session() as s:
-        clock.wait_for_waiters(2)  # the services' first ticks (step 0: no output yet)
+        clock.wait_for_waiters(3)  # the services' first ticks (step 0: no output yet)
         train = _train(model, opt)
         for _ in range(5):
             s.run(train)
@@ -72,12 +72,12 @@ def test_no_final_summary_when_the_step_did_not_advance(tmp_path):
     clock = FakeClock()
     model, opt = _model()
     with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=10, clock=clock).managed_session() as s:
-        clock.wait_for_waiters(2)
+        clock.wait_for_waiters(3)
         train = _train(model, opt)
         for _ in range(4):
             s.run(train)
         clock.advance(10)
-        clock.wait_for_waiters(2)  # the tick wrote step 4
+        clock.wait_for_waiters(3)  # the tick wrote step 4
     assert [step for step, _ in _scalars(tmp_path, "loss")] == [4]
     assert _scalars(tmp_path, "global_step/sec") == [(4, pytest.approx(0.4))]
 
@@ -88,12 +88,12 @@ def test_a_resumed_session_draws_no_zero_rate_at_its_start(tmp_path):
         clock = FakeClock()
         with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=10,
                         clock=clock).managed_session() as s:
-            clock.wait_for_waiters(2)
+            clock.wait_for_waiters(3)
             train = _train(model, opt)
             for _ in range(10):
                 s.run(train)
             clock.advance(10)
-            clock.wait_for_waiters(2)
+            clock.wait_for_waiters(3)
     # Every point ever written, in both events files, and what TensorBoard shows: the same
     # (the second session's START is at step 11, so the first run's last point stays).
     assert _raw_scalars(tmp_path, "global_step/sec") == [(10, 1.0), (20, 1.0)]
@@ -118,7 +118,7 @@ def test_a_resumed_curve_keeps_the_last_point_before_it_and_hides_a_crashed_runs
         clock = FakeClock()
         with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=60, clock=clock,
                         summary_fn=lambda s: {"custom": float(s.global_step)}).managed_session() as s:
-            clock.wait_for_waiters(2)  # the first ticks: step 0, then the restored step 10
+            clock.wait_for_waiters(3)  # the first ticks: step 0, then the restored step 10
             train = _train(model, opt)
             for _ in range(10):
                 s.run(train)
@@ -143,13 +143,13 @@ def test_non_scalar_outputs_are_named_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=10,
                         clock=clock).managed_session() as s:
-            clock.wait_for_waiters(2)
+            clock.wait_for_waiters(3)
             train = _train(model, opt)
             for _ in range(3):
                 for _ in range(2):
                     s.run(train)
                 clock.advance(10)
-                clock.wait_for_waiters(2)
+                clock.wait_for_waiters(3)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
     assert any("'vector' is a Tensor of shape (3,)" in w for w in warnings)
@@ -166,7 +166,9 @@ def test_the_last_step_rate_ends_at_the_stopping_boundary_not_at_close(tmp_path)
     model, opt = _model()
     with Supervisor(tmp_path, model=model, optimizer=opt, save_summaries_secs=60, clock=clock,
                     hooks=[StopAtStepHook(last_step=5)]).managed_session() as s:
-        clock.wait_for_waiters(2)  # the first ticks start the measurement at step 0, t = 0
+        # All three services waiting (checkpoint, summaries, step counter): the step counter's
+        # first tick started the measurement at step 0, t = 0 (with 2, it could still be due).
+        clock.wait_for_waiters(3)
         train = _train(model, opt)
         while not s.should_stop():
             clock.advance(0.5)  # each step takes 0.5 s: the stop comes at step 5, t = 2.5
