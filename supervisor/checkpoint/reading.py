@@ -11,9 +11,10 @@
    file in place: it writes a new temp directory and renames it).
 2. reads each file once into memory, computing its CRC-32 as it goes (the manifest's checksum,
    `supervisor.checkpoint.fileio`), and compares size and checksum with the manifest;
-3. only then unpickles ``state.pt`` (or assembles a sharded checkpoint, below) from that memory with ``torch.load(weights_only=True)``
+3. only then unpickles ``state.pt`` from that memory with ``torch.load(weights_only=True)``
    (`supervisor.checkpoint.restore.safe_torch_load`: ``trusted_globals`` opt-in, never unsafe
-   unpickling), and checks that the payload's ``global_step`` is the manifest's step.
+   unpickling), and checks that the payload's ``global_step`` is the manifest's step — or
+   assembles a sharded checkpoint from those bytes (below).
 
 Bytes read per checkpoint = its size (1.0×); the previous verify-then-load path read it twice.
 Peak memory is about twice ``state.pt`` while ``torch.load`` copies each record out of the

@@ -97,7 +97,7 @@ class HangWatchdog:
     and then it is not "behind". So this thread also posts a heartbeat (``heartbeat/<rank>``, a
     counter, every interval; ``closed`` when the agreement closes normally): when this rank is
     blocked (its step has not moved for ``grace_secs``) and another rank's heartbeat has not
-    changed for ``grace_secs``, that rank is dead or frozen, and this rank exits the same way. A
+    changed for ``grace_secs`` since then, that rank is dead or frozen, and this rank exits the same way. A
     rank blocked in a collective still beats (its threads run), so a heartbeat never stops
     because a rank waits.
     """
@@ -150,8 +150,12 @@ class HangWatchdog:
                 if step != posted:
                     self._store.set(f"progress/{self.rank}", str(step))
                     posted, own_since = step, now
+                # The peers are read only while this rank is blocked: every rank reading every
+                # other's keys each second would load the store with world_size² requests.
                 blocked = now - own_since > self.grace_secs
-                silent = self._find_silent(beats, now, blocked)
+                if not blocked:
+                    beats.clear()  # silence counts from when this rank is blocked
+                silent = self._find_silent(beats, now) if blocked else None
                 hung = self._find_hung(step, seen, now) if blocked and silent is None else None
             except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
                 logger.debug("rank watchdog: store unavailable (%s)", e)
@@ -161,16 +165,16 @@ class HangWatchdog:
             if hung is not None:
                 self._abort(*hung)
 
-    def _find_silent(self, beats: dict[int, tuple[str, float]], now: float, blocked: bool) -> int | None:
-        """A rank whose heartbeat has not changed for ``grace_secs`` (checked every interval, so
-        the time of each change is known; reported only while this rank is blocked)."""
+    def _find_silent(self, beats: dict[int, tuple[str, float]], now: float) -> int | None:
+        """A rank whose heartbeat has not changed for ``grace_secs`` since this rank saw it
+        (read every interval while blocked, so the time of each change is known)."""
         for other in range(self.world_size):
             if other == self.rank or not self._store.check([f"heartbeat/{other}"]):
                 continue
             value = self._store.get(f"heartbeat/{other}").decode()
             if beats.get(other, (None, 0.0))[0] != value:
                 beats[other] = (value, now)
-            elif blocked and value != _CLOSED and now - beats[other][1] > self.grace_secs:
+            elif value != _CLOSED and now - beats[other][1] > self.grace_secs:
                 return other
         return None
 
