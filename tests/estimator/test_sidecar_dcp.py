@@ -146,6 +146,11 @@ def test_metadata_that_would_run_code_is_refused_and_never_run(tmp_path):
     with pytest.raises(CheckpointError, match="references (posix|os).system") as info:
         read_checkpoint(path)
     assert not isinstance(info.value, CheckpointCorruptError)
+    # The variable listing (TF's list_variables) reads .metadata through the same allowlist.
+    from supervisor import list_variables
+
+    with pytest.raises(CheckpointError, match="references (posix|os).system"):
+        list_variables(path)
     assert not os.path.exists(marker)
     with pytest.raises(CheckpointCorruptError, match="holds a list, not DCP metadata"):
         read_metadata(pickle.dumps([1, 2]), path)
