@@ -18,12 +18,12 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 import torch
 
 __all__ = ["MeanAggregator", "check_metric_objects", "EvalEventsFile", "read_eval_events", "to_float",
-           "EVENTS_PREFIX"]
+           "EVENTS_PREFIX", "open_regular_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _cut_back(fd: int, path: str, size: int) -> None:
 def _check_regular(fd: int, path: str) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        raise OSError(errno.EINVAL, "not a regular file", path)
     return st
 
 
@@ -196,24 +196,30 @@ def read_eval_events(directory: str | os.PathLike) -> dict[int, dict[str, float]
     return dict(sorted(by_step.items()))
 
 
+def open_regular_file(path: str) -> BinaryIO:
+    """``open(path, "rb")`` for a regular file only: opened with ``O_NONBLOCK`` and checked with
+    ``fstat``, so a FIFO or a device never blocks the caller.
+
+    Raises:
+        OSError: the file cannot be opened, or (``EINVAL``) it is not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        _check_regular(fd, path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_regular(path: str) -> bytes:
     """The bytes of ``path`` if it is a regular file, else b"" (with a WARNING); never blocks."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open_regular_file(path) as f:
+            return f.read()
     except OSError as e:
-        logger.warning("not reading %s: %s", path, e)
+        logger.warning("not reading %s: %s", path, e.strerror or e)
         return b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            logger.warning("not reading %s: not a regular file (an events file must be one)", path)
-            return b""
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _records(data: bytes, path: str) -> Iterator[bytes]:
