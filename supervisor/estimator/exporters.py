@@ -39,19 +39,26 @@ import json
 import logging
 import numbers
 import os
-import re
 import shutil
 import socket
 import stat
-import struct
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
 from supervisor.checkpoint.fileio import fsync_dir
-from supervisor.checkpoint.format import read_manifest
-from supervisor.checkpoint import get_checkpoint_state
-from supervisor.estimator.metrics import open_regular_file, read_eval_events
+from supervisor.estimator.export_files import (
+    PROGRAM_FILE,
+    RESULT_FILE,
+    SAFETENSORS_FILE,
+    WEIGHTS_FILE,
+    checkpoint_of_step,
+    exported_results,
+    list_exports,
+    new_version_dir,
+    remove_crashed_exports,
+)
+from supervisor.estimator.metrics import read_eval_events
 
 if TYPE_CHECKING:
     from supervisor.estimator.estimator import Estimator
@@ -62,11 +69,6 @@ __all__ = ["Exporter", "LatestExporter", "BestExporter", "FinalExporter", "write
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "model.pt"
-PROGRAM_FILE = "model.pt2"
-SAFETENSORS_FILE = "model.safetensors"
-RESULT_FILE = "eval_result.json"
-
 
 def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: str,
                  eval_result: Mapping[str, Any] | None) -> str:
@@ -75,7 +77,7 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
 
     os.makedirs(export_dir_base, exist_ok=True)
     remove_crashed_exports(export_dir_base)
-    final = _new_version_dir(export_dir_base, int(estimator.clock.time()))
+    final = new_version_dir(export_dir_base, int(estimator.clock.time()))
     tmp = os.path.join(export_dir_base, f".{os.path.basename(final)}.tmp-{socket.gethostname()}-{os.getpid()}-"
                                         f"{os.urandom(8).hex()}")
     os.makedirs(tmp)
@@ -131,59 +133,6 @@ def _save_file(path: str, fill: Callable[[Any], Any]) -> None:
         fill(f)
         f.flush()
         os.fsync(f.fileno())
-
-
-_TEMP = re.compile(r"^\.\d+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{16}$")
-_DELETING = re.compile(r"^\.\d+\.deleting-[0-9a-f]{16}$")
-
-
-def remove_crashed_exports(export_dir_base: str) -> list[str]:
-    """Deletes what killed exports left in ``export_dir_base`` (see the module docstring) and
-    returns the paths: old exports renamed aside for deletion (``.<version>.deleting-*``), and
-    temp directories of this host's exports whose process no longer exists."""
-    try:
-        names = os.listdir(export_dir_base)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    host, removed = socket.gethostname(), []
-    for name in names:
-        temp = _TEMP.match(name)
-        if temp is not None and (temp["host"] != host or _process_exists(int(temp["pid"]))):
-            continue
-        if temp is None and _DELETING.match(name) is None:
-            continue
-        path = os.path.join(export_dir_base, name)
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path):
-            logger.info("removed %s, left by an export process that was killed", path)
-            removed.append(path)
-    return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. PermissionError: it exists, owned by someone else
-        return True
-    return True
-
-
-def _new_version_dir(base: str, timestamp: int) -> str:
-    versions = [int(v) for v, _ in list_exports(base)]
-    version = max([timestamp] + [v + 1 for v in versions])
-    return os.path.join(base, str(version))
-
-
-def list_exports(export_path: str) -> list[tuple[str, str]]:
-    """``(version, path)`` of the complete exports under ``export_path``, oldest first."""
-    try:
-        names = os.listdir(export_path)
-    except FileNotFoundError:
-        return []
-    found = [(int(n), n) for n in names if n.isdigit() and os.path.isdir(os.path.join(export_path, n))]
-    return [(n, os.path.join(export_path, n)) for _, n in sorted(found)]
 
 
 class Exporter:
@@ -325,7 +274,7 @@ class BestExporter(Exporter):
         eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
         evaluations = {step: dict(metrics, global_step=step) for step, metrics in read_eval_events(eval_dir).items()
                        if step != current.get("global_step")}
-        exported, unknown = _exported_results(export_path, evaluations)
+        exported, unknown = exported_results(export_path, evaluations)
         self._best = self._best_of(exported)
         done = {result.get("global_step") for result in exported}
         missing = self._best_of([r for step, r in evaluations.items() if step not in done])
@@ -340,7 +289,7 @@ class BestExporter(Exporter):
 
     def _export_missing(self, estimator: Estimator, export_path: str, missing: dict[str, Any],
                         unknown: bool) -> None:
-        checkpoint = _checkpoint_of_step(estimator.model_dir, missing["global_step"])
+        checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"])
         if checkpoint is None:
             logger.warning("%s: the best evaluation so far (%s) has no export and its checkpoint is gone; "
                            "the best exported one is the bar", self.name, missing)
@@ -358,61 +307,6 @@ class BestExporter(Exporter):
             if best is None or self._compare_fn(best, result):
                 best = result
         return best
-
-
-def _exported_results(export_path: str, evaluations: Mapping[int, dict[str, Any]]) -> tuple[list[dict], bool]:
-    """The eval results of the exports under ``export_path`` (a damaged record replaced by the
-    evaluation of the export's step), and whether some export's result could not be known."""
-    results, unknown = [], False
-    for _, path in list_exports(export_path):
-        result = _read_record(path)
-        if result is None:
-            step = _export_step(path)
-            result = evaluations.get(step) if step is not None else None
-            if result is None:
-                unknown = True
-                continue
-            logger.warning("using the evaluation of step %d from the eval events for the export %s", step, path)
-        results.append(result)
-    return results, unknown
-
-
-def _read_record(export_dir: str) -> dict[str, Any] | None:
-    try:
-        with open_regular_file(os.path.join(export_dir, RESULT_FILE)) as f:
-            record = json.loads(f.read().decode("utf-8"))
-        return dict(record["metrics"], global_step=int(record["global_step"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        logger.warning("ignoring the export record of %s: %s", export_dir, e)
-        return None
-
-
-def _export_step(export_dir: str) -> int | None:
-    """The step of an export, from the ``global_step`` metadata of its ``model.safetensors``
-    (the header is read without the package: an 8-byte length, then JSON)."""
-    try:
-        with open_regular_file(os.path.join(export_dir, SAFETENSORS_FILE)) as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > 100 << 20:
-                return None
-            return int(json.loads(f.read(length))["__metadata__"]["global_step"])
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None
-
-
-def _checkpoint_of_step(model_dir: str, step: int) -> str | None:
-    """The committed checkpoint of ``step`` the index of ``model_dir`` lists, or None."""
-    try:
-        state = get_checkpoint_state(model_dir)
-    except ValueError:
-        return None
-    for path in state.all_model_checkpoint_paths if state is not None else ():
-        try:
-            if read_manifest(path).step == step:
-                return path
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
 
 
 def _check_name(name: Any) -> str:
