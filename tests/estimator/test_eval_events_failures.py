@@ -145,3 +145,29 @@ def test_a_fifo_among_the_events_files_is_skipped_not_opened(tmp_path, reader, c
     assert "error" not in box, box
     assert set(box["result"]) == {10}
     assert "not a regular file" in caplog.text
+
+
+def test_the_evaluate_command_is_not_blocked_by_a_fifo_in_its_eval_dir(tmp_path):
+    from supervisor.checkpoint.finished import mark_finished
+    from tests.estimator.sidecar_helpers import StepTrainer
+
+    trainer = StepTrainer(str(tmp_path / "run"))
+    trainer.save(10)
+    trainer.close()
+    mark_finished(trainer.directory, step=10)
+    os.makedirs(tmp_path / "run" / "eval")
+    os.mkfifo(tmp_path / "run" / "eval" / "events.out.tfevents.1.host.1.eval")
+    data = tmp_path / "data.py"
+    data.write_text("import torch\ndef batches():\n    return [torch.ones(2, 8)] * 3\n")
+    helpers = "tests.estimator.sidecar_helpers"
+    try:
+        done = subprocess.run([sys.executable, "-m", "supervisor.cli.evaluate", trainer.directory, "--model",
+                               f"{helpers}:make_model", "--data", f"{data}:batches", "--eval-step",
+                               f"{helpers}:weight_metrics", "--poll-secs", "0.05"],
+                              capture_output=True, text=True, timeout=90, cwd=REPO, env=dict(
+                                  os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    except subprocess.TimeoutExpired:
+        pytest.fail("evaluate blocked on the FIFO in LOGDIR/eval")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped (finished): 1 evaluated" in done.stdout
+    assert "not a regular file" in done.stderr
