@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 from supervisor.checkpoint.fileio import fsync_dir
+from supervisor.errors import CheckpointError
 from supervisor.estimator.export_files import (
     PROGRAM_FILE,
     RESULT_FILE,
@@ -290,16 +291,19 @@ class BestExporter(Exporter):
     def _export_missing(self, estimator: Estimator, export_path: str, missing: dict[str, Any],
                         unknown: bool) -> None:
         checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"])
-        if checkpoint is None:
-            logger.warning("%s: the best evaluation so far (%s) has no export and its checkpoint is gone; "
-                           "the best exported one is the bar", self.name, missing)
-            if unknown:  # an export whose record and step are unreadable may hold it
+        if checkpoint is not None:
+            logger.info("%s: exporting the best evaluation so far (%s), which has no export (one killed "
+                        "midway, or a new exporter)", self.name, missing)
+            try:
+                self._export_and_collect(estimator, export_path, checkpoint, missing)
                 self._best = missing
-            return
-        logger.info("%s: exporting the best evaluation so far (%s), which has no export (one killed midway, "
-                    "or a new exporter)", self.name, missing)
-        self._export_and_collect(estimator, export_path, checkpoint, missing)
-        self._best = missing
+                return
+            except CheckpointError as e:  # deleted or damaged since: as if gone
+                logger.warning("%s: could not export %s: %s", self.name, checkpoint, e)
+        logger.warning("%s: the best evaluation so far (%s) has no export and its checkpoint is gone; "
+                       "the best exported one is the bar", self.name, missing)
+        if unknown:  # an export whose record and step are unreadable may hold it
+            self._best = missing
 
     def _best_of(self, results: list[dict[str, Any]]) -> dict[str, Any] | None:
         best = None

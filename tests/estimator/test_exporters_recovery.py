@@ -210,3 +210,14 @@ def test_every_exported_file_has_the_same_mode(tmp_path):
     os.umask(umask)
     assert set(modes) == {WEIGHTS_FILE, SAFETENSORS_FILE, RESULT_FILE}
     assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_a_damaged_checkpoint_of_the_best_evaluation_does_not_stop_the_export(est, caplog):
+    assert export(BestExporter(), est, 5, 3.0) is not None
+    EvalEventsFile(est.eval_dir()).write({"loss": 1.0}, 10)
+    with open(os.path.join(est.model_dir, "model.ckpt-10", "state.pt"), "r+b") as f:
+        f.truncate(10)
+    best_dir = os.path.join(est.model_dir, "export", "best_exporter")
+    assert export(BestExporter(), est, 15, 2.0) is not None  # better than what is exported
+    assert [r["global_step"] for r in records(best_dir)] == [5, 15]
+    assert "could not export" in caplog.text and "its checkpoint is gone" in caplog.text
