@@ -36,6 +36,7 @@ from supervisor.estimator.run_config import RunConfig
 from supervisor.estimator.sidecar import evaluate_batches
 from supervisor.estimator.specs import (
     _positive_or_none,
+    validate_eval_name,
     validate_hooks,
     validate_input_fn,
     validate_saving_listeners,
@@ -189,8 +190,7 @@ class Estimator:
         """
         validate_input_fn(input_fn)
         _positive_or_none("steps", steps)
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"`name` must be string, given: {name!r}")
+        validate_eval_name(name)
         hooks = validate_hooks(hooks)
         checkpoint = read_checkpoint(self._checkpoint_or_latest(checkpoint_path, "evaluate"))
         return self.evaluate_checkpoint(checkpoint, input_fn, steps=steps, name=name, hooks=hooks)

@@ -11,37 +11,55 @@ An export is a directory ``<export_dir_base>/<timestamp>/`` holding:
   ``torch.export.load(path).module()(*example_input)`` runs without the model's Python class
   (the batch dimension is exported as dynamic where the model allows it).
 
+Every file is written with the mode the process's umask gives (0644 under the usual 022).
+
 It is written into a temporary sibling directory, fsynced, and renamed into place, so a crash
 never leaves a partial export under a timestamp name, only a hidden
-``.<version>.tmp-<host>-<pid>-<random>`` directory, which listings ignore. The next export into
-the same directory deletes such leftovers when they are from this host and their process is
-gone (a temp of a live process — another exporter still writing — or of another host, which
-this one cannot check, is left alone). Versions are the export's
-Unix time in seconds, bumped past the newest existing one, so they always sort in export order. ``train_and_evaluate`` calls each
-exporter after each evaluation with ``export_path = model_dir/export/<name>``.
+``.<version>.tmp-<host>-<pid>-<random>`` directory, which listings ignore. Old exports are
+deleted (``exports_to_keep``) by renaming them to a hidden ``.<version>.deleting-<random>``
+first, so a kill mid-delete leaves no half export either. Each exporter's first call in a process,
+and every export, deletes such leftovers: ``.deleting-`` ones always, temps when they are from
+this host and their process is gone (a temp of a live process — another exporter still writing
+— or of another host, which this one cannot check, is left alone). Versions are the export's
+Unix time in seconds, bumped past the newest existing one, so they always sort in export order.
+``train_and_evaluate`` calls each exporter after each evaluation with
+``export_path = model_dir/export/<name>``.
 
 - `LatestExporter` exports after every evaluation and keeps the newest ``exports_to_keep``.
 - `BestExporter` exports when the evaluation beats the best so far (``compare_fn``; default a
-  lower ``loss``). After a restart it learns the best so far from its own exports' records
-  (``eval_result.json``) or, when it has none, from the eval event files — so it never
-  re-exports a model worse than one it exported before (TF's BestExporter forgot).
+  lower ``loss``), and survives restarts and kills (TF's BestExporter forgot its best); see
+  its docstring for the rules.
 - `FinalExporter` exports once, after the evaluation of the final checkpoint.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
+import numbers
 import os
-import re
 import shutil
 import socket
+import stat
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from supervisor._validate import check_int
 from supervisor.checkpoint.fileio import fsync_dir
+from supervisor.errors import CheckpointError
+from supervisor.estimator.export_files import (
+    PROGRAM_FILE,
+    RESULT_FILE,
+    SAFETENSORS_FILE,
+    WEIGHTS_FILE,
+    checkpoint_of_step,
+    exported_results,
+    list_exports,
+    new_version_dir,
+    remove_crashed_exports,
+)
+from supervisor.estimator.metrics import read_eval_events
 
 if TYPE_CHECKING:
     from supervisor.estimator.estimator import Estimator
@@ -52,11 +70,6 @@ __all__ = ["Exporter", "LatestExporter", "BestExporter", "FinalExporter", "write
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "model.pt"
-PROGRAM_FILE = "model.pt2"
-SAFETENSORS_FILE = "model.safetensors"
-RESULT_FILE = "eval_result.json"
-
 
 def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: str,
                  eval_result: Mapping[str, Any] | None) -> str:
@@ -65,7 +78,7 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
 
     os.makedirs(export_dir_base, exist_ok=True)
     remove_crashed_exports(export_dir_base)
-    final = _new_version_dir(export_dir_base, int(estimator.clock.time()))
+    final = new_version_dir(export_dir_base, int(estimator.clock.time()))
     tmp = os.path.join(export_dir_base, f".{os.path.basename(final)}.tmp-{socket.gethostname()}-{os.getpid()}-"
                                         f"{os.urandom(8).hex()}")
     os.makedirs(tmp)
@@ -73,7 +86,8 @@ def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: st
         with preserved_rng():
             model, step = estimator.load_model_copy(checkpoint_path)
             _save_file(os.path.join(tmp, WEIGHTS_FILE), lambda f: torch.save(model.state_dict(), f))
-            _save_safetensors(model, os.path.join(tmp, SAFETENSORS_FILE), step)
+            _save_safetensors(model, os.path.join(tmp, SAFETENSORS_FILE), step,
+                              mode=stat.S_IMODE(os.stat(os.path.join(tmp, WEIGHTS_FILE)).st_mode))
             if estimator.example_input is not None:
                 program = export_program(model, estimator.example_input)
                 _save_file(os.path.join(tmp, PROGRAM_FILE), lambda f: torch.export.save(program, f))
@@ -100,13 +114,17 @@ def export_program(model: torch.nn.Module, example_input: Any) -> Any:
     return torch.export.export(model, args, dynamic_shapes=dynamic)
 
 
-def _save_safetensors(model: torch.nn.Module, path: str, step: int) -> None:
-    """``model.safetensors`` when the package is installed (else nothing), fsynced."""
+def _save_safetensors(model: torch.nn.Module, path: str, step: int, *, mode: int | None = None) -> None:
+    """``model.safetensors`` when the package is installed (else nothing), fsynced; ``mode``: the
+    file's permission bits (safetensors itself creates files 0600, unlike every other file of an
+    export)."""
     try:
         from safetensors.torch import save_model
     except ImportError:
         return
     save_model(model, path, metadata={"global_step": str(step)})
+    if mode is not None:
+        os.chmod(path, mode)
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 
@@ -118,70 +136,18 @@ def _save_file(path: str, fill: Callable[[Any], Any]) -> None:
         os.fsync(f.fileno())
 
 
-_TEMP = re.compile(r"^\.\d+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{16}$")
-
-
-def remove_crashed_exports(export_dir_base: str) -> list[str]:
-    """Deletes the temp directories of exports whose process died (see the module docstring);
-    returns their paths. Only this host's, and only when their process no longer exists."""
-    try:
-        names = os.listdir(export_dir_base)
-    except FileNotFoundError:
-        return []
-    host, removed = socket.gethostname(), []
-    for name in names:
-        match = _TEMP.match(name)
-        if match is None or match["host"] != host or _process_exists(int(match["pid"])):
-            continue
-        path = os.path.join(export_dir_base, name)
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
-            logger.info("removed %s, left by an export whose process (pid %s) died", path, match["pid"])
-            removed.append(path)
-    return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. PermissionError: it exists, owned by someone else
-        return True
-    return True
-
-
-def _new_version_dir(base: str, timestamp: int) -> str:
-    versions = [int(v) for v, _ in list_exports(base)]
-    version = max([timestamp] + [v + 1 for v in versions])
-    return os.path.join(base, str(version))
-
-
-def list_exports(export_path: str) -> list[tuple[str, str]]:
-    """``(version, path)`` of the complete exports under ``export_path``, oldest first."""
-    try:
-        names = os.listdir(export_path)
-    except FileNotFoundError:
-        return []
-    found = [(int(n), n) for n in names if n.isdigit() and os.path.isdir(os.path.join(export_path, n))]
-    return [(n, os.path.join(export_path, n)) for _, n in sorted(found)]
-
-
 class Exporter:
     """Base class: ``export(...)`` is called after each evaluation of `train_and_evaluate`.
 
     Args:
-        name: the exporter's directory name under ``model_dir/export``.
+        name: the exporter's directory name under ``model_dir/export`` (one path component).
         exports_to_keep: how many exports to keep (None: all); older ones are deleted.
     """
 
     def __init__(self, name: str, exports_to_keep: int | None = 5) -> None:
-        if not isinstance(name, str) or not name or os.sep in name:
-            raise ValueError(f"exporter name must be a non-empty string without {os.sep!r}, got {name!r}")
-        if exports_to_keep is not None and not (isinstance(exports_to_keep, int) and exports_to_keep > 0):
-            raise ValueError(f"`exports_to_keep`, if provided, must be a positive number, got {exports_to_keep!r}")
-        self._name = name
-        self._exports_to_keep = check_int("exports_to_keep", exports_to_keep, minimum=1, allow_none=True)
+        self._name = _check_name(name)
+        self._exports_to_keep = _check_exports_to_keep(exports_to_keep)
+        self._tidied: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -191,6 +157,13 @@ class Exporter:
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
         """Exports (or not) the evaluated checkpoint; returns the export's path or None."""
         raise NotImplementedError
+
+    def remove_leftovers(self, export_path: str) -> None:
+        """`remove_crashed_exports` on the first call for ``export_path`` in this process (each
+        export does it again), so a killed export's leftovers go even when nothing is exported."""
+        if export_path not in self._tidied:
+            remove_crashed_exports(export_path)
+            self._tidied.add(export_path)
 
     def _export_and_collect(self, estimator: Estimator, export_path: str, checkpoint_path: str,
                             eval_result: Mapping[str, Any]) -> str:
@@ -230,6 +203,7 @@ class FinalExporter(Exporter):
 
     def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
+        self.remove_leftovers(export_path)
         if not is_the_final_export:
             return None
         return estimator.export(export_path, checkpoint_path, eval_result=eval_result)
@@ -247,21 +221,32 @@ def loss_smaller(best_eval_result: Mapping[str, Any], current_eval_result: Mappi
 class BestExporter(Exporter):
     """Exports when an evaluation beats the best so far (TF's ``BestExporter``, restart-safe).
 
+    The best so far is what was exported: on its first call in a process it reads its exports'
+    records (``eval_result.json``; a damaged record is replaced by the evaluation of that export's
+    step in the eval events, the step read from ``model.safetensors``). An evaluation in the
+    events that is better than every export — its export was killed, or this exporter is new to
+    the run — is exported at that first call from its checkpoint, unless the current evaluation
+    is better still; when its checkpoint is gone (retention), a WARNING says so and the bar stays
+    what was exported (but an export whose record and step are both unreadable may hold it: then
+    it is the bar). So ``best_exporter/`` ends with the best evaluated model still available, and
+    never gets a model worse than one it holds (TF's BestExporter forgot its best at a restart).
+
     Args:
         name: directory name under ``model_dir/export``.
         compare_fn: ``compare_fn(best_eval_result, current_eval_result) -> bool``, True when
-            the current result is better (default: lower ``loss``).
+            the current result is better (default: lower ``loss``). Exactly these two arguments
+            (TF's rule); bind others first, e.g. ``functools.partial(f, threshold=0.1)``.
         exports_to_keep: how many exports to keep (None: all).
         eval_dir: where the evaluations' events are (default: the eval directory of the
             `EvalSpec` it runs with, ``model_dir/eval`` or ``eval_<name>``); read on the first
-            call when this exporter has no export records yet.
+            call in a process.
     """
 
     def __init__(self, name: str = "best_exporter", compare_fn: Callable[[Any, Any], bool] | None = None,
                  exports_to_keep: int | None = 5, *, eval_dir: str | os.PathLike | None = None) -> None:
         super().__init__(name, exports_to_keep)
         self._compare_fn = _check_compare_fn(compare_fn)
-        self._eval_dir = None if eval_dir is None else os.fspath(eval_dir)
+        self._eval_dir = _check_eval_dir(eval_dir)
         self._default_eval_dir: str | None = None
         self._best: dict[str, Any] | None = None
         self._loaded = False
@@ -272,54 +257,120 @@ class BestExporter(Exporter):
 
     def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
+        self.remove_leftovers(export_path)
         current = dict(eval_result)
         if not self._loaded:
-            self._best = self._best_so_far(estimator, export_path, current.get("global_step"))
+            self._recover(estimator, export_path, current)
             self._loaded = True
         if self._best is not None and not self._compare_fn(self._best, current):
             logger.info("%s: not exporting step %s, not better than the best so far (%s)",
                         self.name, current.get("global_step"), self._best)
             return None
-        self._best = current
-        return self._export_and_collect(estimator, export_path, checkpoint_path, current)
+        path = self._export_and_collect(estimator, export_path, checkpoint_path, current)
+        self._best = current  # only once exported: the bar is always something exported
+        return path
 
-    def _best_so_far(self, estimator: Estimator, export_path: str, current_step: Any) -> dict[str, Any] | None:
-        candidates = [record for _, path in list_exports(export_path)
-                      if (record := _read_record(path)) is not None]
-        if not candidates:
-            from hooks.early_stopping import read_eval_metrics
+    def _recover(self, estimator: Estimator, export_path: str, current: dict[str, Any]) -> None:
+        """Sets the best so far after a (re)start, exporting a better evaluation that has none."""
+        eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
+        evaluations = {step: dict(metrics, global_step=step) for step, metrics in read_eval_events(eval_dir).items()
+                       if step != current.get("global_step")}
+        exported, unknown = exported_results(export_path, evaluations)
+        self._best = self._best_of(exported)
+        done = {result.get("global_step") for result in exported}
+        missing = self._best_of([r for step, r in evaluations.items() if step not in done])
+        if missing is None or (self._best is not None and not self._compare_fn(self._best, missing)):
+            pass
+        elif self._compare_fn(missing, current):
+            logger.info("%s: evaluation %s has no export, but the current one is better", self.name, missing)
+        else:
+            self._export_missing(estimator, export_path, missing, unknown)
+        if self._best is not None:
+            logger.info("%s: the best evaluation so far is %s", self.name, self._best)
 
-            eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
-            candidates = [dict(metrics, global_step=step) for step, metrics in read_eval_metrics(eval_dir).items()
-                          if step != current_step]
+    def _export_missing(self, estimator: Estimator, export_path: str, missing: dict[str, Any],
+                        unknown: bool) -> None:
+        checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"])
+        if checkpoint is not None:
+            logger.info("%s: exporting the best evaluation so far (%s), which has no export (one killed "
+                        "midway, or a new exporter)", self.name, missing)
+            try:
+                self._export_and_collect(estimator, export_path, checkpoint, missing)
+                self._best = missing
+                return
+            except CheckpointError as e:  # deleted or damaged since: as if gone
+                logger.warning("%s: could not export %s: %s", self.name, checkpoint, e)
+        logger.warning("%s: the best evaluation so far (%s) has no export and its checkpoint is gone; "
+                       "the best exported one is the bar", self.name, missing)
+        if unknown:  # an export whose record and step are unreadable may hold it
+            self._best = missing
+
+    def _best_of(self, results: list[dict[str, Any]]) -> dict[str, Any] | None:
         best = None
-        for candidate in candidates:
-            if best is None or self._compare_fn(best, candidate):
-                best = candidate
-        if best is not None:
-            logger.info("%s: the best evaluation so far is %s", self.name, best)
+        for result in results:
+            if best is None or self._compare_fn(best, result):
+                best = result
         return best
 
 
-def _read_record(export_dir: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(export_dir, RESULT_FILE), encoding="utf-8") as f:
-            record = json.load(f)
-        return dict(record["metrics"], global_step=record["global_step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        logger.warning("ignoring the export record of %s: %s", export_dir, e)
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise (ValueError if name == "" else TypeError)(
+            f"exporter name must be a non-empty string without {os.sep!r}, got {name!r}")
+    if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+        raise ValueError(f"exporter name must be a single directory name under model_dir/export (no '/', not "
+                         f"'.' or '..'), got {name!r}; e.g. 'best_exporter'")
+    return name
+
+
+def _check_exports_to_keep(value: Any) -> int | None:
+    if value is None:
         return None
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (is_number and isinstance(value, numbers.Integral) and value > 0):
+        raise (ValueError if is_number else TypeError)(
+            f"`exports_to_keep`, if provided, must be a positive integer (or None to keep every export), "
+            f"got {value!r}")
+    return int(value)
+
+
+def _check_eval_dir(eval_dir: Any) -> str | None:
+    if eval_dir is None:
+        return None
+    if not isinstance(eval_dir, (str, os.PathLike)):
+        raise TypeError(f"eval_dir must be the path of an eval directory (str or os.PathLike) or None, got "
+                        f"{eval_dir!r}; leave it None for the eval directory of the EvalSpec")
+    path = os.fspath(eval_dir)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"eval_dir must be a non-empty str path, got {eval_dir!r}")
+    return path
+
+
+_COMPARE_ARGS = ("best_eval_result", "current_eval_result")
 
 
 def _check_compare_fn(compare_fn: Any) -> Callable[[Any, Any], bool]:
+    """TF's rule: the arguments are exactly (best_eval_result, current_eval_result), keywords
+    bound by ``functools.partial`` and ``*args``/``**kwargs`` aside."""
     if compare_fn is None:
         return loss_smaller
     if not callable(compare_fn):
         raise TypeError(f"compare_fn must be callable as compare_fn(best_eval_result, current_eval_result), "
                         f"got {compare_fn!r}")
-    params = list(inspect.signature(compare_fn).parameters)
-    for required in ("best_eval_result", "current_eval_result"):
-        if required not in params:
-            raise ValueError(f"compare_fn ({compare_fn!r}) must include {required} argument; define it as "
-                             "def compare_fn(best_eval_result, current_eval_result): ...")
+    fix = "define it as def compare_fn(best_eval_result, current_eval_result): ..."
+    try:
+        parameters = inspect.signature(compare_fn).parameters
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"compare_fn ({compare_fn!r}) has no signature to check; {fix}") from e
+    bound = set(compare_fn.keywords) if isinstance(compare_fn, functools.partial) else set()
+    names = [name for name, p in parameters.items()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in bound]
+    for required in _COMPARE_ARGS:
+        if required not in names:
+            raise ValueError(f"compare_fn ({compare_fn!r}) must include {required} argument; {fix}")
+    unexpected = [name for name in names if name not in _COMPARE_ARGS]
+    if unexpected:
+        raise ValueError(f"compare_fn ({compare_fn!r}) has following not expected args: {unexpected}; it is "
+                         "called as compare_fn(best_eval_result, current_eval_result): bind the others first, "
+                         "e.g. functools.partial(f, threshold=0.1)")
     return compare_fn

@@ -48,7 +48,13 @@ from supervisor.clock import Clock
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats
-from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_metric_objects, to_float
+from supervisor.estimator.metrics import (
+    EvalEventsFile,
+    MeanAggregator,
+    check_metric_objects,
+    read_eval_events,
+    to_float,
+)
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
@@ -63,17 +69,9 @@ def eval_dir_for(checkpoint_dir: str | os.PathLike, name: str | None = None) -> 
 
 
 def evaluated_steps(log_dir: str | os.PathLike) -> set[int]:
-    """The steps that have scalar events in ``log_dir``'s event files (read with TensorBoard's
-    ``EventAccumulator``); empty when there are none."""
-    log_dir = os.fspath(log_dir)
-    if not os.path.isdir(log_dir) or not any(n.startswith("events.out.tfevents") for n in os.listdir(log_dir)):
-        return set()
-    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-
-    # purge_orphaned_data=False: a restarted evaluator's events are not "orphans" of a crash.
-    accumulator = EventAccumulator(log_dir, size_guidance={SCALARS: 0}, purge_orphaned_data=False)
-    accumulator.Reload()
-    return {event.step for tag in accumulator.Tags()["scalars"] for event in accumulator.Scalars(tag)}
+    """The steps that have scalar events in ``log_dir``'s event files (`read_eval_events`: regular
+    files only, never blocking on a FIFO); empty when there are none."""
+    return set(read_eval_events(log_dir))
 
 
 class SidecarEvaluator:

@@ -12,12 +12,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
+import os
 from typing import Any, Callable, Iterable
 
 from supervisor.hook import Hook
 
-__all__ = ["TrainSpec", "EvalSpec"]
+__all__ = ["TrainSpec", "EvalSpec", "validate_eval_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +72,21 @@ class EvalSpec:
     def __post_init__(self) -> None:
         validate_input_fn(self.input_fn)
         _positive_or_none("steps", self.steps)
-        if self.name is not None and not isinstance(self.name, str):
-            raise TypeError(f"`name` must be string, given: {self.name!r}")
+        validate_eval_name(self.name)
         object.__setattr__(self, "hooks", validate_hooks(self.hooks))
         object.__setattr__(self, "exporters", validate_exporters(self.exporters))
         _non_negative("start_delay_secs", self.start_delay_secs)
         _non_negative("throttle_secs", self.throttle_secs)
+
+
+def validate_eval_name(name: Any) -> None:
+    """An evaluation name: None or a string usable in one directory name, ``eval_<name>``
+    directly inside ``model_dir`` (no path separator, no NUL)."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"`name` must be string, given: {name!r}")
+    if name and ("/" in name or os.sep in name or "\0" in name):
+        raise ValueError(f"`name` must not contain '/' (the metrics go to model_dir/eval_<name>, one directory "
+                         f"inside model_dir), given: {name!r}; e.g. name='holdout'")
 
 
 def validate_input_fn(input_fn: Any) -> None:
@@ -110,6 +121,9 @@ def validate_exporters(exporters: Any) -> tuple[Any, ...]:
     """An `Exporter`, an iterable of them, or None, as a tuple of uniquely named exporters."""
     from supervisor.estimator.exporters import Exporter
 
+    if isinstance(exporters, (str, bytes)):
+        raise TypeError(f"`exporters` must be an Exporter, an iterable of Exporter, or `None`, given: {exporters!r}; "
+                        "pass instances, e.g. exporters=[BestExporter()]")
     if not exporters:
         return ()
     if isinstance(exporters, Exporter):
@@ -158,3 +172,6 @@ def _non_negative(name: str, value: Any) -> None:
         raise TypeError(f"`{name}` must be a number of seconds >= 0, given: {value!r}")
     if value < 0:
         raise ValueError(f"Must specify {name} >= 0, given: {value}")
+    if math.isinf(value):
+        raise ValueError(f"`{name}` must be a finite number of seconds, given: {value}; pass a large number "
+                         "of seconds instead")

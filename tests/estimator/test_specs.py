@@ -139,3 +139,63 @@ def test_task_type_from_torchrun_rank(monkeypatch):
     assert (RunConfig("/tmp/x").task_type, RunConfig("/tmp/x").task_id) == ("worker", 1)
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert RunConfig("/tmp/x").task_type is None
+
+
+# ---------------------------------------------------------------------------- bad input (issue 21, 22.5)
+def three_arguments(best_eval_result, current_eval_result, threshold):
+    return current_eval_result["loss"] < best_eval_result["loss"] - threshold
+
+
+def with_default(best_eval_result, current_eval_result, threshold=0.1):
+    return current_eval_result["loss"] < best_eval_result["loss"] - threshold
+
+
+@pytest.mark.parametrize("build, error, fragment", [
+    (lambda: BestExporter(name=".."), ValueError, "exporter name must be a single directory name under "
+                                                  "model_dir/export (no '/', not '.' or '..'), got '..'"),
+    (lambda: BestExporter(name="."), ValueError, "not '.' or '..'), got '.'"),
+    (lambda: LatestExporter("a/b"), ValueError, "exporter name must be a single directory name"),
+    (lambda: LatestExporter(3), TypeError, "exporter name must be a non-empty string"),
+    (lambda: BestExporter(eval_dir=5), TypeError, "eval_dir must be the path of an eval directory (str or "
+                                                  "os.PathLike) or None, got 5"),
+    (lambda: BestExporter(eval_dir=""), ValueError, "eval_dir must be a non-empty str path"),
+    (lambda: LatestExporter("x", exports_to_keep=2.5), ValueError,
+     "`exports_to_keep`, if provided, must be a positive integer (or None to keep every export), got 2.5"),
+    (lambda: LatestExporter("x", exports_to_keep="2"), TypeError, "must be a positive integer"),
+    (lambda: BestExporter(compare_fn=three_arguments), ValueError,
+     "has following not expected args: ['threshold']; it is called as compare_fn(best_eval_result, "
+     "current_eval_result): bind the others first, e.g. functools.partial(f, threshold=0.1)"),
+    (lambda: BestExporter(compare_fn=with_default), ValueError, "has following not expected args: ['threshold']"),
+    (lambda: BestExporter(compare_fn=lambda best, current: True), ValueError,
+     "must include best_eval_result argument"),
+    (lambda: EvalSpec(fn, exporters="best"), TypeError, "`exporters` must be an Exporter, an iterable of "
+                                                       "Exporter, or `None`, given: 'best'; pass instances"),
+    (lambda: EvalSpec(fn, name="a/b"), ValueError, "`name` must not contain '/' (the metrics go to "
+                                                   "model_dir/eval_<name>, one directory inside model_dir), "
+                                                   "given: 'a/b'"),
+    (lambda: EvalSpec(fn, name="../../outside"), ValueError, "`name` must not contain '/'"),
+    (lambda: EvalSpec(fn, throttle_secs=float("inf")), ValueError,
+     "`throttle_secs` must be a finite number of seconds, given: inf; pass a large number of seconds instead"),
+    (lambda: EvalSpec(fn, start_delay_secs=float("inf")), ValueError,
+     "`start_delay_secs` must be a finite number of seconds, given: inf"),
+])
+def test_bad_exporter_and_spec_arguments_are_refused_at_construction(build, error, fragment):
+    with pytest.raises(error) as raised:
+        build()
+    assert fragment in str(raised.value)
+
+
+def test_compare_fn_with_its_other_arguments_bound_is_accepted():
+    import functools
+
+    BestExporter(compare_fn=functools.partial(with_default, threshold=0.5))
+    BestExporter(compare_fn=functools.partial(three_arguments, threshold=0.5))
+    BestExporter(compare_fn=lambda best_eval_result, current_eval_result, **unused: True)
+
+
+def test_estimator_evaluate_refuses_a_name_that_leaves_model_dir(tmp_path):
+    from tests.estimator.estimator_toy import batches, make_estimator
+
+    est = make_estimator(tmp_path)
+    with pytest.raises(ValueError, match="`name` must not contain '/'"):
+        est.evaluate(lambda: batches(), name="../../outside")
