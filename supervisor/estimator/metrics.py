@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-__all__ = ["MeanAggregator", "check_metric_objects", "EvalEventsFile", "to_float"]
+__all__ = ["MeanAggregator", "check_metric_objects", "EvalEventsFile", "flatten_metric", "to_float"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,19 @@ def to_float(name: str, value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"eval metric {name!r} must be a number or a scalar tensor, got {value!r}") from None
+
+
+def flatten_metric(name: str, value: Any) -> dict[str, float]:
+    """A computed metric as ``{tag: float}``: a number or scalar tensor is ``{name: value}``; a
+    mapping (Keras' ``DictMetric``, torchmetrics' ``MetricCollection``) is flattened into
+    ``name/key`` tags, recursively (``{"errors/mse": 0.1, "errors/mae": 0.2}``). The one rule
+    `Estimator.evaluate`, ``train_and_evaluate`` and `SidecarEvaluator` use."""
+    if isinstance(value, Mapping):
+        flat: dict[str, float] = {}
+        for key, inner in value.items():
+            flat.update(flatten_metric(f"{name}/{key}", inner))
+        return flat
+    return {name: to_float(name, value)}
 
 
 class MeanAggregator:

@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from supervisor import _validate as v
+from supervisor._paths import check_logdir, check_watched_directory
 from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY
 from supervisor.checkpoint.reading import CheckpointRead
 from supervisor.checkpoint.restore import Restored
@@ -48,7 +49,7 @@ from supervisor.clock import Clock
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats
-from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_metric_objects, to_float
+from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_metric_objects, flatten_metric
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
@@ -109,9 +110,7 @@ class SidecarEvaluator:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.data = _check_data(data)
-        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
-            raise TypeError(f"checkpoint_dir must be the trainer's log directory, got {checkpoint_dir!r}")
-        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.checkpoint_dir = os.path.abspath(check_watched_directory("checkpoint_dir", checkpoint_dir))
         self.steps = v.check_int("steps", steps, minimum=1, allow_none=True)
         self.hooks = v.check_hooks("hooks", hooks)
         self.metrics = check_metric_objects(metrics)
@@ -120,8 +119,8 @@ class SidecarEvaluator:
             raise ValueError(f"name must be a non-empty string without {os.sep!r} (the eval directory is "
                              f"eval_<name>), got {name!r}")
         self.name = name
-        self.log_dir = os.path.abspath(os.fspath(log_dir)) if log_dir is not None else eval_dir_for(
-            self.checkpoint_dir, name)
+        log_dir = check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)")
+        self.log_dir = os.path.abspath(log_dir) if log_dir is not None else eval_dir_for(self.checkpoint_dir, name)
         if os.path.abspath(self.log_dir) == self.checkpoint_dir:
             raise ValueError(f"log_dir must not be the trainer's checkpoint_dir {self.checkpoint_dir} (the "
                              "evaluator never writes into the trainer's files); leave it None for "
@@ -221,15 +220,22 @@ def evaluate_batches(model: torch.nn.Module, batches: Iterable[Any], *, steps: i
     iterator: Iterator[Any] = iter(batches)
     with torch.no_grad(), MonitoredSession(creator, list(hooks)) as session:
         while not session.should_stop() and (steps is None or done < steps):
-            session.run(eval_once, next(iterator))  # StopIteration: data exhausted, ends the with
+            batch = next(iterator, _END)
+            if batch is _END:  # the end of the evaluation data: this evaluation is complete
+                break
+            session.run(eval_once, batch)
             done += 1
     if done == 0:
         raise ValueError("evaluation ran no step: data produced no batch")
     if steps is not None and done < steps:
         logger.warning("data ran out after %d of steps=%d batches", done, steps)
     results = means.result()
-    results.update({name: to_float(name, m.compute()) for name, m in metrics.items()})
+    for name, metric in metrics.items():
+        results.update(flatten_metric(name, metric.compute()))
     return results
+
+
+_END = object()
 
 
 def _outputs(model: torch.nn.Module, batch: Any, eval_step: Callable | None) -> dict[str, Any]:
