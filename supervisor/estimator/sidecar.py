@@ -33,8 +33,10 @@ Example (the evaluator process; the trainer is any front door writing to ``/tmp/
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
@@ -218,7 +220,7 @@ def evaluate_batches(model: torch.nn.Module, batches: Iterable[Any], *, steps: i
     done = 0
     creator = _EvaluationCreator(TrainingState({"model": model}), global_step, path)
     iterator: Iterator[Any] = iter(batches)
-    with torch.no_grad(), MonitoredSession(creator, list(hooks)) as session:
+    with _evaluation_session_logs(), torch.no_grad(), MonitoredSession(creator, list(hooks)) as session:
         while not session.should_stop() and (steps is None or done < steps):
             batch = next(iterator, _END)
             if batch is _END:  # the end of the evaluation data: this evaluation is complete
@@ -227,6 +229,7 @@ def evaluate_batches(model: torch.nn.Module, batches: Iterable[Any], *, steps: i
             done += 1
     if done == 0:
         raise ValueError("evaluation ran no step: data produced no batch")
+    logger.debug("evaluated step %d on %d batch(es)", global_step, done)
     if steps is not None and done < steps:
         logger.warning("data ran out after %d of steps=%d batches", done, steps)
     results = means.result()
@@ -236,6 +239,32 @@ def evaluate_batches(model: torch.nn.Module, batches: Iterable[Any], *, steps: i
 
 
 _END = object()
+
+
+class _ThisThreadOnly(logging.Filter):
+    """Drops the INFO records of the calling thread (the evaluation session's own lifecycle
+    lines: "restored step=…", "stopping at step …: session closed"), which read like the
+    training session's; other threads (a training session running alongside) log as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self._thread or record.levelno > logging.INFO
+
+
+@contextlib.contextmanager
+def _evaluation_session_logs() -> Iterator[None]:
+    quiet = _ThisThreadOnly()
+    loggers = [logging.getLogger(name) for name in ("supervisor.session", "supervisor.creator")]
+    for each in loggers:
+        each.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(quiet)
 
 
 def _outputs(model: torch.nn.Module, batch: Any, eval_step: Callable | None) -> dict[str, Any]:
