@@ -3,7 +3,8 @@ slow evaluations, a LatestExporter (keeping all) and a FinalExporter.
 
 ``KILL_AT=eval:N`` SIGKILLs this process in the middle of its N-th evaluation (so checkpoints
 commit while it evaluates); ``KILL_AT=export:N`` at the start of its N-th LatestExporter export
-(after that evaluation's events were written). Prints ``RESULT <json>`` at a clean end.
+(after that evaluation's events were written); ``KILL_AT=export_step:S`` there when exporting the
+checkpoint of step S. Prints ``RESULT <json>`` at a clean end.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from supervisor.estimator import (  # noqa: E402
     TrainSpec,
     train_and_evaluate,
 )
-from tests.estimator.estimator_toy import batches, eval_step, make_estimator  # noqa: E402
+from tests.estimator.estimator_toy import batches, endless, eval_step, make_estimator  # noqa: E402
 
 KIND, _, NUMBER = os.environ.get("KILL_AT", "none:0").partition(":")
 COUNTS = {"eval": 0, "export": 0}
@@ -36,9 +37,11 @@ def die_at(kind: str) -> None:
 
 
 class KillingLatestExporter(LatestExporter):
-    def export(self, *args, **kwargs):
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
         die_at("export")
-        return super().export(*args, **kwargs)
+        if KIND == "export_step" and eval_result["global_step"] == int(NUMBER):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().export(estimator, export_path, checkpoint_path, eval_result, is_the_final_export)
 
 
 def main() -> None:
@@ -46,7 +49,7 @@ def main() -> None:
     config = RunConfig(model_dir, save_checkpoints_steps=1, log_step_count_steps=0, save_summary_steps=0)
     est = make_estimator(model_dir, config=config, eval_step=timed_eval_step)
     metrics, exports = train_and_evaluate(
-        est, TrainSpec(lambda: list(batches()), max_steps=max_steps),
+        est, TrainSpec(endless(), max_steps=max_steps),
         EvalSpec(eval_input_fn, steps=None, throttle_secs=0,
                  exporters=[KillingLatestExporter("latest", exports_to_keep=None), FinalExporter("final")]))
     print("RESULT " + json.dumps({"metrics": metrics, "exports": list(exports or ())}), flush=True)

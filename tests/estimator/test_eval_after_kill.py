@@ -63,13 +63,15 @@ def exported_steps(model_dir, name):
     return steps
 
 
-def test_kills_during_evaluation_and_export_leave_no_checkpoint_unevaluated_and_nothing_twice(tmp_path):
+def test_kills_during_evaluation_and_exports_leave_nothing_unevaluated_or_unexported_and_nothing_twice(tmp_path):
     model_dir = str(tmp_path / "run")
     life(model_dir, kill_at="eval:3")  # SIGKILL mid-evaluation; later checkpoints committed meanwhile
     first_restore = restored_step(model_dir)
     life(model_dir, kill_at="export:2")  # SIGKILL as the second export of that life starts
     second_restore = restored_step(model_dir)
-    result = life(model_dir)
+    life(model_dir, kill_at=f"export_step:{MAX_STEPS}")  # the final evaluation is written, not exported
+    assert evaluations(model_dir)[MAX_STEPS] == 1 and exported_steps(model_dir, "final") == []
+    result = life(model_dir)  # catches the final exports up without evaluating again
     evaluated = evaluations(model_dir)
     assert result["metrics"]["global_step"] == MAX_STEPS
     for restored in (first_restore, second_restore):
@@ -78,7 +80,7 @@ def test_kills_during_evaluation_and_export_leave_no_checkpoint_unevaluated_and_
     assert max(evaluated.values()) == 1, evaluated  # no step evaluated twice
     latest = exported_steps(model_dir, "latest")
     assert len(latest) == len(set(latest)), latest  # no step exported twice
-    assert exported_steps(model_dir, "final") == [MAX_STEPS]
+    assert MAX_STEPS in latest and exported_steps(model_dir, "final") == [MAX_STEPS]
 
     again = life(model_dir)  # the job is finished: nothing new is evaluated or exported
     assert evaluations(model_dir) == evaluated
@@ -86,3 +88,4 @@ def test_kills_during_evaluation_and_export_leave_no_checkpoint_unevaluated_and_
     assert exported_steps(model_dir, "final") == [MAX_STEPS]
     assert again["metrics"]["global_step"] == MAX_STEPS
     assert again["metrics"]["loss"] == pytest.approx(result["metrics"]["loss"])
+
