@@ -71,7 +71,8 @@ class Estimator:
         eval_step: ``eval_step(model, batch) -> {name: scalar}`` on the evaluation copy
             (None: ``model(batch)`` returns a scalar loss or a dict of scalars).
         predict_step: ``predict_step(model, batch) -> tensor | dict`` (None: ``model(batch)``).
-        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``.
+        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``; a
+            ``compute()`` returning a dict gives ``name/key`` metrics.
         example_input: a tensor or tuple of positional arguments; exports then include a
             ``torch.export`` program.
         config: a `RunConfig` (default: ``RunConfig(model_dir)``).
@@ -104,6 +105,7 @@ class Estimator:
         self._copy_holds: str | None = None  # the checkpoint whose weights the copy holds
         self._copy_step = 0
         self._event_files: dict[str, EvalEventsFile] = {}
+        self._input: TrainingInput | None = None  # the last train() call's input (its live pass)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -144,9 +146,12 @@ class Estimator:
     def train(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
               max_steps: int | None = None, hooks: Iterable[Any] = (),
               saving_listeners: Iterable[Any] = ()) -> Estimator:
-        """Trains on ``input_fn()``'s batches for ``steps`` more steps or up to ``max_steps``
-        (or until the data ends); returns self. Skips training when a checkpoint at or beyond
-        ``max_steps`` exists (TF's behaviour)."""
+        """Trains on ``input_fn()``'s batches for ``steps`` more steps or up to ``max_steps``;
+        returns self. Skips training when a checkpoint at or beyond ``max_steps`` exists (TF's
+        behaviour). A re-iterable input (``DataLoader``, list) is iterated again at each
+        exhaustion until the limit, its epoch and position checkpointed (a resume continues
+        mid-epoch exactly); without a limit it is one epoch. A one-shot iterator that runs out
+        before the limit ends training with a WARNING (`supervisor.estimator.inputs`)."""
         if self._train_step is None:
             raise ValueError("Estimator.train needs train_step=...: pass train_step(batch) -> {'loss': ...} "
                              "to the Estimator")
@@ -167,8 +172,12 @@ class Estimator:
 
         source = call_input_fn(input_fn, "Estimator.train")
         user_state = dict(self._state or {})
-        batches = TrainingInput(source, repeat=steps is not None or max_steps is not None,
-                                fast_forward=not any(obj is source for obj in user_state.values()))
+        repeat, fast_forward = steps is not None or max_steps is not None, not any(
+            obj is source for obj in user_state.values())
+        batches = self._input
+        if batches is None or batches.source is not source or (batches.repeat, batches.fast_forward) != (
+                repeat and batches.reiterable, fast_forward and batches.reiterable):
+            batches = self._input = TrainingInput(source, repeat=repeat, fast_forward=fast_forward)
         state = self._state_with_input(user_state, batches)
         with training_session(self, steps, max_steps, hooks, listeners, state=state) as session:
             target = max_steps if max_steps is not None else (

@@ -14,6 +14,9 @@
   ``for batch in loader``. A re-iterable that is itself in the estimator's ``state=`` (e.g. a
   ``StatefulDataLoader``) checkpoints its own position: it is re-iterated but not fast-forwarded.
   A loader with its own ``generator=`` must checkpoint that generator itself (``state=``).
+  Consecutive ``train()`` calls of one process on the same object (``input_fn=lambda: loader``,
+  e.g. `Experiment`'s train/evaluate iterations) go on with the live pass, without a
+  fast-forward.
 - a **one-shot iterator** (a generator, an iterator object): iterated until it runs out. Running
   out before the step limit ends training with a WARNING naming the step reached and the limit;
   a resumed run calls ``input_fn()`` afresh and starts at its beginning.
@@ -82,7 +85,10 @@ class TrainingInput:
         return {"epoch": self.epoch, "position": self.position, "rng": rng}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if self._iterator is not None and (epoch, position) == (self.epoch, self.position):
+            return  # this process's pass is already there (consecutive train() calls): go on with it
+        self.epoch, self.position = epoch, position
         rng = state.get("rng")
         self._epoch_rng = rng.clone() if isinstance(rng, torch.Tensor) and rng.numel() else None
         self._iterator = None

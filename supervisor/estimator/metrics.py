@@ -3,7 +3,8 @@
 - A metric is either the mean over evaluation batches of a scalar the ``eval_step`` returns
   (every batch weighs the same, as TF's ``tf.metrics.mean`` of a per-batch value), or an object
   with ``update(outputs, batch)``, ``compute()`` and ``reset()`` (torchmetrics-compatible, no
-  dependency).
+  dependency). A ``compute()`` returning a dict (torchmetrics' ``MetricCollection``, Keras'
+  ``DictMetric``) gives one metric per key, tagged ``name/key`` (`flatten_metric`).
 - Eval metrics are written with bare tags (``loss``, ``accuracy``) into ``model_dir/eval`` or
   ``eval_<name>``, at the evaluated checkpoint's step. Each evaluation appends one event to this
   process's events file in that directory and fsyncs it before returning, without a writer

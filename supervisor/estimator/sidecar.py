@@ -90,7 +90,8 @@ class SidecarEvaluator:
         steps: batches per evaluation (None: until ``data`` is exhausted).
         max_evaluations: stop after this many evaluations by this process (None: no limit).
         hooks: `supervisor.Hook` instances, run through each evaluation.
-        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``.
+        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``; a
+            ``compute()`` returning a dict gives ``name/key`` metrics.
         eval_step: ``eval_step(model, batch) -> {name: scalar}`` (None: ``model(batch)``).
         log_dir: where the metrics' events go (default: `eval_dir_for(checkpoint_dir, name)`).
         name: the evaluation's name (``eval_<name>``), to run several evaluators on one run.

@@ -134,3 +134,22 @@ def test_state_entry_named_like_the_input_position_is_refused(tmp_path):
     with pytest.raises(ValueError, match="input_position"):
         est.train(lambda: loader(), max_steps=2)
 
+
+
+def test_consecutive_train_calls_on_one_loader_go_on_without_a_fast_forward(tmp_path):
+    fetched = []
+
+    class CountingList(list):
+        def __iter__(self):
+            for batch in super().__iter__():
+                fetched.append(1)
+                yield batch
+
+    seen = []
+    est = recording_estimator(tmp_path, seen)
+    data = CountingList(batches())
+    for _ in range(4):
+        est.train(lambda: data, steps=4)
+    assert len(seen) == 16 and est.checkpoint_step() == 16
+    assert len(fetched) == 16  # each batch drawn once: no pass re-created and skipped through
+    assert seen == [b[0].sum().item() for b in list(batches()) * 3][:16]
