@@ -86,7 +86,9 @@ class RunConfig:
                  keep_checkpoint_max: int | None = 5, keep_checkpoint_every_n_hours: float = 10000,
                  log_step_count_steps: int = 100, task_type: str | None = None,
                  task_id: int | None = None) -> None:
-        model_dir = check_logdir("model_dir", model_dir, allow_none=False)
+        if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
+            raise TypeError(f"model_dir must be a non-empty directory path, got {model_dir!r}")
+        model_dir = check_logdir("model_dir", model_dir, allow_none=False)  # not a file, nor under one
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
         fields = {
