@@ -170,14 +170,9 @@ class Estimator:
                 return self
         from supervisor.estimator.training_hooks import training_session
 
-        source = call_input_fn(input_fn, "Estimator.train")
         user_state = dict(self._state or {})
-        repeat, fast_forward = steps is not None or max_steps is not None, not any(
-            obj is source for obj in user_state.values())
-        batches = self._input
-        if batches is None or batches.source is not source or (batches.repeat, batches.fast_forward) != (
-                repeat and batches.reiterable, fast_forward and batches.reiterable):
-            batches = self._input = TrainingInput(source, repeat=repeat, fast_forward=fast_forward)
+        batches = self._training_input(call_input_fn(input_fn, "Estimator.train"), user_state,
+                                       repeat=steps is not None or max_steps is not None)
         state = self._state_with_input(user_state, batches)
         with training_session(self, steps, max_steps, hooks, listeners, state=state) as session:
             target = max_steps if max_steps is not None else (
@@ -189,6 +184,16 @@ class Estimator:
                     raise StopIteration  # the session's clean end (data exhausted)
                 session.run(self._train_step, batch)
         return self
+
+    def _training_input(self, source: Iterable[Any], user_state: dict[str, Any], *, repeat: bool) -> TrainingInput:
+        """The `TrainingInput` over ``source``: the previous call's when it is the same object (its
+        live pass goes on), else a new one; not fast-forwarded when ``source`` is in ``state=``."""
+        fast_forward = not any(obj is source for obj in user_state.values())
+        batches = self._input
+        if batches is None or batches.source is not source or (batches.repeat, batches.fast_forward) != (
+                repeat and batches.reiterable, fast_forward and batches.reiterable):
+            batches = self._input = TrainingInput(source, repeat=repeat, fast_forward=fast_forward)
+        return batches
 
     def _state_with_input(self, user_state: dict[str, Any], batches: TrainingInput) -> Mapping[str, Any] | None:
         """The training state with the input's position (`INPUT_ENTRY`) when it is tracked or
@@ -242,8 +247,8 @@ class Estimator:
         with preserved_rng():
             model, step = self.load_model_copy(checkpoint)
             metrics: dict[str, Any] = evaluate_batches(
-                model, call_input_fn(input_fn, "Estimator.evaluate"), steps=steps, eval_step=self._eval_step, metrics=self._metrics, hooks=hooks,
-                global_step=step, path=checkpoint.path)
+                model, call_input_fn(input_fn, "Estimator.evaluate"), steps=steps, eval_step=self._eval_step,
+                metrics=self._metrics, hooks=hooks, global_step=step, path=checkpoint.path)
         metrics["global_step"] = step
         directory = self.eval_dir(name)
         events = self._event_files.setdefault(directory, EvalEventsFile(directory))

@@ -23,9 +23,10 @@ metrics of the final checkpoint (``export_results`` None for each exporter).
 
 Decisions where TF is silent or surprising: the final local evaluation counts as the final
 export even when ``max_steps`` is None (training ended because the data did), and exporters that
-did not export the final checkpoint when it was first evaluated are offered it again as final. Workers start at once (TF delayed worker ``i`` by
-``5 * (i + 1)`` seconds for asynchronous parameter-server training; torch.distributed ranks step
-together, so a delay would only hold every rank back); `Experiment` keeps TF's delays.
+did not export the final checkpoint when it was first evaluated are offered it again as final.
+Workers start at once (TF delayed worker ``i`` by ``5 * (i + 1)`` seconds for asynchronous
+parameter-server training; torch.distributed ranks step together, so a delay would only hold
+every rank back); `Experiment` keeps TF's delays.
 """
 from __future__ import annotations
 
