@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["check_directory", "check_logdir", "check_path"]
+__all__ = ["check_directory", "check_logdir", "check_path", "check_watched_directory"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
@@ -37,6 +37,20 @@ def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | 
     if path is not None and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
                          "if missing) or remove that file")
+    return path
+
+
+def check_watched_directory(name: str, value: Any) -> str:
+    """`check_path` for a directory a reader waits on (it need not exist yet): `ValueError` for a
+    file, or a path under a file (which could never appear)."""
+    path = check_path(name, value)
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    if os.path.exists(ancestor) and not os.path.isdir(ancestor):
+        where = "is a file" if ancestor == os.path.abspath(path) else f"is under {ancestor!r}, which is a file"
+        raise ValueError(f"{name} {path!r} {where}, not a directory; pass the trainer's log directory "
+                         "(the one holding the checkpoint index)")
     return path
 
 

@@ -19,6 +19,7 @@ from supervisor.checkpoint.format import META_KEY
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.restore import check_checkpoint, check_verify, load_verified, safe_torch_load
 from supervisor.clock import Clock, resolve_clock
+from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_number
 from supervisor.errors import (
     CheckpointCorruptError,
@@ -179,8 +180,7 @@ def checkpoints_iterator(checkpoint_dir: str | os.PathLike, min_interval_secs: f
     ``timeout`` seconds pass without a new checkpoint: stop, unless ``timeout_fn()`` returns
     False (then keep waiting). Arguments are checked at the call, before iteration starts.
     """
-    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
-        raise TypeError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}")
+    check_watched_directory("checkpoint_dir", checkpoint_dir)
     check_number("min_interval_secs", min_interval_secs, minimum=0)
     check_number("timeout", timeout, minimum=0, allow_none=True)
     check_callable("timeout_fn", timeout_fn, signature="timeout_fn() -> bool")

@@ -31,6 +31,7 @@ from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY, read_manif
 from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
+from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn
 from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
 from supervisor.estimator.run_config import RunConfig
 from supervisor.estimator.sidecar import evaluate_batches
@@ -71,7 +72,8 @@ class Estimator:
         eval_step: ``eval_step(model, batch) -> {name: scalar}`` on the evaluation copy
             (None: ``model(batch)`` returns a scalar loss or a dict of scalars).
         predict_step: ``predict_step(model, batch) -> tensor | dict`` (None: ``model(batch)``).
-        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``.
+        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``; a
+            ``compute()`` returning a dict gives ``name/key`` metrics.
         example_input: a tensor or tuple of positional arguments; exports then include a
             ``torch.export`` program.
         config: a `RunConfig` (default: ``RunConfig(model_dir)``).
@@ -104,6 +106,7 @@ class Estimator:
         self._copy_holds: str | None = None  # the checkpoint whose weights the copy holds
         self._copy_step = 0
         self._event_files: dict[str, EvalEventsFile] = {}
+        self._input: TrainingInput | None = None  # the last train() call's input (its live pass)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -144,9 +147,12 @@ class Estimator:
     def train(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
               max_steps: int | None = None, hooks: Iterable[Any] = (),
               saving_listeners: Iterable[Any] = ()) -> Estimator:
-        """Trains on ``input_fn()``'s batches for ``steps`` more steps or up to ``max_steps``
-        (or until the data ends); returns self. Skips training when a checkpoint at or beyond
-        ``max_steps`` exists (TF's behaviour)."""
+        """Trains on ``input_fn()``'s batches for ``steps`` more steps or up to ``max_steps``;
+        returns self. Skips training when a checkpoint at or beyond ``max_steps`` exists (TF's
+        behaviour). A re-iterable input (``DataLoader``, list) is iterated again at each
+        exhaustion until the limit, its epoch and position checkpointed (a resume continues
+        mid-epoch exactly); without a limit it is one epoch. A one-shot iterator that runs out
+        before the limit ends training with a WARNING (`supervisor.estimator.inputs`)."""
         if self._train_step is None:
             raise ValueError("Estimator.train needs train_step=...: pass train_step(batch) -> {'loss': ...} "
                              "to the Estimator")
@@ -165,11 +171,50 @@ class Estimator:
                 return self
         from supervisor.estimator.training_hooks import training_session
 
-        with training_session(self, steps, max_steps, hooks, listeners) as session:
-            batches = iter(input_fn())
+        user_state = dict(self._state or {})
+        batches = self._training_input(call_input_fn(input_fn, "Estimator.train"), user_state,
+                                       repeat=steps is not None or max_steps is not None)
+        state = self._state_with_input(user_state, batches)
+        with training_session(self, steps, max_steps, hooks, listeners, state=state) as session:
+            target = max_steps if max_steps is not None else (
+                None if steps is None else session.global_step + steps)
             while not session.should_stop():
-                session.run(self._train_step, next(batches))  # StopIteration: a clean end
+                batch = batches.next_batch()
+                if batch is END:
+                    _log_input_end(batches, session.global_step, target, steps, max_steps)
+                    raise StopIteration  # the session's clean end (data exhausted)
+                session.run(self._train_step, batch)
         return self
+
+    def _training_input(self, source: Iterable[Any], user_state: dict[str, Any], *, repeat: bool) -> TrainingInput:
+        """The `TrainingInput` over ``source``: the previous call's when it is the same object (its
+        live pass goes on), else a new one; not fast-forwarded when ``source`` is in ``state=``."""
+        fast_forward = not any(obj is source for obj in user_state.values())
+        batches = self._input
+        if batches is None or batches.source is not source or (batches.repeat, batches.fast_forward) != (
+                repeat and batches.reiterable, fast_forward and batches.reiterable):
+            batches = self._input = TrainingInput(source, repeat=repeat, fast_forward=fast_forward)
+        return batches
+
+    def _state_with_input(self, user_state: dict[str, Any], batches: TrainingInput) -> Mapping[str, Any] | None:
+        """The training state with the input's position (`INPUT_ENTRY`) when it is tracked or
+        the checkpoint to restore holds one; a checkpoint written without it (an older version)
+        restores, and the input starts at its beginning."""
+        if INPUT_ENTRY in user_state:
+            raise ValueError(f"state={{{INPUT_ENTRY!r}: ...}}: the name {INPUT_ENTRY!r} is the Estimator's own "
+                             "(the training input's epoch and position); rename the entry")
+        latest = self.latest_checkpoint()
+        try:
+            in_checkpoint = latest is not None and any(
+                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(latest))
+        except Exception:  # noqa: BLE001 - unreadable: the restore reports it (or falls back)
+            in_checkpoint = latest is not None and batches.fast_forward
+        if in_checkpoint or (latest is None and batches.fast_forward):
+            return {**user_state, INPUT_ENTRY: batches}
+        if batches.fast_forward:
+            logger.warning("%s holds no training-input position (written before epochs were checkpointed): "
+                           "the input starts at its beginning", latest)
+        return self._state
 
     def checkpoint_step(self, checkpoint_path: str | None = None) -> int | None:
         """The step of ``checkpoint_path`` (default: the latest checkpoint; None if none)."""
@@ -202,8 +247,8 @@ class Estimator:
         with preserved_rng():
             model, step = self.load_model_copy(checkpoint)
             metrics: dict[str, Any] = evaluate_batches(
-                model, input_fn(), steps=steps, eval_step=self._eval_step, metrics=self._metrics, hooks=hooks,
-                global_step=step, path=checkpoint.path)
+                model, call_input_fn(input_fn, "Estimator.evaluate"), steps=steps, eval_step=self._eval_step,
+                metrics=self._metrics, hooks=hooks, global_step=step, path=checkpoint.path)
         metrics["global_step"] = step
         directory = self.eval_dir(name)
         events = self._event_files.setdefault(directory, EvalEventsFile(directory))
@@ -244,7 +289,7 @@ class Estimator:
         path = self._checkpoint_or_latest(checkpoint_path, "predict")
         with preserved_rng():
             model, _ = self.load_model_copy(path)
-            batches = iter(input_fn())
+            batches = iter(call_input_fn(input_fn, "Estimator.predict"))
         while True:
             with preserved_rng(), torch.no_grad():
                 try:
@@ -285,6 +330,20 @@ class Estimator:
             raise CheckpointNotFoundError(f"Could not find trained model in model_dir: {self.model_dir}; "
                                           f"train first or pass checkpoint_path= to {action}")
         return path
+
+
+def _log_input_end(batches: TrainingInput, step: int, target: int | None, steps: int | None,
+                   max_steps: int | None) -> None:
+    kind = type(batches.source).__name__
+    if target is not None and step < target:
+        limit = f"max_steps={max_steps}" if max_steps is not None else f"steps={steps} (step {target})"
+        logger.warning("training ends at step %d, before %s: the training input (a one-shot %s returned by "
+                       "input_fn) ran out; return a re-iterable (a DataLoader, a list) to train for several "
+                       "epochs, or an endless iterator", step, limit, kind)
+    else:
+        logger.info("training ends at step %d: the training input (%s) ran out%s", step, kind,
+                    " after one epoch (no steps/max_steps: one pass over the data)" if batches.reiterable else "")
+
 
 def _split_examples(out: Any) -> Iterator[Any]:
     if isinstance(out, torch.Tensor):

@@ -44,6 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint.finished import read_finished
 from supervisor.checkpoint.index import latest_checkpoint
@@ -138,9 +139,7 @@ class EvaluationLoop:
                  max_steps: int | None = None, skip_step: Callable[[int], bool] | None = None,
                  poll_secs: float = 1.0, verify: str = "full", trusted_globals: Iterable[Any] = (),
                  map_location: Any = "cpu", clock: Clock | None = None) -> None:
-        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
-            raise TypeError(f"checkpoint_dir must be the trainer's log directory (a path), got {checkpoint_dir!r}")
-        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.checkpoint_dir = os.path.abspath(check_watched_directory("checkpoint_dir", checkpoint_dir))
         self.evaluate_fn = check_callable("evaluate_fn", evaluate_fn, allow_none=False,
                                           signature="evaluate_fn(checkpoint) -> metrics")
         self.min_interval_secs = check_number("min_interval_secs", min_interval_secs, minimum=0)

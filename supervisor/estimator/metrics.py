@@ -3,7 +3,8 @@
 - A metric is either the mean over evaluation batches of a scalar the ``eval_step`` returns
   (every batch weighs the same, as TF's ``tf.metrics.mean`` of a per-batch value), or an object
   with ``update(outputs, batch)``, ``compute()`` and ``reset()`` (torchmetrics-compatible, no
-  dependency).
+  dependency). A ``compute()`` returning a dict (torchmetrics' ``MetricCollection``, Keras'
+  ``DictMetric``) gives one metric per key, tagged ``name/key`` (`flatten_metric`).
 - Eval metrics are written with bare tags (``loss``, ``accuracy``) into ``model_dir/eval`` or
   ``eval_<name>``, at the evaluated checkpoint's step. Each evaluation appends one event to this
   process's events file in that directory and fsyncs it before returning, without a writer
@@ -22,8 +23,8 @@ from typing import Any, BinaryIO, Iterator, Mapping
 
 import torch
 
-__all__ = ["MeanAggregator", "check_metric_objects", "EvalEventsFile", "read_eval_events", "to_float",
-           "EVENTS_PREFIX", "open_regular_file"]
+__all__ = ["MeanAggregator", "check_metric_objects", "EvalEventsFile", "flatten_metric", "read_eval_events",
+           "to_float", "EVENTS_PREFIX", "open_regular_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,19 @@ def to_float(name: str, value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"eval metric {name!r} must be a number or a scalar tensor, got {value!r}") from None
+
+
+def flatten_metric(name: str, value: Any) -> dict[str, float]:
+    """A computed metric as ``{tag: float}``: a number or scalar tensor is ``{name: value}``; a
+    mapping (Keras' ``DictMetric``, torchmetrics' ``MetricCollection``) is flattened into
+    ``name/key`` tags, recursively (``{"errors/mse": 0.1, "errors/mae": 0.2}``). The one rule
+    `Estimator.evaluate`, ``train_and_evaluate`` and `SidecarEvaluator` use."""
+    if isinstance(value, Mapping):
+        flat: dict[str, float] = {}
+        for key, inner in value.items():
+            flat.update(flatten_metric(f"{name}/{key}", inner))
+        return flat
+    return {name: to_float(name, value)}
 
 
 class MeanAggregator:

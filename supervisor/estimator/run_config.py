@@ -24,8 +24,9 @@ from typing import Any
 
 from supervisor import _validate as v
 from supervisor import distributed
+from supervisor._paths import check_logdir
 
-__all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV"]
+__all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max"]
 
 TASK_TYPE_ENV = "SUPERVISOR_TASK_TYPE"
 TASK_ID_ENV = "SUPERVISOR_TASK_ID"
@@ -61,7 +62,9 @@ class RunConfig:
         save_checkpoints_steps: checkpoint every this many steps. Giving both a value is a
             `ValueError`, as in TF; giving one sets the other to None.
         save_summary_steps: write the step outputs as summaries every this many steps (0: off).
-        keep_checkpoint_max: how many recent checkpoints retention keeps (None or 0: all).
+        keep_checkpoint_max: how many recent checkpoints retention keeps (None: all). 0 is
+            refused, as by every front door's ``max_to_keep``: TF's ``Saver`` read 0 as "keep
+            all", which reads as "keep none"; say None.
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
         log_step_count_steps: log the loss and write ``global_step/sec`` every this many steps.
         task_type: ``"chief"``, ``"worker"``, ``"evaluator"`` or None (see the module docs).
@@ -85,6 +88,7 @@ class RunConfig:
                  task_id: int | None = None) -> None:
         if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
             raise TypeError(f"model_dir must be a non-empty directory path, got {model_dir!r}")
+        model_dir = check_logdir("model_dir", model_dir, allow_none=False)  # not a file, nor under one
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
         fields = {
@@ -92,8 +96,7 @@ class RunConfig:
             "save_checkpoints_secs": secs,
             "save_checkpoints_steps": steps,
             "save_summary_steps": v.check_int("save_summary_steps", save_summary_steps, minimum=0),
-            "keep_checkpoint_max": v.check_int("keep_checkpoint_max", keep_checkpoint_max, minimum=0,
-                                               allow_none=True) or None,
+            "keep_checkpoint_max": check_keep_max("keep_checkpoint_max", keep_checkpoint_max),
             "keep_checkpoint_every_n_hours": v.check_number(
                 "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
             "log_step_count_steps": v.check_int("log_step_count_steps", log_step_count_steps, minimum=0),
@@ -125,6 +128,15 @@ class RunConfig:
             raise ValueError(f"RunConfig.replace: unknown argument(s) {unknown}; known: {sorted(arguments)}")
         arguments.update(changes)
         return RunConfig(**arguments)
+
+
+def check_keep_max(name: str, value: Any) -> int | None:
+    """A retention count: a positive int, or None to keep every checkpoint. 0 is refused with
+    the fix (TF's ``Saver`` meant "keep all" by 0; here only None means that)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        raise ValueError(f"{name}=0 is refused: pass None to keep every checkpoint (TF's Saver meant 'keep all' "
+                         "by 0), or a positive number of recent checkpoints to keep")
+    return v.check_int(name, value, minimum=1, allow_none=True)
 
 
 def _checkpoint_schedule(secs: Any, steps: Any) -> tuple[float | None, int | None]:

@@ -33,14 +33,17 @@ Example (the evaluator process; the trainer is any front door writing to ``/tmp/
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 import torch
 
 from supervisor import _validate as v
+from supervisor._paths import check_logdir, check_watched_directory
 from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY
 from supervisor.checkpoint.reading import CheckpointRead
 from supervisor.checkpoint.restore import Restored
@@ -52,8 +55,8 @@ from supervisor.estimator.metrics import (
     EvalEventsFile,
     MeanAggregator,
     check_metric_objects,
+    flatten_metric,
     read_eval_events,
-    to_float,
 )
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
@@ -85,7 +88,8 @@ class SidecarEvaluator:
         steps: batches per evaluation (None: until ``data`` is exhausted).
         max_evaluations: stop after this many evaluations by this process (None: no limit).
         hooks: `supervisor.Hook` instances, run through each evaluation.
-        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``.
+        metrics: ``{name: obj}`` with ``update(outputs, batch)``, ``compute()``, ``reset()``; a
+            ``compute()`` returning a dict gives ``name/key`` metrics.
         eval_step: ``eval_step(model, batch) -> {name: scalar}`` (None: ``model(batch)``).
         log_dir: where the metrics' events go (default: `eval_dir_for(checkpoint_dir, name)`).
         name: the evaluation's name (``eval_<name>``), to run several evaluators on one run.
@@ -107,9 +111,7 @@ class SidecarEvaluator:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.data = _check_data(data)
-        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
-            raise TypeError(f"checkpoint_dir must be the trainer's log directory, got {checkpoint_dir!r}")
-        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.checkpoint_dir = os.path.abspath(check_watched_directory("checkpoint_dir", checkpoint_dir))
         self.steps = v.check_int("steps", steps, minimum=1, allow_none=True)
         self.hooks = v.check_hooks("hooks", hooks)
         self.metrics = check_metric_objects(metrics)
@@ -118,8 +120,8 @@ class SidecarEvaluator:
             raise ValueError(f"name must be a non-empty string without {os.sep!r} (the eval directory is "
                              f"eval_<name>), got {name!r}")
         self.name = name
-        self.log_dir = os.path.abspath(os.fspath(log_dir)) if log_dir is not None else eval_dir_for(
-            self.checkpoint_dir, name)
+        log_dir = check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)")
+        self.log_dir = os.path.abspath(log_dir) if log_dir is not None else eval_dir_for(self.checkpoint_dir, name)
         if os.path.abspath(self.log_dir) == self.checkpoint_dir:
             raise ValueError(f"log_dir must not be the trainer's checkpoint_dir {self.checkpoint_dir} (the "
                              "evaluator never writes into the trainer's files); leave it None for "
@@ -217,17 +219,51 @@ def evaluate_batches(model: torch.nn.Module, batches: Iterable[Any], *, steps: i
     done = 0
     creator = _EvaluationCreator(TrainingState({"model": model}), global_step, path)
     iterator: Iterator[Any] = iter(batches)
-    with torch.no_grad(), MonitoredSession(creator, list(hooks)) as session:
+    with _evaluation_session_logs(), torch.no_grad(), MonitoredSession(creator, list(hooks)) as session:
         while not session.should_stop() and (steps is None or done < steps):
-            session.run(eval_once, next(iterator))  # StopIteration: data exhausted, ends the with
+            batch = next(iterator, _END)
+            if batch is _END:  # the end of the evaluation data: this evaluation is complete
+                break
+            session.run(eval_once, batch)
             done += 1
     if done == 0:
         raise ValueError("evaluation ran no step: data produced no batch")
+    logger.debug("evaluated step %d on %d batch(es)", global_step, done)
     if steps is not None and done < steps:
         logger.warning("data ran out after %d of steps=%d batches", done, steps)
     results = means.result()
-    results.update({name: to_float(name, m.compute()) for name, m in metrics.items()})
+    for name, metric in metrics.items():
+        results.update(flatten_metric(name, metric.compute()))
     return results
+
+
+_END = object()
+
+
+class _ThisThreadOnly(logging.Filter):
+    """Drops the INFO records of the calling thread (the evaluation session's own lifecycle
+    lines: "restored step=…", "stopping at step …: session closed"), which read like the
+    training session's; other threads (a training session running alongside) log as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self._thread or record.levelno > logging.INFO
+
+
+@contextlib.contextmanager
+def _evaluation_session_logs() -> Iterator[None]:
+    quiet = _ThisThreadOnly()
+    loggers = [logging.getLogger(name) for name in ("supervisor.session", "supervisor.creator")]
+    for each in loggers:
+        each.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(quiet)
 
 
 def _outputs(model: torch.nn.Module, batch: Any, eval_step: Callable | None) -> dict[str, Any]:

@@ -14,32 +14,40 @@ What this process does depends on ``estimator.config.task_type``:
   checkpoint at or beyond ``max_steps`` or the final checkpoint of a run the trainer marked
   finished.
 
+After a kill (local mode), the eval events are the record of what was evaluated: a run that
+starts from a checkpoint with no evaluation yet (committed while the killed process evaluated or
+exported) evaluates and exports it before training; one evaluated before is offered only to the
+exporters holding no export of its step (a kill during the exports). No step is evaluated or
+exported twice: a rerun of a finished job evaluates and exports nothing and returns the recorded
+metrics of the final checkpoint (``export_results`` None for each exporter).
+
 Decisions where TF is silent or surprising: the final local evaluation counts as the final
 export even when ``max_steps`` is None (training ended because the data did), and exporters that
-did not export the final checkpoint when it was first evaluated are offered it again as final;
-a local call whose training is skipped (``max_steps`` already reached) evaluates the latest
-checkpoint once instead of returning nothing. Workers start at once (TF delayed worker ``i`` by
-``5 * (i + 1)`` seconds for asynchronous parameter-server training; torch.distributed ranks step
-together, so a delay would only hold every rank back); `Experiment` keeps TF's delays.
+did not export the final checkpoint when it was first evaluated are offered it again as final.
+Workers start at once (TF delayed worker ``i`` by ``5 * (i + 1)`` seconds for asynchronous
+parameter-server training; torch.distributed ranks step together, so a delay would only hold
+every rank back); `Experiment` keeps TF's delays.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
-from typing import Any
+from typing import Any, Iterable
 
 from hooks.checkpoint import CheckpointSaverListener
+from hooks.early_stopping import read_eval_metrics
 
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
-from supervisor.estimator.exporters import BestExporter
+from supervisor.estimator.exporters import RESULT_FILE, BestExporter, list_exports
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.specs import EvalSpec, TrainSpec
 
-__all__ = ["train_and_evaluate", "EvalResult", "Evaluator", "EvaluateAfterSaveListener"]
+__all__ = ["train_and_evaluate", "EvalResult", "Evaluator", "EvaluateAfterSaveListener", "exported_steps"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +94,10 @@ class Evaluator:
         return dataclasses.replace(result, export_results=self._export(
             result.metrics, result.checkpoint_path, True, pending))
 
+    def export_pending(self, result: EvalResult, exporters: list[Any], *, final: bool) -> tuple:
+        """Offers an evaluation made by an earlier run to ``exporters``; their results in order."""
+        return self._export(result.metrics, result.checkpoint_path, final, exporters)
+
     def _export(self, metrics: dict[str, Any], checkpoint_path: str, final: bool, exporters: Any) -> tuple:
         base = os.path.join(self._estimator.model_dir, "export")
         results = []
@@ -115,12 +127,14 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
         clock: the clock throttling uses.
         every_steps: also wait for this many steps since the last evaluation (`Experiment`'s
             ``min_eval_frequency``).
+        evaluated: steps already evaluated (their metrics are in the eval events): never again.
     """
 
     def __init__(self, evaluator: Evaluator, throttle_secs: float, start_step: int, clock: Any, *,
-                 every_steps: int | None = None) -> None:
+                 every_steps: int | None = None, evaluated: Iterable[int] = ()) -> None:
         self._evaluator, self._throttle_secs = evaluator, throttle_secs
         self._start_step, self._clock, self._every_steps = start_step, clock, every_steps
+        self._evaluated = set(evaluated)
         self.result: EvalResult | None = None
         self._last_start: float | None = None
         self._last_step = start_step
@@ -129,8 +143,8 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
         self._last_start = None
 
     def after_save(self, session: Any, global_step_value: int) -> None:
-        if global_step_value == self._start_step:
-            return  # the model is not trained yet (TF skipped the first save too)
+        if global_step_value == self._start_step or global_step_value in self._evaluated:
+            return  # the creation save (TF skipped it too), or a step evaluated before
         if getattr(session, "preempted", False):
             logger.info("not evaluating the checkpoint of step %d: the run was preempted", global_step_value)
             return
@@ -149,6 +163,9 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
             # A signal stopped training: exit within the grace period; the resumed run evaluates.
             logger.info("not evaluating the final checkpoint of step %d: the run was preempted", global_step_value)
             return
+        if global_step_value in self._evaluated and (
+                self.result is None or self.result.metrics["global_step"] != global_step_value):
+            return  # evaluated by an earlier run; `train_and_evaluate` catches its exports up
         if self.result is None or self.result.metrics["global_step"] != global_step_value:
             self._evaluate(session, global_step_value, final=True)
         elif not self._evaluator.is_final_export_triggered:
@@ -157,11 +174,18 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
     def _evaluate(self, session: Any, step: int, *, final: bool) -> None:
         manager = session.checkpoint_manager
         path = os.path.join(manager.directory, checkpoint_name(manager.basename, step))
+        self.evaluate_path(path, step, final=final)
+
+    def evaluate_path(self, path: str, step: int, *, final: bool) -> None:
+        """Evaluates (and exports) the checkpoint of ``step`` at ``path`` now; it counts for the
+        throttle. A checkpoint gone meanwhile (retention) is skipped with an INFO line."""
         self._last_start, self._last_step = self._clock.monotonic(), step
         try:
             self.result = self._evaluator.evaluate_and_export(path, final=final)
         except CheckpointNotFoundError:
             logger.info("not evaluating the checkpoint of step %d: it is gone (a later one replaced it)", step)
+            return
+        self._evaluated.add(step)
 
 
 def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec,
@@ -200,16 +224,58 @@ def _run_local(estimator: Estimator, train_spec: TrainSpec,
                 "frequency is determined based on RunConfig arguments: save_checkpoints_steps %s or "
                 "save_checkpoints_secs %s.", config.save_checkpoints_steps, config.save_checkpoints_secs)
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
-    start_step = estimator.checkpoint_step()
+    recorded = read_eval_metrics(estimator.eval_dir(eval_spec.name))  # the record of what was evaluated
+    start_path = estimator.latest_checkpoint()
+    start_step = None if start_path is None else estimator.checkpoint_step(start_path)
     listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs, start_step=start_step or 0,
-                                         clock=estimator.clock)
+                                         clock=estimator.clock, evaluated=recorded)
+    caught_up = None
+    if start_step:  # a restored checkpoint (step 0 is the untrained model)
+        caught_up = _catch_up(estimator, evaluator, listener, eval_spec, start_path, start_step,
+                              recorded.get(start_step), train_spec.max_steps)
     estimator.train(train_spec.input_fn, max_steps=train_spec.max_steps, hooks=train_spec.hooks,
                     saving_listeners=tuple(train_spec.saving_listeners) + (listener,))
-    result = listener.result
-    if result is None and start_step is not None and estimator.checkpoint_step() == start_step:
-        logger.info("nothing was trained (max_steps already reached); evaluating the latest checkpoint")
-        result = evaluator.evaluate_and_export(estimator.latest_checkpoint(), final=True)
+    result = listener.result or caught_up
     return (None, None) if result is None else (result.metrics, result.export_results)
+
+
+def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfterSaveListener,
+              eval_spec: EvalSpec, path: str, step: int, metrics: dict[str, float] | None,
+              max_steps: int | None) -> EvalResult | None:
+    """What a killed run left undone on the checkpoint this run starts from: evaluates it when
+    the eval events hold no evaluation of it (it was committed while the killed process evaluated
+    or exported, or killed mid-evaluation); when they do, offers it to the exporters that hold no
+    export of that step (a kill during the exports) with the recorded metrics. It is the final
+    export when training is already complete. Never evaluates or exports a step twice."""
+    final = max_steps is not None and step >= max_steps
+    if metrics is None:
+        logger.info("evaluating the checkpoint of step %d this run starts from: it has no evaluation yet", step)
+        listener.evaluate_path(path, step, final=final)
+        return listener.result
+    result = EvalResult(dict(metrics, global_step=step), path)
+    pending = [e for e in eval_spec.exporters if step not in exported_steps(
+        os.path.join(estimator.model_dir, "export", e.name))]
+    if not pending:
+        logger.info("the checkpoint of step %d this run starts from was evaluated and exported before", step)
+        return dataclasses.replace(result, export_results=tuple(None for _ in eval_spec.exporters))
+    logger.info("offering the checkpoint of step %d (evaluated before) to %s, which hold no export of it",
+                step, ", ".join(e.name for e in pending))
+    exports = evaluator.export_pending(result, pending, final=final)
+    by_name = dict(zip((e.name for e in pending), exports))
+    return dataclasses.replace(result, export_results=tuple(by_name.get(e.name) for e in eval_spec.exporters))
+
+
+def exported_steps(export_path: str) -> set[int]:
+    """The checkpoint steps of the complete exports under ``export_path`` (from their
+    ``eval_result.json``; an unreadable record counts as no export)."""
+    steps = set()
+    for _, path in list_exports(export_path):
+        try:
+            with open(os.path.join(path, RESULT_FILE), encoding="utf-8") as f:
+                steps.add(int(json.load(f)["global_step"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return steps
 
 
 def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,

@@ -8,7 +8,7 @@ step counter and summary hooks.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import hooks as builtin
 
@@ -22,8 +22,10 @@ __all__ = ["training_session"]
 
 
 def training_session(estimator: Estimator, steps: int | None, max_steps: int | None,
-                     hooks: tuple[Any, ...], listeners: tuple[Any, ...]) -> MonitoredSession:
-    """A `MonitoredTrainingSession` on ``estimator.model_dir`` with TF's hooks."""
+                     hooks: tuple[Any, ...], listeners: tuple[Any, ...], *,
+                     state: Mapping[str, Any] | None = None) -> MonitoredSession:
+    """A `MonitoredTrainingSession` on ``estimator.model_dir`` with TF's hooks; ``state`` is the
+    extra training state (default ``estimator.state``)."""
     config = estimator.config
     schedule = {"save_secs": config.save_checkpoints_secs, "save_steps": config.save_checkpoints_steps}
     if listeners and not (schedule["save_secs"] or schedule["save_steps"]):
@@ -42,7 +44,8 @@ def training_session(estimator: Estimator, steps: int | None, max_steps: int | N
         chief_hooks.append(builtin.CheckpointSaverHook(estimator.model_dir, listeners=listeners,
                                                        clock=estimator.clock, **schedule))
     session = MonitoredTrainingSession(
-        estimator.model_dir, estimator.model, estimator.optimizer, state=estimator.state,
+        estimator.model_dir, estimator.model, estimator.optimizer,
+        state=estimator.state if state is None else state,
         is_chief=config.is_chief, hooks=train_hooks + list(hooks), chief_only_hooks=chief_hooks,
         save_checkpoint_secs=None, save_checkpoint_steps=None,
         save_summaries_steps=config.save_summary_steps or None, save_summaries_secs=None,
