@@ -18,6 +18,7 @@ from supervisor import distributed
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, restore_sharded
 from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint.options import check_capture
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon
@@ -113,6 +114,10 @@ class ShardedCheckpointManager(ManagerCommon):
         directory, basename, max_to_keep, keep_checkpoint_every_n_hours, save_mode, verify,
         save_rng, trusted_globals, clock: as `CheckpointManager`.
         max_wait_secs: how long a non-chief rank waits for the chief's restore decision.
+        capture: ``"auto"`` or ``"blocking"``: a sharded save copies the state at the boundary
+            ("auto" never overlaps here: a rank whose copy was written during an overlapped
+            capture would have to fail the collective save on every rank, which is not done
+            yet). ``"overlapped"`` is refused with a ValueError.
         save_timeout_secs: the longest a rank waits for another's part of one save (the
             background group's collective timeout, and the waits on the store).
     """
@@ -123,7 +128,7 @@ class ShardedCheckpointManager(ManagerCommon):
                  max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float | None = 10000.0,
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
-                 clock: Any = None) -> None:
+                 clock: Any = None, capture: str = "auto") -> None:
         from supervisor._validate import check_choice, check_number
         from supervisor.checkpoint.manager import CheckpointManager
         from supervisor.clock import resolve_clock
@@ -136,6 +141,11 @@ class ShardedCheckpointManager(ManagerCommon):
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
         self.save_rng = inner.save_rng
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
+        self.capture = check_capture(capture)
+        if self.capture == "overlapped":
+            raise ValueError("capture='overlapped' is not available with checkpoint_format='dcp' (sharded saves "
+                             "copy the state at the step boundary); use capture='auto' or 'blocking', or "
+                             "checkpoint_format='torch'")
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
         self.save_timeout_secs = check_number("save_timeout_secs", save_timeout_secs, strictly_positive=True)
         self._inner = inner if self._chief else None

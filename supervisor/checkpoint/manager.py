@@ -32,10 +32,10 @@ from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
 from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index, write_index
 from supervisor.checkpoint.lock import OwnershipLock
-from supervisor.checkpoint.options import check_basename, check_directory, check_trusted_globals
+from supervisor.checkpoint.options import check_basename, check_capture, check_directory, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint import overlap
-from supervisor.checkpoint.overlap import Copier, PendingCopy, check_capture, check_copier, discarded_message
+from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.checkpoint.manager_common import ManagerCommon

@@ -28,27 +28,16 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from supervisor.checkpoint.options import CAPTURE_MODES, check_capture
 from supervisor.state import unwrap_module
 
-__all__ = ["CAPTURE_MODES", "check_copier", "discarded_message", "plan", "start", "Copier", "CopyJob", "PendingCopy", "StreamCopier", "ThreadCopier",
-           "check_capture", "deferred_tensors", "resolve_capture"]
+__all__ = ["CAPTURE_MODES", "Copier", "CopyJob", "PendingCopy", "StreamCopier", "ThreadCopier", "check_capture",
+           "check_copier", "deferred_tensors", "discarded_message", "plan", "resolve_capture", "start"]
 
 logger = logging.getLogger(__name__)
 
-#: The values of ``capture=``: "auto" is "overlapped" when the optimizers' tensors are on CUDA.
-CAPTURE_MODES = ("auto", "overlapped", "blocking")
-
 # How often a writer waiting for the training thread's settle looks whether that thread is gone.
 _SETTLE_POLL_SECS = 0.1
-
-
-def check_capture(capture: Any) -> str:
-    if capture not in CAPTURE_MODES:
-        raise ValueError(f"capture must be one of {', '.join(repr(m) for m in CAPTURE_MODES)}, got {capture!r}: "
-                         "'overlapped' copies parameters and optimizer state while the next step runs, "
-                         "'blocking' copies everything at the step boundary, 'auto' (default) overlaps "
-                         "when the state's tensors are on CUDA")
-    return capture
 
 
 def check_copier(copier: Any) -> Copier | None:
