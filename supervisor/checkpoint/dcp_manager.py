@@ -18,7 +18,7 @@ from supervisor import distributed
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, restore_sharded
 from supervisor.checkpoint.format import checkpoint_name
-from supervisor.checkpoint.options import check_capture
+from supervisor.checkpoint.options import check_capture, check_capture_format
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon
@@ -142,10 +142,7 @@ class ShardedCheckpointManager(ManagerCommon):
         self.save_rng = inner.save_rng
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
         self.capture = check_capture(capture)
-        if self.capture == "overlapped":
-            raise ValueError("capture='overlapped' is not available with checkpoint_format='dcp' (sharded saves "
-                             "copy the state at the step boundary); use capture='auto' or 'blocking', or "
-                             "checkpoint_format='torch'")
+        check_capture_format(self.capture, "dcp")
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
         self.save_timeout_secs = check_number("save_timeout_secs", save_timeout_secs, strictly_positive=True)
         self._inner = inner if self._chief else None
