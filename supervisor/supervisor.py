@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir
-from supervisor.checkpoint.options import check_capture, check_capture_format, check_trusted_globals
+from supervisor.checkpoint.options import check_capture, check_trusted_globals
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import SessionCreator
@@ -304,7 +304,6 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
     ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12)."""
     writer = None
-    check_capture_format((checkpoint_options or {}).get("capture", "auto"), checkpoint_format)
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         from supervisor.checkpoint.options import check_writable_directory
 

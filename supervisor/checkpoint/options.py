@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from supervisor._paths import check_path
 from supervisor.errors import CheckpointError
 
-__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_capture_format", "check_directory", "check_trusted_globals", "check_writable_directory"]
+__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory"]
 
 
 def check_directory(directory: Any) -> str:
@@ -80,10 +80,3 @@ def check_capture(capture: Any) -> str:
                          "when they are on CUDA")
     return capture
 
-
-def check_capture_format(capture: str, checkpoint_format: str) -> None:
-    """Sharded saves copy the state at the boundary: refuses ``capture="overlapped"`` with them."""
-    if capture == "overlapped" and checkpoint_format == "dcp":
-        raise ValueError("capture='overlapped' is not available with checkpoint_format='dcp' (sharded saves "
-                         "copy the state at the step boundary); use capture='auto' or 'blocking', or "
-                         "checkpoint_format='torch'")

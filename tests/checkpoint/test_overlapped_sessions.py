@@ -102,7 +102,3 @@ def test_a_bad_capture_fails_at_construction_naming_it(tmp_path, front_door):
     with pytest.raises(ValueError, match=r"capture must be one of 'auto', 'overlapped', 'blocking', got 'fast'"):
         build(str(tmp_path), capture="fast")
 
-
-def test_sharded_checkpoints_refuse_overlapped_capture(tmp_path):
-    with pytest.raises(ValueError, match="capture='overlapped' is not available with checkpoint_format='dcp'"):
-        MonitoredTrainingSession(str(tmp_path), checkpoint_format="dcp", capture="overlapped")
