@@ -31,7 +31,7 @@ import torch
 from supervisor.checkpoint.options import CAPTURE_MODES, check_capture
 from supervisor.state import unwrap_module
 
-__all__ = ["CAPTURE_MODES", "Copier", "CopyJob", "PendingCopy", "StreamCopier", "ThreadCopier", "check_capture",
+__all__ = ["CAPTURE_MODES", "Copier", "CopyJob", "DefaultCopier", "PendingCopy", "StreamCopier", "ThreadCopier", "check_capture",
            "check_copier", "deferred_tensors", "discarded_message", "plan", "resolve_capture", "start"]
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,11 @@ logger = logging.getLogger(__name__)
 _SETTLE_POLL_SECS = 0.1
 
 
-def check_copier(copier: Any) -> Copier | None:
-    if copier is not None and not isinstance(copier, Copier):
+def check_copier(copier: Any) -> Copier:
+    """``copier`` itself, or a `DefaultCopier` for None."""
+    if copier is None:
+        return DefaultCopier()
+    if not isinstance(copier, Copier):
         raise TypeError(f"copier must be a supervisor.checkpoint.overlap.Copier (e.g. ThreadCopier()) or None, "
                         f"got {copier!r}")
     return copier
@@ -160,19 +163,18 @@ class StreamCopier(Copier):
         return _StreamJob(events)
 
 
-def default_copier(devices: set[str]) -> Copier:
-    return StreamCopier() if devices == {"cuda"} else _MixedCopier()
+class DefaultCopier(Copier):
+    """CUDA tensors on a side stream per device (kept), the others on a side thread."""
 
-
-class _MixedCopier(Copier):
-    """CUDA tensors on a side stream, the others on a side thread."""
+    def __init__(self) -> None:
+        self._streams = StreamCopier()
 
     def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
         cuda = [i for i, s in enumerate(src) if s.device.type == "cuda"]
         other = [i for i, s in enumerate(src) if s.device.type != "cuda"]
         jobs = []
         if cuda:
-            jobs.append(_STREAMS.start([dst[i] for i in cuda], [src[i] for i in cuda]))
+            jobs.append(self._streams.start([dst[i] for i in cuda], [src[i] for i in cuda]))
         if other:
             jobs.append(ThreadCopier().start([dst[i] for i in other], [src[i] for i in other]))
         return _Jobs(jobs)
@@ -191,9 +193,6 @@ class _Jobs(CopyJob):
             job.wait_host()
 
 
-_STREAMS = StreamCopier()
-
-
 def resolve_capture(capture: str, tensors: Sequence[torch.Tensor]) -> str:
     """"auto" → "overlapped" when any of the optimizers' ``tensors`` is on CUDA."""
     if capture != "auto":
@@ -207,6 +206,8 @@ def plan(state: Any, capture: str) -> tuple[list[Any], frozenset[tuple]]:
     Nothing (a blocking capture) when the state has no optimizer or the mode resolves to
     "blocking"; "auto" overlaps only CUDA tensors (a CPU tensor, e.g. Adam's ``step``, is copied
     at the boundary)."""
+    if capture == "blocking" or (capture == "auto" and not torch.cuda.is_initialized()):
+        return [], frozenset()  # (no CUDA tensor exists before CUDA is initialised)
     optimizers = [o for o in state.values() if isinstance(o, torch.optim.Optimizer)]
     tensors = deferred_tensors(optimizers)
     mode = resolve_capture(capture, tensors)
@@ -344,7 +345,7 @@ class PendingCopy:
             handle.remove()
 
 
-def start(deferral: Any, objects: Sequence[Any], copier: Copier | None) -> PendingCopy | None:
+def start(deferral: Any, objects: Sequence[Any], copier: Copier) -> PendingCopy | None:
     """Starts the background copy of what a capture deferred (a `staging.Deferral`); None when
     it deferred nothing (then the blocking part's queued copies are waited for here)."""
     if not deferral.items:
@@ -352,8 +353,6 @@ def start(deferral: Any, objects: Sequence[Any], copier: Copier | None) -> Pendi
             event.synchronize()
         return None
     src = [d.source for d in deferral.items]
-    if copier is None:
-        copier = default_copier({t.device.type for t in src})
     return PendingCopy([d.name for d in deferral.items], [d.buffer for d in deferral.items], src, copier,
                        objects, deferral.events)
 
