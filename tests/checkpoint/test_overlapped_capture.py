@@ -314,18 +314,23 @@ def test_a_grad_scaler_step_waits_for_the_copy(tmp_path, gate):
     assert_bit_equal({k: saved[k] for k in expected}, expected)
 
 
-def test_a_compiled_model_is_captured_exactly(tmp_path, gate):
+@pytest.mark.slow  # dynamo's first compile: seconds
+def test_a_compiled_model_and_optimizer_step_are_captured_exactly(tmp_path, gate):
     state = make_state(gate.device)
     compiled = torch.compile(state["model"], backend="eager")
     state = TrainingState({"model": compiled, "optimizer": state["optimizer"]})
     optimizer = state["optimizer"]
+
+    @torch.compile(backend="eager")
+    def optimizer_step():
+        optimizer.step()
 
     def step(seed, *, opt=True):
         optimizer.zero_grad()
         x = torch.randn(8, 6, generator=torch.Generator().manual_seed(seed)).to(gate.device)
         compiled(x).pow(2).mean().backward()
         if opt:
-            optimizer.step()
+            optimizer_step()
 
     step(0)
     expected = cpu_clone(state.state_dict())
@@ -333,8 +338,14 @@ def test_a_compiled_model_is_captured_exactly(tmp_path, gate):
     try:
         manager.save(1, state)
         step(1, opt=False)
+        stepper = threading.Thread(target=optimizer_step)
+        stepper.start()
+        stepper.join(0.5)
+        if gate.host_blocks:
+            assert stepper.is_alive(), "the compiled optimizer step did not wait for the copy"
         gate.open()
-        optimizer.step()
+        stepper.join(30)
+        assert not stepper.is_alive()
         manager.wait()
     finally:
         manager.close()
