@@ -296,7 +296,16 @@ class PendingCopy:
         self._job = copier.start(dst, src)
 
     def _on_hook(self, *args: Any, **kwargs: Any) -> None:
-        self.settle()  # returns None: the hooked call goes on unchanged
+        # Returns None: the hooked call goes on unchanged. Another thread (a summary service
+        # reading state_dict()) only waits for the copy: the settle, whose stream wait and
+        # evidence belong to the training thread's stream order, stays the training thread's.
+        if threading.current_thread() is self._owner:
+            self.settle()
+        elif not self._settled.is_set():
+            try:
+                self._job.wait_host()
+            except Exception:  # noqa: BLE001 - the copy's failure is the writer's to report
+                pass
 
     def settle(self) -> None:
         """Makes the training side wait for the copy and records what moved since the boundary."""

@@ -395,3 +395,28 @@ def test_a_bad_capture_value_is_refused_naming_it(tmp_path, value):
 def test_a_copier_must_be_a_copier(tmp_path):
     with pytest.raises(TypeError, match="copier must be"):
         CheckpointManager(tmp_path, copier=lambda dst, src: None)
+
+
+def test_a_state_dict_read_on_another_thread_waits_without_settling(tmp_path, gate):
+    """E.g. a summary service reading the model: it waits for the copy, and the training
+    thread's optimizer step still settles (and checks) the copy itself."""
+    state = make_state(gate.device)
+    full_step(state, 0)
+    expected = cpu_clone(state.state_dict())
+    manager = manager_for(tmp_path, gate)
+    try:
+        manager.save(1, state)
+        reader = threading.Thread(target=state["model"].state_dict)
+        reader.start()
+        reader.join(0.3)
+        if gate.host_blocks:
+            assert reader.is_alive(), "state_dict() on another thread did not wait for the copy"
+        gate.open()
+        reader.join(10)
+        assert not reader.is_alive()
+        full_step(state, 1)
+        manager.wait()
+    finally:
+        manager.close()
+    saved = load_checkpoint(str(tmp_path / "ckpt" / "model.ckpt-1"))
+    assert_bit_equal({k: saved[k] for k in expected}, expected)
