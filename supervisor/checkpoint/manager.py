@@ -2,7 +2,8 @@
 
 The one object the session, the front doors and the checkpoint hook talk to. It composes the
 parts: the ownership lock (lock.py), the capture into reused staging buffers (staging.py, on
-the caller's thread — the only part that blocks training), the background writer (writer.py)
+the caller's thread — the only part that blocks training; with ``capture="overlapped"`` the
+optimizers' tensors are copied while the next step runs, overlap.py), the background writer (writer.py)
 running the commit protocol (commit.py), the index (index.py), retention decisions
 (retention.py, pure) and verify-then-fall-back restore (restore.py).
 """
