@@ -292,13 +292,19 @@ class PendingCopy:
         self._lock = threading.Lock()
         self._settled = threading.Event()
         self._evidence: tuple[list[str], list[tuple[list[int], torch.Tensor, Any]]] = ([], [])
-        self._handles = _register_hooks(objects, self._on_hook)
+        self._handles = _register_hooks(objects, before_write=self._before_write, before_read=self._before_read)
         self._job = copier.start(dst, src)
 
-    def _on_hook(self, *args: Any, **kwargs: Any) -> None:
-        # Returns None: the hooked call goes on unchanged. Another thread (a summary service
-        # reading state_dict()) only waits for the copy: the settle, whose stream wait and
-        # evidence belong to the training thread's stream order, stays the training thread's.
+    def _before_write(self, *args: Any, **kwargs: Any) -> None:
+        """``step()`` / ``load_state_dict()``: whichever thread is about to write settles (on
+        CUDA its own current stream, which runs the write, then waits for the copy). Returns
+        None: the hooked call goes on unchanged."""
+        self.settle()
+
+    def _before_read(self, *args: Any, **kwargs: Any) -> None:
+        """``state_dict()``: on the training thread, a settle; another thread (a summary
+        service reading the model) only waits for the copy on the host and leaves the settle,
+        whose stream wait and evidence follow the training thread's stream, to that thread."""
         if threading.current_thread() is self._owner:
             self.settle()
         elif not self._settled.is_set():
@@ -376,13 +382,14 @@ def _to_host(differs: torch.Tensor, device: torch.device, indices: list[int]) ->
     return indices, host, event
 
 
-def _register_hooks(objects: Sequence[Any], hook: Callable[..., None]) -> list[Any]:
+def _register_hooks(objects: Sequence[Any], *, before_write: Callable[..., None],
+                    before_read: Callable[..., None]) -> list[Any]:
     """The step pre-hook of every optimizer and the state_dict / load_state_dict pre-hooks of
     every optimizer and module (each returns None, so the hooked call is unchanged)."""
     handles = []
     for obj in objects:
         if isinstance(obj, torch.optim.Optimizer):
-            handles.append(obj.register_step_pre_hook(hook))
-        handles.append(obj.register_state_dict_pre_hook(hook))
-        handles.append(obj.register_load_state_dict_pre_hook(hook))
+            handles.append(obj.register_step_pre_hook(before_write))
+        handles.append(obj.register_load_state_dict_pre_hook(before_write))
+        handles.append(obj.register_state_dict_pre_hook(before_read))
     return handles
