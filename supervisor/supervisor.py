@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir
-from supervisor.checkpoint.options import check_trusted_globals
+from supervisor.checkpoint.options import check_capture, check_trusted_globals
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import SessionCreator
@@ -61,6 +61,9 @@ class Supervisor:
             service or `loop` thread), as `MonitoredSession` (SPEC §3.3).
         max_recoveries: how many recoveries in a row before the error is re-raised.
         save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
+        capture: ``"overlapped"`` (parameters and optimizer state copied while the next step
+            runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"``
+            (default: overlapped when they are on CUDA). SPEC §5.9.
         handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
         trusted_globals: classes/functions a checkpoint may reference beyond what
             ``torch.load(weights_only=True)`` and NumPy's scalars/arrays need (SPEC §5.4).
@@ -98,6 +101,7 @@ class Supervisor:
         clock: Clock | None = None,
         checkpoint_format: str = "torch",
         max_wait_secs: float = 7200,
+        capture: str = "auto",
     ) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
@@ -114,7 +118,7 @@ class Supervisor:
         self._checkpoint_options = check_checkpoint_options(
             basename=checkpoint_basename, max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
-            trusted_globals=trusted_globals)
+            trusted_globals=trusted_globals, capture=capture)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -273,7 +277,7 @@ class _ManagedSession:
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
-                             save_mode: Any, trusted_globals: Any = ()) -> dict[str, Any]:
+                             save_mode: Any, trusted_globals: Any = (), capture: Any = "auto") -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
@@ -284,6 +288,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
             "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
         "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
         "trusted_globals": check_trusted_globals(trusted_globals),
+        "capture": check_capture(capture),
     }
 
 

@@ -72,6 +72,7 @@ def _build(
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
+    capture: str = "auto",
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
@@ -84,7 +85,7 @@ def _build(
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                       save_mode=save_mode, trusted_globals=trusted_globals)
+                                       save_mode=save_mode, trusted_globals=trusted_globals, capture=capture)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = {
@@ -136,7 +137,7 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format",
+    "checkpoint_format", "capture",
 )
 
 
@@ -169,13 +170,17 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None,
     checkpoint_format: str = "torch",
+    capture: str = "auto",
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
 
     ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
     (``torch.distributed.checkpoint`` shards from every rank, sealed by the chief; SPEC §12).
-    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision."""
+    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision.
+    ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
+    runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
+    overlapped when they are on CUDA); SPEC §5.9."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)
@@ -196,7 +201,7 @@ class SingularMonitoredSession(MonitoredSession):
 
     Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
-    ``checkpoint_format="dcp"`` and ``max_wait_secs`` as `MonitoredTrainingSession` (a sharded
+    ``checkpoint_format="dcp"``, ``max_wait_secs`` and ``capture`` as `MonitoredTrainingSession` (a sharded
     job's non-chief ranks still run a session each: they write their shards).
     """
 
@@ -230,6 +235,7 @@ class SingularMonitoredSession(MonitoredSession):
         clock: Clock | None = None,
         checkpoint_format: str = "torch",
         max_wait_secs: float = 7200,
+        capture: str = "auto",
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

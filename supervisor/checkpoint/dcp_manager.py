@@ -18,6 +18,9 @@ from supervisor import distributed
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, restore_sharded
 from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint import overlap
+from supervisor.checkpoint.options import check_capture
+from supervisor.checkpoint.overlap import PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon
@@ -113,6 +116,10 @@ class ShardedCheckpointManager(ManagerCommon):
         directory, basename, max_to_keep, keep_checkpoint_every_n_hours, save_mode, verify,
         save_rng, trusted_globals, clock: as `CheckpointManager`.
         max_wait_secs: how long a non-chief rank waits for the chief's restore decision.
+        capture, copier: as `CheckpointManager`, per rank: an overlapped capture copies this
+            rank's parameters (local shards) and optimizer state while the next step runs. The
+            ranks agree through the store before writing: when any rank's tensors were written
+            during its copy, every rank discards the save (a WARNING naming the rank and tensor).
         save_timeout_secs: the longest a rank waits for another's part of one save (the
             background group's collective timeout, and the waits on the store).
     """
@@ -123,7 +130,7 @@ class ShardedCheckpointManager(ManagerCommon):
                  max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float | None = 10000.0,
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
-                 clock: Any = None) -> None:
+                 clock: Any = None, capture: str = "auto", copier: Any = None) -> None:
         from supervisor._validate import check_choice, check_number
         from supervisor.checkpoint.manager import CheckpointManager
         from supervisor.clock import resolve_clock
@@ -136,6 +143,10 @@ class ShardedCheckpointManager(ManagerCommon):
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
         self.save_rng = inner.save_rng
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
+        self.capture = check_capture(capture)
+        self._copier = check_copier(copier)
+        self._pending: PendingCopy | None = None
+        self._copy_keys: list[str] = []  # the chief deletes the previous save's copy verdicts
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
         self.save_timeout_secs = check_number("save_timeout_secs", save_timeout_secs, strictly_positive=True)
         self._inner = inner if self._chief else None
@@ -188,10 +199,12 @@ class ShardedCheckpointManager(ManagerCommon):
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
         # A save the caller waits for writes the live state (as CheckpointManager): the caller is
         # blocked until the commit, so nothing changes it meanwhile; no staging copy is made.
-        job = self._job(step, state, stage=background and not wait, background=background)
+        job, pending = self._job(step, state, stage=background and not wait, background=background)
         self._last_saved_step = step
+        self._pending = pending
         outcome: list[CheckpointError] | None = [] if wait or not background else None
-        run = functools.partial(self._run, job, outcome)
+        run = functools.partial(self._run, job, outcome, pending)
+        del pending
         if background:
             self._writer.submit(run, after=self._remove_dropped)
             if wait:
@@ -203,15 +216,21 @@ class ShardedCheckpointManager(ManagerCommon):
             raise outcome[0]
         return self.path_of(step)
 
-    def _job(self, step: int, state: TrainingState, *, stage: bool, background: bool) -> dcp_commit.ShardedSave:
+    def _job(self, step: int, state: TrainingState, *, stage: bool,
+             background: bool) -> tuple[dcp_commit.ShardedSave, PendingCopy | None]:
         """The capture, on the caller's thread: the state dict (``stage``: copied into the staging
-        buffers), this rank's RNG and loader-generator states, the save's store key."""
+        buffers, the optimizers' tensors in the background when overlapped), this rank's RNG and
+        loader-generator states, the save's store key."""
         rank, size = dcp_commit.rank_and_size()
         key = dcp_commit.next_save_key()  # first: every rank numbers this save, even if its capture fails
+        pending = None
         try:
             state_dict = build_state_dict(state)
             if stage:
-                state_dict = dcp_commit.stage(state_dict, self._staging)
+                objects, keys = overlap.plan(state, self.capture)
+                with self._staging.deferring(keys) as deferral:
+                    state_dict = dcp_commit.stage(state_dict, self._staging)
+                pending = overlap.start(deferral, objects, self._copier)
             rng = capture_rng_state(loader_generators(state)) if self.save_rng else None
         except Exception as e:
             raise CheckpointError(f"capturing the training state for the sharded checkpoint of step {step} "
@@ -219,10 +238,14 @@ class ShardedCheckpointManager(ManagerCommon):
         return dcp_commit.ShardedSave(
             self.directory, checkpoint_name(self.basename, step), step, self._clock.time(), state_dict, rng,
             key, rank=rank, world_size=size, group=self._group if background else None,
-            timeout_secs=self.save_timeout_secs, publish=self._inner._publish if self._inner is not None else None)
+            timeout_secs=self.save_timeout_secs,
+            publish=self._inner._publish if self._inner is not None else None), pending
 
-    def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None) -> None:
+    def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,
+             pending: PendingCopy | None = None) -> None:
         try:
+            if pending is not None and not self._agree_copied(save, pending):
+                return
             path = dcp_commit.commit(save, dcp_commit.channel_for(self._abort))
         except CheckpointError as e:
             self._failed(save.step, e, outcome)
@@ -235,6 +258,39 @@ class ShardedCheckpointManager(ManagerCommon):
                 self.on_commit(save.step, path)
             except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
                 logger.exception("reporting the commit of %s failed", path)
+
+    def _agree_copied(self, save: dcp_commit.ShardedSave, pending: PendingCopy) -> bool:
+        """Every rank's verdict on its overlapped copy, through the store: True when all are
+        complete; else every rank discards the save (nothing written) and logs why."""
+        try:
+            verdict = {"moved": pending.outcome()}
+        except Exception as e:  # noqa: BLE001 - this rank's copy failed: the save fails on every rank
+            verdict = {"error": f"{type(e).__name__}: {e}"}
+        channel = dcp_commit.channel_for(self._abort)
+        deadline = time.monotonic() + save.timeout_secs
+        try:
+            channel.post(f"{save.key}/copy-{save.rank}", verdict)
+            verdicts = [channel.wait(f"{save.key}/copy-{r}", deadline=deadline, what=f"rank {r}'s overlapped copy")
+                        for r in range(save.world_size)]
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. the store is gone with the chief
+            raise CheckpointError(f"the sharded checkpoint of step {save.step}: rank {save.rank} could not "
+                                  f"exchange the overlapped copies' verdicts: {type(e).__name__}: {e}") from e
+        if save.rank == 0:
+            channel.delete(self._copy_keys)  # every rank has left the previous save's agreement
+            self._copy_keys = [f"{save.key}/copy-{r}" for r in range(save.world_size)]
+        errors = [f"rank {r}: {v['error']}" for r, v in enumerate(verdicts) if "error" in v]
+        if errors:
+            raise CheckpointError(f"copying the state for the sharded checkpoint of step {save.step} failed "
+                                  f"({'; '.join(errors)})")
+        moved = [f"rank {r}: {name}" for r, v in enumerate(verdicts) for name in v["moved"]]
+        if not moved:
+            return True
+        with self._mutex:
+            self._last_saved_step = self._last_committed_step
+        logger.warning("%s", discarded_message(save.step, moved))
+        return False
 
     def _failed(self, step: int, failure: CheckpointError, outcome: list[CheckpointError] | None) -> None:
         """A waited-for save's failure goes to its caller, else to ``on_error``, else to the next call."""
@@ -254,6 +310,7 @@ class ShardedCheckpointManager(ManagerCommon):
     def wait(self) -> None:
         """Blocks until no save is in flight (committed or failed on every rank); raises a
         failure not yet reported."""
+        self._settle()
         self._writer.wait()
         self._raise_undelivered()
 
@@ -262,6 +319,7 @@ class ShardedCheckpointManager(ManagerCommon):
         """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
         from supervisor.distributed import restore as channel
 
+        self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
         if not distributed.is_distributed():
             choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
@@ -295,6 +353,7 @@ class ShardedCheckpointManager(ManagerCommon):
         if self._closed:
             return
         self._closed = True
+        self._settle()
         if failed:
             self._abort.set()
         try:

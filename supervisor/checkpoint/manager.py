@@ -2,7 +2,8 @@
 
 The one object the session, the front doors and the checkpoint hook talk to. It composes the
 parts: the ownership lock (lock.py), the capture into reused staging buffers (staging.py, on
-the caller's thread — the only part that blocks training), the background writer (writer.py)
+the caller's thread — the only part that blocks training; with ``capture="overlapped"`` the
+optimizers' tensors are copied while the next step runs, overlap.py), the background writer (writer.py)
 running the commit protocol (commit.py), the index (index.py), retention decisions
 (retention.py, pure) and verify-then-fall-back restore (restore.py).
 """
@@ -32,8 +33,10 @@ from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
 from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index, write_index
 from supervisor.checkpoint.lock import OwnershipLock
-from supervisor.checkpoint.options import check_basename, check_directory, check_trusted_globals
+from supervisor.checkpoint.options import check_basename, check_capture, check_directory, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
+from supervisor.checkpoint import overlap
+from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.checkpoint.manager_common import ManagerCommon
@@ -78,6 +81,14 @@ class CheckpointManager(ManagerCommon):
             is raised by the next ``save``, ``wait`` or ``close``.
         opener: ``opener(path) -> binary file`` for every file written into a checkpoint
             (default: ``open(path, "xb", buffering=0)``); the seam fault-injection tests use.
+        capture: ``"overlapped"``: a background save copies the parameters the state's
+            optimizers own and their state while the next step runs, and each optimizer's
+            ``step()`` first waits for that copy (SPEC §5.9, overlap.py); everything else is
+            copied at the boundary. ``"blocking"``: everything at the boundary. ``"auto"``
+            (default): overlapped for the tensors on CUDA. A save whose tensors were written in
+            place during the copy (outside ``optimizer.step()``) is discarded with a WARNING.
+        copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
+            side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
 
     Attributes:
         on_commit: ``on_commit(step, path)``, called once a checkpoint is committed and indexed
@@ -100,6 +111,8 @@ class CheckpointManager(ManagerCommon):
         clock: Clock | None = None,
         on_error: Callable[[CheckpointError], Any] | None = None,
         opener: Opener | None = None,
+        capture: str = "auto",
+        copier: Copier | None = None,
     ) -> None:
         self.directory = check_directory(directory)
         self.basename = check_basename(basename)
@@ -115,6 +128,9 @@ class CheckpointManager(ManagerCommon):
         self._clock = resolve_clock(clock)
         self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
         self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
+        self.capture = check_capture(capture)
+        self._copier = check_copier(copier)
+        self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
         self._lock = OwnershipLock(self.directory)
         self._writer = BackgroundWriter()
@@ -200,6 +216,7 @@ class CheckpointManager(ManagerCommon):
             return
         self._closed = True
         try:
+            self._settle()
             self._writer.close()
         finally:
             self._staging.release()
@@ -238,13 +255,14 @@ class CheckpointManager(ManagerCommon):
         start = time.perf_counter()
         # A save the caller waits for writes the live CPU tensors: the caller is blocked until the
         # commit, so nothing changes them meanwhile (and the copy is a third of a 64 MiB save).
-        payload = self._capture(step, state, copy=not (wait or self.save_mode == "sync"))
+        payload, pending = self._capture(step, state, copy=not (wait or self.save_mode == "sync"))
         capture_secs = time.perf_counter() - start
         self._last_saved_step = step
+        self._pending = pending
         # A waited-for save reports a fatal failure here, to its caller, never via on_error.
         outcome: list[CheckpointError] | None = [] if wait or self.save_mode == "sync" else None
-        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, outcome)
-        del payload
+        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, outcome, pending)
+        del payload, pending
         if self.save_mode == "sync":
             job()
             self._remove_dropped()
@@ -258,12 +276,18 @@ class CheckpointManager(ManagerCommon):
 
     def wait(self) -> None:
         """Blocks until no save is in flight; raises a background failure not yet reported."""
+        self._settle()
         self._writer.wait()
         self._raise_undelivered()
 
-    def _capture(self, step: int, state: TrainingState, *, copy: bool = True) -> dict[str, Any]:
+    def _capture(self, step: int, state: TrainingState, *,
+                 copy: bool = True) -> tuple[dict[str, Any], PendingCopy | None]:
+        """The payload, and the background copy of an overlapped capture (None: all copied)."""
         try:
-            entries = self._staging.capture(state.state_dict(), copy_cpu=copy)
+            objects, keys = overlap.plan(state, self.capture) if copy else ([], frozenset())
+            with self._staging.deferring(keys) as deferral:
+                entries = self._staging.capture(state.state_dict(), copy_cpu=copy)
+            pending = overlap.start(deferral, objects, self._copier)
             # With the generators of the state's data loaders (exact resume, supervisor/resume.py),
             # and every rank's state when the ranks' agreement gathered them for this step (§12).
             rng = distributed_rng.states_for_checkpoint(step, capture_rng_state(loader_generators(state))) \
@@ -271,11 +295,13 @@ class CheckpointManager(ManagerCommon):
         except Exception as e:
             raise CheckpointError(f"capturing the training state for the checkpoint of step {step} "
                                   f"failed: {type(e).__name__}: {e}") from e
-        return make_payload(step, entries, rng, torch.__version__)
+        return make_payload(step, entries, rng, torch.__version__), pending
 
     def _write(self, step: int, name: str, payload: dict, timestamp: float, capture_secs: float,
-               outcome: list[CheckpointError] | None) -> None:
+               outcome: list[CheckpointError] | None, pending: PendingCopy | None = None) -> None:
         path = os.path.join(self.directory, name)
+        if pending is not None and not self._copied(step, pending, outcome):
+            return
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
                                       world_size=distributed.world_size(), opener=self._opener)
@@ -302,6 +328,20 @@ class CheckpointManager(ManagerCommon):
                 on_commit(step, path)
             except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
                 logger.exception("reporting the commit of %s failed", name)
+
+    def _copied(self, step: int, pending: PendingCopy, outcome: list[CheckpointError] | None) -> bool:
+        """Waits for an overlapped capture's copy; False when the save is discarded or failed."""
+        try:
+            moved = pending.outcome()
+        except Exception as e:  # noqa: BLE001 - the copy's failure goes through the policy
+            self._failed(step, f"copying the state for the checkpoint of step {step} failed", e, outcome)
+            return False
+        if not moved:
+            return True
+        with self._mutex:
+            self._last_saved_step = self._last_committed_step
+        logger.warning("%s", discarded_message(step, moved))
+        return False
 
     def _publish(self, name: str, timestamp: float) -> None:
         """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6)."""
@@ -374,6 +414,7 @@ class CheckpointManager(ManagerCommon):
             CheckpointError: the checkpoint does not match ``state`` (strict), or needs an
                 untrusted global.
         """
+        self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
         loaded = find_and_load(self.directory, self.basename, verify=self.verify,
                                trusted_globals=self.trusted_globals)

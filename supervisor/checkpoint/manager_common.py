@@ -4,7 +4,9 @@ A save nobody waits for fails on the writer thread: the failure goes to the mana
 ``on_error`` (the session wires it to a stop request) and, if nothing took it, is raised by the
 manager's next call on the training thread (SPEC §5.2). A save starts by checking its arguments,
 raising such a failure and waiting for the save in flight. A mixin over the manager's
-``directory``, ``_writer``, ``_mutex``, ``on_error``, ``_failure`` and ``_failure_delivered``.
+``directory``, ``_writer``, ``_mutex``, ``on_error``, ``_failure``, ``_failure_delivered`` and
+``_pending`` (an overlapped capture's copy, settled before the next save waits for the writer,
+which waits for that settle).
 """
 from __future__ import annotations
 
@@ -25,6 +27,15 @@ class ManagerCommon:
     on_error: Any
     _failure: CheckpointError | None
     _failure_delivered: bool
+    _pending: Any = None  # the overlapped capture's background copy (overlap.PendingCopy)
+
+    def _settle(self) -> None:
+        """Waits (on this, the training thread) for an overlapped capture's copy to be done with
+        the live tensors, and removes its hooks; the writer then takes its verdict."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.settle()
+            pending.release()
 
     def _deliver_failure(self, failure: CheckpointError) -> None:
         """Hands ``failure`` to ``on_error``; keeps the first one for `_raise_undelivered`."""
@@ -48,6 +59,7 @@ class ManagerCommon:
             raise RuntimeError(f"the {kind} of {self.directory} is not open; call open() before save() "
                                "(and do not save after close())")
         self._raise_undelivered()
+        self._settle()
         waited = self._writer.wait()
         if waited > 0:
             # Logged under the manager's own module, as each manager logs the rest of its saves.

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from supervisor._paths import check_path
 from supervisor.errors import CheckpointError
 
-__all__ = ["check_basename", "check_directory", "check_trusted_globals", "check_writable_directory"]
+__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory"]
 
 
 def check_directory(directory: Any) -> str:
@@ -65,3 +65,18 @@ def check_trusted_globals(trusted: Any) -> tuple:
             raise TypeError(f"trusted_globals[{i}] must be a class or function (or a (object, "
                             f"'module.name') pair), got {item!r}")
     return trusted
+
+
+#: The values of ``capture=`` (SPEC §5.9): "auto" is "overlapped" when the optimizers' tensors
+#: are on CUDA, "blocking" otherwise.
+CAPTURE_MODES = ("auto", "overlapped", "blocking")
+
+
+def check_capture(capture: Any) -> str:
+    if not isinstance(capture, str) or capture not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {', '.join(repr(m) for m in CAPTURE_MODES)}, got {capture!r}: "
+                         "'overlapped' copies parameters and optimizer state while the next step runs, "
+                         "'blocking' copies everything at the step boundary, 'auto' (the default) overlaps "
+                         "when they are on CUDA")
+    return capture
+

@@ -1,0 +1,395 @@
+"""Overlapped capture (SPEC §5.9): copy parameters and optimizer state while the next step runs.
+
+Parameters and optimizer state change only inside ``optimizer.step()``. So at a save's boundary
+only what can change elsewhere is copied blocking (module buffers, parameters no optimizer of
+the state owns, every other object and the RNG: `staging.StagingArea` as before); the tensors the
+optimizers own are copied into the same kept staging buffers by a `Copier` in the background —
+a side CUDA stream (`StreamCopier`), or a side thread for CPU tensors (`ThreadCopier`) — while
+step N+1's forward and backward run. `PendingCopy` then:
+
+- registers, on every optimizer of the state, a step pre-hook (and ``state_dict`` /
+  ``load_state_dict`` pre-hooks on the optimizers and modules) that *settles* the copy before
+  anything writes: the training thread (CUDA: its current stream) waits for the copy, once;
+- checks at the settle that no copied tensor was written in the meantime — its version counter
+  (``t._version``, moved by every in-place op on the tensor or a view of it) and a bit-sum
+  fingerprint taken at the boundary in the stream's order (which also sees ``p.data`` writes,
+  whose version counter is a fresh one);
+- hands the writer thread the outcome (`PendingCopy.outcome`): the buffers are complete, or the
+  name of a tensor that moved — then the save is discarded, never committed torn.
+
+The copier is injectable (``CheckpointManager(copier=...)``) so the overlap can be tested on a
+CPU: a `ThreadCopier` whose ``copy_fn`` waits on an event forces a slow copy.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+
+from supervisor.checkpoint.options import CAPTURE_MODES, check_capture
+from supervisor.state import unwrap_module
+
+__all__ = ["CAPTURE_MODES", "Copier", "CopyJob", "DefaultCopier", "PendingCopy", "StreamCopier", "ThreadCopier", "check_capture",
+           "check_copier", "deferred_tensors", "discarded_message", "plan", "resolve_capture", "start"]
+
+logger = logging.getLogger(__name__)
+
+# How often a writer waiting for the training thread's settle looks whether that thread is gone.
+_SETTLE_POLL_SECS = 0.1
+
+
+def check_copier(copier: Any) -> Copier:
+    """``copier`` itself, or a `DefaultCopier` for None."""
+    if copier is None:
+        return DefaultCopier()
+    if not isinstance(copier, Copier):
+        raise TypeError(f"copier must be a supervisor.checkpoint.overlap.Copier (e.g. ThreadCopier()) or None, "
+                        f"got {copier!r}")
+    return copier
+
+
+def discarded_message(step: int, moved: Sequence[str]) -> str:
+    shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
+    return (f"discarding the checkpoint of step {step} (the committed checkpoints are intact): {shown} "
+            "changed while the overlapped capture copied it — an in-place write outside "
+            "optimizer.step() (e.g. p.data.clamp_() before the optimizer's step). Code that writes "
+            "parameters or optimizer state outside optimizer.step() must use capture='blocking'")
+
+
+class CopyJob:
+    """One background copy: `settle` orders the training side after it, `wait_host` the writer."""
+
+    def settle(self) -> None:
+        """On the training thread: after this returns, the sources may be written."""
+        raise NotImplementedError
+
+    def wait_host(self) -> None:
+        """On any thread: blocks until the buffers hold the copy; raises the copy's error."""
+        raise NotImplementedError
+
+
+class Copier:
+    """Starts ``dst[i].copy_(src[i])`` for all i in the background; returns its `CopyJob`."""
+
+    def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
+        raise NotImplementedError
+
+
+class _ThreadJob(CopyJob):
+    def __init__(self, copy_fn: Callable[[list, list], None], dst: list, src: list) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(copy_fn, dst, src),
+                                        name="supervisor-overlapped-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self, copy_fn: Callable[[list, list], None], dst: list, src: list) -> None:
+        try:
+            with torch.no_grad():
+                copy_fn(dst, src)
+        except BaseException as e:  # noqa: BLE001 - reported by wait_host, on the writer's thread
+            self._error = e
+
+    def settle(self) -> None:
+        self._thread.join()
+
+    def wait_host(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+class ThreadCopier(Copier):
+    """Copies on a short-lived side thread: the stand-in for a side stream on CPU tensors.
+
+    Args:
+        copy_fn: ``copy_fn(dst, src)`` does the copy (default ``torch._foreach_copy_``); a test
+            passes one that waits on an event to force a slow copy.
+    """
+
+    def __init__(self, copy_fn: Callable[[list, list], None] | None = None) -> None:
+        self._copy_fn = copy_fn if copy_fn is not None else torch._foreach_copy_
+
+    def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
+        return _ThreadJob(self._copy_fn, dst, src)
+
+
+class _StreamJob(CopyJob):
+    def __init__(self, events: list[tuple[torch.device, Any]]) -> None:
+        self._events = events
+
+    def settle(self) -> None:
+        for device, event in self._events:
+            torch.cuda.current_stream(device).wait_event(event)  # no host sync
+
+    def wait_host(self) -> None:
+        for _, event in self._events:
+            event.synchronize()
+
+
+class StreamCopier(Copier):
+    """Copies CUDA tensors into pinned buffers on a side stream per device, after the work the
+    current stream has queued (the boundary); the copy waits for nothing the step enqueues later.
+
+    Args:
+        before_copy: called on the side stream before the copy (a test forces a slow copy with
+            ``torch.cuda._sleep``).
+    """
+
+    def __init__(self, before_copy: Callable[[], None] | None = None) -> None:
+        self._streams: dict[torch.device, Any] = {}
+        self._before_copy = before_copy
+
+    def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
+        by_device: dict[torch.device, tuple[list, list]] = {}
+        for d, s in zip(dst, src):
+            pair = by_device.setdefault(s.device, ([], []))
+            pair[0].append(d)
+            pair[1].append(s)
+        events = []
+        for device, (d, s) in by_device.items():
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream), torch.no_grad():
+                if self._before_copy is not None:
+                    self._before_copy()
+                torch._foreach_copy_(d, s, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            events.append((device, event))
+        return _StreamJob(events)
+
+
+class DefaultCopier(Copier):
+    """CUDA tensors on a side stream per device (kept), the others on a side thread."""
+
+    def __init__(self) -> None:
+        self._streams = StreamCopier()
+
+    def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
+        cuda = [i for i, s in enumerate(src) if s.device.type == "cuda"]
+        other = [i for i, s in enumerate(src) if s.device.type != "cuda"]
+        jobs = []
+        if cuda:
+            jobs.append(self._streams.start([dst[i] for i in cuda], [src[i] for i in cuda]))
+        if other:
+            jobs.append(ThreadCopier().start([dst[i] for i in other], [src[i] for i in other]))
+        return _Jobs(jobs)
+
+
+class _Jobs(CopyJob):
+    def __init__(self, jobs: list[CopyJob]) -> None:
+        self._jobs = jobs
+
+    def settle(self) -> None:
+        for job in self._jobs:
+            job.settle()
+
+    def wait_host(self) -> None:
+        for job in self._jobs:
+            job.wait_host()
+
+
+def resolve_capture(capture: str, tensors: Sequence[torch.Tensor]) -> str:
+    """"auto" → "overlapped" when any of the optimizers' ``tensors`` is on CUDA."""
+    if capture != "auto":
+        return capture
+    return "overlapped" if any(t.device.type == "cuda" for t in tensors) else "blocking"
+
+
+def plan(state: Any, capture: str) -> tuple[list[Any], frozenset[tuple]]:
+    """What a capture of ``state`` with ``capture=`` leaves for the background copy: the objects
+    to hook (its optimizers and modules) and the `alias_key` of each tensor to copy late.
+    Nothing (a blocking capture) when the state has no optimizer or the mode resolves to
+    "blocking"; "auto" overlaps only CUDA tensors (a CPU tensor, e.g. Adam's ``step``, is copied
+    at the boundary)."""
+    if capture == "blocking" or (capture == "auto" and not torch.cuda.is_initialized()):
+        return [], frozenset()  # (no CUDA tensor exists before CUDA is initialised)
+    optimizers = [o for o in state.values() if isinstance(o, torch.optim.Optimizer)]
+    tensors = deferred_tensors(optimizers)
+    mode = resolve_capture(capture, tensors)
+    if mode == "blocking" or not tensors:
+        return [], frozenset()
+    keys = frozenset(alias_key(t) for t in tensors if capture == "overlapped" or t.device.type == "cuda")
+    modules = [m for m in (unwrap_module(o) for o in state.values()) if isinstance(m, torch.nn.Module)]
+    return [*optimizers, *modules], keys
+
+
+def deferred_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """The tensors only ``optimizer.step()`` writes: the parameters the optimizers own and their
+    state (DTensors as their local shards)."""
+    out = []
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            out.extend(_local(p) for p in group["params"])
+        for per_param in optimizer.state.values():
+            if isinstance(per_param, dict):
+                out.extend(_local(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    return out
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) and type(tensor) is not torch.Tensor else tensor
+
+
+def alias_key(tensor: torch.Tensor) -> tuple:
+    """What identifies one view of one tensor across ``detach()`` and state dicts."""
+    return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bitsum(tensor: torch.Tensor) -> torch.Tensor:
+    """The wrapping sum of the tensor's bits read as integers: any write that changes a value
+    changes it (short of writes that cancel exactly, e.g. a permutation)."""
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    if tensor.dtype == torch.bool:
+        tensor = tensor.view(torch.uint8)
+    return tensor.view(_INT_OF_SIZE[tensor.element_size()]).sum(dtype=torch.int64)
+
+
+def _fingerprint(tensors: Sequence[torch.Tensor]) -> dict[torch.device, tuple[list[int], torch.Tensor]]:
+    """Per device: the indices of ``tensors`` on it and their bit-sums, queued in stream order."""
+    groups: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.device, []).append(i)
+    with torch.no_grad():
+        return {device: (indices, torch.stack([_bitsum(tensors[i]) for i in indices]))
+                for device, indices in groups.items()}
+
+
+class PendingCopy:
+    """A save's background copy of the optimizers' tensors, from the boundary to its verdict.
+
+    Created on the training thread at the boundary (it snapshots the version counters and queues
+    the fingerprints, then starts the copy). `settle` (training thread: the hooks, or the manager
+    before its next save, ``wait``, ``restore`` and ``close``) orders the training side after the
+    copy and takes the verdict's evidence; `outcome` (writer thread) waits for both and names the
+    tensors that moved. `release` removes the hooks (training thread, outside any hook).
+
+    Args:
+        names: a printable name per tensor (``model.0.weight``, ``optimizer.state.0.exp_avg``).
+        dst, src: the staging buffers and the live tensors.
+        copier: starts the copy.
+        objects: the optimizers and modules whose step / state_dict / load_state_dict must wait.
+        host_events: CUDA events the writer waits for too (the blocking part's queued copies).
+    """
+
+    def __init__(self, names: list[str], dst: list[torch.Tensor], src: list[torch.Tensor], copier: Copier,
+                 objects: Sequence[Any], host_events: Sequence[Any] = ()) -> None:
+        self._host_events = list(host_events)
+        self._names = names
+        self._src: list[torch.Tensor] | None = src
+        self._versions = [t._version for t in src]
+        self._fingerprints = _fingerprint(src)
+        self._owner = threading.current_thread()
+        self._lock = threading.Lock()
+        self._settled = threading.Event()
+        self._evidence: tuple[list[str], list[tuple[list[int], torch.Tensor, Any]]] = ([], [])
+        self._handles = _register_hooks(objects, before_write=self._before_write, before_read=self._before_read)
+        self._job = copier.start(dst, src)
+
+    def _before_write(self, *args: Any, **kwargs: Any) -> None:
+        """``step()`` / ``load_state_dict()``: whichever thread is about to write settles (on
+        CUDA its own current stream, which runs the write, then waits for the copy). Returns
+        None: the hooked call goes on unchanged."""
+        self.settle()
+
+    def _before_read(self, *args: Any, **kwargs: Any) -> None:
+        """``state_dict()``: on the training thread, a settle; another thread (a summary
+        service reading the model) only waits for the copy on the host and leaves the settle,
+        whose stream wait and evidence follow the training thread's stream, to that thread."""
+        if threading.current_thread() is self._owner:
+            self.settle()
+        elif not self._settled.is_set():
+            try:
+                self._job.wait_host()
+            except Exception:  # noqa: BLE001 - the copy's failure is the writer's to report
+                pass
+
+    def settle(self) -> None:
+        """Makes the training side wait for the copy and records what moved since the boundary."""
+        if self._settled.is_set():
+            return
+        with self._lock:
+            if self._settled.is_set() or self._src is None:
+                return
+            src, self._src = self._src, None
+            self._job.settle()
+            moved = [n for n, t, v in zip(self._names, src, self._versions) if t._version != v]
+            changed = []
+            with torch.no_grad():
+                for device, (indices, before) in self._fingerprints.items():
+                    differs = before != torch.stack([_bitsum(src[i]) for i in indices])
+                    changed.append(_to_host(differs, device, indices))
+            self._evidence = (moved, changed)
+            self._fingerprints = {}
+            self._settled.set()
+
+    def outcome(self) -> list[str]:
+        """On the writer thread: waits for the copy and the settle; returns the names of the
+        tensors written since the boundary (empty: the buffers hold the boundary's state).
+
+        Raises:
+            BaseException: the copy's own error.
+        """
+        for event in self._host_events:
+            event.synchronize()
+        self._job.wait_host()
+        while not self._settled.wait(_SETTLE_POLL_SECS):
+            if not self._owner.is_alive():  # the training thread is gone: nothing writes any more
+                self.settle()
+        moved, changed = self._evidence
+        names = list(moved)
+        for indices, host, event in changed:
+            if event is not None:
+                event.synchronize()
+            names.extend(self._names[indices[j]] for j in host.nonzero().flatten().tolist())
+        return list(dict.fromkeys(names))
+
+    def release(self) -> None:
+        """Removes the hooks (the training thread, never from inside one of them)."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+
+def start(deferral: Any, objects: Sequence[Any], copier: Copier) -> PendingCopy | None:
+    """Starts the background copy of what a capture deferred (a `staging.Deferral`); None when
+    it deferred nothing (then the blocking part's queued copies are waited for here)."""
+    if not deferral.items:
+        for event in deferral.events:
+            event.synchronize()
+        return None
+    src = [d.source for d in deferral.items]
+    return PendingCopy([d.name for d in deferral.items], [d.buffer for d in deferral.items], src, copier,
+                       objects, deferral.events)
+
+
+def _to_host(differs: torch.Tensor, device: torch.device, indices: list[int]) -> tuple[list[int], torch.Tensor, Any]:
+    if device.type != "cuda":
+        return indices, differs, None
+    host = torch.empty(differs.shape, dtype=torch.bool, pin_memory=True)
+    host.copy_(differs, non_blocking=True)  # no host sync on the training thread
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return indices, host, event
+
+
+def _register_hooks(objects: Sequence[Any], *, before_write: Callable[..., None],
+                    before_read: Callable[..., None]) -> list[Any]:
+    """The step pre-hook of every optimizer and the state_dict / load_state_dict pre-hooks of
+    every optimizer and module (each returns None, so the hooked call is unchanged)."""
+    handles = []
+    for obj in objects:
+        if isinstance(obj, torch.optim.Optimizer):
+            handles.append(obj.register_step_pre_hook(before_write))
+        handles.append(obj.register_load_state_dict_pre_hook(before_write))
+        handles.append(obj.register_state_dict_pre_hook(before_read))
+    return handles
