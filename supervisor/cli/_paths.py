@@ -122,8 +122,9 @@ def advice(found: PathKind, command: str, accepts: tuple[str, ...]) -> str | Non
     if found.kind == "index":
         return f"{p} is the checkpoint index file of the log directory {d}; run `{command} {d}`"
     if found.kind == "logdirs":
-        return (f"{p} is not a log directory (no checkpoint index, no checkpoint in it); it holds the log "
-                f"directories {_listed(found.found)}: pass one of them")
+        which = "the log directory" if len(found.found) == 1 else "the log directories"
+        return (f"{p} is not a log directory (no checkpoint index, no checkpoint in it); it holds {which} "
+                f"{_listed(found.found)}: pass {'it' if len(found.found) == 1 else 'one of them'}")
     if found.kind == "checkpoint file":
         target = c if command in ("verify", "inspect") else d
         return f"{p} is a file of the checkpoint {c}; run `{command} {target}`"
@@ -131,5 +132,5 @@ def advice(found: PathKind, command: str, accepts: tuple[str, ...]) -> str | Non
         also = f" (`verify {c}` or `inspect {c}` checks this checkpoint alone)" if command == "ls" else ""
         return f"{p} is a checkpoint directory, not a log directory; run `{command} {d}`{also}"
     what = "a checkpoint directory or a log directory" if command == "verify" else "a log directory"
-    tip = f" (`inspect {p}` reads a torch.save file)" if command == "verify" else ""
+    tip = " (a torch.save file has no manifest to verify against; `inspect` reads one)" if command == "verify" else ""
     return f"{p} is a file, not {what}{tip}"
