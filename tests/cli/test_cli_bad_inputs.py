@@ -75,13 +75,13 @@ BAD = {
     # 21: user code that fails: one line naming --model and the cause, exit 2
     "evaluate --model that raises": Bad(("evaluate", "{run}", "--model", "{tmp}/raises.py:model"), 2,
                                         ("--model {tmp}/raises.py:model", "RuntimeError: no GPU here",
-                                         "raises.py, line 3")),
+                                         "raises.py, line 4")),
     "evaluate --model with a syntax error": Bad(("evaluate", "{run}", "--model", "{tmp}/syntax.py:model"), 2,
                                                 ("--model {tmp}/syntax.py:model", "SyntaxError", "syntax.py, line 1")),
     "evaluate --model whose import raises": Bad(("evaluate", "{run}", "--model", "{tmp}/imports.py:model"), 2,
                                                 ("--model {tmp}/imports.py:model", "ModuleNotFoundError",
                                                  "no_such_package_xyz")),
-    "evaluate --data that raises": Bad(("evaluate", "{run}", "--model", f"{HELPERS}:make_model",
+    "evaluate --data that raises": Bad(("evaluate", "{run}", "--model", "{tmp}/fits.py:model",
                                         "--data", "{tmp}/raises.py:model", "--max-evaluations", "1"), 1,
                                        ("--data {tmp}/raises.py:model", "RuntimeError: no GPU here")),
     # 21: rollback --basename is honoured: no checkpoint of that name, nothing changed
@@ -93,6 +93,8 @@ BAD = {
 def _files(tmp) -> None:
     (tmp / "notes.txt").write_text("not a checkpoint\n")
     (tmp / "raises.py").write_text("import torch\n\ndef model():\n    raise RuntimeError('no GPU here')\n")
+    (tmp / "fits.py").write_text("import torch\n\ndef model():\n    return torch.nn.Sequential(torch.nn.Linear(64, 32), "
+                                 "torch.nn.ReLU(), torch.nn.Linear(32, 4))\n")  # make_logdir's model
     (tmp / "syntax.py").write_text("def model(:\n    pass\n")
     (tmp / "imports.py").write_text("import no_such_package_xyz\n\ndef model():\n    pass\n")
 
@@ -212,6 +214,7 @@ def test_json_output_is_one_array_of_one_object_per_checkpoint(tmp_path):
     for command in ("ls", "verify"):
         result, rows = cli_json(command, tmp_path)
         assert isinstance(rows, list) and [r["step"] for r in rows] == [1, 2]
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
     assert "prints one JSON array with one object per checkpoint" in readme
+    assert "prints one object per checkpoint" not in readme
     assert supervisor.__file__.startswith(ROOT)
