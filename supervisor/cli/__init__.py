@@ -10,7 +10,11 @@ Subcommands, one module each in this package::
     evaluate ...               the sidecar evaluator (supervisor/cli/evaluate.py)
 
 Exit codes: 0 ok, 1 a problem was found (a checkpoint fails verification or is missing, or a
-mutation was refused because a writer holds the lock), 2 usage error.
+mutation was refused because a writer holds the lock), 2 usage error (also a path of the wrong
+kind: the index file, a file of a checkpoint, a checkpoint directory where a log directory is
+wanted, a parent of log directories — the message names what to pass). Output cut short by its
+reader (``ls --json | head -2``) ends the command quietly with status 141 (128 + SIGPIPE, what a
+shell reports for a Unix tool in the same place), without a traceback.
 
 Adding a subcommand: a module ``supervisor/cli/<name>.py`` defining ``add_parser(subparsers)
 -> None`` (which adds the parser named ``<name>``) and ``run(args) -> int`` (the exit code), and
@@ -26,9 +30,9 @@ import sys
 from types import ModuleType
 from typing import Sequence
 
-from supervisor.cli._common import EXIT_USAGE
+from supervisor.cli._common import EXIT_BROKEN_PIPE, EXIT_USAGE, output_cut_short
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "EXIT_BROKEN_PIPE"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,4 +75,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if isinstance(module, ImportError):
         print(f"error: the {args.command!r} subcommand is not available: {module}", file=sys.stderr)
         return EXIT_USAGE
-    return int(module.run(args))
+    try:
+        code = int(module.run(args))
+        sys.stdout.flush()  # a pipe closed early fails here at the latest, not at interpreter exit
+    except BrokenPipeError:
+        return output_cut_short()
+    return code
+

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -18,9 +19,11 @@ from supervisor.checkpoint.restore import check_checkpoint
 from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one",
-           "writer_lock", "writer_note", "Refused", "format_bytes", "format_age", "table", "print_json", "error"]
+           "writer_lock", "writer_note", "Refused", "format_bytes", "format_age", "table", "print_json", "error",
+           "index_membership", "help_text", "EXIT_BROKEN_PIPE", "output_cut_short"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + getattr(signal, "SIGPIPE", 13)  # what a shell reports for a tool cut short by `| head`
 DEFAULT_BASENAME = "model.ckpt"
 _NAME_WITH_STEP = re.compile(r"^(?P<base>.+)-(?P<step>\d+)$")
 
@@ -128,6 +131,27 @@ def check_one(path: str, *, basename: str | None = None, verify: str = "full", i
         verified, reason = False, _strip_path(str(e), path)
         wall_time = index_time if index_time is not None else _mtime(path)
     return CheckpointRow(step, path, name, verified, reason, indexed, in_index, wall_time, _tree_bytes(path))
+
+
+def index_membership(path: str) -> tuple[bool, bool, float | None, str | None]:
+    """Where the index of ``path``'s parent (its log directory) has checkpoint ``path``:
+    ``(indexed, in_index, index_time, basename)`` — named by ``model_checkpoint_path``, listed
+    in ``all_model_checkpoint_paths``, the time the index records for it, and the checkpoint
+    basename the index uses (all False/None without a readable index)."""
+    path = os.path.abspath(path)
+    logdir = os.path.dirname(path)
+    try:
+        index = read_index(logdir)
+    except (ValueError, OSError):
+        index = None
+    if index is None:
+        return False, False, None, None
+    absolute = lambda p: os.path.abspath(p if os.path.isabs(p) else os.path.join(logdir, p))  # noqa: E731
+    listed = [absolute(p) for p in index.all_model_checkpoint_paths]
+    stamps = index.all_model_checkpoint_timestamps
+    where = listed.index(path) if path in listed else None
+    stamp = stamps[where] if where is not None and where < len(stamps) else None
+    return absolute(index.model_checkpoint_path) == path, where is not None, stamp, _basename_from_index(index)
 
 
 def _basename_from_index(index: CheckpointState | None) -> str | None:
@@ -253,6 +277,25 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def help_text(doc: str) -> str:
+    """A docstring paragraph as ``--help`` shows it: without reST markup (````LOGDIR```` and
+    ```SidecarEvaluator``` read ``LOGDIR`` and ``SidecarEvaluator``)."""
+    return re.sub(r"``([^`]+)``|`([^`]+)`", lambda m: m.group(1) or m.group(2), doc)
+
+
+def output_cut_short() -> int:
+    """The reader of stdout went away (``| head``): returns `EXIT_BROKEN_PIPE` to end quietly,
+    as Unix tools do. stdout is pointed at the null device first, so that flushing what is
+    still buffered at exit raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (replaced): nothing to redirect
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def error(message: str) -> None:

@@ -5,16 +5,22 @@
 only the pickled structure is read, no tensor data, so inspecting a many-GiB checkpoint takes
 a few MiB of memory. Names are those of `supervisor.list_variables` (``model/encoder.0.weight``).
 The manifest's file sizes are checked, not the checksums (``verify`` does that).
+
+Exit code 1 when there is no checkpoint at ``CHECKPOINT`` or it cannot be read (a file that
+torch.save did not write: "is not a checkpoint"); 2 when ``CHECKPOINT`` is the index file or a
+directory holding log directories but no checkpoint (the message names what to pass).
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import os
+import stat
 
 from supervisor.checkpoint.index import get_checkpoint_state
 from supervisor.checkpoint.reader import CheckpointReader, resolve_checkpoint
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, error, format_bytes, print_json, table
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, error, help_text, format_bytes, print_json, table
+from supervisor.cli._paths import advice, path_kind
 from supervisor.errors import CheckpointError
 
 __all__ = ["add_parser", "run"]
@@ -22,15 +28,29 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("inspect", help="names, shapes, dtypes and bytes, without loading tensors",
-                              description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+                              description=help_text(__doc__.split("\n\n")[0].split(": ", 1)[1]))
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, a log directory or a .pt file")
     p.add_argument("--json", action="store_true", help="one JSON object for the checkpoint, for scripts")
     p.add_argument("--filter", metavar="GLOB", default=None, help="only variables matching GLOB, e.g. 'model/*'")
 
 
+# The first bytes of what torch.save writes: a zip archive (the default since torch 1.6), or
+# the legacy format's pickle (protocol 2 and up start with the PROTO opcode 0x80).
+_TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
 def run(args: argparse.Namespace) -> int:
+    found = path_kind(args.checkpoint)
+    wrong = advice(found, "inspect", accepts=("logdir", "checkpoint", "file", "checkpoint file"))
+    if wrong is None and found.kind == "checkpoint file" and _not_torch_save(found.path):
+        wrong = advice(found, "inspect", accepts=())  # e.g. a checkpoint's MANIFEST.json: inspect the checkpoint
+    if wrong:
+        error(wrong)
+        return EXIT_USAGE
     try:
         path = os.path.abspath(resolve_checkpoint(args.checkpoint))
+        if found.kind == "file" and (problem := _not_torch_save(path)):
+            raise CheckpointError(problem)
         with CheckpointReader(path) as reader:
             step, variables = reader.step, reader.variables()
     except CheckpointError as e:
@@ -54,6 +74,25 @@ def run(args: argparse.Namespace) -> int:
              _dtype(v.dtype), format_bytes(v.nbytes)] for v in variables]
     print(table(["NAME", "SHAPE", "DTYPE", "SIZE"], body, right=(3,)))
     return EXIT_OK
+
+
+def _not_torch_save(path: str) -> str | None:
+    """Why ``path`` is not a file torch.save wrote (None when its first bytes say it is one). It
+    is opened non-blocking and read only if it is a regular file (a FIFO would block)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        return f"{path} cannot be opened: {e.strerror}"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return f"{path} is not a checkpoint: not a regular file"
+        head = os.read(fd, 4)
+    finally:
+        os.close(fd)
+    if head.startswith(_TORCH_SAVE_MAGIC):
+        return None
+    return (f"{path} is not a checkpoint: not a file torch.save wrote (inspect takes a checkpoint directory, "
+            "a log directory or a torch.save file)")
 
 
 def _dtype(dtype: object) -> str:

@@ -1,24 +1,27 @@
 """``ls LOGDIR``: every checkpoint with its step, age, size and whether it verifies (why not).
 
 The checkpoint the index points at (what a restart restores) is marked ``*``; one that fails
-verification shows ``FAILED`` and the reason. ``--json`` prints a list with one object per
-checkpoint (`supervisor.cli._common.CheckpointRow`). Exit code 1 when any checkpoint fails
-verification or the index is unreadable or names a missing checkpoint.
+verification shows ``FAILED`` and the reason. ``--json`` prints one JSON array with one object
+per checkpoint (`supervisor.cli._common.CheckpointRow`). Exit code 1 when any checkpoint fails
+verification or the index is unreadable or names a missing checkpoint, or ``LOGDIR`` does not
+exist; 2 when ``LOGDIR`` is a checkpoint directory, the index file, a file of a checkpoint or a
+directory holding log directories but no checkpoint of its own (the message names what to pass).
+A log directory without any checkpoint yet lists none, exit code 0.
 """
 from __future__ import annotations
 
 import argparse
-import os
 
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Listing, error, format_age, format_bytes, print_json, \
-    scan_logdir, table, writer_note
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
+    help_text, print_json, scan_logdir, table, writer_note
+from supervisor.cli._paths import advice, path_kind
 
 __all__ = ["add_parser", "run", "render"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ls", help="list checkpoints: step, age, size, verified or why not",
-                              description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+                              description=help_text(__doc__.split("\n\n")[0].split(": ", 1)[1]))
     p.add_argument("logdir", metavar="LOGDIR")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums (fast on huge states)")
@@ -26,10 +29,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.logdir):
+    found = path_kind(args.logdir)
+    wrong = advice(found, "ls", accepts=("logdir",))
+    if wrong:
+        error(wrong)
+        return EXIT_USAGE
+    if found.kind == "missing":
         if args.json:
             print_json([])
-        error(f"{args.logdir} is not a directory")
+        error(f"{args.logdir} is not a directory: it does not exist")
         return EXIT_PROBLEM
     listing = scan_logdir(args.logdir, basename=args.basename, verify="size" if args.quick else "full")
     if args.json:

@@ -52,8 +52,13 @@ def _rollback(args: argparse.Namespace) -> int:
     listing = scan_logdir(args.logdir, basename=args.basename, verify="size")
     inside = os.path.abspath(args.logdir)  # only checkpoints directly inside the logdir (§5.3: relative paths)
     present = [r for r in listing.rows if os.path.isdir(r.path) and os.path.dirname(r.path) == inside]
-    target = next((r for r in present if r.step == args.step), None)
+    target = next((r for r in present if r.step == args.step and (
+        args.basename is None or r.name == f"{args.basename}-{args.step}")), None)
     if target is None:
+        if args.basename is not None:  # --basename is honoured: only <basename>-<STEP> is a target
+            error(f"{args.logdir} has no checkpoint named {args.basename}-{args.step} (checkpoints present: "
+                  f"{', '.join(r.name for r in present) or 'none'})")
+            return EXIT_PROBLEM
         steps = [r.step for r in present]
         error(f"{args.logdir} has no checkpoint of step {args.step} (steps present: {steps or 'none'})")
         return EXIT_PROBLEM

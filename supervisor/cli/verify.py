@@ -1,25 +1,27 @@
 """``verify PATH``: check a checkpoint against its manifest (sizes and checksums).
 
 ``PATH`` is one checkpoint directory, or a log directory (every checkpoint in it is checked).
-Exit code 1 when one fails or ``PATH`` holds no checkpoint; ``--json`` prints one object per
-checkpoint (``step``, ``path``, ``verified``, ``reason``, ``indexed``, ...).
+Exit code 1 when one fails or ``PATH`` holds no checkpoint; 2 when ``PATH`` is another kind of
+thing (the index file, a file of a checkpoint, a parent of log directories: the message says
+what to pass). ``--json`` prints one JSON array with one object per checkpoint (``step``,
+``path``, ``verified``, ``reason``, ``indexed``, ``in_index``, ...), the same objects ``ls``
+prints.
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, CheckpointRow, check_one, error, format_bytes, \
-    print_json, scan_logdir, table
-from supervisor.checkpoint.index import get_checkpoint_state
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, check_one, error, \
+    format_bytes, help_text, index_membership, print_json, scan_logdir, table
+from supervisor.cli._paths import advice, path_kind
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("verify", help="verify a checkpoint (or every checkpoint of a logdir)",
-                              description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+                              description=help_text(__doc__.split("\n\n")[0].split(": ", 1)[1]))
     p.add_argument("path", metavar="PATH", help="a checkpoint directory or a log directory")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums")
@@ -28,8 +30,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     mode = "size" if args.quick else "full"
     path = os.path.abspath(args.path)
-    if _is_checkpoint_dir(path) or not os.path.isdir(path):
-        rows = [check_one(path, verify=mode, indexed=_indexed(path))]
+    found = path_kind(path)
+    wrong = advice(found, "verify", accepts=("checkpoint", "logdir"))
+    if wrong:
+        error(wrong)
+        return EXIT_USAGE
+    if found.kind in ("checkpoint", "missing"):
+        indexed, in_index, index_time, basename = index_membership(path)
+        rows = [check_one(path, basename=basename, verify=mode, indexed=indexed, in_index=in_index,
+                          index_time=index_time)]
         problem = None
     else:
         listing = scan_logdir(path, verify=mode)
@@ -43,15 +52,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         error(problem)
     return EXIT_PROBLEM if problem or any(not r.verified for r in rows) else EXIT_OK
-
-
-def _is_checkpoint_dir(path: str) -> bool:
-    return any(os.path.exists(os.path.join(path, f)) for f in (MANIFEST_FILE, STATE_FILE))
-
-
-def _indexed(path: str) -> bool:
-    state = get_checkpoint_state(os.path.dirname(path))
-    return state is not None and os.path.abspath(state.model_checkpoint_path) == path
 
 
 def _render(rows: list[CheckpointRow], mode: str) -> str:
