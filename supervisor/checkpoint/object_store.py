@@ -20,7 +20,8 @@ server). What they do not set, this module sets:
   ``rand(0,1)·0.05·2^n`` s; after the last attempt the error is raised. s3fs's own retry layer is
   turned off (``retries=1``) so the two never multiply. Override with
   ``storage_options={"config_kwargs": {"retries": {...}}}`` or ``AWS_MAX_ATTEMPTS``/
-  ``AWS_RETRY_MODE`` (when ``config_kwargs`` sets no ``retries``).
+  ``AWS_RETRY_MODE`` (when ``config_kwargs`` sets no ``retries``); ``s3fs_retries`` sets s3fs's
+  layer.
 * **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
   ends a request with an error, never a hang.
 * ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
@@ -69,7 +70,7 @@ def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[st
     config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
     config.setdefault("connect_timeout", 10)
     config.setdefault("read_timeout", 60)
-    return {"use_listings_cache": False, "retries": 1, **user, "config_kwargs": config}
+    return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
 
 
 class ObjectStoreStorage:
@@ -97,7 +98,10 @@ class ObjectStoreStorage:
         options = default_options(storage_options)
         part_size = options.pop("part_size", DEFAULT_PART_SIZE)
         max_concurrency = options.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
-        return cls(fsspec.filesystem("s3", **options), part_size=part_size, max_concurrency=max_concurrency)
+        s3fs_retries = options.pop("s3fs_retries")
+        fs = fsspec.filesystem("s3", **options)
+        fs.retries = int(s3fs_retries)  # a class attribute of S3FileSystem, not an argument
+        return cls(fs, part_size=part_size, max_concurrency=max_concurrency)
 
     # ------------------------------------------------------------ names
     def join(self, base: str, *parts: str) -> str:
@@ -142,7 +146,8 @@ class ObjectStoreStorage:
         try:
             return self._put(path, data, IfNoneMatch="*")
         except PreconditionFailedError as e:
-            raise ObjectExistsError(f"{path} already exists (If-None-Match refused): {e}") from None
+            raise ObjectExistsError(f"{path} already exists: the create-only write (If-None-Match: *) was "
+                                    "refused") from e
 
     def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
         """``PutObject`` with ``If-Match: <version>``: `PreconditionFailedError` when another
