@@ -4,9 +4,9 @@ A `Storage` names its files by strings in its own spelling: OS paths for `LocalS
 ``s3://bucket/key`` URLs for the object store (`supervisor.checkpoint.object_store`). The
 operations are the ones the checkpoint engine needs, with the guarantees it relies on:
 
-* `open_write` — a new file, written in order, checksummed by the caller while it writes
-  (`supervisor.checkpoint.fileio.ChecksumWriter` wraps it); ``sync()`` makes it durable
-  (fsync / completing the multipart upload), ``close()`` without ``sync()`` abandons it.
+* `open_write` — a new file, written in order, its CRC-32 computed while it is written
+  (``nbytes``, ``checksum``; no second read); ``sync()`` makes it durable and visible (fsync /
+  completing the multipart upload), ``close()`` without ``sync()`` abandons it.
 * `write_atomic` — a small object replaced whole (readers see the old or the new one).
 * `create_exclusive` — a small object created only if absent (``O_EXCL``/``link`` locally,
   ``If-None-Match: *`` on S3); `ObjectExistsError` otherwise. The content is complete the moment
@@ -40,6 +40,8 @@ import stat as stat_module
 import urllib.parse
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping, Protocol, runtime_checkable
+
+from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener
 
 __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Storage", "StorageWriter",
@@ -87,6 +89,9 @@ class ObjectInfo:
 class StorageWriter(Protocol):
     """A file being written by `Storage.open_write` (what ``ChecksumWriter`` wraps)."""
 
+    nbytes: int  # bytes written so far
+    checksum: str  # "crc32:%08x" of those bytes, computed while writing (no second read)
+
     def write(self, data: Any) -> int: ...
 
     def flush(self) -> None: ...
@@ -128,33 +133,29 @@ class Storage(Protocol):
 
 
 # ---------------------------------------------------------------- local
-class _LocalWriter:
-    """An exclusive, unbuffered local file; removed when closed without `sync`."""
+class _LocalWriter(ChecksumWriter):
+    """`ChecksumWriter` on a new local file (CRC-32 pipelined with the writes, ``sync()`` =
+    fsync); the file is removed when closed without a successful `sync`."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, opener: Opener) -> None:
+        super().__init__(opener(path))
         self.path = path
-        self._raw = open(path, "xb", buffering=0)
         self._synced = False
-
-    def write(self, data: Any) -> int:
-        return self._raw.write(data)
-
-    def fileno(self) -> int:
-        return self._raw.fileno()
-
-    def flush(self) -> None:
-        """Nothing buffered here."""
+        self._ended = False
 
     def sync(self) -> None:
-        os.fsync(self._raw.fileno())
+        super().sync()
         self._synced = True
 
     def close(self) -> None:
-        if self._raw.closed:
+        if self._ended:
             return
-        self._raw.close()
-        if not self._synced:
-            _remove_quietly(self.path)
+        self._ended = True
+        try:
+            super().close()
+        finally:
+            if not self._synced:
+                _remove_quietly(self.path)
 
 
 class LocalStorage:
@@ -163,6 +164,10 @@ class LocalStorage:
     regular files only (``O_NONBLOCK`` + ``fstat``), so a FIFO never blocks a reader."""
 
     scheme = "file"
+
+    def __init__(self, opener: Opener | None = None) -> None:
+        self._opener = opener
+
 
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
@@ -178,8 +183,9 @@ class LocalStorage:
 
     # ------------------------------------------------------------ writing
     def open_write(self, path: str) -> _LocalWriter:
-        """A new file (``FileExistsError`` when ``path`` exists); fsynced by ``sync()``."""
-        return _LocalWriter(path)
+        """A new file (``FileExistsError`` when ``path`` exists), checksummed while written,
+        fsynced by ``sync()``; ``opener`` (tests: one whose writes fail with ``ENOSPC``) opens it."""
+        return _LocalWriter(path, self._opener or default_opener)
 
     def write_atomic(self, path: str, data: bytes) -> ObjectInfo:
         """Temp file beside it, fsync, ``os.replace``, fsync of the directory."""
