@@ -46,7 +46,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from supervisor.checkpoint.storage import ObjectExistsError, Storage
+from supervisor.checkpoint.storage_base import ObjectExistsError, Storage
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import LogdirInUseError
 

@@ -70,6 +70,8 @@ def options(endpoint: str, **config: object) -> dict:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[MotoServer]:
+    for module in ("s3fs", "moto"):
+        pytest.importorskip(module, reason='the object-store tests need the test extra: pip install -e ".[test]"')
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
     import fsspec.asyn
@@ -93,8 +95,9 @@ def make_bucket(storage, name: str | None = None) -> str:
     return f"s3://{bucket}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def s3_storage(s3_server: MotoServer):
+    """One client for the session (each test gets its own bucket)."""
     return storage_for("s3://x", options(s3_server.endpoint))
 
 

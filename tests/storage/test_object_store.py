@@ -8,13 +8,16 @@ import threading
 import time
 import zlib
 
-import botocore.session
 import pytest
-from botocore.exceptions import ClientError
 
-from supervisor.checkpoint.object_store import ObjectStoreStorage
-from supervisor.checkpoint.storage import storage_for
-from tests.storage.conftest import FaultProxy, MotoServer, make_bucket, options
+pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
+
+import botocore.session  # noqa: E402 - after the skip
+from botocore.exceptions import ClientError  # noqa: E402
+
+from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
+from supervisor.checkpoint.storage import storage_for  # noqa: E402
+from tests.storage.conftest import FaultProxy, MotoServer, make_bucket, options  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 

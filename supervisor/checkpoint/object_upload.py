@@ -1,0 +1,116 @@
+"""`MultipartWriter`: a new object of an `ObjectStoreStorage`, written in parts uploaded in
+parallel while the caller keeps writing, its CRC-32 computed on the way (no second read)."""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from supervisor.checkpoint.fileio import crc32, format_checksum
+
+if TYPE_CHECKING:  # for annotations only: object_store imports this module
+    from supervisor.checkpoint.object_store import ObjectStoreStorage
+
+__all__ = ["MultipartWriter"]
+
+logger = logging.getLogger(__name__)
+
+
+class MultipartWriter:
+    """A new object written in parts uploaded in parallel, CRC-32 computed on the way.
+
+    ``sync()`` uploads what is left and completes the upload (the object appears whole, at
+    once); ``close()`` without ``sync()`` aborts it (nothing appears). ``nbytes`` and
+    ``checksum`` (``"crc32:%08x"``) describe what was written. Errors of the background
+    uploads are raised by the next ``write``/``sync``.
+    """
+
+    def __init__(self, storage: ObjectStoreStorage, path: str) -> None:
+        self.storage = storage
+        self.path = path
+        self.nbytes = 0
+        self.crc = 0
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[tuple[int, Future]] = []
+        self._slots = threading.BoundedSemaphore(2 * storage.max_concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._done = False
+        self._closed = False
+
+    @property
+    def checksum(self) -> str:
+        return format_checksum(self.crc)
+
+    def write(self, data: Any) -> int:
+        if self._closed or self._done:
+            raise ValueError(f"write to {self.path} after it was closed or synced")
+        view = memoryview(data).cast("B")
+        self.crc = crc32(view, self.crc)
+        self.nbytes += view.nbytes
+        self._buffer += view
+        while len(self._buffer) >= self.storage.part_size:
+            part = bytes(self._buffer[:self.storage.part_size])
+            del self._buffer[:self.storage.part_size]
+            self._submit(part)
+        return view.nbytes
+
+    def flush(self) -> None:
+        """Nothing to do: parts go up when full; `sync` sends the rest."""
+
+    def _submit(self, part: bytes) -> None:
+        self._raise_failed()
+        if self._upload_id is None:
+            self._upload_id = self.storage.call("create_multipart_upload", self.path)["UploadId"]
+            self._pool = ThreadPoolExecutor(self.storage.max_concurrency, thread_name_prefix="supervisor-upload")
+        self._slots.acquire()
+        number = len(self._parts) + 1
+        future = self._pool.submit(self._upload_part, number, part)  # type: ignore[union-attr]
+        future.add_done_callback(lambda _: self._slots.release())
+        self._parts.append((number, future))
+
+    def _upload_part(self, number: int, part: bytes) -> str:
+        response = self.storage.call("upload_part", self.path, UploadId=self._upload_id, PartNumber=number, Body=part)
+        return response["ETag"]
+
+    def _raise_failed(self) -> None:
+        for _, future in self._parts:
+            if future.done() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    def sync(self) -> None:
+        """Uploads the rest and completes the object (it appears whole)."""
+        if self._done:
+            return
+        if self._upload_id is None:
+            self.storage.write_atomic(self.path, bytes(self._buffer))
+        else:
+            if self._buffer or not self._parts:
+                self._submit(bytes(self._buffer))
+            etags = [(number, future.result()) for number, future in self._parts]
+            self.storage.call("complete_multipart_upload", self.path, UploadId=self._upload_id,
+                              MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in etags]})
+        self._buffer = bytearray()
+        self._done = True
+
+    def close(self) -> None:
+        """Ends the writer; an upload not completed by `sync` is aborted (nothing appears)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            for _, future in self._parts:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+        if self._upload_id is not None and not self._done:
+            try:
+                self.storage.call("abort_multipart_upload", self.path, UploadId=self._upload_id)
+            except OSError as e:
+                logger.warning("could not abort the unfinished upload of %s: %s", self.path, e)
+
+    def __enter__(self) -> MultipartWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
