@@ -157,20 +157,21 @@ class Lease:
         """The current lease record (the newest generation), or None when there is none.
         An unreadable newest generation is reported as held by an unknown writer until its
         object's age exceeds ``lease_secs``."""
-        generations = self._generations()
-        if not generations:
-            return None
-        path = self._generation_path(generations[-1])
-        try:
-            data, info = self.storage.read_versioned(path, max_bytes=_RECORD_MAX_BYTES)
-            return LeaseRecord.from_bytes(data)
-        except FileNotFoundError:
-            return self.newest()  # deleted while being read: a newer one exists
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            logger.warning("the lease record %s is unreadable (%s)", path, e)
-            mtime = self._safe_mtime(path)
-            return LeaseRecord(generation=generations[-1], owner_id="?", host="unknown", pid=-1,
-                               acquired_at=mtime, expires_at=mtime + self.lease_secs, lease_secs=self.lease_secs)
+        for _ in range(5):
+            generations = self._generations()
+            if not generations:
+                return None
+            path = self._generation_path(generations[-1])
+            try:
+                return LeaseRecord.from_bytes(self.storage.read_bytes(path, max_bytes=_RECORD_MAX_BYTES))
+            except FileNotFoundError:
+                continue  # released and cleaned up while being read: list again
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logger.warning("the lease record %s is unreadable (%s)", path, e)
+                mtime = self._safe_mtime(path)
+                return LeaseRecord(generation=generations[-1], owner_id="?", host="unknown", pid=-1,
+                                   acquired_at=mtime, expires_at=mtime + self.lease_secs, lease_secs=self.lease_secs)
+        raise OSError(f"the lease records under {self.path} kept vanishing while being read")
 
     def _safe_mtime(self, path: str) -> float:
         try:

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import stat as stat_module
+import sys
 from typing import IO, Any
 
 from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener, fsync_dir
@@ -218,7 +219,10 @@ class LocalStorage:
             if not isinstance(error, FileNotFoundError):
                 logger.warning("could not remove %s: %s", failed, error)
 
-        shutil.rmtree(path, onerror=report)  # onexc from 3.12; onerror still works there
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=report)
+        else:
+            shutil.rmtree(path, onerror=report)
 
     # ------------------------------------------------------------ the directory commit
     def stage(self, directory: str, name: str) -> str:

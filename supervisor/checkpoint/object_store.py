@@ -19,9 +19,9 @@ server). What they do not set, this module sets:
   (at most 20 s), other transient errors (500/502/504, connection resets, timeouts) waits
   ``rand(0,1)·0.05·2^n`` s; after the last attempt the error is raised. s3fs's own retry layer is
   turned off (``retries=1``) so the two never multiply. Override with
-  ``storage_options={"config_kwargs": {"retries": {...}}}`` or ``AWS_MAX_ATTEMPTS``/
-  ``AWS_RETRY_MODE`` (when ``config_kwargs`` sets no ``retries``); ``s3fs_retries`` sets s3fs's
-  layer.
+  ``storage_options={"config_kwargs": {"retries": {...}}}``, or with ``AWS_MAX_ATTEMPTS``/
+  ``AWS_RETRY_MODE`` in the environment (then botocore's own defaults and those apply, as for
+  any AWS client: standard mode 3 attempts, legacy 5); ``s3fs_retries`` sets s3fs's layer.
 * **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
   ends a request with an error, never a hang.
 * ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import posixpath
+import time
 from typing import IO, Any, Mapping
 
 import fsspec
@@ -65,7 +67,8 @@ def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[st
     overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
     user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
     config = dict(user.get("config_kwargs") or {})
-    config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
+    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
     config.setdefault("connect_timeout", 10)
     config.setdefault("read_timeout", 60)
     return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
@@ -133,6 +136,7 @@ class ObjectStoreStorage:
             except _ConflictError:
                 if attempt == _CONFLICT_RETRIES - 1:
                     raise
+                time.sleep(0.05 * 2 ** attempt)
         raise AssertionError("unreachable")
 
     def write_atomic(self, path: str, data: bytes) -> ObjectInfo:

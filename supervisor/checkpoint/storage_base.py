@@ -36,7 +36,8 @@ class ObjectInfo:
         size: bytes.
         version: an opaque token that changes with every write (the ETag on S3;
             inode, mtime and size locally); `Storage.replace_if` takes it.
-        mtime: last modification, seconds since the epoch.
+        mtime: last modification, seconds since the epoch (0.0 where unknown: what a write on an
+            object store returns; `Storage.stat` asks the server).
     """
 
     path: str

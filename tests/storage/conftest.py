@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 from typing import Iterator
 
+import fsspec.asyn
 import pytest
 
 from supervisor.checkpoint.storage import LocalStorage, storage_for
@@ -74,8 +75,6 @@ def s3_server() -> Iterator[MotoServer]:
         pytest.importorskip(module, reason='the object-store tests need the test extra: pip install -e ".[test]"')
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
-    import fsspec.asyn
-
     fsspec.asyn.get_loop()  # its IO thread lives as long as the process: start it outside any test
     server = MotoServer().start()
     try:

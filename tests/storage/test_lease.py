@@ -103,6 +103,19 @@ def test_a_stalled_holder_stops_before_the_lease_can_expire(backend):
         holder.check()
 
 
+def test_an_unreadable_lease_record_counts_as_held_until_it_is_a_lease_old(tmp_path):
+    storage = LocalStorage()
+    clock = FakeClock(start_secs=time.time())
+    Lease(storage, str(tmp_path), lease_secs=LEASE, clock=clock).acquire(renew=False)
+    directory = tmp_path / LEASE_DIR
+    newest = sorted(os.listdir(directory))[-1]
+    (directory / f"{int(newest[:16]) + 1:016d}.json").write_text("{torn")
+    with pytest.raises(LogdirInUseError, match="pid -1 on host unknown"):
+        Lease(storage, str(tmp_path), lease_secs=LEASE, clock=clock).acquire(renew=False)
+    clock.advance(LEASE + 1)
+    Lease(storage, str(tmp_path), lease_secs=LEASE, clock=clock).acquire(renew=False)
+
+
 class _FailingLocal(LocalStorage):
     def __init__(self) -> None:
         super().__init__()

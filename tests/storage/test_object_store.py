@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 import botocore.session  # noqa: E402 - after the skip
+import fsspec.config  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
 
 from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
@@ -106,6 +107,14 @@ def test_configured_from_the_aws_environment(s3_server, monkeypatch):
     root = make_bucket(storage)
     storage.write_atomic(storage.join(root, "x"), b"via AWS_ENDPOINT_URL_S3")
     assert storage.read_bytes(storage.join(root, "x")) == b"via AWS_ENDPOINT_URL_S3"
+
+
+def test_configured_from_fsspec_configuration(s3_server, monkeypatch):
+    """``FSSPEC_S3_ENDPOINT_URL`` ends up in ``fsspec.config.conf["s3"]`` (read at import)."""
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_server.endpoint})
+    storage = storage_for("s3://anything", {"skip_instance_cache": True})
+    root = make_bucket(storage)
+    assert storage.listdir(root) == []
 
 
 def test_throttling_is_retried_and_succeeds(s3_server, s3_storage, s3_root):
