@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
+from supervisor.checkpoint.storage_base import ObjectExistsError, PreconditionFailedError
 
 if TYPE_CHECKING:  # for annotations only: object_store imports this module
     from supervisor.checkpoint.object_store import ObjectStoreStorage
@@ -20,8 +21,9 @@ logger = logging.getLogger(__name__)
 class MultipartWriter:
     """A new object written in parts uploaded in parallel, CRC-32 computed on the way.
 
-    ``sync()`` uploads what is left and completes the upload (the object appears whole, at
-    once); ``close()`` without ``sync()`` aborts it (nothing appears). ``nbytes`` and
+    Like a local ``open(path, "xb")`` it creates a new object: ``sync()`` uploads what is left
+    and completes the upload create-only (``If-None-Match: *``; `ObjectExistsError` when the
+    name was taken meanwhile) — the object appears whole, at once; ``close()`` without ``sync()`` aborts it (nothing appears). ``nbytes`` and
     ``checksum`` (``"crc32:%08x"``) describe what was written. Errors of the background
     uploads are raised by the next ``write``/``sync``.
     """
@@ -84,13 +86,17 @@ class MultipartWriter:
         if self._done:
             return
         if self._upload_id is None:
-            self.storage.write_atomic(self.path, bytes(self._buffer))
+            self.storage.create_exclusive(self.path, bytes(self._buffer))
         else:
             if self._buffer or not self._parts:
                 self._submit(bytes(self._buffer))
             etags = [(number, future.result()) for number, future in self._parts]
-            self.storage.call("complete_multipart_upload", self.path, UploadId=self._upload_id,
-                              MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in etags]})
+            try:
+                self.storage.call("complete_multipart_upload", self.path, UploadId=self._upload_id, IfNoneMatch="*",
+                                  MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in etags]})
+            except PreconditionFailedError:
+                raise ObjectExistsError(f"{self.path} already exists: the create-only completion "
+                                        "(If-None-Match: *) was refused") from None
         self._buffer = bytearray()
         self._done = True
 

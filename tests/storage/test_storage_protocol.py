@@ -107,6 +107,21 @@ def test_open_write_checksums_while_writing_and_appears_only_when_synced(backend
     assert not storage.exists(abandoned)
 
 
+@pytest.mark.parametrize("size", [10, 6 << 20])
+def test_open_write_never_overwrites_an_existing_file(backend, size):
+    storage, root = backend
+    storage.makedirs(root)
+    path = storage.join(root, "state.pt")
+    storage.write_atomic(path, b"committed bytes")
+    if not isinstance(storage, LocalStorage):
+        storage = type(storage)(storage.fs, part_size=5 << 20)  # 6 MiB: a multipart upload
+    with pytest.raises(FileExistsError):
+        with storage.open_write(path) as writer:  # local: refused here; S3: when completed
+            writer.write(b"x" * size)
+            writer.sync()
+    assert storage.read_bytes(path) == b"committed bytes"
+
+
 def test_stage_commit_discard(backend):
     storage, root = backend
     storage.makedirs(root)
