@@ -4,7 +4,8 @@ serialised: ``python tests/storage/moto_serial.py HOST PORT``.
 moto 5.2.1 checks ``If-None-Match``/``If-Match`` and then stores the object in two steps with
 no lock between them, on a threaded server; two conditional writes racing on one key could both
 pass the check, which real S3 never allows. One lock around every PUT/POST/DELETE makes its
-conditional writes atomic, as S3's are; reads stay concurrent. Everything else is moto's own
+conditional writes atomic, as S3's are; reads and multipart part uploads (which name no
+object yet) stay concurrent. Everything else is moto's own
 application, unchanged.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ class SerialWrites:
         self.lock = threading.Lock()
 
     def __call__(self, environ: dict, start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") not in _WRITES:
-            return self.app(environ, start_response)
+        if environ.get("REQUEST_METHOD") not in _WRITES or "partNumber=" in environ.get("QUERY_STRING", ""):
+            return self.app(environ, start_response)  # reads and part uploads stay concurrent
         with self.lock:
             return list(self.app(environ, start_response))
 
