@@ -9,10 +9,11 @@ import os
 import shutil
 import stat as stat_module
 import sys
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener, fsync_dir
-from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
+from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
+                                                SnapshotVanishedError)
 
 __all__ = ["LocalStorage"]
 
@@ -164,6 +165,29 @@ class LocalStorage:
             os.close(fd)
             raise
 
+    def open_snapshot(self, directory: str, names: Iterable[str]) -> _LocalSnapshot:
+        """Opens ``directory`` (``O_DIRECTORY``) and then, relative to that descriptor, every
+        name (regular files only, ``O_NONBLOCK`` + ``fstat``), before anything is read.
+
+        Raises:
+            SnapshotVanishedError: the directory is gone, or was moved aside while opening.
+            FileNotFoundError: a name is missing from the (still present) directory.
+            ValueError: a name that is not a plain file name of the directory.
+        """
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:
+            raise SnapshotVanishedError(errno.ENOENT, f"{directory} does not exist (deleted before it could "
+                                        "be read)") from None
+        snapshot = _LocalSnapshot(directory, dir_fd)
+        try:
+            for name in names:
+                snapshot.open(name)
+        except BaseException:
+            snapshot.close()
+            raise
+        return snapshot
+
     def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
         return self.read_versioned(path, max_bytes=max_bytes)[0]
 
@@ -251,6 +275,59 @@ class LocalStorage:
 
     def discard(self, staged: str) -> None:
         self.remove_tree(staged)
+
+
+class _LocalSnapshot:
+    """Open descriptors of one directory's files (see `LocalStorage.open_snapshot`)."""
+
+    def __init__(self, directory: str, dir_fd: int) -> None:
+        self.directory = directory
+        self._dir_fd: int | None = dir_fd
+        self.files: dict[str, IO[bytes]] = {}
+        self.sizes: dict[str, int] = {}
+
+    def open(self, name: str) -> None:
+        if os.path.basename(name) != name or name in ("", os.curdir, os.pardir):
+            raise ValueError(f"{self.directory}: {name!r} is not a file name of the directory")
+        try:
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            if self.vanished():
+                raise SnapshotVanishedError(errno.ENOENT, f"{self.directory}: deleted while being opened") from None
+            raise FileNotFoundError(errno.ENOENT, f"{self.directory}: {name} is missing", name) from None
+        try:
+            st = os.fstat(fd)
+            if not stat_module.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, f"{self.directory}: {name} is not a regular file")
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.files[name] = open(fd, "rb", buffering=0)
+        self.sizes[name] = st.st_size
+
+    def vanished(self) -> bool:
+        if self._dir_fd is None:
+            raise ValueError(f"the snapshot of {self.directory} is closed")
+        try:
+            here = os.stat(self.directory)
+        except FileNotFoundError:
+            return True
+        mine = os.fstat(self._dir_fd)
+        return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino) or mine.st_nlink == 0
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    def __enter__(self) -> _LocalSnapshot:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _info(path: str, st: os.stat_result) -> ObjectInfo:

@@ -40,7 +40,7 @@ import logging
 import os
 import posixpath
 import time
-from typing import IO, Any, Mapping
+from typing import IO, Any, Iterable, Mapping
 
 import fsspec
 import fsspec.asyn
@@ -49,7 +49,7 @@ import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for repo
 from botocore.exceptions import BotoCoreError, ClientError
 
 from supervisor.checkpoint.format import MANIFEST_FILE
-from supervisor.checkpoint.object_upload import MultipartWriter
+from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
 __all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS"]
@@ -173,11 +173,13 @@ class ObjectStoreStorage:
         data = self._read_body(response, path)
         return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=_mtime(response))
 
-    def read_range(self, path: str, start: int, length: int) -> bytes:
-        """Bytes ``[start, start + length)`` with one ranged ``GetObject`` (fewer at the end)."""
+    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+        """Bytes ``[start, start + length)`` with one ranged ``GetObject`` (fewer at the end);
+        with ``if_match`` (an ETag) only from that version (`PreconditionFailedError` if not)."""
         if length <= 0:
             return b""
-        response = self.call("get_object", path, Range=f"bytes={start}-{start + length - 1}")
+        conditions = {"IfMatch": if_match} if if_match else {}
+        response = self.call("get_object", path, Range=f"bytes={start}-{start + length - 1}", **conditions)
         return self._read_body(response, path)
 
     def _read_body(self, response: Mapping[str, Any], path: str) -> bytes:
@@ -191,6 +193,11 @@ class ObjectStoreStorage:
         """A seekable read-only file (s3fs's, ranged reads as it goes)."""
         self.stat(path)  # FileNotFoundError / IsADirectoryError in our terms first
         return self.fs.open(path, "rb", cache_type="readahead")
+
+    def open_snapshot(self, directory: str, names: Iterable[str]) -> ObjectSnapshot:
+        """Lists ``directory/`` once (sizes and ETags) and returns readers of ``names`` that
+        read only those versions (see `supervisor.checkpoint.storage_base.Snapshot`)."""
+        return ObjectSnapshot(self, directory, self.list_objects(directory), names)
 
     def stat(self, path: str) -> ObjectInfo:
         try:
@@ -228,9 +235,15 @@ class ObjectStoreStorage:
 
     def list_files(self, path: str) -> list[str]:
         """Every object under ``path/``, as sorted relative keys."""
+        return sorted(self.list_objects(path))
+
+    def list_objects(self, path: str) -> dict[str, ObjectInfo]:
+        """Every object under ``path/`` (relative key → size, ETag, mtime), from the listing."""
         bucket, key = _split(path)
         prefix = _prefix(key)
-        return sorted(o["Key"][len(prefix):] for page in self._pages(bucket, prefix) for o in page.get("Contents", ()))
+        return {o["Key"][len(prefix):]: ObjectInfo(path=f"s3://{bucket}/{o['Key']}", size=int(o["Size"]),
+                                                   version=o["ETag"], mtime=_mtime({"LastModified": o.get("LastModified")}))
+                for page in self._pages(bucket, prefix) for o in page.get("Contents", ())}
 
     def _pages(self, bucket: str, prefix: str, **kwargs: Any) -> Any:
         token: str | None = None

@@ -17,6 +17,8 @@ operations are the ones the checkpoint engine needs, with the guarantees it reli
   (see `LocalStorage.replace_if`).
 * `read_bytes` / `read_versioned` / `read_range` / `open_read` — regular files only (a FIFO or a
   device named like a checkpoint file never blocks a reader).
+* `open_snapshot` — every listed file of a directory opened before any is read (a `Snapshot`):
+  what the read-once verified loader needs while retention deletes underneath it.
 * `stat`, `listdir`, `list_files`, `remove`, `remove_tree`, `makedirs`.
 * The directory commit, orbax's ``TemporaryPath`` idea: `stage` names where a checkpoint's files
   are written, `commit` seals it with its manifest and makes it visible in one step — rename of
@@ -37,11 +39,12 @@ import urllib.parse
 from typing import Any, Callable, Mapping
 
 from supervisor.checkpoint.local_storage import LocalStorage
-from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError, Storage,
-                                                StorageWriter)
+from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError, Snapshot,
+                                                SnapshotVanishedError, Storage, StorageWriter)
 
 __all__ = [
-    "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Storage", "StorageWriter",
+    "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError", "Storage",
+    "StorageWriter",
     "LocalStorage", "register_scheme", "storage_for", "split_scheme",
 ]
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any, Iterable, Mapping, Protocol, runtime_checkable
 
-__all__ = ["ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Storage", "StorageWriter"]
+__all__ = ["ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError",
+           "Storage", "StorageWriter"]
 
 
 class PreconditionFailedError(OSError):
@@ -64,6 +65,30 @@ class StorageWriter(Protocol):
         """Releases it; without a `sync` first the file is abandoned (removed / aborted)."""
 
 
+class SnapshotVanishedError(FileNotFoundError):
+    """The directory of a `Snapshot` was deleted or moved aside before its files could be
+    opened (a reader skips it: retention removed it, a newer checkpoint exists)."""
+
+
+@runtime_checkable
+class Snapshot(Protocol):
+    """Files of one directory opened together, before any is read (`Storage.open_snapshot`):
+    a reader of a checkpoint reads the bytes of one checkpoint, never a mix of two.
+
+    Locally the files are open descriptors (POSIX keeps an unlinked file's data while it is
+    open, so retention deleting the checkpoint mid-read costs nothing). On an object store each
+    file is read with ``If-Match`` on the ETag listed when the snapshot was taken: an object
+    replaced since is `PreconditionFailedError`, a deleted one ``FileNotFoundError``."""
+
+    files: Mapping[str, IO[bytes]]  # name -> a binary reader (readinto, read, seek)
+    sizes: Mapping[str, int]  # name -> its size when the snapshot was taken
+
+    def vanished(self) -> bool:
+        """Whether the directory was deleted or moved aside since the snapshot was taken."""
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Storage(Protocol):
     """The operations the runtime's checkpoint, index, lock/lease, events and exports code uses.
@@ -81,6 +106,7 @@ class Storage(Protocol):
     def read_versioned(self, path: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]: ...
     def read_range(self, path: str, start: int, length: int) -> bytes: ...
     def open_read(self, path: str) -> IO[bytes]: ...
+    def open_snapshot(self, directory: str, names: Iterable[str]) -> Snapshot: ...
     def stat(self, path: str) -> ObjectInfo: ...
     def exists(self, path: str) -> bool: ...
     def isdir(self, path: str) -> bool: ...

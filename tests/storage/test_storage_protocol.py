@@ -9,8 +9,8 @@ import zlib
 
 import pytest
 
-from supervisor.checkpoint.storage import (LocalStorage, ObjectExistsError, PreconditionFailedError, Storage,
-                                           storage_for)
+from supervisor.checkpoint.storage import (LocalStorage, ObjectExistsError, PreconditionFailedError,
+                                           SnapshotVanishedError, Storage, storage_for)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -190,3 +190,67 @@ def test_local_create_exclusive_never_shows_a_partial_file(tmp_path):
     storage.create_exclusive(path, b"x" * 100_000)
     assert os.path.getsize(path) == 100_000
     assert os.listdir(tmp_path) == ["lease"]  # the temp file it was linked from is gone
+
+
+def _checkpoint(storage, root, name="model.ckpt-7", files=None):
+    files = files or {"MANIFEST.json": b"{}", "state.pt": os.urandom(300_000)}
+    directory = storage.join(root, name)
+    storage.makedirs(directory)
+    for rel, data in files.items():
+        storage.write_atomic(storage.join(directory, rel), data)
+    return directory, files
+
+
+def test_a_snapshot_opens_every_file_before_reading_and_reads_them_whole(backend):
+    storage, root = backend
+    directory, files = _checkpoint(storage, root)
+    with pytest.raises(FileNotFoundError, match="missing.pt is missing"):
+        storage.open_snapshot(directory, ["state.pt", "missing.pt"])
+    with pytest.raises(SnapshotVanishedError):
+        storage.open_snapshot(storage.join(root, "model.ckpt-99"), ["state.pt"])
+    with pytest.raises(ValueError, match="not a file name"):
+        storage.open_snapshot(directory, ["../state.pt"])
+    snapshot = storage.open_snapshot(directory, files)
+    try:
+        assert snapshot.sizes == {k: len(v) for k, v in files.items()}
+        buffer = bytearray(len(files["state.pt"]))
+        view = memoryview(buffer)
+        got = 0
+        while got < len(buffer):
+            n = snapshot.files["state.pt"].readinto(view[got:got + 65536])
+            assert n
+            got += n
+        assert bytes(buffer) == files["state.pt"]
+        assert not snapshot.vanished()
+    finally:
+        snapshot.close()
+
+
+def test_a_snapshot_notices_the_checkpoint_deleted_underneath_it(backend):
+    """Retention deletes a checkpoint an evaluator is reading: locally the open descriptors still
+    read it whole; on an object store the reads fail cleanly (deleted: FileNotFoundError) and
+    ``vanished()`` says why either way."""
+    storage, root = backend
+    directory, files = _checkpoint(storage, root)
+    snapshot = storage.open_snapshot(directory, ["state.pt"])
+    try:
+        storage.remove_tree(directory)
+        assert snapshot.vanished()
+        if isinstance(storage, LocalStorage):
+            assert snapshot.files["state.pt"].read() == files["state.pt"]
+        else:
+            with pytest.raises(FileNotFoundError):
+                snapshot.files["state.pt"].read(10)
+    finally:
+        snapshot.close()
+
+
+def test_a_snapshot_never_mixes_two_versions_of_a_file(s3_storage, s3_root):
+    directory, files = _checkpoint(s3_storage, s3_root)
+    snapshot = s3_storage.open_snapshot(directory, ["state.pt"])
+    first = snapshot.files["state.pt"].read(1000)
+    s3_storage.write_atomic(s3_storage.join(directory, "state.pt"), os.urandom(300_000))  # replaced in place
+    with pytest.raises(PreconditionFailedError):
+        snapshot.files["state.pt"].read(1000)
+    assert first == files["state.pt"][:1000]
+    snapshot.close()

@@ -1,19 +1,25 @@
-"""`MultipartWriter`: a new object of an `ObjectStoreStorage`, written in parts uploaded in
-parallel while the caller keeps writing, its CRC-32 computed on the way (no second read)."""
+"""Writing and reading objects of an `ObjectStoreStorage`: `MultipartWriter` (a new object,
+written in parts uploaded in parallel while the caller keeps writing, its CRC-32 computed on the
+way — no second read) and `ObjectSnapshot` (a checkpoint's objects read at the versions listed
+once, with ranged ``GetObject`` and ``If-Match``)."""
 from __future__ import annotations
 
+import errno
+import io
 import logging
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
-from supervisor.checkpoint.storage_base import ObjectExistsError, PreconditionFailedError
+from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
+                                                SnapshotVanishedError)
 
 if TYPE_CHECKING:  # for annotations only: object_store imports this module
     from supervisor.checkpoint.object_store import ObjectStoreStorage
 
-__all__ = ["MultipartWriter"]
+__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +122,80 @@ class MultipartWriter:
                 logger.warning("could not abort the unfinished upload of %s: %s", self.path, e)
 
     def __enter__(self) -> MultipartWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ObjectReader(io.RawIOBase):
+    """A seekable binary reader of one version of an object: every ``readinto`` is one ranged
+    ``GetObject`` with ``If-Match: <etag>``, so the bytes all come from the version listed."""
+
+    def __init__(self, storage: ObjectStoreStorage, path: str, size: int, etag: str) -> None:
+        super().__init__()
+        self.storage = storage
+        self.path = path
+        self.size = size
+        self.etag = etag
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, f"{self.path}: seek to a negative position")
+        self._position = base + offset
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = min(view.nbytes, self.size - self._position)
+        if wanted <= 0:
+            return 0
+        data = self.storage.read_range(self.path, self._position, wanted, if_match=self.etag)
+        view[:len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+
+class ObjectSnapshot:
+    """Readers of a directory's objects at the versions one listing saw (see
+    `supervisor.checkpoint.storage_base.Snapshot`)."""
+
+    def __init__(self, storage: ObjectStoreStorage, directory: str, listing: Mapping[str, ObjectInfo],
+                 names: Iterable[str]) -> None:
+        self.storage = storage
+        self.directory = directory
+        if not listing:
+            raise SnapshotVanishedError(errno.ENOENT, f"{directory} does not exist (deleted before it could be read)")
+        self.files: dict[str, ObjectReader] = {}
+        self.sizes: dict[str, int] = {}
+        for name in names:
+            if "/" in name or name in ("", ".", ".."):
+                raise ValueError(f"{directory}: {name!r} is not a file name of the directory")
+            if name not in listing:
+                raise FileNotFoundError(errno.ENOENT, f"{directory}: {name} is missing", name)
+            info = listing[name]
+            self.files[name] = ObjectReader(storage, info.path, info.size, info.version)
+            self.sizes[name] = info.size
+
+    def vanished(self) -> bool:
+        return not self.storage.isdir(self.directory)
+
+    def close(self) -> None:
+        for reader in self.files.values():
+            reader.close()
+
+    def __enter__(self) -> ObjectSnapshot:
         return self
 
     def __exit__(self, *exc: Any) -> None:
