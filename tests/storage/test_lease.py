@@ -91,6 +91,24 @@ def test_renewed_every_third_of_the_lease_by_its_thread_and_released_for_the_nex
     successor.check()
 
 
+def test_the_renewal_thread_keeps_a_short_lease_alive_on_the_real_clock(backend):
+    storage, root = backend
+    holder = Lease(storage, root, lease_secs=3.0)
+    holder.acquire()
+    try:
+        first = holder.expires_at
+        deadline = time.monotonic() + 10
+        while holder.expires_at < first + 2.0:  # renewed at least twice (every second)
+            assert time.monotonic() < deadline, f"not renewed: {holder.lost}"
+            holder.check()
+            time.sleep(0.05)
+        with pytest.raises(LogdirInUseError):
+            Lease(storage, root, lease_secs=3.0).acquire(renew=False)
+    finally:
+        holder.release()
+    assert not holder.held
+
+
 def test_a_stalled_holder_stops_before_the_lease_can_expire(backend):
     storage, root = backend
     clock = FakeClock(start_secs=time.time())
