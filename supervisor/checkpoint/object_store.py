@@ -27,6 +27,7 @@ server). What they do not set, this module sets:
 * ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
   processes must see each other's objects).
 
+``storage_options`` may also carry this module's ``part_size`` and ``max_concurrency``.
 Uploads (`open_write`) buffer ``part_size`` bytes (8 MiB), upload parts on
 ``max_concurrency`` threads (8) while the caller keeps writing, with at most
 ``2 × max_concurrency`` parts in memory, and compute the CRC-32 of the stream as it is written
