@@ -1,0 +1,316 @@
+"""``lock="lease"``: single-writer ownership of a logdir on any `Storage` (SPEC §16).
+
+On object stores there is no ``flock``, and on shared filesystems ``flock`` may be node-local
+(Lustre ``localflock``, some NFS setups), so two nodes could both believe they own a logdir. A
+lease needs nothing but the one primitive every backend provides atomically — create a whole
+object only if the name is free (`Storage.create_exclusive`: ``If-None-Match: *`` on S3,
+``link``/``O_EXCL`` on POSIX, NFSv3+ and Lustre):
+
+* The lease is a series of generations ``<logdir>/.supervisor.lease/<generation:016d>.json``,
+  each naming its holder (host, pid, a random owner id) and when it expires. The newest
+  generation is the lease.
+* **Acquire**: read the newest; if it is live and someone else's → `LogdirInUseError` naming
+  the holder and when the lease expires. If there is none, or it expired, or its holder released
+  it → create generation ``n + 1``. Two writers racing for an expired lease both try to create
+  the same ``n + 1``: exactly one succeeds; the other is refused and names the winner.
+* **Renew** every ``lease_secs / 3`` on a thread: create generation ``n + 1`` — a conditional
+  write on the version held, so a holder that was overtaken (its lease expired and another
+  writer took it over) finds ``n + 1`` taken and marks itself **lost**. So does a holder whose
+  renewal fails (the storage's bounded retries exhausted) or whose renewal comes too late.
+  Generations older than ``n - 1`` are deleted; the newest is never deleted, so numbers never
+  repeat (a holder that was paused cannot slip back in under a recycled number — and after
+  creating a generation, a renewer lists the directory to check nothing newer exists).
+* `check()` raises `LeaseLostError` once the lease is lost, or when less than
+  ``lease_secs / 3`` of it is left unrenewed (a stalled process): the writer calls it before
+  every commit and stops — never two writers committing.
+* **Release** writes a final generation marked released, so the next writer need not wait for
+  the expiry.
+
+Limits (documented for users): expiry compares wall clocks of different hosts — they must
+agree to well within ``lease_secs / 3`` (NTP does); the holder stops committing when less than
+``lease_secs / 3`` is left, which is the margin. The lease is as atomic as the storage's
+exclusive create: S3 (and S3-compatible stores with conditional writes), local disks, NFSv3+
+and Lustre give it; an NFSv2 or a FUSE mount without hard links falls back to ``O_EXCL``
+(atomic on a single server only).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from supervisor.checkpoint.storage_base import ObjectExistsError, Storage
+from supervisor.clock import Clock, resolve_clock
+from supervisor.errors import LogdirInUseError
+
+__all__ = ["Lease", "LeaseLostError", "LeaseRecord", "LEASE_DIR", "DEFAULT_LEASE_SECS"]
+
+logger = logging.getLogger(__name__)
+
+LEASE_DIR = ".supervisor.lease"
+DEFAULT_LEASE_SECS = 60.0
+_GENERATION = re.compile(r"^(\d{16})\.json$")
+_RECORD_MAX_BYTES = 1 << 16
+
+
+class LeaseLostError(LogdirInUseError):
+    """This writer's lease was overtaken, could not be renewed or ran out: it must not commit."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One generation of the lease (the JSON content of its object)."""
+
+    generation: int
+    owner_id: str
+    host: str
+    pid: int
+    acquired_at: float
+    expires_at: float
+    lease_secs: float
+    released: bool = False
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}"
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LeaseRecord:
+        raw = json.loads(data.decode("utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError("a lease record is a JSON object")
+        return cls(generation=int(raw["generation"]), owner_id=str(raw["owner_id"]), host=str(raw["host"]),
+                   pid=int(raw["pid"]), acquired_at=float(raw["acquired_at"]), expires_at=float(raw["expires_at"]),
+                   lease_secs=float(raw["lease_secs"]), released=bool(raw.get("released", False)))
+
+
+class Lease:
+    """The single-writer lease of ``directory`` on ``storage`` (see the module docstring).
+
+    Args:
+        storage: where the logdir lives.
+        directory: the logdir (path or URL, in the storage's spelling).
+        lease_secs: how long a lease lives unrenewed; renewed every third of it.
+        clock: injectable clock (``time`` for expiries, ``wait`` for the renewal thread).
+
+    Example::
+
+        lease = Lease(storage_for(logdir), logdir, lease_secs=60)
+        lease.acquire()     # LogdirInUseError naming the holder while its lease is live
+        ...
+        lease.check()       # before each commit: LeaseLostError once lost
+        lease.release()
+    """
+
+    def __init__(self, storage: Storage, directory: str, *, lease_secs: float = DEFAULT_LEASE_SECS,
+                 clock: Clock | None = None) -> None:
+        if not isinstance(lease_secs, (int, float)) or isinstance(lease_secs, bool) or not lease_secs > 0:
+            raise ValueError(f"lease_secs must be a positive number of seconds, got {lease_secs!r}")
+        self.storage = storage
+        self.directory = directory
+        self.path = storage.join(directory, LEASE_DIR)
+        self.lease_secs = float(lease_secs)
+        self.owner_id = uuid.uuid4().hex
+        self._clock = resolve_clock(clock)
+        self._record: LeaseRecord | None = None
+        self._lost: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ state
+    @property
+    def held(self) -> bool:
+        return self._record is not None and self._lost is None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lease was lost, or None."""
+        return self._lost
+
+    @property
+    def expires_at(self) -> float | None:
+        return None if self._record is None else self._record.expires_at
+
+    def check(self) -> None:
+        """Raises `LeaseLostError` unless this writer still safely holds the lease."""
+        if self._record is None:
+            raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
+        left = self._record.expires_at - self._clock.time()
+        if self._lost is None and left < self.lease_secs / 3:
+            self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
+        if self._lost is not None:
+            raise LeaseLostError(f"this writer lost the lease of {self.directory}: {self._lost}; "
+                                 "it must not commit (another writer may own the logdir now)")
+
+    # ------------------------------------------------------------ reading
+    def newest(self) -> LeaseRecord | None:
+        """The current lease record (the newest generation), or None when there is none.
+        An unreadable newest generation is reported as held by an unknown writer until its
+        object's age exceeds ``lease_secs``."""
+        for _ in range(5):
+            generations = self._generations()
+            if not generations:
+                return None
+            path = self._generation_path(generations[-1])
+            try:
+                return LeaseRecord.from_bytes(self.storage.read_bytes(path, max_bytes=_RECORD_MAX_BYTES))
+            except FileNotFoundError:
+                continue  # released and cleaned up while being read: list again
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logger.warning("the lease record %s is unreadable (%s)", path, e)
+                mtime = self._safe_mtime(path)
+                return LeaseRecord(generation=generations[-1], owner_id="?", host="unknown", pid=-1,
+                                   acquired_at=mtime, expires_at=mtime + self.lease_secs, lease_secs=self.lease_secs)
+        raise OSError(f"the lease records under {self.path} kept vanishing while being read")
+
+    def _safe_mtime(self, path: str) -> float:
+        try:
+            return self.storage.stat(path).mtime or self._clock.time()
+        except OSError:
+            return self._clock.time()
+
+    def _generations(self) -> list[int]:
+        try:
+            names = self.storage.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_GENERATION.match, names) if m)
+
+    def _generation_path(self, generation: int) -> str:
+        return self.storage.join(self.path, f"{generation:016d}.json")
+
+    # ------------------------------------------------------------ acquire / renew / release
+    def acquire(self, *, renew: bool = True) -> None:
+        """Takes the lease or raises `LogdirInUseError` naming the holder and its expiry;
+        ``renew=False`` starts no renewal thread (call `renew` yourself)."""
+        if self.held:
+            return
+        self.storage.makedirs(self.path)
+        for _ in range(3):
+            current = self.newest()
+            now = self._clock.time()
+            if current is not None and not current.released and now < current.expires_at:
+                raise LogdirInUseError(self._in_use_message(current, now))
+            if current is not None and not current.released:
+                logger.warning("taking over the lease of %s from %s, which expired at %s", self.directory,
+                               current.describe(), _when(current.expires_at))
+            generation = (current.generation if current is not None else 0) + 1
+            if self._create(generation, now, acquired_at=now):
+                break
+        else:
+            raise LogdirInUseError(f"the logdir {self.directory} is contended: other writers kept taking its "
+                                   f"lease ({self.path}) while this one tried")
+        self._lost = None
+        self._cleanup()
+        if renew:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="supervisor-lease", daemon=True)
+            self._thread.start()
+
+    def _create(self, generation: int, now: float, *, acquired_at: float, released: bool = False) -> bool:
+        record = LeaseRecord(generation=generation, owner_id=self.owner_id, host=socket.gethostname(),
+                             pid=os.getpid(), acquired_at=acquired_at, expires_at=now + self.lease_secs,
+                             lease_secs=self.lease_secs, released=released)
+        try:
+            self.storage.create_exclusive(self._generation_path(generation), record.to_bytes())
+        except ObjectExistsError:
+            return False
+        newer = [g for g in self._generations() if g > generation]
+        if newer:  # a number recycled under a paused writer: never ours
+            return False
+        self._record = record
+        return True
+
+    def renew(self) -> bool:
+        """Renews now (the thread calls this every ``lease_secs / 3``); False once lost."""
+        with self._lock:
+            if self._record is None or self._lost is not None:
+                return False
+            now = self._clock.time()
+            held = self._record
+            if now >= held.expires_at:
+                self._mark_lost(f"its renewal came too late (it expired at {_when(held.expires_at)})")
+                return False
+            try:
+                renewed = self._create(held.generation + 1, now, acquired_at=held.acquired_at)
+            except OSError as e:
+                self._mark_lost(f"renewing it failed ({e})")
+                return False
+            if not renewed:
+                winner = self.newest()
+                self._mark_lost("another writer took it over" + (f" ({winner.describe()})" if winner else ""))
+                return False
+            self._cleanup()
+            return True
+
+    def _run(self) -> None:
+        while not self._clock.wait(self._stop, self.lease_secs / 3):
+            if not self.renew():
+                return
+
+    def release(self) -> None:
+        """Stops renewing and marks the lease released (the next writer need not wait)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            held, self._record = self._record, None
+            if held is None or self._lost is not None:
+                return
+            try:
+                now = self._clock.time()
+                released = LeaseRecord(**{**asdict(held), "generation": held.generation + 1, "expires_at": now,
+                                          "released": True})
+                self.storage.create_exclusive(self._generation_path(released.generation), released.to_bytes())
+            except OSError as e:  # ObjectExistsError included: someone took it over meanwhile
+                logger.warning("could not mark the lease of %s released (%s); it expires at %s", self.directory,
+                               e, _when(held.expires_at))
+                return
+            self._record = None
+            self._cleanup(keep_from=released.generation - 1)
+
+    # ------------------------------------------------------------ helpers
+    def _mark_lost(self, why: str) -> None:
+        if self._lost is None:
+            self._lost = why
+            logger.error("the lease of %s is lost: %s; this writer stops before its next commit", self.directory, why)
+
+    def _cleanup(self, keep_from: int | None = None) -> None:
+        """Deletes generations older than the previous one (never the newest)."""
+        if keep_from is None:
+            keep_from = (self._record.generation if self._record else 0) - 1
+        for generation in self._generations():
+            if generation >= keep_from:
+                break
+            try:
+                self.storage.remove(self._generation_path(generation))
+            except OSError as e:
+                logger.debug("could not delete the old lease generation %s: %s", generation, e)
+
+    def _in_use_message(self, holder: LeaseRecord, now: float) -> str:
+        return (f"the logdir {self.directory} is in use by another writer ({holder.describe()}, since "
+                f"{_when(holder.acquired_at)}); its lease ({self.path}) expires at {_when(holder.expires_at)}, "
+                f"in {holder.expires_at - now:.0f} s unless renewed. Stop that process, or wait for the lease to "
+                "expire, or give this run another logdir")
+
+    def __enter__(self) -> Lease:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp)) + f" (t={timestamp:.1f})"

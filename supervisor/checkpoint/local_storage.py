@@ -1,0 +1,342 @@
+"""`LocalStorage`: the `Storage` of local paths and shared POSIX filesystems (NFS, Lustre) —
+today's behaviour of the checkpoint engine (fsync of files and directories, ``os.replace``,
+exclusive creation, renames for the commit, regular-file-only reads)."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat as stat_module
+import sys
+from typing import IO, Any, Iterable
+
+from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener, fsync_dir
+from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
+                                                SnapshotVanishedError)
+
+__all__ = ["LocalStorage"]
+
+logger = logging.getLogger(__name__)
+
+
+class _LocalWriter(ChecksumWriter):
+    """`ChecksumWriter` on a new local file (CRC-32 pipelined with the writes, ``sync()`` =
+    fsync); the file is removed when closed without a successful `sync`."""
+
+    def __init__(self, path: str, opener: Opener) -> None:
+        super().__init__(opener(path))
+        self.path = path
+        self._synced = False
+        self._ended = False
+
+    def sync(self) -> None:
+        super().sync()
+        self._synced = True
+
+    def close(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            super().close()
+        finally:
+            if not self._synced:
+                _remove_quietly(self.path)
+
+
+class LocalStorage:
+    """Today's POSIX behaviour: files fsynced, then their directory; ``os.replace`` for atomic
+    replacement, ``link``/``O_EXCL`` for exclusive creation, renames for the commit; reads open
+    regular files only (``O_NONBLOCK`` + ``fstat``), so a FIFO never blocks a reader."""
+
+    scheme = "file"
+
+    def __init__(self, opener: Opener | None = None) -> None:
+        self._opener = opener
+
+
+    def join(self, base: str, *parts: str) -> str:
+        return os.path.join(base, *parts)
+
+    def dirname(self, path: str) -> str:
+        return os.path.dirname(path)
+
+    def basename(self, path: str) -> str:
+        return os.path.basename(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    # ------------------------------------------------------------ writing
+    def open_write(self, path: str) -> _LocalWriter:
+        """A new file (``FileExistsError`` when ``path`` exists), checksummed while written,
+        fsynced by ``sync()``; ``opener`` (tests: one whose writes fail with ``ENOSPC``) opens it."""
+        return _LocalWriter(path, self._opener or default_opener)
+
+    def write_atomic(self, path: str, data: bytes) -> ObjectInfo:
+        """Temp file beside it, fsync, ``os.replace``, fsync of the directory."""
+        tmp = self._write_temp(path, data)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+        fsync_dir(os.path.dirname(path) or ".")
+        return self.stat(path)
+
+    def create_exclusive(self, path: str, data: bytes) -> ObjectInfo:
+        """Written whole to a temp file, fsynced, then ``link``\\ ed to ``path`` — atomic and
+        exclusive on local filesystems, NFSv3+ and Lustre alike (``link`` fails with ``EEXIST``),
+        so the name never shows a partial file. Where hard links are refused (``EPERM``, some
+        FUSE/SMB mounts) it falls back to ``O_CREAT|O_EXCL`` and writes in place."""
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise ObjectExistsError(f"{path} already exists") from None
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            self._create_in_place(path, data)
+        finally:
+            _remove_quietly(tmp)
+        fsync_dir(os.path.dirname(path) or ".")
+        return self.stat(path)
+
+    def _create_in_place(self, path: str, data: bytes) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise ObjectExistsError(f"{path} already exists") from None
+        with open(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        """Replaces ``path`` if it still is ``version`` (`PreconditionFailedError` if not,
+        ``FileNotFoundError`` if it is gone).
+
+        POSIX has no compare-and-swap on a name: this compares, then ``os.replace``\\ s. It is
+        exact against every earlier write, but two writers calling it at the same instant can
+        both succeed; the logdir's lock (``flock`` or the lease, which itself needs only
+        `create_exclusive`) is what keeps a second writer out."""
+        tmp = self._write_temp(path, data)
+        try:
+            current = self.stat(path).version
+            if current != version:
+                raise PreconditionFailedError(f"{path} changed since it was read (version {current}, "
+                                              f"expected {version}); another writer moved it")
+            os.replace(tmp, path)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+        fsync_dir(os.path.dirname(path) or ".")
+        return self.stat(path)
+
+    def _write_temp(self, path: str, data: bytes) -> str:
+        tmp = f"{path}.tmp-{os.urandom(16).hex()}"
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+        return tmp
+
+    # ------------------------------------------------------------ reading
+    def open_read(self, path: str) -> IO[bytes]:
+        """Opens a regular file for reading; ``OSError(EINVAL)`` for a FIFO, device or socket
+        (opened with ``O_NONBLOCK`` so a FIFO cannot block the open, then checked by fstat)."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat_module.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a directory")
+            if not stat_module.S_ISREG(mode):
+                raise OSError(errno.EINVAL, f"{path} is not a regular file")
+            if hasattr(os, "set_blocking"):
+                os.set_blocking(fd, True)
+            return open(fd, "rb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def open_snapshot(self, directory: str, names: Iterable[str]) -> _LocalSnapshot:
+        """Opens ``directory`` (``O_DIRECTORY``) and then, relative to that descriptor, every
+        name (regular files only, ``O_NONBLOCK`` + ``fstat``), before anything is read.
+
+        Raises:
+            SnapshotVanishedError: the directory is gone, or was moved aside while opening.
+            FileNotFoundError: a name is missing from the (still present) directory.
+            ValueError: a name that is not a plain file name of the directory.
+        """
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:
+            raise SnapshotVanishedError(errno.ENOENT, f"{directory} does not exist (deleted before it could "
+                                        "be read)") from None
+        snapshot = _LocalSnapshot(directory, dir_fd)
+        try:
+            for name in names:
+                snapshot.open(name)
+        except BaseException:
+            snapshot.close()
+            raise
+        return snapshot
+
+    def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        return self.read_versioned(path, max_bytes=max_bytes)[0]
+
+    def read_versioned(self, path: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        """The whole content and the version it was read at (for a later `replace_if`)."""
+        with self.open_read(path) as f:
+            info = _info(path, os.fstat(f.fileno()))
+            if max_bytes is not None and info.size > max_bytes:
+                raise OSError(errno.EFBIG, f"{path} has {info.size} bytes, more than the {max_bytes} expected")
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise OSError(errno.EFBIG, f"{path} grew past the {max_bytes} bytes expected while being read")
+        return data, info
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        with self.open_read(path) as f:
+            return os.pread(f.fileno(), length, start) if length > 0 else b""
+
+    def stat(self, path: str) -> ObjectInfo:
+        return _info(path, os.stat(path))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def listdir(self, path: str) -> list[str]:
+        """Sorted names directly inside ``path`` (``FileNotFoundError`` when it is missing)."""
+        return sorted(os.listdir(path))
+
+    def list_files(self, path: str) -> list[str]:
+        """Every regular file under ``path``, as sorted ``/``-separated relative paths."""
+        found = []
+        for root, _, files in os.walk(path):
+            for name in files:
+                found.append(os.path.relpath(os.path.join(root, name), path).replace(os.sep, "/"))
+        return sorted(found)
+
+    # ------------------------------------------------------------ removing
+    def remove(self, path: str) -> bool:
+        """Removes one file; False when it was already gone."""
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove_tree(self, path: str) -> None:
+        """Removes a directory tree (what it cannot remove is logged, not raised)."""
+        def report(function: Any, failed: str, exc_info: Any) -> None:
+            error = exc_info[1] if isinstance(exc_info, tuple) else exc_info
+            if not isinstance(error, FileNotFoundError):
+                logger.warning("could not remove %s: %s", failed, error)
+
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=report)
+        else:
+            shutil.rmtree(path, onerror=report)
+
+    # ------------------------------------------------------------ the directory commit
+    def stage(self, directory: str, name: str) -> str:
+        """Creates and returns ``<directory>/<name>.tmp-<32 hex digits>/``."""
+        path = os.path.join(directory, f"{name}.tmp-{os.urandom(16).hex()}")
+        os.mkdir(path)
+        return path
+
+    def commit(self, staged: str, final: str, *, manifest_name: str, manifest: bytes) -> None:
+        """Writes the manifest (fsynced), fsyncs every directory of ``staged``, renames it to
+        ``final`` and fsyncs the parent. A committed ``final`` of the same name is moved aside
+        first and removed after, so the name always holds a whole checkpoint or none."""
+        self.create_exclusive(os.path.join(staged, manifest_name), manifest)
+        for root, _, _ in os.walk(staged):
+            fsync_dir(root)
+        try:
+            os.rename(staged, final)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
+                raise
+            aside = f"{final}.deleting-{os.urandom(16).hex()}"
+            os.rename(final, aside)
+            os.rename(staged, final)
+            self.remove_tree(aside)
+        fsync_dir(os.path.dirname(final) or ".")
+
+    def discard(self, staged: str) -> None:
+        self.remove_tree(staged)
+
+
+class _LocalSnapshot:
+    """Open descriptors of one directory's files (see `LocalStorage.open_snapshot`)."""
+
+    def __init__(self, directory: str, dir_fd: int) -> None:
+        self.directory = directory
+        self._dir_fd: int | None = dir_fd
+        self.files: dict[str, IO[bytes]] = {}
+        self.sizes: dict[str, int] = {}
+
+    def open(self, name: str) -> None:
+        if os.path.basename(name) != name or name in ("", os.curdir, os.pardir):
+            raise ValueError(f"{self.directory}: {name!r} is not a file name of the directory")
+        try:
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            if self.vanished():
+                raise SnapshotVanishedError(errno.ENOENT, f"{self.directory}: deleted while being opened") from None
+            raise FileNotFoundError(errno.ENOENT, f"{self.directory}: {name} is missing", name) from None
+        try:
+            st = os.fstat(fd)
+            if not stat_module.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, f"{self.directory}: {name} is not a regular file")
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.files[name] = open(fd, "rb", buffering=0)
+        self.sizes[name] = st.st_size
+
+    def vanished(self) -> bool:
+        if self._dir_fd is None:
+            raise ValueError(f"the snapshot of {self.directory} is closed")
+        try:
+            here = os.stat(self.directory)
+        except FileNotFoundError:
+            return True
+        mine = os.fstat(self._dir_fd)
+        return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino) or mine.st_nlink == 0
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    def __enter__(self) -> _LocalSnapshot:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _info(path: str, st: os.stat_result) -> ObjectInfo:
+    return ObjectInfo(path=path, size=st.st_size, version=f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}",
+                      mtime=st.st_mtime)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

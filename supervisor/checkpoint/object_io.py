@@ -1,0 +1,202 @@
+"""Writing and reading objects of an `ObjectStoreStorage`: `MultipartWriter` (a new object,
+written in parts uploaded in parallel while the caller keeps writing, its CRC-32 computed on the
+way — no second read) and `ObjectSnapshot` (a checkpoint's objects read at the versions listed
+once, with ranged ``GetObject`` and ``If-Match``)."""
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from supervisor.checkpoint.fileio import crc32, format_checksum
+from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
+                                                SnapshotVanishedError)
+
+if TYPE_CHECKING:  # for annotations only: object_store imports this module
+    from supervisor.checkpoint.object_store import ObjectStoreStorage
+
+__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot"]
+
+logger = logging.getLogger(__name__)
+
+
+class MultipartWriter:
+    """A new object written in parts uploaded in parallel, CRC-32 computed on the way.
+
+    Like a local ``open(path, "xb")`` it creates a new object: ``sync()`` uploads what is left
+    and completes the upload create-only (``If-None-Match: *``; `ObjectExistsError` when the
+    name was taken meanwhile) — the object appears whole, at once; ``close()`` without ``sync()`` aborts it (nothing appears). ``nbytes`` and
+    ``checksum`` (``"crc32:%08x"``) describe what was written. Errors of the background
+    uploads are raised by the next ``write``/``sync``.
+    """
+
+    def __init__(self, storage: ObjectStoreStorage, path: str) -> None:
+        self.storage = storage
+        self.path = path
+        self.nbytes = 0
+        self.crc = 0
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[tuple[int, Future]] = []
+        self._slots = threading.BoundedSemaphore(2 * storage.max_concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._done = False
+        self._closed = False
+
+    @property
+    def checksum(self) -> str:
+        return format_checksum(self.crc)
+
+    def write(self, data: Any) -> int:
+        if self._closed or self._done:
+            raise ValueError(f"write to {self.path} after it was closed or synced")
+        view = memoryview(data).cast("B")
+        self.crc = crc32(view, self.crc)
+        self.nbytes += view.nbytes
+        self._buffer += view
+        while len(self._buffer) >= self.storage.part_size:
+            part = bytes(self._buffer[:self.storage.part_size])
+            del self._buffer[:self.storage.part_size]
+            self._submit(part)
+        return view.nbytes
+
+    def flush(self) -> None:
+        """Nothing to do: parts go up when full; `sync` sends the rest."""
+
+    def _submit(self, part: bytes) -> None:
+        self._raise_failed()
+        if self._upload_id is None:
+            self._upload_id = self.storage.call("create_multipart_upload", self.path)["UploadId"]
+            self._pool = ThreadPoolExecutor(self.storage.max_concurrency, thread_name_prefix="supervisor-upload")
+        self._slots.acquire()
+        number = len(self._parts) + 1
+        future = self._pool.submit(self._upload_part, number, part)  # type: ignore[union-attr]
+        future.add_done_callback(lambda _: self._slots.release())
+        self._parts.append((number, future))
+
+    def _upload_part(self, number: int, part: bytes) -> str:
+        response = self.storage.call("upload_part", self.path, UploadId=self._upload_id, PartNumber=number, Body=part)
+        return response["ETag"]
+
+    def _raise_failed(self) -> None:
+        for _, future in self._parts:
+            if future.done() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    def sync(self) -> None:
+        """Uploads the rest and completes the object (it appears whole)."""
+        if self._done:
+            return
+        if self._upload_id is None:
+            self.storage.create_exclusive(self.path, bytes(self._buffer))
+        else:
+            if self._buffer or not self._parts:
+                self._submit(bytes(self._buffer))
+            etags = [(number, future.result()) for number, future in self._parts]
+            try:
+                self.storage.call("complete_multipart_upload", self.path, UploadId=self._upload_id, IfNoneMatch="*",
+                                  MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in etags]})
+            except PreconditionFailedError:
+                raise ObjectExistsError(f"{self.path} already exists: the create-only completion "
+                                        "(If-None-Match: *) was refused") from None
+        self._buffer = bytearray()
+        self._done = True
+
+    def close(self) -> None:
+        """Ends the writer; an upload not completed by `sync` is aborted (nothing appears)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            for _, future in self._parts:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+        if self._upload_id is not None and not self._done:
+            try:
+                self.storage.call("abort_multipart_upload", self.path, UploadId=self._upload_id)
+            except OSError as e:
+                logger.warning("could not abort the unfinished upload of %s: %s", self.path, e)
+
+    def __enter__(self) -> MultipartWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ObjectReader(io.RawIOBase):
+    """A seekable binary reader of one version of an object: every ``readinto`` is one ranged
+    ``GetObject`` with ``If-Match: <etag>``, so the bytes all come from the version listed."""
+
+    def __init__(self, storage: ObjectStoreStorage, path: str, size: int, etag: str) -> None:
+        super().__init__()
+        self.storage = storage
+        self.path = path
+        self.size = size
+        self.etag = etag
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, f"{self.path}: seek to a negative position")
+        self._position = base + offset
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = min(view.nbytes, self.size - self._position)
+        if wanted <= 0:
+            return 0
+        data = self.storage.read_range(self.path, self._position, wanted, if_match=self.etag)
+        view[:len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+
+class ObjectSnapshot:
+    """Readers of a directory's objects at the versions one listing saw (see
+    `supervisor.checkpoint.storage_base.Snapshot`)."""
+
+    def __init__(self, storage: ObjectStoreStorage, directory: str, listing: Mapping[str, ObjectInfo],
+                 names: Iterable[str]) -> None:
+        self.storage = storage
+        self.directory = directory
+        if not listing:
+            raise SnapshotVanishedError(errno.ENOENT, f"{directory} does not exist (deleted before it could be read)")
+        self.files: dict[str, ObjectReader] = {}
+        self.sizes: dict[str, int] = {}
+        for name in names:
+            if "/" in name or name in ("", ".", ".."):
+                raise ValueError(f"{directory}: {name!r} is not a file name of the directory")
+            if name not in listing:
+                raise FileNotFoundError(errno.ENOENT, f"{directory}: {name} is missing", name)
+            info = listing[name]
+            self.files[name] = ObjectReader(storage, info.path, info.size, info.version)
+            self.sizes[name] = info.size
+
+    def vanished(self) -> bool:
+        return not self.storage.isdir(self.directory)
+
+    def close(self) -> None:
+        for reader in self.files.values():
+            reader.close()
+
+    def __enter__(self) -> ObjectSnapshot:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,383 @@
+"""`ObjectStoreStorage`: the `Storage` of ``s3://`` logdirs, on fsspec's ``s3fs`` (SPEC §16).
+
+Needs the optional extra ``pip install "torch-supervisor[s3]"``; `supervisor.checkpoint.storage`
+imports this module only when an ``s3://`` URL is used.
+
+Every request goes through the real botocore client that ``s3fs`` holds (``fs.call_s3``), so the
+conditional writes are the server's: create-only ``If-None-Match: *`` (`create_exclusive`, the
+manifest-last commit) and ``If-Match: <ETag>`` (`replace_if`, the index). A refused condition
+(HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write).
+
+Configuration, the standard way: credentials, region and endpoint from the ``AWS_*`` environment
+(``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` included — botocore reads them), ``~/.aws``,
+fsspec's ``FSSPEC_S3_*`` variables, then ``storage_options=`` (passed to ``S3FileSystem``;
+``storage_options["client_kwargs"]["endpoint_url"]`` or ``endpoint_url=`` point it at another
+server). What they do not set, this module sets:
+
+* **Retries, bounded**: botocore's ``standard`` retry mode with ``total_max_attempts=5`` (its
+  default is 3 in standard mode): throttling (503 SlowDown, 429) waits ``rand(0,1)·2^n`` s
+  (at most 20 s), other transient errors (500/502/504, connection resets, timeouts) waits
+  ``rand(0,1)·0.05·2^n`` s; after the last attempt the error is raised. s3fs's own retry layer is
+  turned off (``retries=1``) so the two never multiply. Override with
+  ``storage_options={"config_kwargs": {"retries": {...}}}``, or with ``AWS_MAX_ATTEMPTS``/
+  ``AWS_RETRY_MODE`` in the environment (then botocore's own defaults and those apply, as for
+  any AWS client: standard mode 3 attempts, legacy 5); ``s3fs_retries`` sets s3fs's layer.
+* **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
+  ends a request with an error, never a hang.
+* ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
+  processes must see each other's objects).
+
+``storage_options`` may also carry this module's ``part_size`` and ``max_concurrency``.
+Uploads (`open_write`) buffer ``part_size`` bytes (8 MiB), upload parts on
+``max_concurrency`` threads (8) while the caller keeps writing, with at most
+``2 × max_concurrency`` parts in memory, and compute the CRC-32 of the stream as it is written
+(the project's `supervisor.checkpoint.fileio.crc32`; no second read). A file smaller than one
+part is one ``PutObject``.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import posixpath
+import time
+from typing import IO, Any, Iterable, Mapping
+
+import fsspec
+import fsspec.asyn
+import fsspec.config
+import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for reports
+from botocore.exceptions import BotoCoreError, ClientError
+
+from supervisor.checkpoint.format import MANIFEST_FILE
+from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot
+from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
+
+__all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB (except the last)
+DEFAULT_MAX_CONCURRENCY = 8
+DEFAULT_MAX_ATTEMPTS = 5
+_CONFLICT_RETRIES = 3  # 409 ConditionalRequestConflict: S3 asks to retry a conditional write
+
+
+def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``S3FileSystem`` keyword arguments: this module's defaults (see the module docstring),
+    overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
+    user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
+    config = dict(user.get("config_kwargs") or {})
+    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
+    config.setdefault("connect_timeout", 10)
+    config.setdefault("read_timeout", 60)
+    return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
+
+
+class ObjectStoreStorage:
+    """`supervisor.checkpoint.storage.Storage` on an S3-compatible object store.
+
+    Args:
+        fs: an ``s3fs.S3FileSystem``.
+        part_size: bytes per multipart part (≥ 5 MiB for S3).
+        max_concurrency: parts uploaded in parallel per file.
+    """
+
+    scheme = "s3"
+
+    def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> None:
+        if part_size < 1 or max_concurrency < 1:
+            raise ValueError(f"part_size and max_concurrency must be positive, got {part_size}, {max_concurrency}")
+        self.fs = fs
+        self.part_size = int(part_size)
+        self.max_concurrency = int(max_concurrency)
+
+    @classmethod
+    def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
+        """A storage for ``url`` (only its scheme matters; paths stay full URLs)."""
+        options = default_options(storage_options)
+        part_size = options.pop("part_size", DEFAULT_PART_SIZE)
+        max_concurrency = options.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
+        s3fs_retries = options.pop("s3fs_retries")
+        fs = fsspec.filesystem("s3", **options)
+        fs.retries = int(s3fs_retries)  # a class attribute of S3FileSystem, not an argument
+        return cls(fs, part_size=part_size, max_concurrency=max_concurrency)
+
+    # ------------------------------------------------------------ names
+    def join(self, base: str, *parts: str) -> str:
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+    def dirname(self, path: str) -> str:
+        bucket, key = _split(path)
+        return f"s3://{bucket}/{posixpath.dirname(key.rstrip('/'))}".rstrip("/")
+
+    def basename(self, path: str) -> str:
+        return posixpath.basename(path.rstrip("/"))
+
+    def makedirs(self, path: str) -> None:
+        """Nothing to do: an object store has no directories (a prefix exists with its objects)."""
+
+    # ------------------------------------------------------------ requests
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``fs.call_s3(method, Bucket=..., Key=..., **kwargs)`` with errors translated
+        (`translate_error`)."""
+        bucket, key = _split(path)
+        try:
+            return self.fs.call_s3(method, Bucket=bucket, Key=key, **kwargs)
+        except Exception as e:  # noqa: BLE001 - translated, re-raised
+            raise translate_error(e, path, method) from e
+
+    def _put(self, path: str, data: bytes, **conditions: str) -> ObjectInfo:
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                response = self.call("put_object", path, Body=bytes(data), **conditions)
+                return ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=0.0)
+            except _ConflictError:
+                if attempt == _CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(0.05 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def write_atomic(self, path: str, data: bytes) -> ObjectInfo:
+        """One ``PutObject``: readers see the old object or the new one."""
+        return self._put(path, data)
+
+    def create_exclusive(self, path: str, data: bytes) -> ObjectInfo:
+        """``PutObject`` with ``If-None-Match: *``; `ObjectExistsError` when it exists."""
+        try:
+            return self._put(path, data, IfNoneMatch="*")
+        except PreconditionFailedError as e:
+            raise ObjectExistsError(f"{path} already exists: the create-only write (If-None-Match: *) was "
+                                    "refused") from e
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        """``PutObject`` with ``If-Match: <version>``: `PreconditionFailedError` when another
+        writer replaced it since, ``FileNotFoundError`` when it is gone. Atomic on the server."""
+        return self._put(path, data, IfMatch=version)
+
+    def open_write(self, path: str) -> MultipartWriter:
+        return MultipartWriter(self, path)
+
+    # ------------------------------------------------------------ reading
+    def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        return self.read_versioned(path, max_bytes=max_bytes)[0]
+
+    def read_versioned(self, path: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        """The whole object and its ETag, from one ``GetObject``."""
+        response = self.call("get_object", path)
+        size = int(response.get("ContentLength", 0))
+        if max_bytes is not None and size > max_bytes:
+            response["Body"].close()
+            raise OSError(errno.EFBIG, f"{path} has {size} bytes, more than the {max_bytes} expected")
+        data = self._read_body(response, path)
+        return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=_mtime(response))
+
+    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+        """Bytes ``[start, start + length)`` with one ranged ``GetObject`` (fewer at the end);
+        with ``if_match`` (an ETag) only from that version (`PreconditionFailedError` if not)."""
+        if length <= 0:
+            return b""
+        conditions = {"IfMatch": if_match} if if_match else {}
+        response = self.call("get_object", path, Range=f"bytes={start}-{start + length - 1}", **conditions)
+        return self._read_body(response, path)
+
+    def _read_body(self, response: Mapping[str, Any], path: str) -> bytes:
+        body = response["Body"]
+        try:
+            return fsspec.asyn.sync(self.fs.loop, _read_all, body)
+        except Exception as e:  # noqa: BLE001 - translated, re-raised
+            raise translate_error(e, path, "get_object (body)") from e
+
+    def open_read(self, path: str) -> IO[bytes]:
+        """A seekable read-only file (s3fs's, ranged reads as it goes)."""
+        self.stat(path)  # FileNotFoundError / IsADirectoryError in our terms first
+        return self.fs.open(path, "rb", cache_type="readahead")
+
+    def open_snapshot(self, directory: str, names: Iterable[str]) -> ObjectSnapshot:
+        """Lists ``directory/`` once (sizes and ETags) and returns readers of ``names`` that
+        read only those versions (see `supervisor.checkpoint.storage_base.Snapshot`)."""
+        return ObjectSnapshot(self, directory, self.list_objects(directory), names)
+
+    def stat(self, path: str) -> ObjectInfo:
+        try:
+            response = self.call("head_object", path)
+        except FileNotFoundError:
+            if self.isdir(path):
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a prefix (a directory), not an object") from None
+            raise
+        return ObjectInfo(path=path, size=int(response["ContentLength"]), version=response["ETag"],
+                          mtime=_mtime(response))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except (FileNotFoundError, IsADirectoryError) as e:
+            return isinstance(e, IsADirectoryError)
+        return True
+
+    def isdir(self, path: str) -> bool:
+        bucket, key = _split(path)
+        page = self._list_page(bucket, _prefix(key), MaxKeys=1)
+        return bool(page.get("KeyCount", 0))
+
+    def listdir(self, path: str) -> list[str]:
+        """Sorted names directly under the prefix ``path/`` (objects and sub-prefixes);
+        ``[]`` when nothing is there (a missing "directory" lists as empty)."""
+        bucket, key = _split(path)
+        prefix = _prefix(key)
+        names: set[str] = set()
+        for page in self._pages(bucket, prefix, Delimiter="/"):
+            names.update(c["Prefix"][len(prefix):].rstrip("/") for c in page.get("CommonPrefixes", ()))
+            names.update(o["Key"][len(prefix):] for o in page.get("Contents", ()))
+        names.discard("")
+        return sorted(names)
+
+    def list_files(self, path: str) -> list[str]:
+        """Every object under ``path/``, as sorted relative keys."""
+        return sorted(self.list_objects(path))
+
+    def list_objects(self, path: str) -> dict[str, ObjectInfo]:
+        """Every object under ``path/`` (relative key → size, ETag, mtime), from the listing."""
+        bucket, key = _split(path)
+        prefix = _prefix(key)
+        return {o["Key"][len(prefix):]: ObjectInfo(path=f"s3://{bucket}/{o['Key']}", size=int(o["Size"]),
+                                                   version=o["ETag"], mtime=_mtime({"LastModified": o.get("LastModified")}))
+                for page in self._pages(bucket, prefix) for o in page.get("Contents", ())}
+
+    def _pages(self, bucket: str, prefix: str, **kwargs: Any) -> Any:
+        token: str | None = None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+            page = self._list_page(bucket, prefix, **kwargs, **extra)
+            yield page
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def _list_page(self, bucket: str, prefix: str, **kwargs: Any) -> Mapping[str, Any]:
+        try:
+            return self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **kwargs)
+        except Exception as e:  # noqa: BLE001 - translated, re-raised
+            raise translate_error(e, f"s3://{bucket}/{prefix}", "list_objects_v2") from e
+
+    # ------------------------------------------------------------ removing
+    def remove(self, path: str) -> bool:
+        """Deletes one object; False when it was already gone (S3's delete does not say: one
+        ``HeadObject`` first)."""
+        try:
+            self.call("head_object", path)
+        except FileNotFoundError:
+            return False
+        self.call("delete_object", path)
+        return True
+
+    def remove_tree(self, path: str) -> None:
+        """Deletes every object under ``path/`` (``DeleteObjects``, 1000 a request); what the
+        server refuses is logged, not raised."""
+        bucket, key = _split(path)
+        keys = [_prefix(key) + rel for rel in self.list_files(path)]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            try:
+                response = self.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+            except Exception as e:  # noqa: BLE001 - logged
+                logger.warning("could not remove objects under %s: %s", path, translate_error(e, path, "delete_objects"))
+                continue
+            for error in response.get("Errors", ()):
+                logger.warning("could not remove s3://%s/%s: %s", bucket, error.get("Key"), error.get("Message"))
+
+    # ------------------------------------------------------------ the directory commit
+    def stage(self, directory: str, name: str) -> str:
+        """Returns ``<directory>/<name>``: the data objects go straight to their final keys and
+        the manifest, written last by `commit`, makes them a checkpoint. ``FileExistsError`` if
+        that checkpoint is committed already (delete it first: re-saving a step in place would
+        overwrite the objects its manifest vouches for); manifest-less leftovers of an
+        interrupted write are removed with a WARNING."""
+        final = self.join(directory, name)
+        if self.exists(self.join(final, MANIFEST_FILE)):
+            raise FileExistsError(errno.EEXIST, f"{final} is a committed checkpoint; remove it before saving "
+                                  "the same step again")
+        if self.isdir(final):
+            logger.warning("removing %s left behind by an interrupted checkpoint write (no %s)", final, MANIFEST_FILE)
+            self.remove_tree(final)
+        return final
+
+    def commit(self, staged: str, final: str, *, manifest_name: str, manifest: bytes) -> None:
+        """Writes the manifest last, create-only: the checkpoint exists from that instant."""
+        if staged.rstrip("/") != final.rstrip("/"):
+            raise ValueError(f"an object store commits in place: staged {staged!r} must be final {final!r}")
+        self.create_exclusive(self.join(final, manifest_name), manifest)
+
+    def discard(self, staged: str) -> None:
+        """Removes a staged checkpoint's objects — never a committed one's."""
+        if self.exists(self.join(staged, MANIFEST_FILE)):
+            logger.warning("not discarding %s: it holds a %s (committed)", staged, MANIFEST_FILE)
+            return
+        self.remove_tree(staged)
+
+
+class _ConflictError(PreconditionFailedError):
+    """HTTP 409 ConditionalRequestConflict: retry the conditional write."""
+
+
+def translate_error(error: BaseException, path: str, operation: str) -> OSError:
+    """Maps a botocore/s3fs error to the ``OSError`` the runtime understands: 412 →
+    `PreconditionFailedError`, 404 → ``FileNotFoundError``, 403 → ``PermissionError``,
+    409 conditional conflict → retried by the caller, anything else (5xx after the retries,
+    no connection, timeouts) → ``OSError(EIO)`` naming the path and the operation."""
+    client_error = error if isinstance(error, ClientError) else _cause_of_type(error, ClientError)
+    if client_error is not None:
+        info = client_error.response.get("Error", {})
+        code = str(info.get("Code", ""))
+        status = client_error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        message = f"{path}: {operation} answered {status} {code}: {info.get('Message', '')}".rstrip(": ")
+        if status == 412 or code == "PreconditionFailed":
+            return PreconditionFailedError(f"{message} (condition {info.get('Condition', '?')})")
+        if status == 409 and code == "ConditionalRequestConflict":
+            return _ConflictError(message)
+        if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NoSuchUpload", "404"):
+            return FileNotFoundError(errno.ENOENT, message)
+        if status == 403 or code == "AccessDenied":
+            return PermissionError(errno.EACCES, message)
+        return OSError(errno.EIO, message)
+    if isinstance(error, FileNotFoundError):
+        return FileNotFoundError(errno.ENOENT, f"{path}: {operation}: {error}")
+    if isinstance(error, OSError) and not isinstance(error, (BotoCoreError,)) and error.errno:
+        return type(error)(error.errno, f"{path}: {operation}: {error}")
+    return OSError(errno.EIO, f"{path}: {operation} failed: {type(error).__name__}: {error}")
+
+
+def _cause_of_type(error: BaseException, kind: type) -> Any:
+    seen = 0
+    current: BaseException | None = error
+    while current is not None and seen < 10:
+        if isinstance(current, kind):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+async def _read_all(body: Any) -> bytes:
+    async with body as stream:
+        return await stream.read()
+
+
+def _split(path: str) -> tuple[str, str]:
+    rest = path.split("://", 1)[1] if "://" in path else path
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{path!r} names no bucket (expected s3://bucket/key)")
+    return bucket, key
+
+
+def _prefix(key: str) -> str:
+    key = key.strip("/")
+    return f"{key}/" if key else ""
+
+
+def _mtime(response: Mapping[str, Any]) -> float:
+    modified = response.get("LastModified")
+    return modified.timestamp() if hasattr(modified, "timestamp") else 0.0
