@@ -529,6 +529,7 @@ class MonitoredSession:
                 self._boundary.request_stop(self._coord.describe_stop())
         decision = self._boundary.resolve(self, self._global_step)
         if decision.stop and not self._stopped:
+            self._preempted = self._preempted or decision.preempted  # a signal on any rank (§12)
             self._apply_stop(decision.stop_reason or "stop requested")
 
     def _apply_stop(self, reason: str) -> None:
@@ -568,6 +569,7 @@ class MonitoredSession:
             self._preempted = True
         self._signal_reason = reason
         self._signalled.set()  # ends a recovery's backoff at once
+        self._boundary.request_stop(reason, preempted=True)  # the agreement carries it to every rank
         self._request_stop(reason=reason)
 
     # ---------------------------------------------------------------- creation and recovery
@@ -645,7 +647,7 @@ class MonitoredSession:
             self._boundary_actions.clear()
         self._boundary.clear()
         if self._signalled.is_set():  # a signal's stop outlives the recovery
-            self._boundary.request_stop(self._signal_reason)
+            self._boundary.request_stop(self._signal_reason, preempted=True)
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

@@ -3,10 +3,12 @@
 Each rank's requests of step N (a save: a time-based checkpoint, a listener, ``request_save``;
 a stop: ``StopAtSecsHook``, SIGTERM, a NaN, early stopping, ``request_stop``) go into one small
 asynchronous ``all_reduce`` (MAX over a ``2 × world_size`` int32 tensor: a save flag and a stop
-flag per rank) started at the boundary of step N on a gloo group of its own. The next step runs
+flag per rank; the stop flag is 2 for a stop caused by a signal) started at the boundary of step N on a gloo group of its own. The next step runs
 while it travels; at the boundary of N+1 its result is applied on every rank. So:
 
 - any rank asks → every rank acts, at the same step (N+1 for a request made during step N);
+- a stop caused by SIGTERM/SIGINT on any rank is a preemption on every rank
+  (``Decision.preempted``: every session's ``preempted`` is True, no finished mark is written);
 - a stop every rank requests at the same step (``Requests.stop_on_every_rank``: the target of
   ``StopAtStepHook(last_step)``, known to all ranks ahead) applies at once, at that step;
 - the collective overlaps the step: on the critical path there is only ``wait()`` on a work
@@ -48,6 +50,7 @@ __all__ = ["CollectiveAgreement"]
 
 logger = logging.getLogger(__name__)
 
+_PREEMPTED = 2  # the stop flag of a stop caused by SIGTERM/SIGINT
 _NO_REASONS: tuple[tuple[str, ...], str | None] = ((), None)
 _GENERATIONS = itertools.count()  # agreements are created in the same order on every rank
 
@@ -127,7 +130,8 @@ class CollectiveAgreement(Agreement):
         if carried is not None and any(carried):
             decision = _merge(decision, self._decode(step, carried, *self._staged))
         if requests.stop and requests.stop_on_every_rank:
-            decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
+            decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason,
+                                                 preempted=requests.preempted))
         if requests.save and requests.save_on_every_rank:  # every rank saves here: not sent on
             decision = _merge(decision, Decision(step, save=True, save_reasons=requests.save_reasons))
             requests = Requests(stop_reason=requests.stop_reason) if requests.stop else NO_REQUESTS
@@ -159,7 +163,7 @@ class CollectiveAgreement(Agreement):
             return
         flags = torch.zeros(2 * self.world_size)
         flags[self.rank] = float(requests.save)
-        flags[self.world_size + self.rank] = float(requests.stop)
+        flags[self.world_size + self.rank] = float(_stop_flag(requests))
         self._channel.stage(flags)
         self._staged = (step, (requests.save_reasons, requests.stop_reason))
 
@@ -169,7 +173,7 @@ class CollectiveAgreement(Agreement):
         flags.zero_()
         if requests is not NO_REQUESTS:
             flags[self.rank] = int(requests.save)
-            flags[self.world_size + self.rank] = int(requests.stop)
+            flags[self.world_size + self.rank] = _stop_flag(requests)
             self._local_reasons = (requests.save_reasons, requests.stop_reason)
         else:
             self._local_reasons = ((), None)
@@ -211,8 +215,9 @@ class CollectiveAgreement(Agreement):
         if stoppers:
             stop_reason = own_stop if self.rank in stoppers and own_stop else \
                 f"stop requested on rank {stoppers[0]} at step {started}"
+        preempted = any(values[self.world_size + r] >= _PREEMPTED for r in stoppers)
         return Decision(step, save=bool(savers), stop=bool(stoppers), save_reasons=save_reasons,
-                        stop_reason=stop_reason)
+                        stop_reason=stop_reason, preempted=preempted)
 
     def _failure(self, step: int, error: BaseException) -> RankFailureError:
         failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
@@ -272,9 +277,17 @@ def _is_collective_failure(exc: BaseException) -> bool:
         marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset"))
 
 
+def _stop_flag(requests: Requests) -> int:
+    """This rank's stop flag: 0 none, 1 a stop, 2 a stop caused by a signal (MAX keeps it)."""
+    if not requests.stop:
+        return 0
+    return _PREEMPTED if requests.preempted else 1
+
+
 def _merge(a: Decision, b: Decision) -> Decision:
     return Decision(a.step, save=a.save or b.save, stop=a.stop or b.stop,
                     save_reasons=a.save_reasons + b.save_reasons,
-                    stop_reason=a.stop_reason or b.stop_reason)
+                    stop_reason=a.stop_reason or b.stop_reason,
+                    preempted=(a.stop and a.preempted) or (b.stop and b.preempted))
 
 

@@ -128,3 +128,23 @@ def test_supervisor_front_door_on_ddp_stops_every_rank_together_and_only_the_chi
             verify_checkpoint(os.path.join(logdir, name))
     events = [n for n in os.listdir(logdir) if n.startswith("events.out.tfevents")]
     assert len(events) == 1, events  # the chief's; non-chief ranks write no events
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_one_rank_preempts_every_rank_and_marks_nothing_finished(tmp_path):
+    """Issue 21.5: a SIGTERM on rank 1 only is a preemption of the whole job: every rank's
+    session says preempted (so every rank exits 143 by the README's pattern), the chief writes
+    no finished mark (evaluators keep waiting for the resumed run), and the final checkpoint is
+    that of the agreed step."""
+    from supervisor.checkpoint.finished import FINISHED_FILE
+
+    logdir = str(tmp_path / "run")
+    results = run_job("ddp_preempted", 2, logdir, timeout=150)
+    assert [r.returncode for r in results] == [143, 143], describe(results)
+    assert [r.result["preempted"] for r in results] == [True, True], describe(results)
+    assert [r.result["end"] for r in results] == [6, 6], describe(results)
+    assert not os.path.exists(os.path.join(logdir, FINISHED_FILE)), describe(results)
+    assert "SIGTERM" in results[1].result["stop_reason"]
+    assert "rank 1" in results[0].result["stop_reason"], results[0].result
+    path, payload = _final_checkpoint(logdir)
+    assert path == os.path.join(logdir, "model.ckpt-6") and payload["global_step"] == 6

@@ -45,10 +45,10 @@ def agreement_requests(steps: str = "12") -> None:
         if rank == 1 and step == 3:
             requests = Requests(save_reasons=("timer",))
         if rank == 1 and step == 7:
-            requests = Requests(stop_reason="SIGTERM")
+            requests = Requests(stop_reason="SIGTERM", preempted=True)
         decision = agreement.decide(step, requests)
         if decision.save or decision.stop:
-            decisions.append([step, decision.save, decision.stop, decision.stop_reason])
+            decisions.append([step, decision.save, decision.stop, decision.stop_reason, decision.preempted])
         if decision.stop:
             break
     agreement.close()
@@ -201,7 +201,16 @@ def _ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: 
             s.run(step)
         end_step = s.global_step
     return {"start": start_step, "end": end_step, "digest": state_digest(net),
-            "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason}
+            "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason, "preempted": s.preempted}
+
+
+@scenario
+def ddp_preempted(logdir: str) -> int:
+    """SIGTERM to rank 1 only, during step 5; every rank follows the README's preemption
+    pattern: exit 143 when the session says it was preempted."""
+    result = _ddp_session(logdir, "30", fault="sigterm", fault_step="5")
+    emit(result)
+    return 143 if result["preempted"] else 0
 
 
 @scenario
@@ -384,7 +393,7 @@ def main() -> None:
     name, args = sys.argv[1], sys.argv[2:]
     distributed.init_process_group("gloo", timeout_secs=60)
     try:
-        SCENARIOS[name](*args)
+        code = SCENARIOS[name](*args)
     except BaseException:
         import traceback
 
@@ -392,6 +401,7 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(1)  # a failed rank leaves at once (as under torchrun); no barrier with the others
     distributed.destroy_process_group(timeout_secs=30)
+    sys.exit(code or 0)  # a scenario may return an exit status (the README's preemption pattern)
 
 
 if __name__ == "__main__":
