@@ -148,3 +148,26 @@ def test_a_sigterm_to_one_rank_preempts_every_rank_and_marks_nothing_finished(tm
     assert "rank 1" in results[0].result["stop_reason"], results[0].result
     path, payload = _final_checkpoint(logdir)
     assert path == os.path.join(logdir, "model.ckpt-6") and payload["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_only_the_chief_runs_init_fn_and_every_rank_starts_from_its_state(tmp_path):
+    """Issue 22.11, SPEC §4: non-chief ranks do not initialise. An init_fn drawing from a
+    per-rank RNG runs on the chief alone; the others receive its state (model and non-tensor
+    entries alike) before the first step, so the ranks never split."""
+    results = run_job("init_fn_ranks", 2, str(tmp_path / "run"), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    chief, other = results[0].result, results[1].result
+    assert (chief["calls"], other["calls"]) == ([0], []), describe(results)
+    assert chief["start"] == other["start"], describe(results)
+    assert chief["end"] == other["end"] and chief["counter"] == other["counter"]
+
+
+@pytest.mark.slow
+def test_an_init_fn_failing_on_the_chief_fails_every_rank_with_its_error(tmp_path):
+    results = run_job("init_fn_ranks", 2, str(tmp_path / "run"), "yes", timeout=120, agent_store=True)
+    assert [r.returncode for r in results] == [1, 1], describe(results)
+    assert "cannot read the warm-start file on rank 0" in results[0].output
+    # the other rank does not wait max_wait_secs, nor run init_fn: it quotes the chief's error
+    assert "cannot read the warm-start file on rank 0" in results[1].output, describe(results)
+    assert "on rank 1" not in results[1].output and results[1].elapsed < 50, describe(results)

@@ -213,6 +213,52 @@ def ddp_preempted(logdir: str) -> int:
     return 143 if result["preempted"] else 0
 
 
+class Counter:
+    """A stateful user object in the training state (not a tensor)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+@scenario
+def init_fn_ranks(logdir: str, fail: str = "no") -> None:
+    """An ``init_fn`` that draws from this rank's own RNG (a randomised or file-reading
+    initialisation): only the chief may run it, and every rank must start from its result."""
+    from supervisor import MonitoredTrainingSession
+
+    net, ddp, optimizer = build_ddp()
+    rank = dist.get_rank()
+    counter = Counter()
+    calls = []
+
+    def init_fn(session: Any) -> None:
+        calls.append(rank)
+        if fail == "yes":
+            raise OSError(f"cannot read the warm-start file on rank {rank}")
+        g = torch.Generator().manual_seed(5000 + rank)  # a per-rank draw: would split the ranks
+        with torch.no_grad():
+            for p in net.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+        counter.value = int(torch.randint(0, 1_000_000, (1,), generator=g))
+
+    with MonitoredTrainingSession(logdir, model=ddp, optimizer=optimizer, state={"counter": counter},
+                                  init_fn=init_fn, log_step_count_steps=None, save_summaries_steps=None,
+                                  save_checkpoint_steps=None, save_checkpoint_secs=None,
+                                  max_wait_secs=60, stop_grace_secs=8) as s:
+        start = {"digest": state_digest(net), "counter": counter.value}
+        session_ref: list = [s]
+        step = make_step(ddp, optimizer, session_ref)
+        for _ in range(3):
+            s.run(step)
+    emit({"calls": calls, "start": start, "end": state_digest(net), "counter": counter.value})
+
+
 @scenario
 def ddp_faults(root: str) -> None:
     """Three sessions in turn, each with a stop requested during step 5 on rank 1 only:
