@@ -106,9 +106,12 @@ class Agreement:
                         save_reasons=requests.save_reasons, stop_reason=requests.stop_reason,
                         preempted=requests.stop and requests.preempted)
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None) -> BaseException | None:
         """Releases what the agreement holds (process groups, pending collectives); ``error``:
-        the session is closing because of it (a collective agreement tells the other ranks)."""
+        the session is closing because of it (a collective agreement tells the other ranks).
+        Returns the error the session raises instead of ``error`` (a collective agreement names
+        the rank whose failure made this rank's collective fail), or None."""
+        return None
 
 
 LocalAgreement = Agreement

@@ -43,6 +43,7 @@ from supervisor.distributed.failure import (
     RankFailureError,
     describe_failure,
     diagnose,
+    is_collective_failure,
     post_failure,
 )
 
@@ -220,61 +221,73 @@ class CollectiveAgreement(Agreement):
                         stop_reason=stop_reason, preempted=preempted)
 
     def _failure(self, step: int, error: BaseException) -> RankFailureError:
-        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
-        what = describe_failure(failed, silent, self._diagnose_secs)
+        beating: set[int] = set()
+        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
+                                  beating=beating)
+        what = describe_failure(failed, silent, self._diagnose_secs, beating)
         message = (f"rank {self.rank} cannot agree on step {step} with the other ranks: {what}; "
                    f"the collective reported: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
         logger.error("%s", message)
         return RankFailureError(message, ranks=tuple(sorted(failed)) + tuple(silent), step=step)
 
     # ---------------------------------------------------------------- leaving
-    def report_failure(self, exc: BaseException) -> None:
+    def report_failure(self, exc: BaseException) -> RankFailureError | None:
         """Posts this rank's error for the others' diagnosis (called as a failed session closes).
 
-        When ``exc`` is itself a failed collective (e.g. DDP's all_reduce after a peer died), the
-        ranks that failed first are looked up and named in a note added to ``exc``.
+        When ``exc`` is itself a failed collective or store call (DDP's all_reduce after a peer
+        died, gloo's transport timeout behind a hung peer, a sharded save's ``dcp.save``), the
+        ranks that failed first are looked up; returns a `RankFailureError` naming them, chained
+        to ``exc`` (None when ``exc`` is this rank's own error, or no other rank is found).
         """
         if isinstance(exc, RankFailureError):
-            return
-        post_failure(self._store, self.rank, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        if _is_collective_failure(exc) and hasattr(exc, "add_note"):
-            failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
-            failed = {r: m for r, m in failed.items() if r != self.rank}
-            exc.add_note(f"[torch-supervisor] rank {self.rank}: a collective failed because another rank "
-                         f"did: {describe_failure(failed, silent, self._diagnose_secs)}")
+            return None
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        post_failure(self._store, self.rank, f"{type(exc).__name__}: {first_line}")
+        if not is_collective_failure(exc):
+            return None
+        beating: set[int] = set()
+        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
+                                  beating=beating)
+        failed = {r: m for r, m in failed.items() if r != self.rank}
+        if not failed and not silent:
+            return None
+        step = self._watchdog_step()
+        error = RankFailureError(
+            f"rank {self.rank} stopped at step {step} because another rank did: "
+            f"{describe_failure(failed, silent, self._diagnose_secs, beating)}; this rank's collective "
+            f"reported: {type(exc).__name__}: {first_line}", ranks=tuple(sorted(failed)) + tuple(silent), step=step)
+        error.__cause__ = exc
+        logger.error("%s", error)
+        return error
 
-    def close(self, error: BaseException | None = None) -> None:
+    def _watchdog_step(self) -> int | None:
+        if self._pending is not None:
+            return self._pending[2]
+        return self._staged[0] if self._watchdog is not None else None
+
+    def close(self, error: BaseException | None = None) -> RankFailureError | None:
         """Leaves the agreement. After an agreed stop nothing is in flight; otherwise (this rank
-        stops alone, e.g. on an error) the others are told why, so their error can name it."""
+        stops alone, e.g. on an error) the others are told why, so their error can name it.
+        Returns the error to raise instead of ``error`` when that is a collective failure caused
+        by another rank (`report_failure`), else None."""
         if self._closed:
-            return
+            return None
         self._closed = True
         if self._channel is not None:
             self._channel.unbind()
         if self._watchdog is not None:
             self._watchdog.close()
+        replacement = None
         if error is not None:
-            self.report_failure(error)
+            replacement = self.report_failure(error)
         elif self._watchdog is not None and not self._finished:
-            step = self._pending[2] if self._pending is not None else self._staged[0]
-            post_failure(self._store, self.rank, f"left the session at step {step} without an agreed stop")
+            post_failure(self._store, self.rank, f"left the session at step {self._watchdog_step()} without an agreed stop")
         self._pending = None
+        return replacement
 
     def __repr__(self) -> str:
         return (f"CollectiveAgreement(rank={self.rank}, world_size={self.world_size}, "
                 f"stop_grace_secs={self.stop_grace_secs:g})")
-
-
-def _is_collective_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` looks like a torch.distributed collective that failed (a peer is gone)."""
-    import torch.distributed as dist
-
-    dist_error = getattr(dist, "DistError", None)
-    if dist_error is not None and isinstance(exc, dist_error):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset"))
 
 
 def _stop_flag(requests: Requests) -> int:

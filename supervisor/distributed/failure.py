@@ -2,8 +2,15 @@
 
 A rank that raises posts its error under ``failed/<rank>`` in the group's store as it closes
 its session; every rank that sees a collective fail posts ``alive/<rank>``. A rank that posted
-neither within a short grace period is unresponsive (killed, or hung). The store is the one the
-process group rendezvoused on, so this needs no connection of its own.
+neither within a short grace period is unresponsive: killed (its `HangWatchdog` heartbeat has
+stopped) or hung (its heartbeat goes on). The store is the one the process group rendezvoused
+on, so this needs no connection of its own.
+
+Whatever fails first on a surviving rank — the agreement's collective, DDP's all-reduce, gloo's
+transport timeout ("Application timeout caused pair closure", "Timed out waiting ... for recv"),
+a sharded save's ``dcp.save`` ("Connection closed by peer") — the error it raises names the
+failed rank: the agreement's ``close`` turns a collective failure into a `RankFailureError`
+naming the rank(s) found here, chained to the original error (`explain_collective_failure`).
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Any
 
 from supervisor.errors import SupervisorError
 
-__all__ = ["RankFailureError", "diagnose", "post_failure"]
+__all__ = ["RankFailureError", "diagnose", "post_failure", "is_collective_failure"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +47,11 @@ def post_failure(store: Any, rank: int, message: str) -> None:
         logger.debug("could not post rank %d's failure to the store: %s", rank, e)
 
 
-def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tuple[dict[int, str], list[int]]:
-    """Returns ``({rank: its posted error}, [unresponsive ranks])`` as seen within ``grace_secs``."""
+def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float,
+             beating: set[int] | None = None) -> tuple[dict[int, str], list[int]]:
+    """Returns ``({rank: its posted error}, [unresponsive ranks])`` as seen within ``grace_secs``.
+    ``beating``, when given, receives the unresponsive ranks whose heartbeat changed meanwhile
+    (alive, so hung or blocked, not killed)."""
     try:
         store.set(f"alive/{rank}", "1")
     except Exception as e:  # noqa: BLE001
@@ -49,6 +59,7 @@ def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tu
                        "torchrun agent) may be gone", e)
         return {}, [r for r in range(world_size) if r != rank and r == 0]
     failed: dict[int, str] = {}
+    beats: dict[int, bytes | None] = {}
     deadline = time.monotonic() + grace_secs
     while True:
         silent = []
@@ -60,20 +71,66 @@ def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tu
                     failed[other] = store.get(f"failed/{other}").decode("utf-8", "replace")
                 elif not store.check([f"alive/{other}"]):
                     silent.append(other)
+                    if beating is not None:
+                        _watch_heartbeat(store, other, beats, beating)
             except Exception:  # noqa: BLE001 - treat an unreadable store as silence
                 silent.append(other)
         if not silent or time.monotonic() >= deadline:
+            if beating is not None:
+                beating.intersection_update(silent)
             return failed, silent
         time.sleep(0.05)
 
 
-def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: float) -> str:
-    """One sentence naming each failed rank and why."""
+def _watch_heartbeat(store: Any, other: int, beats: dict[int, bytes | None], beating: set[int]) -> None:
+    value = store.get(f"heartbeat/{other}") if store.check([f"heartbeat/{other}"]) else None
+    if other not in beats:
+        beats[other] = value
+    elif value != beats[other] and value != _CLOSED.encode():
+        beating.add(other)
+
+
+def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: float,
+                     beating: set[int] | None = None) -> str:
+    """One sentence naming each failed rank and why (``beating``: the silent ranks whose
+    heartbeat goes on, i.e. hung; without it a silent rank is "killed or hung")."""
     parts = [f"rank {r} failed ({message})" for r, message in sorted(failed.items())]
-    if silent:
-        ranks = ", ".join(str(r) for r in silent)
-        parts.append(f"rank {ranks} did not respond within {grace_secs:g} s (killed or hung)")
+    for group, why in _silent_groups(silent, beating):
+        parts.append(f"rank {', '.join(str(r) for r in group)} did not respond within {grace_secs:g} s ({why})")
     return "; ".join(parts) if parts else "no rank reported a failure (a network problem?)"
+
+
+def _silent_groups(silent: list[int], beating: set[int] | None) -> list[tuple[list[int], str]]:
+    if beating is None:
+        return [(silent, "killed or hung")] if silent else []
+    hung = [r for r in silent if r in beating]
+    gone = [r for r in silent if r not in beating]
+    groups = [(gone, "killed, or its host is gone: its heartbeat stopped")] if gone else []
+    if hung:
+        groups.append((hung, "hung: its process is alive, its heartbeat goes on"))
+    return groups
+
+
+_COLLECTIVE_MARKERS = ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset", "pair closure",
+                       "Timed out waiting", "Broken pipe")
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` — or an error it was raised from — looks like a torch.distributed
+    collective or store call that failed because a peer is gone or hung."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", None)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if dist_error is not None and isinstance(exc, dist_error):
+            return True
+        if isinstance(exc, (RuntimeError, OSError, SupervisorError)) or type(exc).__name__ == "CheckpointException":
+            if any(marker in str(exc) for marker in _COLLECTIVE_MARKERS):
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 _CLOSED = "closed"

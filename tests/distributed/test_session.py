@@ -171,3 +171,25 @@ def test_an_init_fn_failing_on_the_chief_fails_every_rank_with_its_error(tmp_pat
     # the other rank does not wait max_wait_secs, nor run init_fn: it quotes the chief's error
     assert "cannot read the warm-start file on rank 0" in results[1].output, describe(results)
     assert "on rank 1" not in results[1].output and results[1].elapsed < 50, describe(results)
+
+
+def _raised(output: str) -> str:
+    """The last exception line of a traceback in ``output`` (what the rank raised)."""
+    lines = [line for line in output.splitlines() if re.match(r"^[\w.]+(Error|Exception|Interrupt): ", line)]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.slow
+def test_a_transport_timeout_before_the_watchdog_still_names_the_hung_rank(tmp_path):
+    """Issue 22.10, SPEC §12: rank 1 hangs in its step; the training group's gloo timeout (3 s)
+    fires before the watchdog (stop_grace_secs=8). Rank 0's error is gloo's "Application timeout
+    caused pair closure"/"Timed out", which names no rank: what rank 0 raises must name rank 1
+    (chained to gloo's error)."""
+    results = run_job("ddp_session", 2, str(tmp_path / "run"), "200", "0", "60", "hang", "1", "5",
+                      timeout=90, after_rank0_secs=3, extra_env={"SUPERVISOR_TEST_PG_TIMEOUT": "3"})
+    chief = results[0]
+    assert chief.returncode not in (0, None), describe(results)
+    raised = _raised(chief.output)
+    assert raised.startswith("supervisor.distributed.failure.RankFailureError: ") and "rank 1" in raised, \
+        describe(results)
+    assert "hung" in raised or "did not respond" in raised, raised

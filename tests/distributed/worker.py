@@ -437,7 +437,9 @@ def train_sharded_step(model: torch.nn.Module, optimizer: Any, step: int) -> Non
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name, args = sys.argv[1], sys.argv[2:]
-    distributed.init_process_group("gloo", timeout_secs=60)
+    # SUPERVISOR_TEST_PG_TIMEOUT: the training group's (gloo's transport) timeout, e.g. shorter
+    # than stop_grace_secs so that it fires before the runtime's own watchdog
+    distributed.init_process_group("gloo", timeout_secs=float(os.environ.get("SUPERVISOR_TEST_PG_TIMEOUT", "60")))
     try:
         code = SCENARIOS[name](*args)
     except BaseException:
