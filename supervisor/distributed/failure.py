@@ -107,7 +107,7 @@ def _silent_groups(silent: list[int], beating: set[int] | None) -> list[tuple[li
     gone = [r for r in silent if r not in beating]
     groups = [(gone, "killed, or its host is gone: its heartbeat stopped")] if gone else []
     if hung:
-        groups.append((hung, "hung: its process is alive, its heartbeat goes on"))
+        groups.append((hung, "alive, its heartbeat goes on, but not answering: hung, or still blocked in a collective"))
     return groups
 
 
@@ -141,18 +141,20 @@ class HangWatchdog:
 
     ``torch.distributed`` cannot interrupt a blocked gloo collective (``abort`` does not unblock
     it), so a rank stuck in DDP's all_reduce behind a hung peer would wait for the training
-    group's own timeout (30 min by default). Every rank posts the step of its last boundary to the
-    store (``progress/<rank>``, only when it changes, from this thread). When this rank's step has
-    not moved for ``grace_secs`` *and* another rank is behind it and has not moved for
-    ``grace_secs`` either, that rank is hung: this rank logs an error naming it, posts it for the
+    group's own timeout (30 min by default). Every rank posts, from this thread, a heartbeat
+    (``heartbeat/<rank>`` = ``"<counter> <step of its last boundary> <seconds at that step>"``,
+    every interval). When this rank's step has not moved for ``grace_secs`` *and* another rank
+    is behind it and has been at its step for more than ``grace_secs`` (by its own heartbeat,
+    so it is named at once, not ``grace_secs`` after this rank started looking), that rank is
+    hung: this rank logs an error naming it, posts it for the
     others, and exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started
     the job — sees the failure in bounded time. Committed checkpoints are untouched; a save in
     flight is left as a temp directory, removed at the next start.
 
     A rank that is *gone* (SIGKILL, OOM killer) may have reached the same step as this one before
     it died — e.g. killed by its own checkpoint writer thread while its training thread ran on —
-    and then it is not "behind". So this thread also posts a heartbeat (``heartbeat/<rank>``, a
-    counter, every interval; ``closed`` when the agreement closes normally): when this rank is
+    and then it is not "behind". So the heartbeat also counts (``closed`` when the agreement
+    closes normally): when this rank is
     blocked (its step has not moved for ``grace_secs``) and another rank's heartbeat has not
     changed for ``grace_secs`` since then, that rank is dead or frozen, and this rank exits the same way. A
     rank blocked in a collective still beats (its threads run), so a heartbeat never stops
@@ -193,7 +195,6 @@ class HangWatchdog:
             logger.debug("rank watchdog: could not post the close (%s)", e)
 
     def _run(self) -> None:
-        seen: dict[int, tuple[int, float]] = {}
         beats: dict[int, tuple[str, float]] = {}
         posted = None
         own_since = time.monotonic()
@@ -202,18 +203,18 @@ class HangWatchdog:
             now = time.monotonic()
             step = self._step
             beat += 1
+            if step != posted:
+                posted, own_since = step, now
             try:
-                self._store.set(f"heartbeat/{self.rank}", str(beat))
-                if step != posted:
-                    self._store.set(f"progress/{self.rank}", str(step))
-                    posted, own_since = step, now
+                self._store.set(f"heartbeat/{self.rank}", f"{beat} {-1 if step is None else step} {now - own_since:.1f}")
                 # The peers are read only while this rank is blocked: every rank reading every
                 # other's keys each second would load the store with world_size² requests.
                 blocked = now - own_since > self.grace_secs
                 if not blocked:
                     beats.clear()  # silence counts from when this rank is blocked
-                silent = self._find_silent(beats, now) if blocked else None
-                hung = self._find_hung(step, seen, now) if blocked and silent is None else None
+                peers = self._read_peers() if blocked else {}
+                silent = self._find_silent(peers, beats, now) if blocked else None
+                hung = self._find_hung(step, peers) if blocked and silent is None else None
             except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
                 logger.debug("rank watchdog: store unavailable (%s)", e)
                 continue
@@ -222,13 +223,18 @@ class HangWatchdog:
             if hung is not None:
                 self._abort(*hung)
 
-    def _find_silent(self, beats: dict[int, tuple[str, float]], now: float) -> int | None:
+    def _read_peers(self) -> dict[int, str]:
+        """Every other rank's heartbeat, as posted (ranks that posted none are left out)."""
+        peers = {}
+        for other in range(self.world_size):
+            if other != self.rank and self._store.check([f"heartbeat/{other}"]):
+                peers[other] = self._store.get(f"heartbeat/{other}").decode()
+        return peers
+
+    def _find_silent(self, peers: dict[int, str], beats: dict[int, tuple[str, float]], now: float) -> int | None:
         """A rank whose heartbeat has not changed for ``grace_secs`` since this rank saw it
         (read every interval while blocked, so the time of each change is known)."""
-        for other in range(self.world_size):
-            if other == self.rank or not self._store.check([f"heartbeat/{other}"]):
-                continue
-            value = self._store.get(f"heartbeat/{other}").decode()
+        for other, value in peers.items():
             if beats.get(other, (None, 0.0))[0] != value:
                 beats[other] = (value, now)
             elif value != _CLOSED and now - beats[other][1] > self.grace_secs:
@@ -240,16 +246,15 @@ class HangWatchdog:
                    f"{self.grace_secs:g} s (killed, or its process is frozen) while rank {self.rank} waits "
                    f"at step {self._step}; rank {self.rank} exits (status 1) so the job ends")
 
-    def _find_hung(self, step: int | None, seen: dict[int, tuple[int, float]], now: float) -> tuple[int, int] | None:
-        for other in range(self.world_size):
-            if other == self.rank or not self._store.check([f"progress/{other}"]):
+    def _find_hung(self, step: int | None, peers: dict[int, str]) -> tuple[int, int] | None:
+        """A rank behind this one that has been at its step for more than ``grace_secs``."""
+        for other, value in peers.items():
+            parts = value.split()
+            if step is None or len(parts) != 3:  # "closed", or not yet at a boundary
                 continue
-            raw = self._store.get(f"progress/{other}").decode()
-            value = int(raw) if raw.lstrip("-").isdigit() else -1
-            if seen.get(other, (None, 0.0))[0] != value:
-                seen[other] = (value, now)
-            if step is not None and value < step and now - seen[other][1] > self.grace_secs:
-                return other, value
+            other_step, at_step_secs = int(parts[1]), float(parts[2])
+            if other_step < step and at_step_secs > self.grace_secs:
+                return other, other_step
         return None
 
     def _abort(self, other: int, other_step: int) -> None:
