@@ -93,9 +93,11 @@ def main(argv: Sequence[str] | None = None, extra_hooks: Sequence[Any] = ()) -> 
         weights = {k: v.clone() for k, v in net.state_dict().items()}
         if args.out and rank == 0:
             torch.save(weights, args.out)
-        return weights
     finally:
         distributed.destroy_process_group()
+    if session.preempted:  # a SIGTERM on any rank preempts every rank: not finished, resume later
+        sys.exit(143)
+    return weights
 
 
 if __name__ == "__main__":

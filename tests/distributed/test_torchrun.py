@@ -60,3 +60,23 @@ def test_elastic_restart_after_a_sigkilled_rank_resumes_bit_exact(tmp_path, npro
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_one_rank_under_torchrun_is_a_preemption_of_the_job(tmp_path):
+    """Issue 21.5 as reported: SIGTERM to rank 1 only. Every rank stops at the same step with a
+    final checkpoint, reports preempted and exits 143 (the example's preemption pattern), so
+    torchrun exits non-zero; the chief writes no finished mark (evaluators keep waiting)."""
+    from supervisor.checkpoint import latest_checkpoint
+    from supervisor.checkpoint.finished import FINISHED_FILE
+
+    logdir = str(tmp_path / "run")
+    job = torchrun("tests/distributed/elastic_trainer.py", "--logdir", logdir, "--steps", "40",
+                   "--save-steps", "100", env={"SUPERVISOR_TEST_SIGTERM": "1:6"})
+    output = job.stdout + job.stderr
+    assert "sending SIGTERM to rank 1 after step 6" in output
+    assert job.returncode != 0, output
+    assert "[rank 0] INFO root: finished at step 7" in output and "[rank 1] INFO root: finished at step 7" in output
+    assert "exitcode: 143" in output, output  # torchrun names the ranks' status
+    assert not os.path.exists(os.path.join(logdir, FINISHED_FILE)), output
+    assert latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-7")
