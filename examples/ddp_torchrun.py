@@ -65,7 +65,11 @@ def main(argv: Sequence[str] | None = None, extra_hooks: Sequence[Any] = ()) -> 
         rank = distributed.rank()
         torch.manual_seed(0)  # the same initial weights everywhere
         net = Net()
-        model = DistributedDataParallel(net)
+        # find_unused_parameters=True keeps DDP's bucket layout for the whole run: by default DDP
+        # rebuilds its buckets after its first iteration, so a restarted job's first step sums the
+        # gradients of 3+ ranks in another order than the uninterrupted run (gloo's ring
+        # all-reduce: ~1e-8 differences). With it, restarts are bit-exact on any number of ranks.
+        model = DistributedDataParallel(net, find_unused_parameters=True)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         torch.manual_seed(100 + rank)  # each rank its own dropout stream (checkpointed per rank)
 
@@ -89,9 +93,11 @@ def main(argv: Sequence[str] | None = None, extra_hooks: Sequence[Any] = ()) -> 
         weights = {k: v.clone() for k, v in net.state_dict().items()}
         if args.out and rank == 0:
             torch.save(weights, args.out)
-        return weights
     finally:
         distributed.destroy_process_group()
+    if session.preempted:  # a SIGTERM on any rank preempts every rank: not finished, resume later
+        sys.exit(143)
+    return weights
 
 
 if __name__ == "__main__":

@@ -51,12 +51,14 @@ class Requests:
             step count known to all ranks, `StopAtStepHook`), so an agreement may apply it at once.
         save_on_every_rank: likewise for a save (a step schedule every rank runs, e.g. the
             ``save_checkpoint_steps`` of `MonitoredTrainingSession`).
+        preempted: the stop was caused by a signal (SIGTERM/SIGINT): the run is not finished.
     """
 
     save_reasons: tuple[str, ...] = ()
     stop_reason: str | None = None
     stop_on_every_rank: bool = False
     save_on_every_rank: bool = False
+    preempted: bool = False
 
     @property
     def save(self) -> bool:
@@ -72,13 +74,15 @@ NO_REQUESTS = Requests()
 
 @dataclass(frozen=True)
 class Decision:
-    """What every process does at a boundary: capture a checkpoint, stop, or both."""
+    """What every process does at a boundary: capture a checkpoint, stop, or both.
+    ``preempted``: a signal on some process caused the stop (every process reports preempted)."""
 
     step: int
     save: bool = False
     stop: bool = False
     save_reasons: tuple[str, ...] = ()
     stop_reason: str | None = None
+    preempted: bool = False
 
 
 class Agreement:
@@ -99,11 +103,15 @@ class Agreement:
         if requests is NO_REQUESTS:
             return Decision(step)
         return Decision(step, save=requests.save, stop=requests.stop,
-                        save_reasons=requests.save_reasons, stop_reason=requests.stop_reason)
+                        save_reasons=requests.save_reasons, stop_reason=requests.stop_reason,
+                        preempted=requests.stop and requests.preempted)
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None) -> BaseException | None:
         """Releases what the agreement holds (process groups, pending collectives); ``error``:
-        the session is closing because of it (a collective agreement tells the other ranks)."""
+        the session is closing because of it (a collective agreement tells the other ranks).
+        Returns the error the session raises instead of ``error`` (a collective agreement names
+        the rank whose failure made this rank's collective fail), or None."""
+        return None
 
 
 LocalAgreement = Agreement
@@ -141,6 +149,7 @@ class StepBoundary:
         self._stop_reason: str | None = None
         self._stop_on_every_rank = False
         self._save_on_every_rank = False
+        self._preempted = False
         self._pending = False
         self._commits: deque[tuple[Any, Commit]] = deque()
         self._listeners: list[_Listener] = []
@@ -178,11 +187,13 @@ class StepBoundary:
             self._save_on_every_rank = self._save_on_every_rank or save_on_every_rank
             self._pending = True
 
-    def request_stop(self, reason: str, *, stop_on_every_rank: bool = False) -> None:
+    def request_stop(self, reason: str, *, stop_on_every_rank: bool = False, preempted: bool = False) -> None:
+        """A stop at the next boundary; ``preempted``: caused by a signal (it reaches every rank)."""
         with self._lock:
             if self._stop_reason is None:
                 self._stop_reason = reason
                 self._stop_on_every_rank = stop_on_every_rank
+            self._preempted = self._preempted or preempted
             self._pending = True
 
     def report_commit(self, manager: Any, step: int, path: str) -> None:
@@ -197,10 +208,10 @@ class StepBoundary:
                 self._pending = bool(self._commits)
                 return NO_REQUESTS
             requests = Requests(tuple(self._save_reasons), self._stop_reason, self._stop_on_every_rank,
-                                self._save_on_every_rank)
+                                self._save_on_every_rank, self._preempted and self._stop_reason is not None)
             self._save_reasons.clear()
             self._stop_reason = None
-            self._stop_on_every_rank = self._save_on_every_rank = False
+            self._stop_on_every_rank = self._save_on_every_rank = self._preempted = False
             self._pending = bool(self._commits)
             return requests
 
@@ -217,7 +228,7 @@ class StepBoundary:
         with self._lock:
             self._save_reasons.clear()
             self._stop_reason = None
-            self._stop_on_every_rank = self._save_on_every_rank = False
+            self._stop_on_every_rank = self._save_on_every_rank = self._preempted = False
             self._save_managers.clear()
             self._pending = bool(self._commits)
         self._listeners.clear()

@@ -102,8 +102,7 @@ class SessionCreator:
             step: int | None = restored.global_step
             message = ("restored step=%d from %s", restored.global_step, restored.path)
         elif first or self.reinitialise_on_recreate:
-            if self.init_fn is not None:
-                self.init_fn(session)
+            self.initialise(session)
             step = 0
             message = ("initialised from scratch",)
         else:
@@ -115,6 +114,12 @@ class SessionCreator:
         self._created += 1
         logger.info(*message)
         return step
+
+    def initialise(self, session: Any) -> None:
+        """Nothing was restored: runs ``init_fn`` (a distributed creator runs it on the chief
+        only and gives the other ranks the chief's state, SPEC §4)."""
+        if self.init_fn is not None:
+            self.init_fn(session)
 
     def check_ready(self, session: Any) -> None:
         not_ready = (self.ready_fn or default_ready_fn)(session)

@@ -529,6 +529,7 @@ class MonitoredSession:
                 self._boundary.request_stop(self._coord.describe_stop())
         decision = self._boundary.resolve(self, self._global_step)
         if decision.stop and not self._stopped:
+            self._preempted = self._preempted or decision.preempted  # a signal on any rank (§12)
             self._apply_stop(decision.stop_reason or "stop requested")
 
     def _apply_stop(self, reason: str) -> None:
@@ -568,6 +569,7 @@ class MonitoredSession:
             self._preempted = True
         self._signal_reason = reason
         self._signalled.set()  # ends a recovery's backoff at once
+        self._boundary.request_stop(reason, preempted=True)  # the agreement carries it to every rank
         self._request_stop(reason=reason)
 
     # ---------------------------------------------------------------- creation and recovery
@@ -645,7 +647,7 @@ class MonitoredSession:
             self._boundary_actions.clear()
         self._boundary.clear()
         if self._signalled.is_set():  # a signal's stop outlives the recovery
-            self._boundary.request_stop(self._signal_reason)
+            self._boundary.request_stop(self._signal_reason, preempted=True)
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:
@@ -712,7 +714,7 @@ class MonitoredSession:
         first = self._coord.exception or exc
         if straggler_error is not None and hasattr(first, "add_note"):
             first.add_note(str(straggler_error))
-        _close_agreement(self._boundary.agreement, first)
+        first = _close_agreement(self._boundary.agreement, first)  # may name the failed rank (§12)
         for hook in self._hooks_overriding("on_exception"):
             try:
                 with overdue_warning(f"{type(hook).__name__}.on_exception()", self._stop_grace_secs):
@@ -729,12 +731,14 @@ class MonitoredSession:
         return first
 
 
-def _close_agreement(agreement: Agreement, error: BaseException) -> None:
-    """Closes the agreement after ``error``; a collective one tells the other ranks why."""
+def _close_agreement(agreement: Agreement, error: BaseException) -> BaseException:
+    """Closes the agreement after ``error``; a collective one tells the other ranks why. Returns
+    the error to raise: ``error``, or one naming the rank that failed first (chained to it)."""
     try:
-        agreement.close(error)
+        return agreement.close(error) or error
     except Exception:  # noqa: BLE001 - the first error is the one the user must see
         logger.exception("closing the rank agreement failed after %s", type(error).__name__)
+        return error
 
 
 def _merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook, kwargs: dict) -> None:

@@ -107,11 +107,22 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
                  logdir: str | None = None, summary_writer: Any = None) -> None:
         super().__init__(state, manager, is_chief=True, init_fn=init_fn, local_init_fn=local_init_fn,
                          ready_fn=ready_fn, logdir=logdir, summary_writer=summary_writer)
+        self._scratch_key: str | None = None  # a creation whose decision waits for init_fn
 
     def restore(self, session: Any) -> Restored | None:
         manager: CheckpointManager = self._open_manager(session)
-        # Distributed (§12): the other ranks restore exactly what the chief chose here.
-        return distributed_restore.decide_as_chief(lambda: manager.restore(self.state))
+        # Distributed (§12): the other ranks restore exactly what the chief chose here; when it
+        # starts from scratch with an init_fn, they receive its state after init_fn (initialise).
+        restored, self._scratch_key = distributed_restore.decide_as_chief(
+            lambda: manager.restore(self.state), initialises=self.init_fn is not None)
+        return restored
+
+    def initialise(self, session: Any) -> None:
+        key, self._scratch_key = self._scratch_key, None
+        if key is None:
+            super().initialise(session)
+        else:
+            distributed_restore.initialise_as_chief(key, lambda: self.init_fn(session), self.state)
 
 
 class WorkerSessionCreator(SessionCreator):
@@ -152,6 +163,14 @@ class WorkerSessionCreator(SessionCreator):
         self.trusted_globals = check_trusted_globals(trusted_globals)
         self.save_rng = check_bool("save_rng", save_rng)
         self._clock = resolve_clock(clock)
+
+    def initialise(self, session: Any) -> None:
+        """A non-chief rank never runs ``init_fn`` in a distributed job (SPEC §4): its restore
+        already received the chief's state when the chief ran one."""
+        if not distributed.is_distributed():
+            super().initialise(session)
+        elif self.init_fn is not None:
+            logger.debug("rank %d does not run init_fn: it starts from the chief's state", distributed.rank())
 
     def restore(self, session: Any) -> Restored | None:
         if distributed.is_distributed():  # §12: wait for the chief's decision, restore exactly that

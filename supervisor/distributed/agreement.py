@@ -3,10 +3,12 @@
 Each rank's requests of step N (a save: a time-based checkpoint, a listener, ``request_save``;
 a stop: ``StopAtSecsHook``, SIGTERM, a NaN, early stopping, ``request_stop``) go into one small
 asynchronous ``all_reduce`` (MAX over a ``2 × world_size`` int32 tensor: a save flag and a stop
-flag per rank) started at the boundary of step N on a gloo group of its own. The next step runs
+flag per rank; the stop flag is 2 for a stop caused by a signal) started at the boundary of step N on a gloo group of its own. The next step runs
 while it travels; at the boundary of N+1 its result is applied on every rank. So:
 
 - any rank asks → every rank acts, at the same step (N+1 for a request made during step N);
+- a stop caused by SIGTERM/SIGINT on any rank is a preemption on every rank
+  (``Decision.preempted``: every session's ``preempted`` is True, no finished mark is written);
 - a stop every rank requests at the same step (``Requests.stop_on_every_rank``: the target of
   ``StopAtStepHook(last_step)``, known to all ranks ahead) applies at once, at that step;
 - the collective overlaps the step: on the critical path there is only ``wait()`` on a work
@@ -41,6 +43,7 @@ from supervisor.distributed.failure import (
     RankFailureError,
     describe_failure,
     diagnose,
+    is_collective_failure,
     post_failure,
 )
 
@@ -48,6 +51,7 @@ __all__ = ["CollectiveAgreement"]
 
 logger = logging.getLogger(__name__)
 
+_PREEMPTED = 2  # the stop flag of a stop caused by SIGTERM/SIGINT
 _NO_REASONS: tuple[tuple[str, ...], str | None] = ((), None)
 _GENERATIONS = itertools.count()  # agreements are created in the same order on every rank
 
@@ -127,7 +131,8 @@ class CollectiveAgreement(Agreement):
         if carried is not None and any(carried):
             decision = _merge(decision, self._decode(step, carried, *self._staged))
         if requests.stop and requests.stop_on_every_rank:
-            decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason))
+            decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason,
+                                                 preempted=requests.preempted))
         if requests.save and requests.save_on_every_rank:  # every rank saves here: not sent on
             decision = _merge(decision, Decision(step, save=True, save_reasons=requests.save_reasons))
             requests = Requests(stop_reason=requests.stop_reason) if requests.stop else NO_REQUESTS
@@ -159,7 +164,7 @@ class CollectiveAgreement(Agreement):
             return
         flags = torch.zeros(2 * self.world_size)
         flags[self.rank] = float(requests.save)
-        flags[self.world_size + self.rank] = float(requests.stop)
+        flags[self.world_size + self.rank] = float(_stop_flag(requests))
         self._channel.stage(flags)
         self._staged = (step, (requests.save_reasons, requests.stop_reason))
 
@@ -169,7 +174,7 @@ class CollectiveAgreement(Agreement):
         flags.zero_()
         if requests is not NO_REQUESTS:
             flags[self.rank] = int(requests.save)
-            flags[self.world_size + self.rank] = int(requests.stop)
+            flags[self.world_size + self.rank] = _stop_flag(requests)
             self._local_reasons = (requests.save_reasons, requests.stop_reason)
         else:
             self._local_reasons = ((), None)
@@ -211,70 +216,91 @@ class CollectiveAgreement(Agreement):
         if stoppers:
             stop_reason = own_stop if self.rank in stoppers and own_stop else \
                 f"stop requested on rank {stoppers[0]} at step {started}"
+        preempted = any(values[self.world_size + r] >= _PREEMPTED for r in stoppers)
         return Decision(step, save=bool(savers), stop=bool(stoppers), save_reasons=save_reasons,
-                        stop_reason=stop_reason)
+                        stop_reason=stop_reason, preempted=preempted)
 
     def _failure(self, step: int, error: BaseException) -> RankFailureError:
-        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
-        what = describe_failure(failed, silent, self._diagnose_secs)
+        beating: set[int] = set()
+        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
+                                  beating=beating)
+        what = describe_failure(failed, silent, self._diagnose_secs, beating)
         message = (f"rank {self.rank} cannot agree on step {step} with the other ranks: {what}; "
                    f"the collective reported: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
         logger.error("%s", message)
         return RankFailureError(message, ranks=tuple(sorted(failed)) + tuple(silent), step=step)
 
     # ---------------------------------------------------------------- leaving
-    def report_failure(self, exc: BaseException) -> None:
+    def report_failure(self, exc: BaseException) -> RankFailureError | None:
         """Posts this rank's error for the others' diagnosis (called as a failed session closes).
 
-        When ``exc`` is itself a failed collective (e.g. DDP's all_reduce after a peer died), the
-        ranks that failed first are looked up and named in a note added to ``exc``.
+        When ``exc`` is itself a failed collective or store call (DDP's all_reduce after a peer
+        died, gloo's transport timeout behind a hung peer, a sharded save's ``dcp.save``), the
+        ranks that failed first are looked up; returns a `RankFailureError` naming them, chained
+        to ``exc`` (None when ``exc`` is this rank's own error, or no other rank is found).
         """
         if isinstance(exc, RankFailureError):
-            return
-        post_failure(self._store, self.rank, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        if _is_collective_failure(exc) and hasattr(exc, "add_note"):
-            failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs)
-            failed = {r: m for r, m in failed.items() if r != self.rank}
-            exc.add_note(f"[torch-supervisor] rank {self.rank}: a collective failed because another rank "
-                         f"did: {describe_failure(failed, silent, self._diagnose_secs)}")
+            return None
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        post_failure(self._store, self.rank, f"{type(exc).__name__}: {first_line}")
+        if not is_collective_failure(exc):
+            return None
+        beating: set[int] = set()
+        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
+                                  beating=beating)
+        failed = {r: m for r, m in failed.items() if r != self.rank}
+        if not failed and not silent:
+            return None
+        step = self._watchdog_step()
+        error = RankFailureError(
+            f"rank {self.rank} stopped at step {step} because another rank did: "
+            f"{describe_failure(failed, silent, self._diagnose_secs, beating)}; this rank's collective "
+            f"reported: {type(exc).__name__}: {first_line}", ranks=tuple(sorted(failed)) + tuple(silent), step=step)
+        error.__cause__ = exc
+        logger.error("%s", error)
+        return error
 
-    def close(self, error: BaseException | None = None) -> None:
+    def _watchdog_step(self) -> int | None:
+        if self._pending is not None:
+            return self._pending[2]
+        return self._staged[0] if self._watchdog is not None else None
+
+    def close(self, error: BaseException | None = None) -> RankFailureError | None:
         """Leaves the agreement. After an agreed stop nothing is in flight; otherwise (this rank
-        stops alone, e.g. on an error) the others are told why, so their error can name it."""
+        stops alone, e.g. on an error) the others are told why, so their error can name it.
+        Returns the error to raise instead of ``error`` when that is a collective failure caused
+        by another rank (`report_failure`), else None."""
         if self._closed:
-            return
+            return None
         self._closed = True
         if self._channel is not None:
             self._channel.unbind()
         if self._watchdog is not None:
             self._watchdog.close()
+        replacement = None
         if error is not None:
-            self.report_failure(error)
+            replacement = self.report_failure(error)
         elif self._watchdog is not None and not self._finished:
-            step = self._pending[2] if self._pending is not None else self._staged[0]
-            post_failure(self._store, self.rank, f"left the session at step {step} without an agreed stop")
+            post_failure(self._store, self.rank, f"left the session at step {self._watchdog_step()} without an agreed stop")
         self._pending = None
+        return replacement
 
     def __repr__(self) -> str:
         return (f"CollectiveAgreement(rank={self.rank}, world_size={self.world_size}, "
                 f"stop_grace_secs={self.stop_grace_secs:g})")
 
 
-def _is_collective_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` looks like a torch.distributed collective that failed (a peer is gone)."""
-    import torch.distributed as dist
-
-    dist_error = getattr(dist, "DistError", None)
-    if dist_error is not None and isinstance(exc, dist_error):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset"))
+def _stop_flag(requests: Requests) -> int:
+    """This rank's stop flag: 0 none, 1 a stop, 2 a stop caused by a signal (MAX keeps it)."""
+    if not requests.stop:
+        return 0
+    return _PREEMPTED if requests.preempted else 1
 
 
 def _merge(a: Decision, b: Decision) -> Decision:
     return Decision(a.step, save=a.save or b.save, stop=a.stop or b.stop,
                     save_reasons=a.save_reasons + b.save_reasons,
-                    stop_reason=a.stop_reason or b.stop_reason)
+                    stop_reason=a.stop_reason or b.stop_reason,
+                    preempted=(a.stop and a.preempted) or (b.stop and b.preempted))
 
 

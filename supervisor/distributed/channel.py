@@ -9,7 +9,7 @@ no extra round trip, and are known on every rank when ``backward()`` returns.
 
 Gradients are unchanged: the hook averages every bucket as DDP's built-in reducer does (a
 multiplication by ``1 / world_size``, then a sum), which `tests` check bit for bit against DDP
-without a hook. The flags are small integers (0 or 1 per rank), exact in every floating dtype.
+without a hook. The flags are small integers (0, 1 or 2 per rank), exact in every floating dtype.
 
 Rules, so every rank reads the same flags at the same boundary:
 

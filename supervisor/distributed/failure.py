@@ -2,8 +2,15 @@
 
 A rank that raises posts its error under ``failed/<rank>`` in the group's store as it closes
 its session; every rank that sees a collective fail posts ``alive/<rank>``. A rank that posted
-neither within a short grace period is unresponsive (killed, or hung). The store is the one the
-process group rendezvoused on, so this needs no connection of its own.
+neither within a short grace period is unresponsive: killed (its `HangWatchdog` heartbeat has
+stopped) or hung (its heartbeat goes on). The store is the one the process group rendezvoused
+on, so this needs no connection of its own.
+
+Whatever fails first on a surviving rank — the agreement's collective, DDP's all-reduce, gloo's
+transport timeout ("Application timeout caused pair closure", "Timed out waiting ... for recv"),
+a sharded save's ``dcp.save`` ("Connection closed by peer") — the error it raises names the
+failed rank: the agreement's ``close`` turns a collective failure into a `RankFailureError`
+naming the rank(s) found here, chained to the original error (`explain_collective_failure`).
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Any
 
 from supervisor.errors import SupervisorError
 
-__all__ = ["RankFailureError", "diagnose", "post_failure"]
+__all__ = ["RankFailureError", "diagnose", "post_failure", "is_collective_failure"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +47,11 @@ def post_failure(store: Any, rank: int, message: str) -> None:
         logger.debug("could not post rank %d's failure to the store: %s", rank, e)
 
 
-def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tuple[dict[int, str], list[int]]:
-    """Returns ``({rank: its posted error}, [unresponsive ranks])`` as seen within ``grace_secs``."""
+def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float,
+             beating: set[int] | None = None) -> tuple[dict[int, str], list[int]]:
+    """Returns ``({rank: its posted error}, [unresponsive ranks])`` as seen within ``grace_secs``.
+    ``beating``, when given, receives the unresponsive ranks whose heartbeat changed meanwhile
+    (alive, so hung or blocked, not killed)."""
     try:
         store.set(f"alive/{rank}", "1")
     except Exception as e:  # noqa: BLE001
@@ -49,6 +59,7 @@ def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tu
                        "torchrun agent) may be gone", e)
         return {}, [r for r in range(world_size) if r != rank and r == 0]
     failed: dict[int, str] = {}
+    beats: dict[int, bytes | None] = {}
     deadline = time.monotonic() + grace_secs
     while True:
         silent = []
@@ -60,20 +71,66 @@ def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float) -> tu
                     failed[other] = store.get(f"failed/{other}").decode("utf-8", "replace")
                 elif not store.check([f"alive/{other}"]):
                     silent.append(other)
+                    if beating is not None:
+                        _watch_heartbeat(store, other, beats, beating)
             except Exception:  # noqa: BLE001 - treat an unreadable store as silence
                 silent.append(other)
         if not silent or time.monotonic() >= deadline:
+            if beating is not None:
+                beating.intersection_update(silent)
             return failed, silent
         time.sleep(0.05)
 
 
-def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: float) -> str:
-    """One sentence naming each failed rank and why."""
+def _watch_heartbeat(store: Any, other: int, beats: dict[int, bytes | None], beating: set[int]) -> None:
+    value = store.get(f"heartbeat/{other}") if store.check([f"heartbeat/{other}"]) else None
+    if other not in beats:
+        beats[other] = value
+    elif value != beats[other] and value != _CLOSED.encode():
+        beating.add(other)
+
+
+def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: float,
+                     beating: set[int] | None = None) -> str:
+    """One sentence naming each failed rank and why (``beating``: the silent ranks whose
+    heartbeat goes on, i.e. hung; without it a silent rank is "killed or hung")."""
     parts = [f"rank {r} failed ({message})" for r, message in sorted(failed.items())]
-    if silent:
-        ranks = ", ".join(str(r) for r in silent)
-        parts.append(f"rank {ranks} did not respond within {grace_secs:g} s (killed or hung)")
+    for group, why in _silent_groups(silent, beating):
+        parts.append(f"rank {', '.join(str(r) for r in group)} did not respond within {grace_secs:g} s ({why})")
     return "; ".join(parts) if parts else "no rank reported a failure (a network problem?)"
+
+
+def _silent_groups(silent: list[int], beating: set[int] | None) -> list[tuple[list[int], str]]:
+    if beating is None:
+        return [(silent, "killed or hung")] if silent else []
+    hung = [r for r in silent if r in beating]
+    gone = [r for r in silent if r not in beating]
+    groups = [(gone, "killed, or its host is gone: its heartbeat stopped")] if gone else []
+    if hung:
+        groups.append((hung, "alive, its heartbeat goes on, but not answering: hung, or still blocked in a collective"))
+    return groups
+
+
+_COLLECTIVE_MARKERS = ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset", "pair closure",
+                       "Timed out waiting", "Broken pipe")
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` — or an error it was raised from — looks like a torch.distributed
+    collective or store call that failed because a peer is gone or hung."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", None)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if dist_error is not None and isinstance(exc, dist_error):
+            return True
+        if isinstance(exc, (RuntimeError, OSError, SupervisorError)) or type(exc).__name__ == "CheckpointException":
+            if any(marker in str(exc) for marker in _COLLECTIVE_MARKERS):
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 _CLOSED = "closed"
@@ -84,18 +141,20 @@ class HangWatchdog:
 
     ``torch.distributed`` cannot interrupt a blocked gloo collective (``abort`` does not unblock
     it), so a rank stuck in DDP's all_reduce behind a hung peer would wait for the training
-    group's own timeout (30 min by default). Every rank posts the step of its last boundary to the
-    store (``progress/<rank>``, only when it changes, from this thread). When this rank's step has
-    not moved for ``grace_secs`` *and* another rank is behind it and has not moved for
-    ``grace_secs`` either, that rank is hung: this rank logs an error naming it, posts it for the
+    group's own timeout (30 min by default). Every rank posts, from this thread, a heartbeat
+    (``heartbeat/<rank>`` = ``"<counter> <step of its last boundary> <seconds at that step>"``,
+    every interval). When this rank's step has not moved for ``grace_secs`` *and* another rank
+    is behind it and has been at its step for more than ``grace_secs`` (by its own heartbeat,
+    so it is named at once, not ``grace_secs`` after this rank started looking), that rank is
+    hung: this rank logs an error naming it, posts it for the
     others, and exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started
     the job — sees the failure in bounded time. Committed checkpoints are untouched; a save in
     flight is left as a temp directory, removed at the next start.
 
     A rank that is *gone* (SIGKILL, OOM killer) may have reached the same step as this one before
     it died — e.g. killed by its own checkpoint writer thread while its training thread ran on —
-    and then it is not "behind". So this thread also posts a heartbeat (``heartbeat/<rank>``, a
-    counter, every interval; ``closed`` when the agreement closes normally): when this rank is
+    and then it is not "behind". So the heartbeat also counts (``closed`` when the agreement
+    closes normally): when this rank is
     blocked (its step has not moved for ``grace_secs``) and another rank's heartbeat has not
     changed for ``grace_secs`` since then, that rank is dead or frozen, and this rank exits the same way. A
     rank blocked in a collective still beats (its threads run), so a heartbeat never stops
@@ -136,7 +195,6 @@ class HangWatchdog:
             logger.debug("rank watchdog: could not post the close (%s)", e)
 
     def _run(self) -> None:
-        seen: dict[int, tuple[int, float]] = {}
         beats: dict[int, tuple[str, float]] = {}
         posted = None
         own_since = time.monotonic()
@@ -145,18 +203,18 @@ class HangWatchdog:
             now = time.monotonic()
             step = self._step
             beat += 1
+            if step != posted:
+                posted, own_since = step, now
             try:
-                self._store.set(f"heartbeat/{self.rank}", str(beat))
-                if step != posted:
-                    self._store.set(f"progress/{self.rank}", str(step))
-                    posted, own_since = step, now
+                self._store.set(f"heartbeat/{self.rank}", f"{beat} {-1 if step is None else step} {now - own_since:.1f}")
                 # The peers are read only while this rank is blocked: every rank reading every
                 # other's keys each second would load the store with world_size² requests.
                 blocked = now - own_since > self.grace_secs
                 if not blocked:
                     beats.clear()  # silence counts from when this rank is blocked
-                silent = self._find_silent(beats, now) if blocked else None
-                hung = self._find_hung(step, seen, now) if blocked and silent is None else None
+                peers = self._read_peers() if blocked else {}
+                silent = self._find_silent(peers, beats, now) if blocked else None
+                hung = self._find_hung(step, peers) if blocked and silent is None else None
             except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
                 logger.debug("rank watchdog: store unavailable (%s)", e)
                 continue
@@ -165,13 +223,18 @@ class HangWatchdog:
             if hung is not None:
                 self._abort(*hung)
 
-    def _find_silent(self, beats: dict[int, tuple[str, float]], now: float) -> int | None:
+    def _read_peers(self) -> dict[int, str]:
+        """Every other rank's heartbeat, as posted (ranks that posted none are left out)."""
+        peers = {}
+        for other in range(self.world_size):
+            if other != self.rank and self._store.check([f"heartbeat/{other}"]):
+                peers[other] = self._store.get(f"heartbeat/{other}").decode()
+        return peers
+
+    def _find_silent(self, peers: dict[int, str], beats: dict[int, tuple[str, float]], now: float) -> int | None:
         """A rank whose heartbeat has not changed for ``grace_secs`` since this rank saw it
         (read every interval while blocked, so the time of each change is known)."""
-        for other in range(self.world_size):
-            if other == self.rank or not self._store.check([f"heartbeat/{other}"]):
-                continue
-            value = self._store.get(f"heartbeat/{other}").decode()
+        for other, value in peers.items():
             if beats.get(other, (None, 0.0))[0] != value:
                 beats[other] = (value, now)
             elif value != _CLOSED and now - beats[other][1] > self.grace_secs:
@@ -183,16 +246,15 @@ class HangWatchdog:
                    f"{self.grace_secs:g} s (killed, or its process is frozen) while rank {self.rank} waits "
                    f"at step {self._step}; rank {self.rank} exits (status 1) so the job ends")
 
-    def _find_hung(self, step: int | None, seen: dict[int, tuple[int, float]], now: float) -> tuple[int, int] | None:
-        for other in range(self.world_size):
-            if other == self.rank or not self._store.check([f"progress/{other}"]):
+    def _find_hung(self, step: int | None, peers: dict[int, str]) -> tuple[int, int] | None:
+        """A rank behind this one that has been at its step for more than ``grace_secs``."""
+        for other, value in peers.items():
+            parts = value.split()
+            if step is None or len(parts) != 3:  # "closed", or not yet at a boundary
                 continue
-            raw = self._store.get(f"progress/{other}").decode()
-            value = int(raw) if raw.lstrip("-").isdigit() else -1
-            if seen.get(other, (None, 0.0))[0] != value:
-                seen[other] = (value, now)
-            if step is not None and value < step and now - seen[other][1] > self.grace_secs:
-                return other, value
+            other_step, at_step_secs = int(parts[1]), float(parts[2])
+            if other_step < step and at_step_secs > self.grace_secs:
+                return other, other_step
         return None
 
     def _abort(self, other: int, other_step: int) -> None:

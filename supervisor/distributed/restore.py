@@ -8,6 +8,13 @@ most ``max_wait_secs``), then restores exactly that path: never its own director
 ranks cannot diverge when a checkpoint commits meanwhile. A rank that gives up raises
 `TimeoutError` naming the key, the chief and the time waited.
 
+Starting from scratch, only the chief runs ``init_fn`` (SPEC §4: non-chief ranks do not
+initialise). It posts its decision after ``init_fn`` returned — or with ``init_fn``'s error,
+which every rank then raises — and broadcasts its state (every entry but the data loaders, which
+keep each rank's own position; tensors sent from the CPU, one ``broadcast_object_list`` on the
+default group); the others load it before their first step. So a randomised or file-reading
+``init_fn`` can never split the ranks, and the wait for it is bounded by ``max_wait_secs``.
+
 Keys are ``supervisor/restore/<torchrun attempt>/<creation number>``: every rank creates its
 sessions in the same order, so the n-th creation of each rank reads the chief's n-th decision.
 """
@@ -15,12 +22,17 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import OrderedDict
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from supervisor import distributed
 from supervisor.clock import Clock, resolve_clock
+from supervisor.resume import stateful_loaders
+from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["RestoreDecision", "next_key", "publish_decision", "await_decision"]
 
@@ -33,19 +45,21 @@ POLL_SECS = 0.2  # how often a waiting rank looks (SPEC: at least once a second)
 @dataclass(frozen=True)
 class RestoreDecision:
     """The chief's restore decision: a checkpoint (``path``, ``step``), scratch (both None), or
-    the chief's ``error``."""
+    the chief's ``error``. ``source``: from scratch, the rank whose state (after its
+    ``init_fn``) is broadcast to every rank; None when nothing is broadcast."""
 
     path: str | None = None
     step: int | None = None
     error: str | None = None
+    source: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"path": self.path, "step": self.step, "error": self.error})
+        return json.dumps({"path": self.path, "step": self.step, "error": self.error, "source": self.source})
 
     @classmethod
     def from_json(cls, text: str) -> RestoreDecision:
         data = json.loads(text)
-        return cls(data["path"], data["step"], data["error"])
+        return cls(data["path"], data["step"], data["error"], data.get("source"))
 
 
 def next_key() -> str:
@@ -69,9 +83,15 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
     clock = resolve_clock(clock)
     start = last_log = clock.monotonic()
     while True:
-        if store.check([key]):
-            value = store.get(key)
-            return RestoreDecision.from_json(value.decode("utf-8") if isinstance(value, bytes) else value)
+        try:
+            if store.check([key]):
+                value = store.get(key)
+                return RestoreDecision.from_json(value.decode("utf-8") if isinstance(value, bytes) else value)
+        except (RuntimeError, OSError) as e:  # torch's DistNetworkError/DistStoreError are RuntimeErrors
+            raise RuntimeError(
+                f"rank {distributed.rank()} lost the process group's store while waiting for the chief's "
+                f"restore decision (store key {key!r}): its host is gone — the chief (rank 0) under env://, "
+                "torchrun's agent under torchrun; the chief's own error says why") from e
         now = clock.monotonic()
         waited = now - start
         if waited >= max_wait_secs:
@@ -85,30 +105,81 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
         clock.sleep(min(POLL_SECS, max_wait_secs - waited))
 
 
-def decide_as_chief(restore: Any) -> Any:
+def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, str | None]:
     """Runs the chief's ``restore()`` (returns a `Restored` or None) and, in a distributed job,
     posts the outcome for the other ranks — also when it raises, so they fail at once with the
-    chief's reason instead of waiting ``max_wait_secs``."""
+    chief's reason instead of waiting ``max_wait_secs``.
+
+    Returns ``(restored, key)``: ``key`` is not None when nothing was restored and the chief
+    ``initialises`` (has an ``init_fn``): the decision is then `initialise_as_chief`'s to post.
+    """
     if not distributed.is_distributed():
-        return restore()
+        return restore(), None
     key = next_key()
     try:
         restored = restore()
     except BaseException as e:
         publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
         raise
+    if restored is None and initialises:
+        return None, key
     if restored is None:
         publish_decision(key, RestoreDecision())
     else:
         publish_decision(key, RestoreDecision(restored.path, int(restored.global_step)))
-    return restored
+    return restored, None
+
+
+def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
+    """The chief starts from scratch: runs ``init()`` (the user's ``init_fn``), posts the
+    decision for ``key`` (or ``init``'s error, then re-raises it) and broadcasts its state."""
+    try:
+        init()
+    except BaseException as e:
+        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {distributed.rank()}): "
+                                                    f"{type(e).__name__}: {e}"))
+        raise
+    publish_decision(key, RestoreDecision(source=distributed.rank()))
+    import torch.distributed as dist
+
+    dist.broadcast_object_list([_shared_state(state)], src=distributed.rank())
+    logger.info("sent the state after init_fn to every rank")
+
+
+def _shared_state(state: TrainingState) -> dict[str, Any]:
+    """What the chief sends after ``init_fn``: every entry's state dict but the data loaders'
+    (each rank keeps its own position), tensors on the CPU (each rank loads onto its devices)."""
+    loaders = {name for name, _ in stateful_loaders(state)}
+    return {name: _to_cpu(unwrap_module(obj).state_dict()) for name, obj in state.items() if name not in loaders}
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with its tensors on the CPU (dicts, lists and tuples walked; the rest as is)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if type(value) in (dict, OrderedDict):
+        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def receive_initial_state(state: TrainingState, source: int) -> None:
+    """A non-chief rank loads the state the chief broadcast after its ``init_fn``."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=source)
+    TrainingState({name: state[name] for name in box[0]}).load_state_dict(box[0])
+    logger.info("rank %d starts from the state of rank %d after its init_fn", distributed.rank(), source)
 
 
 def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trusted_globals: Any = (),
                  save_rng: bool = True, clock: Clock | None = None) -> Any:
     """A non-chief rank's restore: waits for the chief's decision and restores exactly that
     checkpoint (verified again here); returns a `Restored`, or None when the chief started
-    from scratch (this rank then runs ``init_fn`` as the chief did).
+    from scratch (after receiving the chief's state when the chief ran an ``init_fn``; this
+    rank runs none).
 
     Raises:
         TimeoutError: no decision within ``max_wait_secs``.
@@ -121,7 +192,10 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
         raise RuntimeError(f"rank {distributed.rank()} cannot restore: the chief's restore failed with "
                            f"{decision.error}")
     if decision.path is None:
-        logger.info("the chief starts from scratch; rank %d initialises too", distributed.rank())
+        if decision.source is not None:
+            receive_initial_state(state, decision.source)
+        else:
+            logger.info("the chief starts from scratch (no init_fn); so does rank %d", distributed.rank())
         return None
     loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True)
     if loaded.step != decision.step:

@@ -78,16 +78,22 @@ def _failing_save(manager: Any, state: Any) -> str:
 
 
 @scenario
-def dcp_async_killed(logdir: str, last_step: str, kill_step: str) -> None:
+def dcp_async_killed(logdir: str, last_step: str, kill_step: str, when: str = "after") -> None:
     """`worker.dcp_session` (MonitoredTrainingSession, checkpoint_format="dcp", async saves) where
     rank 1 is SIGKILLed by its writer thread during the save of ``kill_step``: after its shards
-    are written and fsynced, before the chief has its checksums."""
+    are written and fsynced, before the chief has its checksums (``when="after"``), or before it
+    joins ``dcp.save``'s collectives (``"before"``: the chief's DCP collective then fails with
+    gloo's "Connection closed by peer")."""
     from supervisor.checkpoint import dcp_commit
 
     if dist.get_rank() == 1:
         real = dcp_commit.write_own_part
 
         def dying(path: str, save: Any) -> Any:
+            if when == "before" and save.step == int(kill_step):
+                print(f"killing rank 1 before its DCP save of step {save.step}", flush=True)
+                time.sleep(0.5)  # the chief is inside dcp.save's first collective by now
+                os.kill(os.getpid(), signal.SIGKILL)
             outcome = real(path, save)
             if save.step == int(kill_step):
                 print(f"killing rank 1 during the async save of step {save.step} "

@@ -1,5 +1,6 @@
 """examples/ddp_torchrun.py with a kill point: in torchrun's first attempt only, rank ``R`` is
-SIGKILLed after step ``S`` (``SUPERVISOR_TEST_KILL=R:S``), so torchrun restarts every rank."""
+SIGKILLed after step ``S`` (``SUPERVISOR_TEST_KILL=R:S``), so torchrun restarts every rank; or
+sent SIGTERM (``SUPERVISOR_TEST_SIGTERM=R:S``, a preemption)."""
 from __future__ import annotations
 
 import os
@@ -13,13 +14,14 @@ from supervisor import Hook  # noqa: E402
 
 
 class KillHook(Hook):
-    def __init__(self, rank: int, step: int) -> None:
-        self.rank, self.step = rank, step
+    def __init__(self, rank: int, step: int, signum: int = signal.SIGKILL) -> None:
+        self.rank, self.step, self.signum = rank, step, signum
 
     def after_run(self, run_context, run_values) -> None:
         if run_context.session.global_step == self.step and int(os.environ["RANK"]) == self.rank:
-            print(f"killing rank {self.rank} after step {self.step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            name = "killing" if self.signum == signal.SIGKILL else "sending SIGTERM to"
+            print(f"{name} rank {self.rank} after step {self.step}", flush=True)
+            os.kill(os.getpid(), self.signum)
 
 
 if __name__ == "__main__":
@@ -28,4 +30,8 @@ if __name__ == "__main__":
     if kill and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         rank, step = kill.split(":")
         hooks.append(KillHook(int(rank), int(step)))
+    term = os.environ.get("SUPERVISOR_TEST_SIGTERM")
+    if term:
+        rank, step = term.split(":")
+        hooks.append(KillHook(int(rank), int(step), signal.SIGTERM))
     main(sys.argv[1:], extra_hooks=hooks)

@@ -51,12 +51,20 @@ def env_for(rank: int, world_size: int, port: int, extra: dict[str, str] | None 
 
 def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
             extra_env: dict[str, str] | None = None, after_rank0_secs: float | None = None,
-            module: str = "tests.distributed.worker") -> list[RankResult]:
+            module: str = "tests.distributed.worker", agent_store: bool = False) -> list[RankResult]:
     """Runs ``scenario`` on ``world_size`` ranks; returns each rank's exit code and output.
     A rank still running at ``timeout`` — or ``after_rank0_secs`` after rank 0 ended, when
     given (a hung rank, as torchrun would kill it) — is killed (returncode None). ``module``: the
-    worker module (one that registers more scenarios into worker.py's and runs its main)."""
+    worker module (one that registers more scenarios into worker.py's and runs its main).
+    ``agent_store``: this process hosts the ranks' store, as torchrun's agent does (with env://
+    rank 0 hosts it, and the store goes when rank 0 exits)."""
     port = free_port()
+    store = None
+    if agent_store:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        extra_env = {**(extra_env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", module, scenario, *args],
                               cwd=ROOT, env=env_for(r, world_size, port, extra_env),
@@ -78,6 +86,7 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
                 code = None
             results.append(RankResult(r, code, out, time.monotonic() - start))
     finally:
+        del store  # kept alive until every rank ended
         for proc in procs:
             if proc.poll() is None:
                 _kill(proc)

@@ -15,6 +15,8 @@ def test_a_request_on_one_rank_lands_on_every_rank_at_the_next_boundary():
     assert [d[:3] for d in decisions[0]] == [[4, True, False], [8, False, True]]
     assert decisions[1][1][3] == "SIGTERM"  # the requester keeps its own reason
     assert decisions[0][1][3] == "stop requested on rank 1 at step 7"
+    # a signal's stop (preempted) on rank 1 is a preemption on every rank (issue 21.5)
+    assert [d[1][4] for d in decisions] == [True, True] and [d[0][4] for d in decisions] == [False, False]
     # one collective per step, none after the agreed stop
     assert [r.result["collectives"] for r in results] == [7, 7]
 

@@ -78,3 +78,21 @@ def test_the_async_benchmark_stays_runnable(capsys):
         (row,) = [line for line in out.splitlines() if line.strip().startswith(name)]
         assert "(" in row and "-" in row, row
     assert all(len(times[name]) == 2 and all(t > 0 for t in times[name]) for name in FIGURES)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_inside_a_dcp_collective_is_named_by_the_survivor(tmp_path):
+    """Issue 21.13: rank 1 dies while the chief is inside ``dcp.save``'s collectives, so the
+    chief's DCP fails with gloo's "Connection closed by peer", which names no rank (nor does
+    the save's failure, "rank 0: DCP on rank 0: ..."). What the chief raises names rank 1."""
+    logdir = str(tmp_path / "run")
+    killed = run_job("dcp_async_killed", 2, logdir, "8", "4", "before", module=WORKER, timeout=120,
+                     after_rank0_secs=20)
+    assert "killing rank 1 before its DCP save of step 4" in killed[1].output, describe(killed)
+    chief = killed[0]
+    assert chief.returncode not in (0, None) and killed[1].returncode == -9, describe(killed)
+    raised = [line for line in chief.output.splitlines() if line.startswith("supervisor.")
+              and "Error: " in line]
+    assert raised and raised[-1].startswith("supervisor.distributed.failure.RankFailureError: "), describe(killed)
+    assert "rank 1 did not respond" in raised[-1] and "heartbeat stopped" in raised[-1], raised[-1]
+    assert latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-2")

@@ -128,3 +128,68 @@ def test_supervisor_front_door_on_ddp_stops_every_rank_together_and_only_the_chi
             verify_checkpoint(os.path.join(logdir, name))
     events = [n for n in os.listdir(logdir) if n.startswith("events.out.tfevents")]
     assert len(events) == 1, events  # the chief's; non-chief ranks write no events
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_one_rank_preempts_every_rank_and_marks_nothing_finished(tmp_path):
+    """Issue 21.5: a SIGTERM on rank 1 only is a preemption of the whole job: every rank's
+    session says preempted (so every rank exits 143 by the README's pattern), the chief writes
+    no finished mark (evaluators keep waiting for the resumed run), and the final checkpoint is
+    that of the agreed step."""
+    from supervisor.checkpoint.finished import FINISHED_FILE
+
+    logdir = str(tmp_path / "run")
+    results = run_job("ddp_preempted", 2, logdir, timeout=150)
+    assert [r.returncode for r in results] == [143, 143], describe(results)
+    assert [r.result["preempted"] for r in results] == [True, True], describe(results)
+    assert [r.result["end"] for r in results] == [6, 6], describe(results)
+    assert not os.path.exists(os.path.join(logdir, FINISHED_FILE)), describe(results)
+    assert "SIGTERM" in results[1].result["stop_reason"]
+    assert "rank 1" in results[0].result["stop_reason"], results[0].result
+    path, payload = _final_checkpoint(logdir)
+    assert path == os.path.join(logdir, "model.ckpt-6") and payload["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_only_the_chief_runs_init_fn_and_every_rank_starts_from_its_state(tmp_path):
+    """Issue 22.11, SPEC §4: non-chief ranks do not initialise. An init_fn drawing from a
+    per-rank RNG runs on the chief alone; the others receive its state (model and non-tensor
+    entries alike) before the first step, so the ranks never split."""
+    results = run_job("init_fn_ranks", 2, str(tmp_path / "run"), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    chief, other = results[0].result, results[1].result
+    assert (chief["calls"], other["calls"]) == ([0], []), describe(results)
+    assert chief["start"] == other["start"], describe(results)
+    assert chief["end"] == other["end"] and chief["counter"] == other["counter"]
+
+
+@pytest.mark.slow
+def test_an_init_fn_failing_on_the_chief_fails_every_rank_with_its_error(tmp_path):
+    results = run_job("init_fn_ranks", 2, str(tmp_path / "run"), "yes", timeout=120, agent_store=True)
+    assert [r.returncode for r in results] == [1, 1], describe(results)
+    assert "cannot read the warm-start file on rank 0" in results[0].output
+    # the other rank does not wait max_wait_secs, nor run init_fn: it quotes the chief's error
+    assert "cannot read the warm-start file on rank 0" in results[1].output, describe(results)
+    assert "on rank 1" not in results[1].output and results[1].elapsed < 50, describe(results)
+
+
+def _raised(output: str) -> str:
+    """The last exception line of a traceback in ``output`` (what the rank raised)."""
+    lines = [line for line in output.splitlines() if re.match(r"^[\w.]+(Error|Exception|Interrupt): ", line)]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.slow
+def test_a_transport_timeout_before_the_watchdog_still_names_the_hung_rank(tmp_path):
+    """Issue 22.10, SPEC §12: rank 1 hangs in its step; the training group's gloo timeout (3 s)
+    fires before the watchdog (stop_grace_secs=8). Rank 0's error is gloo's "Application timeout
+    caused pair closure"/"Timed out", which names no rank: what rank 0 raises must name rank 1
+    (chained to gloo's error)."""
+    results = run_job("ddp_session", 2, str(tmp_path / "run"), "200", "0", "60", "hang", "1", "5",
+                      timeout=90, after_rank0_secs=3, extra_env={"SUPERVISOR_TEST_PG_TIMEOUT": "3"})
+    chief = results[0]
+    assert chief.returncode not in (0, None), describe(results)
+    raised = _raised(chief.output)
+    assert raised.startswith("supervisor.distributed.failure.RankFailureError: ") and "rank 1" in raised, \
+        describe(results)
+    assert "hung" in raised or "did not respond" in raised, raised

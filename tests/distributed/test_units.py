@@ -163,3 +163,27 @@ def test_a_blocked_rank_exits_when_a_peer_at_the_same_step_stops_beating_and_onl
     finally:
         zero.close()
         one.close()
+
+
+def test_a_blocked_rank_names_a_hung_peer_behind_it_within_about_stop_grace_secs():
+    """Issue 22.10: the peer's own heartbeat says how long it has been at its step, so a rank
+    blocked for stop_grace_secs names a peer hung behind it at once — not stop_grace_secs after
+    it started looking (2× in all, when gloo's transport timeout could fire first)."""
+    import time
+
+    store = _tcp_store()
+    zero, one = RecordingWatchdog.make(store, 0, grace_secs=4.0), RecordingWatchdog.make(store, 1, grace_secs=4.0)
+    zero.progress(6)
+    one.progress(5)  # hung in step 6, behind rank 0's boundary 6
+    start = time.monotonic()
+    zero.start()
+    one.start()
+    try:
+        assert _wait_for(lambda: zero.exits, 12)
+        elapsed = time.monotonic() - start
+        assert "rank 1 hung: it has been at step 5" in zero.exits[0], zero.exits
+        assert elapsed < 7.0, elapsed  # grace 4 s + one interval (1 s) + slack; 2× grace before
+        assert not one.exits  # rank 1 is behind: it names nobody
+    finally:
+        zero.close()
+        one.close()

@@ -45,10 +45,10 @@ def agreement_requests(steps: str = "12") -> None:
         if rank == 1 and step == 3:
             requests = Requests(save_reasons=("timer",))
         if rank == 1 and step == 7:
-            requests = Requests(stop_reason="SIGTERM")
+            requests = Requests(stop_reason="SIGTERM", preempted=True)
         decision = agreement.decide(step, requests)
         if decision.save or decision.stop:
-            decisions.append([step, decision.save, decision.stop, decision.stop_reason])
+            decisions.append([step, decision.save, decision.stop, decision.stop_reason, decision.preempted])
         if decision.stop:
             break
     agreement.close()
@@ -201,7 +201,62 @@ def _ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: 
             s.run(step)
         end_step = s.global_step
     return {"start": start_step, "end": end_step, "digest": state_digest(net),
-            "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason}
+            "rng": torch.rand(2).tolist(), "stop_reason": s.stop_reason, "preempted": s.preempted}
+
+
+@scenario
+def ddp_preempted(logdir: str) -> int:
+    """SIGTERM to rank 1 only, during step 5; every rank follows the README's preemption
+    pattern: exit 143 when the session says it was preempted."""
+    result = _ddp_session(logdir, "30", fault="sigterm", fault_step="5")
+    emit(result)
+    return 143 if result["preempted"] else 0
+
+
+class Counter:
+    """A stateful user object in the training state (not a tensor)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+@scenario
+def init_fn_ranks(logdir: str, fail: str = "no") -> None:
+    """An ``init_fn`` that draws from this rank's own RNG (a randomised or file-reading
+    initialisation): only the chief may run it, and every rank must start from its result."""
+    from supervisor import MonitoredTrainingSession
+
+    net, ddp, optimizer = build_ddp()
+    rank = dist.get_rank()
+    counter = Counter()
+    calls = []
+
+    def init_fn(session: Any) -> None:
+        calls.append(rank)
+        if fail == "yes":
+            raise OSError(f"cannot read the warm-start file on rank {rank}")
+        g = torch.Generator().manual_seed(5000 + rank)  # a per-rank draw: would split the ranks
+        with torch.no_grad():
+            for p in net.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+        counter.value = int(torch.randint(0, 1_000_000, (1,), generator=g))
+
+    with MonitoredTrainingSession(logdir, model=ddp, optimizer=optimizer, state={"counter": counter},
+                                  init_fn=init_fn, log_step_count_steps=None, save_summaries_steps=None,
+                                  save_checkpoint_steps=None, save_checkpoint_secs=None,
+                                  max_wait_secs=60, stop_grace_secs=8) as s:
+        start = {"digest": state_digest(net), "counter": counter.value}
+        session_ref: list = [s]
+        step = make_step(ddp, optimizer, session_ref)
+        for _ in range(3):
+            s.run(step)
+    emit({"calls": calls, "start": start, "end": state_digest(net), "counter": counter.value})
 
 
 @scenario
@@ -382,9 +437,11 @@ def train_sharded_step(model: torch.nn.Module, optimizer: Any, step: int) -> Non
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name, args = sys.argv[1], sys.argv[2:]
-    distributed.init_process_group("gloo", timeout_secs=60)
+    # SUPERVISOR_TEST_PG_TIMEOUT: the training group's (gloo's transport) timeout, e.g. shorter
+    # than stop_grace_secs so that it fires before the runtime's own watchdog
+    distributed.init_process_group("gloo", timeout_secs=float(os.environ.get("SUPERVISOR_TEST_PG_TIMEOUT", "60")))
     try:
-        SCENARIOS[name](*args)
+        code = SCENARIOS[name](*args)
     except BaseException:
         import traceback
 
@@ -392,6 +449,7 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(1)  # a failed rank leaves at once (as under torchrun); no barrier with the others
     distributed.destroy_process_group(timeout_secs=30)
+    sys.exit(code or 0)  # a scenario may return an exit status (the README's preemption pattern)
 
 
 if __name__ == "__main__":
