@@ -30,6 +30,7 @@ from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_run_args, overrides, resolve_fetches
 from supervisor.signals import SignalHandlers
+from supervisor.summary import SummaryWriterCache
 
 __all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
 
@@ -692,7 +693,11 @@ class MonitoredSession:
         self._closed = True
         if self._signals is not None:
             self._signals.restore()
-        self._creator.shutdown(failed=False)
+        try:
+            self._creator.shutdown(failed=False)
+        finally:
+            # Hooks given ``output_dir=`` write through cached writers nobody else flushes (SPEC §9).
+            SummaryWriterCache.flush_all()
 
     def _close_on_error(self, exc: BaseException) -> BaseException:
         """Stops everything after ``exc``; returns the first exception, to be re-raised."""
@@ -726,6 +731,7 @@ class MonitoredSession:
             self._creator.shutdown(failed=True)
         except Exception:  # noqa: BLE001 - the first error is the one the user must see
             logger.exception("closing the session creator failed after %s", type(first).__name__)
+        SummaryWriterCache.flush_all()  # what the hooks wrote before the error (SPEC §9)
         return first
 
 
