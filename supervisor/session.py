@@ -341,7 +341,18 @@ class MonitoredSession:
                 continue
             if self._recoveries:
                 self._recoveries = 0
+            if self._stop_event.is_set() and not self._in_step_fn:
+                self._recover_reported_error()
             return output
+
+    def _recover_reported_error(self) -> None:
+        """A recoverable error a thread reported during the step that just ended is recovered
+        at its boundary, as TF's ``_RecoverableSession`` checks after the run (SPEC §3.5): the
+        session is re-created now, so ``should_stop()`` stays False and the next ``run`` (or a
+        ``close``) finds a running session, not the error."""
+        exc = self._coord.exception
+        if exc is not None and isinstance(exc, self._recoverable) and not self._stopped and not self._closed:
+            self._recover(exc, self._global_step)
 
     def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
         """Runs ``step_fn(step_context)`` (TF's ``run_step_fn``); recoverable errors retry it."""
@@ -366,6 +377,8 @@ class MonitoredSession:
                 self._in_step_fn = False
             if self._recoveries:
                 self._recoveries = 0
+            if self._stop_event.is_set():
+                self._recover_reported_error()
             return output
 
     def call_at_boundary(self, action: Callable[[MonitoredSession], Any]) -> None:
