@@ -36,6 +36,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from supervisor.checkpoint.safe_globals import check_loadable
+
 if TYPE_CHECKING:
     from supervisor.checkpoint.manager import CheckpointManager
 
@@ -276,6 +278,9 @@ class StepBoundary:
         """The one call site of a checkpoint manager's ``save``: listeners' ``before_save``,
         then the capture (the writer reports the commit back to this boundary)."""
         if all(m is not manager for m in self._managers):
+            # The first save through a manager: what it writes must load at the next resume.
+            check_loadable(session.training_state.state_dict(), getattr(manager, "trusted_globals", ()),
+                           manager.path_of(step), step)
             self._managers.append(manager)
         manager.on_commit = functools.partial(self.report_commit, manager)
         listeners = self.listeners_of(manager)

@@ -20,7 +20,7 @@ START at the same step, its first summary step.) The services are:
   the measurement (a rate needs two points, and a 0.0 there would draw every resume as a
   stall). No step over a whole interval is a stall, which a hook-only design cannot see: it is
   written once as 0.0 at the stalled step (the one in progress, ``global_step + 1``), with a
-  WARNING; the next point's rate covers the stall.
+  WARNING (the first few times); the next point's rate covers the stall.
 
 At a clean close, if the step advanced since the last tick, a final summary (step outputs,
 ``summary_fn``, and the step rate since the last tick) is written at the last step, so a run
@@ -48,6 +48,8 @@ __all__ = ["SupervisorServices", "save_if_changed"]
 
 logger = logging.getLogger(__name__)
 
+_MAX_STALL_WARNINGS = 5
+
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
     """Checkpoints the session unless its step is already saved. Returns the checkpoint path,
@@ -72,6 +74,7 @@ class SupervisorServices(Hook):
         self._last_summary_step: int | None = None
         self._last_count: tuple[int, float] | None = None  # (step, when this step was first seen)
         self._last_point_step: int | None = None  # the step of the last global_step/sec point
+        self._stalls = 0  # stalls drawn: the first few are WARNINGs
         self._stopped_at: tuple[int, float] | None = None  # (step, monotonic) of the stopping boundary
         self._warned: set[str] = set()  # step outputs already reported as not scalar
 
@@ -173,5 +176,6 @@ class SupervisorServices(Hook):
             return  # this stall is drawn already
         self._session.summary_writer.add_scalar("global_step/sec", 0.0, step + 1)
         self._last_point_step = step + 1
-        logger.warning("the global step has not advanced for %g s (still %d): global_step/sec = 0 at step %d",
+        self._stalls += 1
+        logger.log(logging.WARNING if self._stalls <= _MAX_STALL_WARNINGS else logging.DEBUG,"the global step has not advanced for %g s (still %d): global_step/sec = 0 at step %d",
                        self._clock.monotonic() - self._last_count[1], step, step + 1)

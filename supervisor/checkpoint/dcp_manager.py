@@ -134,7 +134,7 @@ class ShardedCheckpointManager(ManagerCommon):
                                   save_mode="sync", verify=verify, save_rng=save_rng,
                                   trusted_globals=trusted_globals, clock=clock)
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
-        self.save_rng = inner.save_rng
+        self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
         self.save_timeout_secs = check_number("save_timeout_secs", save_timeout_secs, strictly_positive=True)

@@ -61,3 +61,45 @@ def test_resuming_without_the_optimizer_says_what_to_do_not_strict_false(tmp_pat
     assert "unexpected entries ['optimizer']" in message
     assert "optimizer=" in message and "restore_partial" in message and "new logdir" in message
     assert "load with strict=False" not in message
+
+
+class Phase:
+    """A user's custom class, put inside a state_dict."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Schedule:
+    def __init__(self) -> None:
+        self.phase = Phase("warmup")
+
+    def state_dict(self):
+        return {"phase": self.phase, "weights": torch.zeros(3)}
+
+    def load_state_dict(self, sd):
+        self.phase = sd["phase"]
+
+
+def test_a_custom_class_in_a_state_dict_fails_the_first_save_not_the_next_resume(tmp_path):
+    """Issue 22.19: the save that writes what weights_only cannot load fails, naming the class
+    and trusted_globals; nothing is committed."""
+    model = nn.Linear(2, 1)
+    with pytest.raises(CheckpointError) as info:
+        with Supervisor(tmp_path, model=model, state={"schedule": Schedule()}, save_summaries_secs=0,
+                        handle_signals=False).managed_session() as s:
+            s.run(lambda: None)
+    message = str(info.value)
+    assert f"{__name__}.Phase" in message and "'schedule'" in message
+    assert "trusted_globals=[" in message and "would not load" in message
+    assert supervisor.latest_checkpoint(str(tmp_path)) is None
+
+
+def test_a_trusted_custom_class_saves_and_resumes(tmp_path):
+    for _ in range(2):
+        schedule = Schedule()
+        with Supervisor(tmp_path, model=nn.Linear(2, 1), state={"schedule": schedule}, save_summaries_secs=0,
+                        handle_signals=False, trusted_globals=[Phase]).managed_session() as s:
+            s.run(lambda: None)
+            schedule.phase = Phase(f"after step {s.global_step}")
+    assert schedule.phase.name == "after step 2" and s.global_step == 2
