@@ -406,6 +406,7 @@ class MonitoredSession:
         during a step (a hook, the step function) it is a request for this step's boundary,
         and the returned path is the one that checkpoint will have.
         """
+        check_bool("wait", wait)
         if self._closed:
             raise RuntimeError("save_checkpoint: the session is closed; save inside the `with` "
                                "block, e.g. at the end of an epoch")
