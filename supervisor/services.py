@@ -18,9 +18,11 @@ START at the same step, its first summary step.) The services are:
   step, when the step advanced since its last point: never two points at one step (a tick
   that sees no new step writes nothing). The first tick after each session start only starts
   the measurement (a rate needs two points, and a 0.0 there would draw every resume as a
-  stall). No step over a whole interval is a stall, which a hook-only design cannot see: it is
-  written once as 0.0 at the stalled step (the one in progress, ``global_step + 1``), with a
-  WARNING (the first few times); the next point's rate covers the stall.
+  stall). No step over a whole interval — and over ten steps' time at the last rate (ten
+  intervals before a rate is known), so a step a little slower than a short interval is no
+  stall — is a stall, which a hook-only design cannot see: it is written once as 0.0 at the
+  stalled step (the one in progress, ``global_step + 1``), with a WARNING (the first few
+  times); the next point's rate covers the stall.
 
 At a clean close, if the step advanced since the last tick, a final summary (step outputs,
 ``summary_fn``, and the step rate since the last tick) is written at the last step, so a run
@@ -49,6 +51,7 @@ __all__ = ["SupervisorServices", "save_if_changed"]
 logger = logging.getLogger(__name__)
 
 _MAX_STALL_WARNINGS = 5
+_STALL_STEPS = 10  # no step for this many steps' time (and a whole interval) is a stall
 
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
@@ -75,6 +78,7 @@ class SupervisorServices(Hook):
         self._last_count: tuple[int, float] | None = None  # (step, when this step was first seen)
         self._last_point_step: int | None = None  # the step of the last global_step/sec point
         self._stalls = 0  # stalls drawn: the first few are WARNINGs
+        self._last_rate: float | None = None  # steps/sec of the last point (sets the stall time)
         self._stopped_at: tuple[int, float] | None = None  # (step, monotonic) of the stopping boundary
         self._warned: set[str] = set()  # step outputs already reported as not scalar
 
@@ -155,17 +159,27 @@ class SupervisorServices(Hook):
         if self._last_count is None:  # the first tick of this session: start measuring
             if not final:
                 self._last_count = (step, now)
-                self._last_point_step = None
+                self._last_point_step, self._last_rate = None, None
             return
         last_step, last_time = self._last_count
         if step == last_step:
-            if not final and now - last_time >= self._save_summaries_secs:
+            if not final and now - last_time >= self._stall_secs():
                 self._write_stall(step)
             return
         if step != self._last_point_step and now > last_time:  # (not the step a stall was drawn at)
-            session.summary_writer.add_scalar("global_step/sec", (step - last_step) / (now - last_time), step)
+            self._last_rate = (step - last_step) / (now - last_time)
+            session.summary_writer.add_scalar("global_step/sec", self._last_rate, step)
             self._last_point_step = step
         self._last_count = (step, now)
+
+    def _stall_secs(self) -> float:
+        """How long without a step is a stall: a whole interval, and at least ten steps' time at
+        the last measured rate (ten intervals before a rate is known), so a step a little longer
+        than a short interval (the quickstart's 0.1 s on a loaded machine) is not drawn as 0."""
+        interval = self._save_summaries_secs
+        if self._last_rate is None:
+            return _STALL_STEPS * interval
+        return max(interval, _STALL_STEPS / self._last_rate)
 
     def _write_stall(self, step: int) -> None:
         """No step for a whole interval: the step in progress (``step + 1``) has stalled. Drawn

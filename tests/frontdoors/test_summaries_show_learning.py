@@ -219,3 +219,22 @@ def test_no_zero_rate_without_a_stall_when_every_interval_makes_progress(tmp_pat
             _tick(clock, 10)
     assert _raw_scalars(tmp_path, "global_step/sec") == [(3, pytest.approx(0.3)), (4, pytest.approx(0.1)),
                                                                (9, 0.5), (11, pytest.approx(0.2))]
+
+
+def test_a_step_a_little_slower_than_the_interval_is_not_a_stall(tmp_path):
+    """A tick that falls between two slow steps is no stall: that needs ten steps' time at the
+    last rate (and a whole interval) without a step (SPEC §9: no 0.0 for "no tick between")."""
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_model_secs=0, save_summaries_secs=10,
+                    clock=clock).managed_session() as s:
+        clock.wait_for_waiters(2)
+        train = _train(model, opt)
+        s.run(train)
+        _tick(clock, 10)  # step 1: 0.1 steps/s
+        _tick(clock, 10)  # the next step is still running: 10 s < ten steps' time (100 s)
+        s.run(train)
+        _tick(clock, 10)  # step 2, 20 s after step 1's point
+        _tick(clock, 200)  # 200 s (ten steps at 0.05 steps/s) without a step: now a stall
+    assert _raw_scalars(tmp_path, "global_step/sec") == [(1, pytest.approx(0.1)), (2, pytest.approx(0.05)),
+                                                         (3, 0.0)]
