@@ -18,9 +18,9 @@ START at the same step, its first summary step.) The services are:
   step, when the step advanced since its last point: never two points at one step (a tick
   that sees no new step writes nothing). The first tick after each session start only starts
   the measurement (a rate needs two points, and a 0.0 there would draw every resume as a
-  stall). No step over a whole interval — and over ten steps' time at the last rate (ten
-  intervals before a rate is known), so a step a little slower than a short interval is no
-  stall — is a stall, which a hook-only design cannot see: it is written once as 0.0 at the
+  stall). No step over a whole interval — and over ten steps' time at the session's mean
+  rate (ten intervals before a rate is known), so a step a little slower than a short interval
+  is no stall — is a stall, which a hook-only design cannot see: it is written once as 0.0 at the
   stalled step (the one in progress, ``global_step + 1``), with a WARNING (the first few
   times); the next point's rate covers the stall.
 
@@ -78,7 +78,8 @@ class SupervisorServices(Hook):
         self._last_count: tuple[int, float] | None = None  # (step, when this step was first seen)
         self._last_point_step: int | None = None  # the step of the last global_step/sec point
         self._stalls = 0  # stalls drawn: the first few are WARNINGs
-        self._last_rate: float | None = None  # steps/sec of the last point (sets the stall time)
+        self._first_count: tuple[int, float] = (0, 0.0)  # (step, time) of this session's first tick
+        self._mean_rate: float | None = None  # steps/sec since then (sets the stall time)
         self._stopped_at: tuple[int, float] | None = None  # (step, monotonic) of the stopping boundary
         self._warned: set[str] = set()  # step outputs already reported as not scalar
 
@@ -158,8 +159,8 @@ class SupervisorServices(Hook):
             now = min(now, stopped[1])
         if self._last_count is None:  # the first tick of this session: start measuring
             if not final:
-                self._last_count = (step, now)
-                self._last_point_step, self._last_rate = None, None
+                self._last_count = self._first_count = (step, now)
+                self._last_point_step, self._mean_rate = None, None
             return
         last_step, last_time = self._last_count
         if step == last_step:
@@ -167,19 +168,21 @@ class SupervisorServices(Hook):
                 self._write_stall(step)
             return
         if step != self._last_point_step and now > last_time:  # (not the step a stall was drawn at)
-            self._last_rate = (step - last_step) / (now - last_time)
-            session.summary_writer.add_scalar("global_step/sec", self._last_rate, step)
+            first_step, first_time = self._first_count
+            self._mean_rate = (step - first_step) / (now - first_time)  # since this session's start
+            session.summary_writer.add_scalar("global_step/sec", (step - last_step) / (now - last_time), step)
             self._last_point_step = step
         self._last_count = (step, now)
 
     def _stall_secs(self) -> float:
         """How long without a step is a stall: a whole interval, and at least ten steps' time at
-        the last measured rate (ten intervals before a rate is known), so a step a little longer
-        than a short interval (the quickstart's 0.1 s on a loaded machine) is not drawn as 0."""
+        this session's mean rate (ten intervals before a rate is known), so a step a little
+        longer than a short interval (the quickstart's 0.1 s on a loaded machine) is not drawn
+        as 0. The mean, not the last point's rate: that one swings with bursts."""
         interval = self._save_summaries_secs
-        if self._last_rate is None:
+        if not self._mean_rate:
             return _STALL_STEPS * interval
-        return max(interval, _STALL_STEPS / self._last_rate)
+        return max(interval, _STALL_STEPS / self._mean_rate)
 
     def _write_stall(self, step: int) -> None:
         """No step for a whole interval: the step in progress (``step + 1``) has stalled. Drawn
@@ -191,5 +194,6 @@ class SupervisorServices(Hook):
         self._session.summary_writer.add_scalar("global_step/sec", 0.0, step + 1)
         self._last_point_step = step + 1
         self._stalls += 1
-        logger.log(logging.WARNING if self._stalls <= _MAX_STALL_WARNINGS else logging.DEBUG,"the global step has not advanced for %g s (still %d): global_step/sec = 0 at step %d",
-                       self._clock.monotonic() - self._last_count[1], step, step + 1)
+        level = logging.WARNING if self._stalls <= _MAX_STALL_WARNINGS else logging.DEBUG
+        logger.log(level, "the global step has not advanced for %g s (still %d): global_step/sec = 0 at step %d",
+                   self._clock.monotonic() - self._last_count[1], step, step + 1)

@@ -235,6 +235,6 @@ def test_a_step_a_little_slower_than_the_interval_is_not_a_stall(tmp_path):
         _tick(clock, 10)  # the next step is still running: 10 s < ten steps' time (100 s)
         s.run(train)
         _tick(clock, 10)  # step 2, 20 s after step 1's point
-        _tick(clock, 200)  # 200 s (ten steps at 0.05 steps/s) without a step: now a stall
+        _tick(clock, 200)  # 200 s without a step, over ten steps at the mean rate (150 s): a stall
     assert _raw_scalars(tmp_path, "global_step/sec") == [(1, pytest.approx(0.1)), (2, pytest.approx(0.05)),
                                                          (3, 0.0)]
