@@ -6,6 +6,9 @@ the restarted run picks up the newest committed checkpoint — weights, optimize
 RNG and data position — and continues from that step.
 
     python examples/crash_recovery.py [--logdir runs/crash_recovery]
+
+It starts from scratch every time: ``--logdir`` and everything in it are DELETED first, so
+point it at a directory of its own, never at a run you want to keep.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ def step_of(checkpoint_path: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logdir", default="runs/crash_recovery")
+    parser.add_argument("--logdir", default="runs/crash_recovery",
+                        help="a directory of its own: DELETED first, then trained in (default: %(default)s)")
     parser.add_argument("--kill-after-step", type=int, default=300,
                         help="kill the trainer once a checkpoint at or past this step is committed")
     parser.add_argument("--extra-steps", type=int, default=200, help="steps the restarted run trains")

@@ -10,7 +10,10 @@ the session resolves every request once, in a fixed order:
 2. **agree** — an `Agreement` combines this process's requests into the `Decision` every process
    applies (the identity on one process; a collective under ``torch.distributed``, §12);
 3. **capture** — the single call of the checkpoint managers' ``save``: step N's checkpoint holds
-   every hook's ``after_run`` of step N, under every front door;
+   every hook's ``after_run`` of step N, under every front door. A manager with listeners first
+   waits for its save in flight (the capture would wait for it anyway) and delivers that
+   commit, so listener calls alternate (``before_save(N)``, ``after_save(N)``,
+   ``before_save(N+1)``...);
 4. **stop** — apply the stop; the final checkpoint is captured at this same boundary.
 
 Between two ``run`` calls the session is already at a boundary: ``s.save_checkpoint()`` captures
@@ -28,9 +31,12 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from supervisor.checkpoint.safe_globals import check_loadable
 
 if TYPE_CHECKING:
     from supervisor.checkpoint.manager import CheckpointManager
@@ -283,14 +289,33 @@ class StepBoundary:
         """The one call site of a checkpoint manager's ``save``: listeners' ``before_save``,
         then the capture (the writer reports the commit back to this boundary)."""
         if all(m is not manager for m in self._managers):
+            # The first save through a manager: what it writes must load at the next resume.
+            check_loadable(session.training_state.state_dict(), getattr(manager, "trusted_globals", ()),
+                           manager.path_of(step), step)
             self._managers.append(manager)
         manager.on_commit = functools.partial(self.report_commit, manager)
-        for listener in self.listeners_of(manager):
+        listeners = self.listeners_of(manager)
+        if listeners:
+            self._finish_previous_save(session, manager, step)
+        for listener in listeners:
             listener.before_save(session, step)
         if creation:
             self._creation_steps[id(manager)] = step
         logger.debug("capturing the checkpoint of step %d (%s)", step, reason)
         return manager.save(step, session.training_state, wait=wait)
+
+    def _finish_previous_save(self, session: Any, manager: CheckpointManager, step: int) -> None:
+        """Listener calls alternate as in TF (SPEC §3.5): at most one save is in flight, so this
+        capture would wait for the previous commit anyway; wait here instead and deliver that
+        commit's ``after_save`` before the next ``before_save``. A stop an ``after_save``
+        requests here applies at the next boundary (this one's decision is taken)."""
+        start = time.perf_counter()
+        manager.wait()
+        waited = time.perf_counter() - start
+        if waited > 0.001:
+            logger.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+        if self._commits:
+            self.deliver(session, allow_stop=True)
 
     def deliver(self, session: Any, *, allow_stop: bool) -> None:
         """Hands the reported commits to the listeners and writes their CHECKPOINT session logs."""

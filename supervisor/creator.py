@@ -15,6 +15,7 @@ verified checkpoint. Both follow SPEC §4's order:
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable
 
@@ -77,9 +78,8 @@ class SessionCreator:
         if state is not None and not isinstance(state, TrainingState):
             raise TypeError(f"state must be a supervisor.TrainingState, got {state!r}; build one with TrainingState({{...}})")
         self.state = state if state is not None else TrainingState()
-        self.init_fn = check_callable("init_fn", init_fn, signature="init_fn(session)")
-        self.local_init_fn = check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)")
-        self.ready_fn = check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str")
+        fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
+        self.init_fn, self.local_init_fn, self.ready_fn = fns["init_fn"], fns["local_init_fn"], fns["ready_fn"]
         self.environment = SessionEnvironment(logdir=logdir, is_chief=check_bool("is_chief", is_chief),
                                               summary_writer=summary_writer)
         self._created = 0
@@ -136,3 +136,31 @@ class SessionCreator:
             self.close(failed=failed)
         finally:
             self.environment.close(failed=failed)
+
+
+_SESSION_FN_SIGNATURES = {"init_fn": "init_fn(session)", "local_init_fn": "local_init_fn(session)",
+                          "ready_fn": "ready_fn(session) -> None | str"}
+
+
+def check_session_fns(**fns: Any) -> dict[str, Callable[[Any], Any] | None]:
+    """Validates ``init_fn``, ``local_init_fn`` and ``ready_fn`` (each None or a callable taking
+    the session); returns them by name. Every front door calls it at construction."""
+    return {name: _check_session_fn(name, fn, _SESSION_FN_SIGNATURES[name]) for name, fn in fns.items()}
+
+
+def _check_session_fn(name: str, fn: Any, signature: str) -> Callable[[Any], Any] | None:
+    """A callable that takes the session as its one argument, checked here (issue 22.20): the
+    wrong arity would otherwise fail only when the session is entered."""
+    fn = check_callable(name, fn, signature=signature)
+    if fn is None:
+        return None
+    try:
+        params = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return fn
+    try:
+        params.bind(None)
+    except TypeError:
+        raise TypeError(f"{name} must take one argument, the session ({signature}), got {fn!r} with "
+                        f"parameters {params}; e.g. def {name}(session): ...") from None
+    return fn

@@ -14,10 +14,15 @@ START at the same step, its first summary step.) The services are:
 - summary service: every ``save_summaries_secs`` it writes the scalars of the latest step's
   output and what ``summary_fn(session)`` returns (called on the service thread); a step output
   that is not a scalar is left out with a WARNING naming its key, once;
-- step counter: every ``save_summaries_secs`` it writes ``global_step/sec``. The first tick
-  after each session start only starts the measurement (a rate needs two points, and a 0.0
-  there would draw every resume as a stall); from then on a stalled loop shows as 0.0, which a
-  hook-only design cannot see.
+- step counter: every ``save_summaries_secs`` it writes ``global_step/sec`` at the current
+  step, when the step advanced since its last point: never two points at one step (a tick
+  that sees no new step writes nothing). The first tick after each session start only starts
+  the measurement (a rate needs two points, and a 0.0 there would draw every resume as a
+  stall). No step over a whole interval — and over ten steps' time at the session's mean
+  rate (ten intervals before a rate is known), so a step a little slower than a short interval
+  is no stall — is a stall, which a hook-only design cannot see: it is written once as 0.0 at the
+  stalled step (the one in progress, ``global_step + 1``), with a WARNING (the first few
+  times); the next point's rate covers the stall.
 
 At a clean close, if the step advanced since the last tick, a final summary (step outputs,
 ``summary_fn``, and the step rate since the last tick) is written at the last step, so a run
@@ -45,6 +50,9 @@ __all__ = ["SupervisorServices", "save_if_changed"]
 
 logger = logging.getLogger(__name__)
 
+_MAX_STALL_WARNINGS = 5
+_STALL_STEPS = 10  # no step for this many steps' time (and a whole interval) is a stall
+
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
     """Checkpoints the session unless its step is already saved. Returns the checkpoint path,
@@ -67,7 +75,11 @@ class SupervisorServices(Hook):
         self._clock = clock
         self._session: Any = None
         self._last_summary_step: int | None = None
-        self._last_count: tuple[int, float] | None = None
+        self._last_count: tuple[int, float] | None = None  # (step, when this step was first seen)
+        self._last_point_step: int | None = None  # the step of the last global_step/sec point
+        self._stalls = 0  # stalls drawn: the first few are WARNINGs
+        self._first_count: tuple[int, float] = (0, 0.0)  # (step, time) of this session's first tick
+        self._mean_rate: float | None = None  # steps/sec since then (sets the stall time)
         self._stopped_at: tuple[int, float] | None = None  # (step, monotonic) of the stopping boundary
         self._warned: set[str] = set()  # step outputs already reported as not scalar
 
@@ -136,6 +148,7 @@ class SupervisorServices(Hook):
         self._stopped_at = (session.global_step, self._clock.monotonic())
 
     def _count_steps(self, final: bool = False) -> None:
+        """One tick of the step counter (SPEC §9): a point only at a step that has none yet."""
         session = self._session
         step, now = session.global_step, self._clock.monotonic()
         stopped = self._stopped_at
@@ -146,11 +159,41 @@ class SupervisorServices(Hook):
             now = min(now, stopped[1])
         if self._last_count is None:  # the first tick of this session: start measuring
             if not final:
-                self._last_count = (step, now)
+                self._last_count = self._first_count = (step, now)
+                self._last_point_step, self._mean_rate = None, None
             return
         last_step, last_time = self._last_count
-        if final and step == last_step:
-            return  # at close, only a rate over new steps is news
-        if now > last_time:
+        if step == last_step:
+            if not final and now - last_time >= self._stall_secs():
+                self._write_stall(step)
+            return
+        if step != self._last_point_step and now > last_time:  # (not the step a stall was drawn at)
+            first_step, first_time = self._first_count
+            self._mean_rate = (step - first_step) / (now - first_time)  # since this session's start
             session.summary_writer.add_scalar("global_step/sec", (step - last_step) / (now - last_time), step)
+            self._last_point_step = step
         self._last_count = (step, now)
+
+    def _stall_secs(self) -> float:
+        """How long without a step is a stall: a whole interval, and at least ten steps' time at
+        this session's mean rate (ten intervals before a rate is known), so a step a little
+        longer than a short interval (the quickstart's 0.1 s on a loaded machine) is not drawn
+        as 0. The mean, not the last point's rate: that one swings with bursts."""
+        interval = self._save_summaries_secs
+        if not self._mean_rate:
+            return _STALL_STEPS * interval
+        return max(interval, _STALL_STEPS / self._mean_rate)
+
+    def _write_stall(self, step: int) -> None:
+        """No step for a whole interval: the step in progress (``step + 1``) has stalled. Drawn
+        as 0.0 once, at that step: the point at ``step`` is the rate that led up to it, and a
+        second point there would draw a vertical line. When the stalled step completes, its
+        rate is not written again; the next point measures from ``step``, stall included."""
+        if self._last_point_step == step + 1:
+            return  # this stall is drawn already
+        self._session.summary_writer.add_scalar("global_step/sec", 0.0, step + 1)
+        self._last_point_step = step + 1
+        self._stalls += 1
+        level = logging.WARNING if self._stalls <= _MAX_STALL_WARNINGS else logging.DEBUG
+        logger.log(level, "the global step has not advanced for %g s (still %d): global_step/sec = 0 at step %d",
+                   self._clock.monotonic() - self._last_count[1], step, step + 1)

@@ -30,6 +30,7 @@ from supervisor.creator import SessionCreator
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_run_args, overrides, resolve_fetches
 from supervisor.signals import SignalHandlers
+from supervisor.summary import SummaryWriterCache
 
 __all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
 
@@ -340,7 +341,18 @@ class MonitoredSession:
                 continue
             if self._recoveries:
                 self._recoveries = 0
+            if self._stop_event.is_set() and not self._in_step_fn:
+                self._recover_reported_error()
             return output
+
+    def _recover_reported_error(self) -> None:
+        """A recoverable error a thread reported during the step that just ended is recovered
+        at its boundary, as TF's ``_RecoverableSession`` checks after the run (SPEC §3.5): the
+        session is re-created now, so ``should_stop()`` stays False and the next ``run`` (or a
+        ``close``) finds a running session, not the error."""
+        exc = self._coord.exception
+        if exc is not None and isinstance(exc, self._recoverable) and not self._stopped and not self._closed:
+            self._recover(exc, self._global_step)
 
     def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
         """Runs ``step_fn(step_context)`` (TF's ``run_step_fn``); recoverable errors retry it."""
@@ -365,6 +377,8 @@ class MonitoredSession:
                 self._in_step_fn = False
             if self._recoveries:
                 self._recoveries = 0
+            if self._stop_event.is_set():
+                self._recover_reported_error()
             return output
 
     def call_at_boundary(self, action: Callable[[MonitoredSession], Any]) -> None:
@@ -392,6 +406,7 @@ class MonitoredSession:
         during a step (a hook, the step function) it is a request for this step's boundary,
         and the returned path is the one that checkpoint will have.
         """
+        check_bool("wait", wait)
         if self._closed:
             raise RuntimeError("save_checkpoint: the session is closed; save inside the `with` "
                                "block, e.g. at the end of an epoch")
@@ -694,7 +709,11 @@ class MonitoredSession:
         self._closed = True
         if self._signals is not None:
             self._signals.restore()
-        self._creator.shutdown(failed=False)
+        try:
+            self._creator.shutdown(failed=False)
+        finally:
+            # Hooks given ``output_dir=`` write through cached writers nobody else flushes (SPEC §9).
+            SummaryWriterCache.flush_all()
 
     def _close_on_error(self, exc: BaseException) -> BaseException:
         """Stops everything after ``exc``; returns the first exception, to be re-raised."""
@@ -728,6 +747,7 @@ class MonitoredSession:
             self._creator.shutdown(failed=True)
         except Exception:  # noqa: BLE001 - the first error is the one the user must see
             logger.exception("closing the session creator failed after %s", type(first).__name__)
+        SummaryWriterCache.flush_all()  # what the hooks wrote before the error (SPEC §9)
         return first
 
 

@@ -102,10 +102,65 @@ class TrainingState(Mapping):
             if unexpected:
                 parts.append(f"unexpected entries {unexpected} (in the checkpoint, not in the training state)")
             raise CheckpointError("the checkpoint does not match the training state: " + "; ".join(parts)
-                                  + ". Add or rename the entries, or load with strict=False")
+                                  + f". {_MISMATCH_FIX}")
+        saved_classes = _saved_classes(state_dict)
         for name, obj in self._objects.items():
             if name in state_dict:
+                _check_optimizer(name, unwrap_module(obj), state_dict[name], saved_classes.get(name))
                 _load_entry(name, unwrap_module(obj), state_dict[name], strict)
+
+    def entry_classes(self) -> dict[str, str]:
+        """``{name: "module.QualName"}`` of each entry's class (the module inside a wrapper):
+        recorded in a checkpoint's metadata so a resume into another optimizer class is named
+        at the restore, not found by a ``KeyError`` at the first step."""
+        return {name: class_name(unwrap_module(obj)) for name, obj in self._objects.items()}
+
+
+# What a front door's user does about a checkpoint whose entries differ from the training state.
+_MISMATCH_FIX = ("To continue this run, build the training state the run that wrote the checkpoint had "
+                 "(the same model=, optimizer= and state= entries); to start a different setup from its "
+                 "weights, use a new logdir and warm-start with supervisor.restore_partial(<checkpoint>, "
+                 "model) in init_fn (TrainingState.load_state_dict(..., strict=False) when loading by hand)")
+
+
+def class_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _saved_classes(state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = state_dict.get("__meta__")
+    classes = meta.get("classes") if isinstance(meta, Mapping) else None
+    return classes if isinstance(classes, Mapping) else {}  # absent in checkpoints before issue 22.17
+
+
+def _check_optimizer(name: str, obj: Any, entry: Any, saved_class: Any) -> None:
+    """An optimizer's state loads only into its own class: ``load_state_dict`` accepts another
+    class's state and keeps its hyperparameters, and the first ``step()`` then fails (SGD:
+    ``KeyError: 'momentum'``) or silently runs the other algorithm's settings."""
+    import torch
+
+    if not isinstance(obj, torch.optim.Optimizer) or not isinstance(entry, Mapping):
+        return
+    current = class_name(obj)
+    if isinstance(saved_class, str):
+        if saved_class == current:
+            return
+        why = f"was saved by {saved_class}, the training state's is {current}"
+    else:  # an older checkpoint: its param_groups tell whether this class can use them
+        groups = entry.get("param_groups")
+        if not (isinstance(groups, list) and groups and isinstance(groups[0], Mapping) and obj.param_groups):
+            return
+        lacking = sorted(set(obj.param_groups[0]) - set(groups[0]) - {"params"})
+        if not lacking:
+            return
+        why = (f"was saved by another optimizer class than the training state's {current}: its "
+               f"param_groups lack {', '.join(map(repr, lacking))}")
+    raise CheckpointError(
+        f"the checkpoint's entry {name!r} {why}. An optimizer's state loads only into its own class "
+        "(the first step would fail or run the other algorithm's settings). To continue this run, "
+        "use the optimizer class it was trained with; to switch optimizers, use a new logdir and "
+        "warm-start the model with supervisor.restore_partial(<checkpoint>, model) in init_fn")
 
 
 def _check_entry(name: Any, obj: Any, *, argument: str) -> None:

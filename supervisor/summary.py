@@ -14,10 +14,12 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from supervisor._event_file import EventFile
@@ -30,6 +32,12 @@ __all__ = ["SummaryWriter", "SummaryWriterCache", "SESSION_LOG_STATUSES"]
 logger = logging.getLogger(__name__)
 
 SESSION_LOG_STATUSES = ("START", "STOP", "CHECKPOINT")
+
+# Every writer not yet closed, flushed at interpreter exit (SPEC §9: nothing written is lost).
+# Weak, so this set keeps no writer alive; a writer the program dropped without closing it
+# stays alive anyway while its events thread runs (the thread holds its `_encode`), and is
+# flushed here.
+_OPEN_WRITERS: weakref.WeakSet[SummaryWriter] = weakref.WeakSet()
 
 
 class SummaryWriter:
@@ -71,6 +79,7 @@ class SummaryWriter:
         self._writer = EventFile(self.logdir, filename_suffix, flush_secs=flush_secs, max_queue=max_queue,
                                  first=version.SerializeToString(), encode=self._encode)
         self._closed = False
+        _OPEN_WRITERS.add(self)
 
     @property
     def closed(self) -> bool:
@@ -104,6 +113,7 @@ class SummaryWriter:
         """Flushes and closes the file and stops the writer thread; closing twice is a no-op."""
         if not self._closed:
             self._closed = True
+            _OPEN_WRITERS.discard(self)
             self._writer.close()
 
     def __enter__(self) -> SummaryWriter:
@@ -181,6 +191,14 @@ class SummaryWriterCache:
             return writer
 
     @staticmethod
+    def flush_all() -> None:
+        """Flushes every cached writer: what hooks given ``output_dir=`` wrote reaches the file.
+        Called by every session when it closes (cleanly or not)."""
+        with SummaryWriterCache._lock:
+            writers = list(SummaryWriterCache._writers.values())
+        _flush_quietly(writers)
+
+    @staticmethod
     def clear() -> None:
         """Closes every cached writer and forgets them."""
         with SummaryWriterCache._lock:
@@ -188,6 +206,21 @@ class SummaryWriterCache:
             SummaryWriterCache._writers.clear()
         for writer in writers:
             writer.close()
+
+
+def _flush_quietly(writers: list[SummaryWriter]) -> None:
+    for writer in writers:
+        try:
+            writer.flush()
+        except Exception as e:  # noqa: BLE001 - one broken file must not keep the others unflushed
+            logger.warning("flushing the events of %s failed: %s", writer.logdir, e)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Writes what every open writer still holds when the interpreter exits (the writer
+    threads are daemons: without this, events added since the last periodic flush are lost)."""
+    _flush_quietly(list(_OPEN_WRITERS))
 
 
 def _check_tag(tag: Any) -> str:

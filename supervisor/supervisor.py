@@ -26,7 +26,7 @@ from supervisor._paths import check_logdir
 from supervisor.checkpoint.options import check_capture, check_trusted_globals
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
-from supervisor.creator import SessionCreator
+from supervisor.creator import SessionCreator, check_session_fns
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook
@@ -107,11 +107,7 @@ class Supervisor:
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
         self._hooks = v.check_hooks("hooks", hooks)
-        self._init_fns = {
-            "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
-            "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
-            "ready_fn": v.check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str"),
-        }
+        self._init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
         self._summary_fn = v.check_callable("summary_fn", summary_fn, signature="summary_fn(session) -> dict")
         self._save_model_secs = v.check_number("save_model_secs", save_model_secs, minimum=0)
         self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)

@@ -27,6 +27,7 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor import distributed
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
+from supervisor.creator import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir
@@ -88,11 +89,7 @@ def _build(
                                        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
-    init_fns = {
-        "init_fn": v.check_callable("init_fn", init_fn, signature="init_fn(session)"),
-        "local_init_fn": v.check_callable("local_init_fn", local_init_fn, signature="local_init_fn(session)"),
-        "ready_fn": v.check_callable("ready_fn", ready_fn, signature="ready_fn(session) -> None | str"),
-    }
+    init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
     writes_summaries = is_chief and summary_dir is not None and (log_steps or summary_secs or summary_steps)
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,

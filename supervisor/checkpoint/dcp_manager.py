@@ -141,7 +141,7 @@ class ShardedCheckpointManager(ManagerCommon):
                                   save_mode="sync", verify=verify, save_rng=save_rng,
                                   trusted_globals=trusted_globals, clock=clock)
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
-        self.save_rng = inner.save_rng
+        self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
         self.capture = check_capture(capture)
         self._copier = check_copier(copier)

@@ -13,7 +13,8 @@
 
 ``state.pt`` holds one mapping, loadable by hand with ``torch.load(path, weights_only=True)``::
 
-    {"__meta__": {"format": ..., "format_version": 1, "torch_version": ..., "entries": [...]},
+    {"__meta__": {"format": ..., "format_version": 1, "torch_version": ..., "entries": [...],
+                  "classes": {entry: "module.Class"}},   # "classes": absent before issue 22.17
      "global_step": 1200,
      "rng": {0: {...}},               # per rank (supervisor.rng); absent with save_rng=False
      "model": {...}, "optimizer": {...}, ...}   # one state dict per training-state entry
@@ -178,13 +179,16 @@ def read_manifest(checkpoint_path: str) -> Manifest:
 
 
 def make_payload(step: int, entries: Mapping[str, Any], rng: Mapping[int, Any] | None,
-                 torch_version: str) -> dict[str, Any]:
-    """The mapping ``state.pt`` holds (see the module docstring)."""
+                 torch_version: str, classes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The mapping ``state.pt`` holds (see the module docstring). ``classes``: each entry's
+    class name (``TrainingState.entry_classes``), checked at restore; older checkpoints lack it."""
     payload: dict[str, Any] = {
         META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                    "torch_version": str(torch_version), "entries": [str(n) for n in entries]},
         STEP_KEY: int(step),
     }
+    if classes:
+        payload[META_KEY]["classes"] = {str(n): str(c) for n, c in classes.items()}
     if rng is not None:
         payload[RNG_KEY] = dict(rng)
     payload.update(entries)

@@ -295,7 +295,7 @@ class CheckpointManager(ManagerCommon):
         except Exception as e:
             raise CheckpointError(f"capturing the training state for the checkpoint of step {step} "
                                   f"failed: {type(e).__name__}: {e}") from e
-        return make_payload(step, entries, rng, torch.__version__), pending
+        return make_payload(step, entries, rng, torch.__version__, classes=state.entry_classes()), pending
 
     def _write(self, step: int, name: str, payload: dict, timestamp: float, capture_secs: float,
                outcome: list[CheckpointError] | None, pending: PendingCopy | None = None) -> None:

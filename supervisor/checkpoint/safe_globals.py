@@ -20,11 +20,15 @@ import io
 import logging
 import pickle
 import re
+from collections import OrderedDict
 from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["NUMPY_SAFE_GLOBALS", "allowed_globals", "describe_untrusted", "global_name", "untrusted_message"]
+from supervisor.errors import CheckpointError
+
+__all__ = ["NUMPY_SAFE_GLOBALS", "allowed_globals", "check_loadable", "describe_untrusted", "global_name",
+           "untrusted_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +122,8 @@ def untrusted_message(file_path: str, step: int | None, missing: dict[str, list[
 def _pickle_bytes(file_path: str) -> bytes:
     import torch.serialization as ts
 
+    if hasattr(file_path, "seek"):  # an in-memory file (check_loadable), read once already
+        file_path.seek(0)  # type: ignore[attr-defined]
     # torch's own zip reader: checkpoints are written without per-record CRCs, which the
     # zipfile module would reject.
     with ts._open_file_like(file_path, "rb") as opened, ts._open_zipfile_reader(opened) as reader:
@@ -208,3 +214,44 @@ def _names_in(value: Any) -> list[str]:
         elif isinstance(item, (list, tuple, set, frozenset)):
             todo.extend(item)
     return names
+
+
+def check_loadable(state_dict: Any, trusted_globals: Iterable[Any], where: str, step: int | None) -> None:
+    """Raises `CheckpointError` when ``state_dict`` (a training state's, as a checkpoint stores
+    it) would not load back under ``torch.load(weights_only=True)`` with ``trusted_globals``:
+    the save that would write it fails instead of the resume after it (issue 22.19).
+
+    Cheap: the tensors and NumPy arrays of its dicts, lists and tuples are replaced by empty
+    tensors / one-element arrays of the same dtype, so only the structure and the other objects are pickled and
+    unpickled, in memory; any other object is pickled whole (with what it holds).
+    """
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(_skeleton(state_dict), buffer)
+    try:
+        buffer.seek(0)
+        with torch.serialization.safe_globals(allowed_globals(trusted_globals)):
+            torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError as e:
+        buffer.seek(0)
+        missing = describe_untrusted(buffer, e, trusted_globals)  # type: ignore[arg-type]
+        raise CheckpointError("this checkpoint would not load at the next resume, so it was not written: "
+                              + untrusted_message(where, step, missing)) from None
+
+
+def _skeleton(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return torch.empty(0, dtype=value.dtype)  # (a tensor subclass's own globals go unchecked)
+    if isinstance(value, np.ndarray) and type(value) is np.ndarray and value.dtype != object and value.size > 1:
+        return value.reshape(-1)[:1].copy()  # one element: an empty array pickles differently
+    if type(value) in (dict, OrderedDict):
+        copy = type(value)((k, _skeleton(v)) for k, v in value.items())
+        if hasattr(value, "_metadata"):
+            copy._metadata = value._metadata  # type: ignore[attr-defined]
+        return copy
+    if type(value) in (list, tuple):
+        return type(value)(_skeleton(v) for v in value)
+    return value

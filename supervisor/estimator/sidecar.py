@@ -267,7 +267,15 @@ def _evaluation_session_logs() -> Iterator[None]:
 
 
 def _outputs(model: torch.nn.Module, batch: Any, eval_step: Callable | None) -> dict[str, Any]:
-    out = eval_step(model, batch) if eval_step is not None else model(batch)
+    if eval_step is not None:
+        out = eval_step(model, batch)
+    else:
+        try:
+            out = model(batch)
+        except TypeError as e:  # e.g. an (x, y) batch: linear() got a tuple
+            raise TypeError(f"no eval_step was given, so evaluation called model(batch) with a "
+                            f"{type(batch).__name__} batch, which failed: {e}. Pass eval_step=, e.g. "
+                            "def eval_step(model, batch): x, y = batch; return {'loss': loss_fn(model(x), y)}") from e
     if isinstance(out, Mapping):
         return dict(out)
     if isinstance(out, (torch.Tensor, int, float)):

@@ -83,7 +83,8 @@ def test_numpy_scalars_and_arrays_restore_without_trusted_globals(tmp_path, door
 
 @pytest.mark.parametrize("door", sorted(FRONT_DOORS))
 def test_every_front_door_accepts_trusted_globals(tmp_path, door):
-    with FRONT_DOORS[door](tmp_path, {"holder": Holder(Opaque(5))}) as s:
+    # The writer must trust it too: a front door refuses to save what would not load (issue 22.19).
+    with FRONT_DOORS[door](tmp_path, {"holder": Holder(Opaque(5))}, trusted_globals=[Opaque]) as s:
         _steps(s, 1)
     with pytest.raises(CheckpointError, match="Opaque"):
         with FRONT_DOORS[door](tmp_path, {"holder": Holder(None)}):
@@ -95,10 +96,11 @@ def test_every_front_door_accepts_trusted_globals(tmp_path, door):
 
 
 def test_refusal_lists_every_missing_global_with_its_entry(tmp_path):
-    with Supervisor(tmp_path, model=_model(), state={"a": Holder(Opaque(1)), "b": Holder([Opaque(2), print]),
-                                                      "c": Holder(np.array([1, "x"], dtype=object))}
-                    ).managed_session() as s:
-        _steps(s, 1)
+    # Written by a bare CheckpointManager: a front door refuses to save it (issue 22.19).
+    state = supervisor.TrainingState.from_arguments(model=_model(), state={
+        "a": Holder(Opaque(1)), "b": Holder([Opaque(2), print]), "c": Holder(np.array([1, "x"], dtype=object))})
+    with supervisor.CheckpointManager(tmp_path) as manager:
+        manager.save(1, state, wait=True)
     sv = Supervisor(tmp_path, model=_model(), state={"a": Holder(None), "b": Holder(None), "c": Holder(None)})
     with pytest.raises(CheckpointError) as info:
         with sv.managed_session():

@@ -47,8 +47,9 @@ def test_checkpoints_move_between_wrapped_and_plain_modules(manager_factory, tmp
 
     target = _wrap(loader, _net(2))
     restore_into(tmp_path / "logdir", TrainingState({"model": target}))
+    # (.cpu(): with CUDA present, DataParallel moves its module to cuda:0.)
     for key, value in unwrap_module(source).state_dict().items():
-        assert torch.equal(unwrap_module(target).state_dict()[key], value)
+        assert torch.equal(unwrap_module(target).state_dict()[key].cpu(), value.cpu())
 
 
 def test_unwrap_module_handles_nesting_and_leaves_others_alone():
@@ -148,7 +149,8 @@ def test_malformed_rng_state_is_a_checkpoint_error():
 
 
 def test_stateful_dataloader_resumes_at_the_same_batch(manager_factory, tmp_path, clock):
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", exc_type=ImportError,
+                                   reason="torchdata (the data extra) is not installed")
 
     def loader():
         return stateful.StatefulDataLoader(list(range(20)), batch_size=2, shuffle=True,

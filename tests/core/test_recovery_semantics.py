@@ -192,3 +192,66 @@ def test_a_recoverable_error_in_a_distributed_job_ends_the_rank_instead_of_recov
             s.run(lambda: (_ for _ in ()).throw(RecoverableError("transient")))
     assert created == [0]  # never re-created on this rank alone
     assert "torchrun --max-restarts" in caplog.text and "not recovered" in caplog.text
+
+
+class StopCoordinatorWithException(Hook):
+    """TF's hook of the same name: a side thread reports a recoverable error to the coordinator
+    during the ``calls_before_stopping``-th ``after_run``, which waits until it is reported."""
+
+    def __init__(self, calls_before_stopping: int) -> None:
+        self._calls_before_stopping = calls_before_stopping
+        self._lock = threading.Lock()
+        self._reported = threading.Event()
+        self._started = False
+
+    def _maybe_stop_with_exception(self, coord):
+        while not coord.should_stop():
+            with self._lock:
+                if self._calls_before_stopping == 0:
+                    coord.request_stop(RecoverableError("Aborted at N"))
+                    self._reported.set()
+                    return
+            threading.Event().wait(0.001)
+
+    def after_create_session(self, session, coord):
+        if self._started:
+            return
+        thread = threading.Thread(target=self._maybe_stop_with_exception, args=(coord,), name="side-thread")
+        coord.register_thread(thread)
+        thread.start()
+        self._started = True
+
+    def after_run(self, run_context, run_values):
+        with self._lock:
+            self._calls_before_stopping -= 1
+            stopping_now = self._calls_before_stopping == 0
+        if stopping_now:
+            assert self._reported.wait(10)
+
+
+class CountingSessionCreator(SessionCreator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.number_of_sessions_created = 0
+
+    def create(self, session):
+        self.number_of_sessions_created += 1
+        return super().create(session)
+
+
+@pytest.mark.timeout(60)
+def test_recovery_from_coordinator_exception():
+    """TF's RecoverableSessionTest.test_recovery_from_coordinator_exception (SPEC §3.5, issue
+    22.4): an error reported during step 2's after_run is recovered at that step's boundary."""
+    creator = CountingSessionCreator()
+    session = MonitoredSession(creator, [StopCoordinatorWithException(calls_before_stopping=2)], clock=FakeClock())
+    assert creator.number_of_sessions_created == 1
+    assert not session.should_stop()
+    assert session.run(lambda: 51) == 51
+    assert not session.should_stop()
+    assert session.run(lambda: 42) == 42  # the coordinator is stopped with the error during this run
+    # The session was re-created at the end of that step, and training continues.
+    assert not session.should_stop()
+    assert creator.number_of_sessions_created == 2
+    assert session.global_step == 2
+    session.close()  # nothing left to raise

@@ -87,3 +87,14 @@ def test_training_state_shorthands():
 def test_fake_clock_refuses_to_go_back():
     with pytest.raises(ValueError, match="secs must be >= 0"):
         FakeClock().advance(-1)
+
+
+@pytest.mark.parametrize("wait", ["yes", 1, None])
+def test_save_checkpoint_wait_must_be_a_bool(tmp_path, wait):
+    """Issue 22.20: wait="yes" was accepted (and meant True)."""
+    from supervisor import CheckpointManager, CheckpointSessionCreator
+
+    creator = CheckpointSessionCreator(TrainingState({"model": torch.nn.Linear(2, 1)}), CheckpointManager(tmp_path))
+    with MonitoredSession(creator, clock=FakeClock()) as s:
+        with pytest.raises(TypeError, match=re.escape(f"wait must be True or False, got {wait!r}")):
+            s.save_checkpoint(wait=wait)

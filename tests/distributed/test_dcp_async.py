@@ -144,9 +144,10 @@ def test_sync_mode_writes_on_the_calling_thread(tmp_path):
 
 # ---------------------------------------------------------------- loader generators (SPEC §2)
 def _loader(seed: int):
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    stateful_dataloader = pytest.importorskip(
+        "torchdata.stateful_dataloader", exc_type=ImportError, reason="torchdata (the 'data'/'test' extra) is not installed")
 
-    return StatefulDataLoader(list(range(12)), batch_size=2, shuffle=True,
+    return stateful_dataloader.StatefulDataLoader(list(range(12)), batch_size=2, shuffle=True,
                               generator=torch.Generator().manual_seed(seed))
 
 

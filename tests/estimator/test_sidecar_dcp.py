@@ -47,7 +47,8 @@ class Box:
         self.n = n
 
 
-def train_sharded(logdir: str, steps: int = 12, *, every: int = 4, extra: dict | None = None) -> torch.nn.Module:
+def train_sharded(logdir: str, steps: int = 12, *, every: int = 4, extra: dict | None = None,
+                  trusted_globals: tuple = ()) -> torch.nn.Module:
     """A one-process run with checkpoint_format="dcp"; at step N every parameter is weight_of(N)."""
     model = make_model(8)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -63,7 +64,7 @@ def train_sharded(logdir: str, steps: int = 12, *, every: int = 4, extra: dict |
         with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, state=extra, checkpoint_format="dcp",
                                       save_checkpoint_steps=every, save_checkpoint_secs=None, max_to_keep=None,
                                       save_summaries_steps=None, log_step_count_steps=None,
-                                      init_fn=lambda s: step(0)) as s:
+                                      init_fn=lambda s: step(0), trusted_globals=trusted_globals) as s:
             while s.global_step < steps:
                 s.run(step, s.global_step + 1)
     return model
@@ -160,7 +161,8 @@ def test_a_non_tensor_entry_needs_its_class_trusted_as_in_state_pt(tmp_path):
     logdir = str(tmp_path / "run")
     counter = Counter()
     counter.value = Box(7)
-    train_sharded(logdir, steps=4, extra={"counter": counter})
+    # The writer must trust Box too: a front door refuses to save what would not load (issue 22.19).
+    train_sharded(logdir, steps=4, extra={"counter": counter}, trusted_globals=(Box,))
     path = os.path.join(logdir, "model.ckpt-4")
     with pytest.raises(CheckpointError, match=r"Box.*trusted_globals") as info:
         read_checkpoint(path)

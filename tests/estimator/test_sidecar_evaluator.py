@@ -225,3 +225,13 @@ def test_bad_arguments_fail_at_construction(tmp_path, kwargs, error, match):
 def test_log_dir_may_not_be_the_trainers_directory(tmp_path):
     with pytest.raises(ValueError, match="log_dir must not be the trainer's checkpoint_dir"):
         SidecarEvaluator(make_model(), BATCHES, str(tmp_path), log_dir=str(tmp_path))
+
+
+def test_the_default_eval_step_on_x_y_batches_names_eval_step():
+    """Issue 22.20: model((x, y)) failed with a raw TypeError from linear()."""
+    from supervisor.estimator.sidecar import evaluate_batches
+
+    batches = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    with pytest.raises(TypeError, match=r"no eval_step was given.*model\(batch\).*eval_step=") as info:
+        evaluate_batches(torch.nn.Linear(2, 1), batches)
+    assert isinstance(info.value.__cause__, TypeError)  # linear()'s own error, chained

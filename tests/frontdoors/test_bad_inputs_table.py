@@ -91,6 +91,11 @@ CASES = [
     ("sv-save-mode", lambda p: sv(p, save_mode="fast"), ValueError, ["save_mode", "'fast'", "'async'"]),
     ("sv-is-chief", lambda p: sv(p, is_chief="yes"), TypeError, ["is_chief", "'yes'"]),
     ("sv-init-fn", lambda p: sv(p, init_fn=3), TypeError, ["init_fn", "callable"]),
+    # issue 22.20: the wrong arity is refused here, not when the session is entered
+    ("sv-init-fn-no-arg", lambda p: sv(p, init_fn=lambda: None), TypeError, ["init_fn", "one argument", "session"]),
+    ("sv-init-fn-two-args", lambda p: sv(p, init_fn=lambda s, ckpt: None), TypeError, ["init_fn", "init_fn(session)"]),
+    ("sv-local-init-fn-no-arg", lambda p: sv(p, local_init_fn=lambda: None), TypeError, ["local_init_fn"]),
+    ("mts-ready-fn-two-args", lambda p: mts(p, ready_fn=lambda a, b: None), TypeError, ["ready_fn", "session"]),
     ("sv-summary-fn", lambda p: sv(p, summary_fn="loss"), TypeError, ["summary_fn", "callable"]),
     ("sv-basename", lambda p: sv(p, checkpoint_basename="a/b"), ValueError, ["checkpoint_basename", "'a/b'"]),
     ("sv-keep-hours", lambda p: sv(p, keep_checkpoint_every_n_hours=0), ValueError, ["keep_checkpoint_every_n_hours"]),

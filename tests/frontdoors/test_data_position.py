@@ -8,7 +8,7 @@ import torch
 from hooks import StopAtStepHook
 from supervisor import Supervisor
 
-stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader", exc_type=ImportError, reason="torchdata (the data extra) is not installed")
 
 
 def train(logdir, last_step, seen):

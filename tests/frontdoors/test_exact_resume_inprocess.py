@@ -16,7 +16,7 @@ from supervisor import MonitoredTrainingSession
 from supervisor.errors import CheckpointError
 from supervisor.rng import capture_rng_state, restore_rng_state
 
-stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader", exc_type=ImportError, reason="torchdata (the data extra) is not installed")
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's own noise
 
 EPOCH = 5  # batches per epoch

@@ -175,3 +175,66 @@ def test_the_last_step_rate_ends_at_the_stopping_boundary_not_at_close(tmp_path)
             s.run(train)
         clock.advance(100)  # then the loop's own epilogue, and the close, take long
     assert _scalars(tmp_path, "global_step/sec") == [(5, 2.0)]
+
+
+def _tick(clock, secs):
+    clock.advance(secs)
+    clock.wait_for_waiters(2)  # both summary services ran this tick and wait for the next
+
+
+def test_the_step_rate_has_one_point_per_step_and_a_stall_shows_once_as_zero(tmp_path):
+    """Issue 22.2 / SPEC §9: a tick that sees no new step writes no second point at that step;
+    a whole interval without progress is a stall: one 0.0, at the stalled step (the one in
+    progress), however long it lasts; the step that ends it draws no second point there."""
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_model_secs=0, save_summaries_secs=10,
+                    clock=clock).managed_session() as s:
+        clock.wait_for_waiters(2)  # the first ticks: the measurement starts at step 0
+        train = _train(model, opt)
+        for _ in range(20):
+            s.run(train)
+        _tick(clock, 10)  # 20 steps in 10 s
+        _tick(clock, 10)  # no step in a whole interval: step 21 stalls
+        _tick(clock, 10)  # still stalled: no second 0.0
+        s.run(train)
+        _tick(clock, 10)  # step 21 done: it already has its point
+        for _ in range(10):
+            s.run(train)
+        _tick(clock, 10)  # 10 steps since step 21's tick, in 10 s
+    rate = _raw_scalars(tmp_path, "global_step/sec")
+    assert rate == [(20, 2.0), (21, 0.0), (31, 1.0)]
+
+
+def test_no_zero_rate_without_a_stall_when_every_interval_makes_progress(tmp_path):
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_model_secs=0, save_summaries_secs=10,
+                    clock=clock).managed_session() as s:
+        clock.wait_for_waiters(2)
+        train = _train(model, opt)
+        for steps in (3, 1, 5, 2):
+            for _ in range(steps):
+                s.run(train)
+            _tick(clock, 10)
+    assert _raw_scalars(tmp_path, "global_step/sec") == [(3, pytest.approx(0.3)), (4, pytest.approx(0.1)),
+                                                               (9, 0.5), (11, pytest.approx(0.2))]
+
+
+def test_a_step_a_little_slower_than_the_interval_is_not_a_stall(tmp_path):
+    """A tick that falls between two slow steps is no stall: that needs ten steps' time at the
+    last rate (and a whole interval) without a step (SPEC §9: no 0.0 for "no tick between")."""
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_model_secs=0, save_summaries_secs=10,
+                    clock=clock).managed_session() as s:
+        clock.wait_for_waiters(2)
+        train = _train(model, opt)
+        s.run(train)
+        _tick(clock, 10)  # step 1: 0.1 steps/s
+        _tick(clock, 10)  # the next step is still running: 10 s < ten steps' time (100 s)
+        s.run(train)
+        _tick(clock, 10)  # step 2, 20 s after step 1's point
+        _tick(clock, 200)  # 200 s without a step, over ten steps at the mean rate (150 s): a stall
+    assert _raw_scalars(tmp_path, "global_step/sec") == [(1, pytest.approx(0.1)), (2, pytest.approx(0.05)),
+                                                         (3, 0.0)]

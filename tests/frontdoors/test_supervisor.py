@@ -161,7 +161,9 @@ def test_summary_and_step_rate_services(tmp_path):
         sv.summary_computed({"user/value": 1.5})
     acc = events(tmp_path)
     rate = [(e.step, e.value) for e in acc.Scalars("global_step/sec")]
-    assert rate == [(20, 2.0), (20, 0.0)]  # no 0.0 at the start: a rate needs two points
+    # No 0.0 at the start (a rate needs two points); the stall is drawn once, at the stalled step
+    # (SPEC §9, issue 22.2: never a second point at step 20).
+    assert rate == [(20, 2.0), (21, 0.0)]
     assert [(e.step, round(e.value, 6)) for e in acc.Scalars("lr")] == [(20, 0.1)]
     assert [e.step for e in acc.Scalars("loss")] == [20]  # not rewritten while stalled
     # summary_fn is called on the first tick too (step 0), then at the next new step only

@@ -108,3 +108,23 @@ def test_listener_call_order(tmp_path):
     for step in (0, 2, 3):
         assert calls.index(("before_save", step)) < calls.index(("after_save", step))
     assert calls[0] == "begin" and calls[-1] == ("end", 3)
+
+
+def test_listener_calls_alternate_as_in_tf(tmp_path):
+    """Issue 22.3 / SPEC §3.5: a capture that waits for the previous commit delivers that
+    commit's after_save first — before_save 0, after_save 0, before_save 1, after_save 1, ..."""
+    calls = []
+
+    class Recorder(hooks.CheckpointSaverListener):
+        def before_save(self, session, step):
+            calls.append(("before_save", step))
+
+        def after_save(self, session, step):
+            calls.append(("after_save", step))
+
+    hook = hooks.CheckpointSaverHook(tmp_path, save_steps=1, listeners=[Recorder()])
+    with MonitoredSession(creator(), hooks=[hook]) as s:
+        for _ in range(2):
+            s.run(lambda: None)
+    assert calls == [("before_save", 0), ("after_save", 0), ("before_save", 1), ("after_save", 1),
+                     ("before_save", 2), ("after_save", 2)]

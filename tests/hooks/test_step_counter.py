@@ -111,3 +111,66 @@ def test_a_non_chief_writes_no_events_and_does_not_warn(clock, tmp_path, caplog)
               advance_secs=0.5, creator=SessionCreator(is_chief=False))
     assert not list(tmp_path.iterdir())
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _rates_on_disk(logdir):
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(TAG)] if TAG in events.Tags()["scalars"] else []
+
+
+def test_a_cached_writer_is_flushed_when_the_session_closes(clock, tmp_path):
+    """Issue 22.1: the rate reached the cached writer but never the file (nobody flushed it)."""
+    run_steps([StepCounterHook(every_n_steps=10, output_dir=str(tmp_path), clock=clock)], 30, clock=clock,
+              advance_secs=0.5)
+    assert _rates_on_disk(tmp_path) == [(11, 2.0), (21, 2.0)]  # read without flushing anything
+
+
+def test_a_cached_writer_is_flushed_when_the_session_fails(clock, tmp_path):
+    def step():
+        clock.advance(0.5)
+        if session.global_step == 15:
+            raise ValueError("boom")
+        return loss_step()
+
+    with pytest.raises(ValueError, match="boom"):
+        with MonitoredSession(hooks=[StepCounterHook(every_n_steps=10, output_dir=str(tmp_path), clock=clock)],
+                              clock=clock) as session:
+            for _ in range(30):
+                session.run(step)
+    assert _rates_on_disk(tmp_path) == [(11, 2.0)]
+
+
+_EXIT_SCRIPT = """
+import sys
+from supervisor import MonitoredSession
+from supervisor.summary import SummaryWriter, SummaryWriterCache
+from hooks import StepCounterHook
+d = sys.argv[1]
+SummaryWriterCache.get(d).add_scalar("outside/cached", 1.5, step=3)   # never flushed, never closed
+SummaryWriter(d + "/plain").add_scalar("outside/plain", 2.5, step=4)   # dropped, never closed
+hook = StepCounterHook(every_n_steps=1, output_dir=d + "/hook")
+session = MonitoredSession(hooks=[hook])
+for _ in range(3):
+    session.run(lambda: None)
+sys.exit(0)  # the session is never closed: only the interpreter's exit can flush
+"""
+
+
+@pytest.mark.timeout(60)
+def test_writers_are_flushed_at_interpreter_exit(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)], check=True, timeout=60, env=env)
+
+    def scalars(logdir, tag):
+        events = EventAccumulator(str(logdir))
+        events.Reload()
+        return [(e.step, e.value) for e in events.Scalars(tag)]
+
+    assert scalars(tmp_path, "outside/cached") == [(3, 1.5)]
+    assert scalars(tmp_path / "plain", "outside/plain") == [(4, 2.5)]
+    assert [step for step, _ in scalars(tmp_path / "hook", TAG)] == [2, 3]
