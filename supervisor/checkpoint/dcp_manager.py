@@ -134,7 +134,7 @@ class ShardedCheckpointManager(ManagerCommon):
                                   save_mode="sync", verify=verify, save_rng=save_rng,
                                   trusted_globals=trusted_globals, clock=clock)
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
-        self.save_rng = inner.save_rng
+        self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0)
         self.save_timeout_secs = check_number("save_timeout_secs", save_timeout_secs, strictly_positive=True)
@@ -281,7 +281,8 @@ class ShardedCheckpointManager(ManagerCommon):
             choice = (decision.path, decision.step) if decision.path is not None else None
         if choice is None:
             return None
-        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng)
+        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng,
+                                   trusted_globals=self.trusted_globals)
         self._last_saved_step = self._last_committed_step = restored.global_step
         return restored
 

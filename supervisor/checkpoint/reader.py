@@ -245,14 +245,12 @@ class _DcpEntry:
     dtype: torch.dtype
 
     def load(self, path: str) -> torch.Tensor:
-        import torch.distributed.checkpoint as dcp
-
-        from supervisor.checkpoint.dcp_reading import safe_file_reader
+        from supervisor.checkpoint.dcp_reading import safe_dcp_load
 
         tensor = torch.empty(self.shape, dtype=self.dtype)
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            dcp.load({self.fqn: tensor}, storage_reader=safe_file_reader(path), no_dist=True)
+            safe_dcp_load({self.fqn: tensor}, path, no_dist=True)
         return tensor
 
 

@@ -142,7 +142,7 @@ ENTRY_POINTS = {
 
 
 #: Entry points that read only tensors (and ``.metadata``): a non-tensor entry is never unpickled.
-TENSORS_ONLY = ("list_variables", "load_variable", "python -m supervisor inspect")
+TENSORS_ONLY = ("list_variables", "load_variable", "python -m supervisor inspect", "load_into(module)")
 
 
 @pytest.mark.parametrize("entry_point", list(ENTRY_POINTS))
