@@ -52,7 +52,7 @@ from supervisor import distributed, resume
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_reading import safe_dcp_load
 from supervisor.checkpoint.format import checkpoint_name
-from supervisor.checkpoint.restore import Restored, check_checkpoint, safe_torch_load
+from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -133,30 +133,6 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 
 
 # ---------------------------------------------------------------- restoring
-def choose_checkpoint(directory: str, basename: str, *, verify: str = "full") -> tuple[str, int] | None:
-    """The chief's choice (§5.4): the index's checkpoint if it verifies, else the next older one;
-    None when there is none.
-
-    Raises:
-        CheckpointCorruptError: checkpoints exist but none verifies (each listed with why).
-    """
-    from supervisor.checkpoint.restore import _candidates  # the one rule for candidates
-    from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
-
-    failures = []
-    for path in _candidates(directory, basename):
-        try:
-            manifest = check_checkpoint(path, verify=verify)
-        except (CheckpointNotFoundError, CheckpointCorruptError) as e:
-            logger.warning("skipping checkpoint %s: %s", path, e)
-            failures.append(f"{path}: {e}")
-            continue
-        return path, manifest.step
-    if failures:
-        raise CheckpointCorruptError(f"none of the checkpoints in {directory} can be restored ({'; '.join(failures)})")
-    return None
-
-
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
                     trusted_globals: Iterable[Any] = ()) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with

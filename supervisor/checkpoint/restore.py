@@ -65,7 +65,8 @@ from supervisor.errors import (
 )
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "check_verify", "find_and_load",
+__all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "check_verify", "choose_checkpoint",
+           "find_and_load",
            "load_verified", "safe_torch_load", "VERIFY_MODES"]
 
 logger = logging.getLogger(__name__)
@@ -252,6 +253,28 @@ def _newer_hint(directory: str, basename: str, failures: dict[str, str]) -> str:
 
 
 # ---------------------------------------------------------------- candidates
+def choose_checkpoint(directory: str, basename: str, *, verify: str = "full") -> tuple[str, int] | None:
+    """The checkpoint a restore takes (§5.4), verified but not loaded: the index's checkpoint if
+    it verifies, else the next older one; None when there is none. The chief of a sharded job
+    runs it before every rank loads; ``prune`` never deletes what it returns.
+
+    Raises:
+        CheckpointCorruptError: checkpoints exist but none verifies (each listed with why).
+    """
+    failures = []
+    for path in _candidates(directory, basename):
+        try:
+            manifest = check_checkpoint(path, verify=verify)
+        except (CheckpointNotFoundError, CheckpointCorruptError) as e:
+            logger.warning("skipping checkpoint %s: %s", path, e)
+            failures.append(f"{path}: {e}")
+            continue
+        return path, manifest.step
+    if failures:
+        raise CheckpointCorruptError(f"none of the checkpoints in {directory} can be restored ({'; '.join(failures)})")
+    return None
+
+
 def _candidates(directory: str, basename: str) -> list[str]:
     """Paths to try, best first: the index's choice, then older committed directories.
 

@@ -80,8 +80,10 @@ def test_retention_never_deletes_a_listed_directory_without_a_manifest(tmp_path)
     os.makedirs(tmp_path / "model.ckpt-0")  # named like a checkpoint, never committed
     (tmp_path / "model.ckpt-0" / "precious.txt").write_text("keep me")
     index = read_index(str(tmp_path))
+    stamp = index.all_model_checkpoint_timestamps[0]
     write_index(str(tmp_path), CheckpointState(index.model_checkpoint_path,
-                                               ("model.ckpt-0", *index.all_model_checkpoint_paths)))
+                                               ("model.ckpt-0", *index.all_model_checkpoint_paths),
+                                               (stamp - 1.0, stamp), index.last_preserved_timestamp))
     manager = supervisor.CheckpointManager(str(tmp_path), max_to_keep=1, save_mode="sync")
     manager.open()
     manager.save(2, supervisor.TrainingState.from_arguments(model=torch.nn.Linear(2, 2)))
