@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.reading import _MemoryFile
 from supervisor.checkpoint.restore import safe_torch_load
@@ -96,7 +97,7 @@ def read_metadata(data: bytes | bytearray, where: str) -> Any:
 def read_metadata_file(path: str) -> Any:
     """`read_metadata` of the ``.metadata`` file in the checkpoint directory ``path``."""
     try:
-        with open(os.path.join(path, DCP_METADATA), "rb") as f:
+        with open_regular_file(os.path.join(path, DCP_METADATA)) as f:
             data = f.read()
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: {DCP_METADATA} cannot be read ({e})") from e

@@ -40,7 +40,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from supervisor.checkpoint.fileio import crc32, format_checksum
+from supervisor.checkpoint.fileio import NotARegularFileError, crc32, format_checksum, open_regular
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
@@ -134,7 +134,9 @@ def _open_in(dir_fd: int, path: str, name: str) -> int:
     """Opens ``name`` inside the open directory; a missing file means "vanished" when the
     directory is no longer at ``path`` (retention renamed it aside), else "damaged"."""
     try:
-        return os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+        return open_regular(name, dir_fd=dir_fd)  # never blocks on a FIFO
+    except NotARegularFileError as e:
+        raise CheckpointCorruptError(f"{path}: {e}") from None
     except FileNotFoundError:
         if _moved_or_deleted(dir_fd, path):
             raise CheckpointVanishedError(f"{path}: deleted while being opened") from None

@@ -45,6 +45,7 @@ from supervisor.checkpoint.format import (
 )
 from supervisor import distributed, resume
 from supervisor.distributed import rng as distributed_rng
+from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
 from supervisor.checkpoint.verify import (
@@ -164,7 +165,7 @@ def _load_payload(state_path: str, map_location: Any, trusted_globals: tuple, st
 
 def _is_zip(file_path: str) -> bool:
     try:
-        with open(file_path, "rb") as f:
+        with open_regular_file(file_path) as f:
             return f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
     except OSError:
         return False
