@@ -203,9 +203,10 @@ class CheckpointReader:
 
 def list_variables(ckpt: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]]:
     """``[(name, shape)]`` of every variable in ``ckpt`` (TF's ``tf.train.list_variables``),
-    read without loading tensor data."""
+    sorted by name as TF sorts them, read without loading tensor data.
+    (`CheckpointReader.variables` keeps the saved order.)"""
     with CheckpointReader(ckpt) as reader:
-        return [(v.name, v.shape) for v in reader.variables()]
+        return sorted((v.name, v.shape) for v in reader.variables())
 
 
 def load_variable(ckpt: str | os.PathLike, name: str) -> torch.Tensor:
