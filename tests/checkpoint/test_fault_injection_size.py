@@ -136,4 +136,5 @@ def test_a_file_truncated_while_a_restore_reads_it_is_an_error_not_sigbus(big_lo
     """)
     assert done.returncode != -signal.SIGBUS, "the restore was killed by SIGBUS"
     assert done.returncode == 0, done.stderr
-    assert "refused: CheckpointCorruptError" in done.stdout, done.stdout
+    # Either the read finished before the truncation (verified: restored) or it sees it (damage).
+    assert "restored:" in done.stdout or "refused: CheckpointCorruptError" in done.stdout, done.stdout
