@@ -182,7 +182,8 @@ class _SafeBytesMixin:
         finally:
             stream.close()
         if self.flatten_state_dict:  # type: ignore[attr-defined]
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)  # type: ignore[attr-defined]
+            mapping = self.mappings[read_item.dest_index.fqn]  # type: ignore[attr-defined]
+            set_element(self.original_state_dict, mapping, loaded)  # type: ignore[attr-defined]
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded  # type: ignore[attr-defined]
 

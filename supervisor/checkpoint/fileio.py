@@ -108,7 +108,8 @@ def open_regular(path: str | os.PathLike, *, dir_fd: int | None = None) -> int:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotARegularFileError(f"{os.fspath(path)} is not a regular file ({file_kind(mode)}); refusing to read it")
+            raise NotARegularFileError(f"{os.fspath(path)} is not a regular file ({file_kind(mode)}); "
+                                       "refusing to read it")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import supervisor
+from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
 from supervisor.checkpoint.index import CheckpointState, read_index, write_index
 from tests.cli.helpers import cli, make_logdir
 
@@ -93,8 +94,6 @@ def test_retention_never_deletes_a_listed_directory_without_a_manifest(tmp_path)
 
 
 def test_the_one_rule(tmp_path):
-    from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
-
     make_logdir(tmp_path, steps=(1,))
     os.makedirs(tmp_path / "model.ckpt-7")
     os.mkfifo(tmp_path / "model.ckpt-8")

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from supervisor.checkpoint.fileio import NotARegularFileError, open_regular
 from tests.cli.helpers import ROOT, make_logdir
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,8 +38,6 @@ def fifo_instead_of(path) -> None:
 
 
 def test_open_regular_refuses_a_fifo_a_directory_and_a_device_without_blocking(tmp_path):
-    from supervisor.checkpoint.fileio import NotARegularFileError, open_regular
-
     os.mkfifo(tmp_path / "fifo")
     for path, kind in [(tmp_path / "fifo", "a FIFO"), (tmp_path, "a directory"), ("/dev/null", "a character device")]:
         with pytest.raises(NotARegularFileError, match=f"not a regular file \\({kind}\\)") as info:
