@@ -7,6 +7,12 @@ which `clean_transient` removes when a writer next opens the logdir; a crash aft
 complete checkpoint. Publishing it in the index is index.py's job; deleting old ones is
 `remove_checkpoint`'s, which renames before it deletes so a reader never sees half a directory.
 
+Deleting: every deleter (retention, ``prune``, ``rollback --discard-newer``) deletes through
+`move_aside` / `remove_checkpoint`, which apply the one rule of what may be deleted,
+`deletable_problem`: a directory (not a symbolic link) named ``<basename>-<step>`` directly in
+the logdir, holding a committed ``MANIFEST.json`` (a regular file). Anything else an index lists
+— a user's directory or file, a FIFO, a link — is never renamed or deleted (WARNING).
+
 The temp directory itself (create, fill, seal, rename) is `supervisor.checkpoint.temp`, which
 several writers can share (distributed checkpoints); serialisation is
 `supervisor.checkpoint.serialize`.
@@ -16,15 +22,24 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 from typing import Any, Iterable
 
 from supervisor.checkpoint.fileio import Opener, default_opener, fsync_dir
-from supervisor.checkpoint.format import INDEX_FILE, STATE_FILE, deleting_name, is_transient, transient_base
+from supervisor.checkpoint.format import (
+    INDEX_FILE,
+    MANIFEST_FILE,
+    STATE_FILE,
+    deleting_name,
+    is_transient,
+    transient_base,
+)
+from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.temp import CommitResult, TempCheckpoint, remove_tree
 from supervisor.errors import CheckpointError
 
-__all__ = ["CommitResult", "write_checkpoint", "remove_checkpoint", "move_aside", "remove_tree",
+__all__ = ["CommitResult", "write_checkpoint", "deletable_problem", "remove_checkpoint", "move_aside", "remove_tree",
            "clean_transient", "recover_interrupted_replacements", "serialize"]
 
 logger = logging.getLogger(__name__)
@@ -68,22 +83,62 @@ def _rename_into_place(tmp: str, final: str) -> None:
     remove_tree(aside)
 
 
-def remove_checkpoint(path: str) -> bool:
-    """Deletes a committed checkpoint; returns False when it was already gone.
+def deletable_problem(directory: str, name: str, basename: str | None = None) -> str | None:
+    """Why ``directory/name`` must not be deleted as a checkpoint; None when it may be.
+
+    The one rule every deleter applies: ``name`` is ``<basename>-<step>`` (any
+    ``<name>-<step>`` without ``basename``) directly inside ``directory`` (`entry_problem`),
+    and is a directory — not a symbolic link — holding a committed ``MANIFEST.json`` (a
+    regular file). Nothing is opened (a FIFO cannot block this).
+    """
+    checked, problem = entry_problem(directory, name, basename)
+    if problem is not None:
+        return problem.replace("it is not a checkpoint name", "not a checkpoint name")
+    path = os.path.join(os.path.abspath(directory), checked or name)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as e:
+        return f"it cannot be examined ({e})"
+    if stat.S_ISLNK(mode):
+        return "it is a symbolic link, not a checkpoint directory"
+    if not stat.S_ISDIR(mode):
+        return "it is not a directory"
+    try:
+        manifest_mode = os.lstat(os.path.join(path, MANIFEST_FILE)).st_mode
+    except OSError:
+        return f"it holds no committed {MANIFEST_FILE}"
+    if not stat.S_ISREG(manifest_mode):
+        return f"it holds no committed {MANIFEST_FILE} (not a regular file)"
+    return None
+
+
+def remove_checkpoint(path: str, basename: str | None = None) -> bool:
+    """Deletes a committed checkpoint; returns False when it was already gone or is not a
+    checkpoint `deletable_problem` accepts (then it is left as it is, with a WARNING).
 
     The directory is first renamed to ``<name>.deleting-<hex>`` (`move_aside`, atomic), so a
     reader resolving the name finds either the whole checkpoint or nothing; a reader that
     already opened ``state.pt`` keeps reading it (POSIX keeps unlinked files alive until closed).
     """
-    aside = move_aside(path)
+    aside = move_aside(path, basename)
     if aside is None:
         return False
     remove_tree(aside)
     return True
 
 
-def move_aside(path: str) -> str | None:
-    """Renames a checkpoint directory to a ``.deleting-`` name; None when it does not exist."""
+def move_aside(path: str, basename: str | None = None) -> str | None:
+    """Renames a checkpoint directory to a ``.deleting-`` name; None when it does not exist, or
+    is not a checkpoint (`deletable_problem`: then nothing is renamed, with a WARNING)."""
+    path = os.path.normpath(path)
+    problem = deletable_problem(os.path.dirname(path) or os.curdir, os.path.basename(path), basename)
+    if problem == "it does not exist":
+        return None
+    if problem is not None:
+        logger.warning("not deleting %s: %s (only committed checkpoints are ever deleted)", path, problem)
+        return None
     aside = os.path.join(os.path.dirname(path), deleting_name(os.path.basename(path)))
     try:
         os.rename(path, aside)

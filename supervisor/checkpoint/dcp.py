@@ -30,25 +30,29 @@ stages into fresh buffers each time, and has no place for the chief's seal after
 files are known. `save_sharded` is the synchronous form (training thread, default group).
 
 Restore: the chief chooses and verifies (§5.4: index first, full checksums, fall back to older),
-posts the path, and every rank loads exactly that with ``dcp.load`` — which reshards: the world
+posts the path, and every rank loads exactly that with DCP's loader — which reshards: the world
 size may differ from the one that saved — then takes back its own ``rng-<rank>.pt`` (global
 generators and data-loader ``generator=`` states, `supervisor.resume`; a rank with no file gets
 a derived seed). `load_into` loads a DCP checkpoint into a plain module or a `TrainingState` in
 one process (evaluation, export, resuming a one-process run), verified first; into a state it
-restores rank 0's RNG and loader generators.
+restores rank 0's RNG and loader generators. Every load goes through
+`supervisor.checkpoint.dcp_reading.safe_dcp_load`: ``.metadata`` is unpickled with DCP's metadata
+classes allowed and non-tensor entries with ``weights_only=True`` (DCP's own reader and planner
+unpickle both unrestricted), so a checkpoint cannot run code on any rank.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from supervisor import distributed, resume
 from supervisor.checkpoint import dcp_commit
+from supervisor.checkpoint.dcp_reading import safe_dcp_load
 from supervisor.checkpoint.format import checkpoint_name
-from supervisor.checkpoint.restore import Restored, check_checkpoint, safe_torch_load
+from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -129,38 +133,22 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 
 
 # ---------------------------------------------------------------- restoring
-def choose_checkpoint(directory: str, basename: str, *, verify: str = "full") -> tuple[str, int] | None:
-    """The chief's choice (§5.4): the index's checkpoint if it verifies, else the next older one;
-    None when there is none.
-
-    Raises:
-        CheckpointCorruptError: checkpoints exist but none verifies (each listed with why).
-    """
-    from supervisor.checkpoint.restore import _candidates  # the one rule for candidates
-    from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
-
-    failures = []
-    for path in _candidates(directory, basename):
-        try:
-            manifest = check_checkpoint(path, verify=verify)
-        except (CheckpointNotFoundError, CheckpointCorruptError) as e:
-            logger.warning("skipping checkpoint %s: %s", path, e)
-            failures.append(f"{path}: {e}")
-            continue
-        return path, manifest.step
-    if failures:
-        raise CheckpointCorruptError(f"none of the checkpoints in {directory} can be restored ({'; '.join(failures)})")
-    return None
-
-
-def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True) -> Restored:
+def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
+                    trusted_globals: Iterable[Any] = ()) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
-    (`supervisor.resume`); a rank the checkpoint has no state for gets a derived seed (§12)."""
+    (`supervisor.resume`); a rank the checkpoint has no state for gets a derived seed (§12).
+
+    Nothing in the checkpoint can run code (`supervisor.checkpoint.dcp_reading.safe_dcp_load`):
+    a global outside DCP's metadata classes, or outside ``trusted_globals`` in a non-tensor
+    entry, is refused with a `CheckpointError` naming it.
+    """
     live = resume.live_iterators(state)  # exact resume: checked before the load
     try:
-        _load(path, state, no_dist=not distributed.is_initialized())
+        _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals)
+    except CheckpointError:
+        raise
     except Exception as e:
         raise CheckpointError(f"restoring the sharded checkpoint {path} (step {step}) failed: "
                               f"{type(e).__name__}: {e}") from e
@@ -171,11 +159,9 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     return Restored(global_step=step, path=path)
 
 
-def _load(path: str, state: TrainingState, *, no_dist: bool) -> None:
-    import torch.distributed.checkpoint as dcp
-
+def _load(path: str, state: TrainingState, *, no_dist: bool, trusted_globals: Iterable[Any]) -> None:
     state_dict = build_state_dict(state)
-    dcp.load(state_dict, checkpoint_id=path, no_dist=no_dist)
+    safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals)
     apply_state_dict(state, state_dict)
 
 
@@ -195,7 +181,8 @@ def _restore_rng(path: str, step: int, state: TrainingState, rank: int) -> None:
         restore_for_rank(dict.fromkeys(files), rank, step=step, where=where)  # only the keys matter
 
 
-def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", restore_rng: bool = True) -> int:
+def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", restore_rng: bool = True,
+              trusted_globals: Iterable[Any] = ()) -> int:
     """Loads a DCP checkpoint into a plain, non-distributed module (its ``"model"`` entry) or
     `TrainingState` in this one process — for evaluation, export, or resuming a one-process run
     from a sharded checkpoint. Verifies it first.
@@ -205,7 +192,8 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", res
     does, and its ``StatefulDataLoader`` s are primed (`supervisor.resume`): the run continues
     as rank 0 would have. The other ranks' RNG files are not read. Non-tensor entries (a
     loader's position, say) hold the one copy DCP kept (it writes each such entry once, from one
-    rank). Into a plain module no RNG is touched.
+    rank). Into a plain module no RNG is touched. Unpickling is restricted as in
+    `restore_sharded` (``trusted_globals``: the classes a non-tensor entry may hold).
 
     Returns:
         The checkpoint's step.
@@ -217,16 +205,14 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", res
                               "supervisor.load_checkpoint or restore_partial")
     if isinstance(target, TrainingState):
         live = resume.live_iterators(target)
-        _load(path, target, no_dist=True)
+        _load(path, target, no_dist=True, trusted_globals=trusted_globals)
         resume.prime_loaders(target, live, f"{path} (step {manifest.step})")
         if restore_rng:
             _restore_rng(path, manifest.step, target, 0)
     else:
-        import torch.distributed.checkpoint as dcp
-
         module = unwrap_module(target)
         state_dict = {"model": module.state_dict()}
-        dcp.load(state_dict, checkpoint_id=path, no_dist=True)
+        safe_dcp_load(state_dict, path, no_dist=True, trusted_globals=trusted_globals)
         module.load_state_dict(state_dict["model"])
     return manifest.step
 

@@ -339,7 +339,8 @@ class ShardedCheckpointManager(ManagerCommon):
             choice = (decision.path, decision.step) if decision.path is not None else None
         if choice is None:
             return None
-        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng)
+        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng,
+                                   trusted_globals=self.trusted_globals)
         self._last_saved_step = self._last_committed_step = restored.global_step
         return restored
 

@@ -32,13 +32,15 @@ from typing import Any
 
 import torch
 
+from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.reading import _MemoryFile
 from supervisor.checkpoint.restore import safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
-__all__ = ["load_payload", "read_metadata", "read_metadata_file", "safe_file_reader"]
+__all__ = ["load_payload", "read_metadata", "read_metadata_file", "safe_dcp_load", "safe_file_reader",
+           "safe_load_planner"]
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
@@ -95,21 +97,23 @@ def read_metadata(data: bytes | bytearray, where: str) -> Any:
 def read_metadata_file(path: str) -> Any:
     """`read_metadata` of the ``.metadata`` file in the checkpoint directory ``path``."""
     try:
-        with open(os.path.join(path, DCP_METADATA), "rb") as f:
+        with open_regular_file(os.path.join(path, DCP_METADATA)) as f:
             data = f.read()
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: {DCP_METADATA} cannot be read ({e})") from e
     return read_metadata(data, path)
 
 
-def safe_file_reader(path: str) -> Any:
+def safe_file_reader(path: str, metadata: Any = None) -> Any:
     """DCP's ``FileSystemReader`` for the checkpoint directory ``path``, reading ``.metadata``
-    with the allowlist (its tensors are read with ``weights_only=True`` as always)."""
+    with the allowlist (its tensors are read with ``weights_only=True`` as always). ``metadata``:
+    the checkpoint's metadata, already read with `read_metadata_file` (else read on demand)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     class SafeMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            return read_metadata_file(path)
+            # Always the global metadata (never a rank-local file DCP falls back to), allowlisted.
+            return metadata if metadata is not None else read_metadata_file(path)
 
     return SafeMetadataReader(path)
 
@@ -160,27 +164,80 @@ def _reader(root: str, contents: Mapping[str, bytearray], metadata: Any) -> Any:
     return VerifiedBytesReader()
 
 
+class _SafeBytesMixin:
+    """``load_bytes`` for a DCP load planner: a non-tensor entry is unpickled with
+    ``weights_only=True`` (`safe_torch_load`, ``trusted_globals`` opt-in) instead of DCP's
+    ``weights_only=False``."""
+
+    trusted_globals: list[Any]
+    where: str
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        # Named in errors as the checkpoint and the entry (a non-tensor value: small).
+        stream = _MemoryFile(bytearray(value.getbuffer()), f"{self.where} ({read_item.dest_index.fqn})")
+        try:
+            loaded = safe_torch_load(stream, trusted_globals=self.trusted_globals)  # type: ignore[arg-type]
+        finally:
+            stream.close()
+        if self.flatten_state_dict:  # type: ignore[attr-defined]
+            mapping = self.mappings[read_item.dest_index.fqn]  # type: ignore[attr-defined]
+            set_element(self.original_state_dict, mapping, loaded)  # type: ignore[attr-defined]
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded  # type: ignore[attr-defined]
+
+
 def _planner(trusted_globals: list[Any], where: str) -> Any:
-    from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-    class SafeBytesPlanner(_EmptyStateDictLoadPlanner):
-        """Rebuilds the state dict from the metadata (no template needed); non-tensor entries
-        are unpickled with ``weights_only=True`` instead of DCP's ``weights_only=False``."""
+    class SafeBytesPlanner(_SafeBytesMixin, _EmptyStateDictLoadPlanner):
+        """Rebuilds the state dict from the metadata (no template needed), unpickling safely."""
 
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            # Named in errors as the checkpoint and the entry (a non-tensor value: small).
-            stream = _MemoryFile(bytearray(value.getbuffer()), f"{where} ({read_item.dest_index.fqn})")
-            try:
-                loaded = safe_torch_load(stream, trusted_globals=trusted_globals)  # type: ignore[arg-type]
-            finally:
-                stream.close()
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = loaded
+    planner = SafeBytesPlanner()
+    planner.trusted_globals, planner.where = trusted_globals, where
+    return planner
 
-    return SafeBytesPlanner()
+
+def safe_load_planner(path: str, trusted_globals: Iterable[Any] = ()) -> Any:
+    """DCP's ``DefaultLoadPlanner`` (loads into the given state dict's tensors, in place) with
+    non-tensor entries unpickled by `safe_torch_load` instead of ``weights_only=False``."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeLoadPlanner(_SafeBytesMixin, DefaultLoadPlanner):
+        pass
+
+    planner = SafeLoadPlanner()
+    planner.trusted_globals, planner.where = list(trusted_globals), path
+    return planner
+
+
+def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True,
+                  trusted_globals: Iterable[Any] = ()) -> None:
+    """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)`` that cannot run code
+    from the checkpoint: ``.metadata`` through the allowlist (`safe_file_reader`), non-tensor
+    entries through `safe_torch_load` (`safe_load_planner`). Every restore of a sharded
+    checkpoint loads through here (never ``dcp.load`` directly).
+
+    Raises:
+        CheckpointError: the checkpoint references a global that is not allowed (named).
+        Exception: what ``dcp.load`` raises for anything else (its ``CheckpointException`` is
+            a ``BaseException``: callers catch it).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    metadata = read_metadata_file(path)  # first: a refused global is raised as is, not wrapped by DCP
+    try:
+        dcp.load(state_dict, storage_reader=safe_file_reader(path, metadata),
+                 planner=safe_load_planner(path, trusted_globals), no_dist=no_dist)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps a reader's failure
+        inner = _checkpoint_error_inside(e)
+        if inner is not None:
+            raise inner from None
+        raise
 
 
 def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, trusted_globals: Iterable[Any] = (),

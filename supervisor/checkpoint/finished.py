@@ -30,7 +30,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.checkpoint.fileio import atomic_write_text, fsync_dir
+from supervisor.checkpoint.fileio import atomic_write_text, fsync_dir, open_regular_file
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["FINISHED_FILE", "FinishedMark", "clear_finished", "mark_finished", "read_finished"]
@@ -88,7 +88,7 @@ def read_finished(logdir: str | os.PathLike) -> FinishedMark | None:
     """The finished mark of ``logdir``, or None while the run is not finished."""
     path = finished_path(logdir)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular_file(path, "r", encoding="utf-8") as f:  # a FIFO: refused, never waited on
             text = f.read()
     except FileNotFoundError:
         return None

@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from supervisor.checkpoint.fileio import open_regular_file
+
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -173,8 +175,9 @@ def _int(value: Any) -> int:
 
 
 def read_manifest(checkpoint_path: str) -> Manifest:
-    """Reads ``<checkpoint_path>/MANIFEST.json``; `FileNotFoundError` or `ValueError`."""
-    with open(os.path.join(checkpoint_path, MANIFEST_FILE), encoding="utf-8") as f:
+    """Reads ``<checkpoint_path>/MANIFEST.json``; `FileNotFoundError`, another `OSError` (e.g.
+    `NotARegularFileError` for a FIFO: never waited on) or `ValueError`."""
+    with open_regular_file(os.path.join(checkpoint_path, MANIFEST_FILE), "r", encoding="utf-8") as f:
         return Manifest.from_json(f.read())
 
 

@@ -15,9 +15,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from supervisor.checkpoint.format import META_KEY
+from supervisor.checkpoint.format import META_KEY, STATE_FILE
 from supervisor.checkpoint.index import latest_checkpoint
+from supervisor.checkpoint.reading import read_checkpoint
 from supervisor.checkpoint.restore import check_checkpoint, check_verify, load_verified, safe_torch_load
+from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.clock import Clock, resolve_clock
 from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_number
@@ -42,6 +44,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     single file saved with ``torch.save`` (loaded as is, e.g. a pre-trained model's state dict).
     Loading is always ``weights_only``; ``trusted_globals`` allowlists extra classes/functions.
 
+    A sharded checkpoint (``checkpoint_format="dcp"``) comes back in the same shape, every
+    tensor whole (the shards of all ranks reassembled, as `supervisor.checkpoint.dcp.load_into`
+    loads them): read once and verified from open files (`supervisor.checkpoint.reading`), its
+    optimizer state keyed by parameter name as DCP saves it. Its tensors go to the CPU or the
+    one device ``map_location`` names.
+
     Raises:
         ValueError: ``verify`` is not ``"full"`` or ``"size"``.
         CheckpointNotFoundError: nothing at ``path``.
@@ -53,6 +61,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     path = os.fspath(path)
     verify = check_verify(verify)
     trusted_globals = tuple(trusted_globals)
+    if os.path.isdir(path) and _is_sharded(path):
+        return read_checkpoint(path, verify=verify, trusted_globals=trusted_globals,
+                               map_location=map_location).payload
     if os.path.isdir(path):
         return load_verified(path, verify=verify, trusted_globals=trusted_globals,
                              map_location=map_location).payload
@@ -64,6 +75,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise CheckpointCorruptError(f"{path} cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def _is_sharded(path: str) -> bool:
+    """A DCP checkpoint: ``.metadata``, no ``state.pt`` (verification says whether it is whole)."""
+    return os.path.lexists(os.path.join(path, DCP_METADATA)) and not os.path.lexists(os.path.join(path, STATE_FILE))
 
 
 @dataclass(frozen=True)

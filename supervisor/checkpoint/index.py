@@ -24,10 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat
 from dataclasses import dataclass, replace
 
-from supervisor.checkpoint.fileio import atomic_write_text
+from supervisor.checkpoint.fileio import NotARegularFileError, atomic_write_text, open_regular_file
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
@@ -108,12 +107,12 @@ def read_index(directory: str) -> CheckpointState | None:
     """
     path = os.path.join(directory, INDEX_FILE)
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO or a device: it could block
-            raise ValueError(f"the checkpoint index {path} is not a regular file")
-        with open(path, encoding="utf-8") as f:
+        with open_regular_file(path, "r", encoding="utf-8") as f:  # never blocks on a FIFO or a device
             text = f.read()
     except FileNotFoundError:
         return None
+    except NotARegularFileError as e:
+        raise ValueError(f"the checkpoint index {e}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
     try:

@@ -22,6 +22,7 @@ import time
 
 import filelock
 
+from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import LOCK_FILE
 from supervisor.errors import CheckpointError, LogdirInUseError
 
@@ -98,7 +99,7 @@ class OwnershipLock:
         os.replace(tmp, self.owner_path)
 
     def _read_owner(self) -> dict:
-        with open(self.owner_path, encoding="utf-8") as f:
+        with open_regular_file(self.owner_path, "r", encoding="utf-8") as f:  # a FIFO: refused, never waited on
             owner = json.load(f)
         if not isinstance(owner, dict):
             raise ValueError("owner record is not an object")

@@ -3,7 +3,9 @@
 A checkpoint's ``state.pt`` is opened with ``torch.load(mmap=True, weights_only=True)``: the
 pickled structure is read, but every tensor stays a view of the mapped file, so listing names,
 shapes and dtypes touches no tensor data, and `load_variable` copies exactly one entry into
-memory (measured in ``tests/cli/test_cli_inspect_memory.py``).
+memory (measured in ``tests/cli/test_cli_inspect_memory.py``). A file truncated under the map
+would end the process with SIGBUS when a tensor is copied: `CheckpointReader.get_tensor` checks
+the file's size first and reports a changed file as damage (the window left is that check's).
 
 Variable names
 --------------
@@ -142,6 +144,7 @@ class CheckpointReader:
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
             raise CheckpointCorruptError(f"{file_path} cannot be read ({type(e).__name__}: {e})") from e
         self._variables: dict[str, Any] | None = dict(_flatten(payload))
+        self._file_path, self._file_size = file_path, _size_of(file_path)
 
     @property
     def _vars(self) -> dict[str, Any]:
@@ -185,6 +188,9 @@ class CheckpointReader:
             raise KeyError(_missing_message(self.path, name, self._vars)) from None
         if isinstance(value, _DcpEntry):
             return value.load(self.path)
+        if isinstance(value, torch.Tensor) and _size_of(self._file_path) != self._file_size:
+            raise CheckpointCorruptError(f"{self._file_path} changed size since it was opened (truncated or "
+                                         "rewritten); its tensors can no longer be read: open it again")
         return _as_tensor(value).clone()
 
     def close(self) -> None:
@@ -203,9 +209,10 @@ class CheckpointReader:
 
 def list_variables(ckpt: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]]:
     """``[(name, shape)]`` of every variable in ``ckpt`` (TF's ``tf.train.list_variables``),
-    read without loading tensor data."""
+    sorted by name as TF sorts them, read without loading tensor data.
+    (`CheckpointReader.variables` keeps the saved order.)"""
     with CheckpointReader(ckpt) as reader:
-        return [(v.name, v.shape) for v in reader.variables()]
+        return sorted((v.name, v.shape) for v in reader.variables())
 
 
 def load_variable(ckpt: str | os.PathLike, name: str) -> torch.Tensor:
@@ -245,14 +252,12 @@ class _DcpEntry:
     dtype: torch.dtype
 
     def load(self, path: str) -> torch.Tensor:
-        import torch.distributed.checkpoint as dcp
-
-        from supervisor.checkpoint.dcp_reading import safe_file_reader
+        from supervisor.checkpoint.dcp_reading import safe_dcp_load
 
         tensor = torch.empty(self.shape, dtype=self.dtype)
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            dcp.load({self.fqn: tensor}, storage_reader=safe_file_reader(path), no_dist=True)
+            safe_dcp_load({self.fqn: tensor}, path, no_dist=True)
         return tensor
 
 
@@ -272,6 +277,13 @@ def _dcp_variables(path: str) -> dict[str, _DcpEntry]:
             name = SEPARATOR.join(map(str, keys)) if isinstance(keys, (tuple, list)) and keys else fqn
             out[name] = _DcpEntry(fqn, tuple(md.size), md.properties.dtype)
     return out
+
+
+def _size_of(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _is_number(value: Any) -> bool:

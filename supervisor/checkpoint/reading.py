@@ -40,7 +40,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from supervisor.checkpoint.fileio import crc32, format_checksum
+from supervisor.checkpoint.fileio import NotARegularFileError, crc32, format_checksum, open_regular
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
@@ -134,7 +134,9 @@ def _open_in(dir_fd: int, path: str, name: str) -> int:
     """Opens ``name`` inside the open directory; a missing file means "vanished" when the
     directory is no longer at ``path`` (retention renamed it aside), else "damaged"."""
     try:
-        return os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+        return open_regular(name, dir_fd=dir_fd)  # never blocks on a FIFO
+    except NotARegularFileError as e:
+        raise CheckpointCorruptError(f"{path}: {e}") from None
     except FileNotFoundError:
         if _moved_or_deleted(dir_fd, path):
             raise CheckpointVanishedError(f"{path}: deleted while being opened") from None
@@ -198,7 +200,7 @@ def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: 
     if size != record.size:
         raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, the manifest says {record.size} "
                                      "(truncated or overwritten)")
-    buffer = bytearray(size)
+    buffer = _allocate(path, name, size)
     view = memoryview(buffer)
     crc = 0
     done = 0
@@ -218,6 +220,35 @@ def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: 
         raise CheckpointCorruptError(f"{path}: {name} checksum {format_checksum(crc)} does not match the "
                                      f"manifest's {record.checksum} (the file is damaged)")
     return buffer
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the system can give without swapping (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _allocate(path: str, name: str, size: int) -> bytearray:
+    """The buffer ``name`` is read into, refused (as damage) when it cannot fit in memory: a
+    sparse file whose manifest claims a terabyte must not end the reader with a MemoryError
+    (or the kernel's OOM killer, once the zeroed pages are touched)."""
+    available = available_memory_bytes()
+    if available is not None and size > available:
+        raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, more than the {available} bytes of memory "
+                                     "available to read it into (a sparse or damaged file, or a checkpoint too "
+                                     "large to read on this machine)")
+    try:
+        return bytearray(size)
+    except MemoryError:
+        raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, more than the memory available to read it "
+                                     "into (a sparse or damaged file, or a checkpoint too large to read on this "
+                                     "machine)") from None
 
 
 class _MemoryFile(io.RawIOBase):

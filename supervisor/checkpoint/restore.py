@@ -3,13 +3,11 @@
 Verification (verify.py) checks what the commit protocol promised: the manifest is there, every
 file it lists is a regular file with the recorded size and (``verify="full"``) checksum; a
 checkpoint deleted while it is read raises `CheckpointVanishedError`, never "corrupt". The checksum pass reads the file
-once, on parallel threads (`supervisor.checkpoint.fileio.checksum_file`). A restore then maps
-the verified file (``torch.load(mmap=True)``) so modules copy their weights straight from the
-page cache: no second full read into an intermediate copy. Measured on the project's 2-core
-machine (1 GiB, warm page cache): checksum-verified restore including ``load_state_dict`` 0.35 s,
-a plain ``torch.load`` alone 0.61–0.68 s. `load_verified`
-without ``mmap`` (for `load_checkpoint`, whose result the caller keeps) loads into memory while a
-helper thread verifies, and hands the objects out only if the checksum matches.
+once, on parallel threads (`supervisor.checkpoint.fileio.checksum_file`), while ``torch.load``
+reads it into memory on the calling thread; the objects are handed out only if every checksum
+matches. Nothing is memory-mapped: a file truncated while it is mapped kills the process with
+SIGBUS (issue 21), while a read that comes up short is reported as damage. (Mapping saved the
+copy into the loaded tensors: ~0.35 s against ~0.6 s for 1 GiB on the project's 2-core machine.)
 
 Loading is always ``torch.load(..., weights_only=True)``. A checkpoint that needs another global
 is refused with a `CheckpointError` naming the global and the ``trusted_globals=[...]`` opt-in,
@@ -45,6 +43,7 @@ from supervisor.checkpoint.format import (
 )
 from supervisor import distributed, resume
 from supervisor.distributed import rng as distributed_rng
+from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
 from supervisor.checkpoint.verify import (
@@ -65,7 +64,8 @@ from supervisor.errors import (
 )
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "check_verify", "find_and_load",
+__all__ = ["LoadedCheckpoint", "apply_checkpoint", "check_checkpoint", "check_verify", "choose_checkpoint",
+           "find_and_load",
            "load_verified", "safe_torch_load", "VERIFY_MODES"]
 
 logger = logging.getLogger(__name__)
@@ -98,10 +98,9 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
                   map_location: Any = "cpu", mmap: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` (see the module docstring).
 
-    With ``mmap=True`` the file is mapped (``torch.load(mmap=True)``): tensors are read straight
-    from the page cache when copied into the live state, with no intermediate copy — what a
-    restore wants. Without it, tensors are loaded into memory, and are safe to keep after the
-    checkpoint is deleted. Either way a helper thread verifies while the payload is unpickled
+    Tensors are loaded into memory (``mmap`` is accepted for compatibility and ignored: a mapped
+    file truncated meanwhile would end the process with SIGBUS) and are safe to keep after the
+    checkpoint is deleted. A helper thread verifies while the payload is unpickled
     (``weights_only``: nothing in an unverified file can run code) and this returns only after
     every checksum matched, so nothing reads the tensors' data before verification.
 
@@ -120,8 +119,7 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         verifier = threading.Thread(target=checksum_all, args=(path, manifest, checksums),
                                     name="supervisor-verify", daemon=True)
         verifier.start()
-    payload, load_error, mapped = _load_payload(state_path, map_location, tuple(trusted_globals),
-                                                manifest.step, mmap)
+    payload, load_error = _load_payload(state_path, map_location, tuple(trusted_globals), manifest.step)
     if verifier is not None:
         verifier.join()
         for name, record in manifest.files.items():
@@ -139,31 +137,22 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
     if not isinstance(payload, dict):
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} holds a {type(payload).__name__}, not a mapping")
     step = payload.get(STEP_KEY, manifest.step)
-    return LoadedCheckpoint(path, int(step), manifest, payload, mapped=mapped)
+    return LoadedCheckpoint(path, int(step), manifest, payload, mapped=False)
 
 
-def _load_payload(state_path: str, map_location: Any, trusted_globals: tuple, step: int,
-                  mmap: bool) -> tuple[Any, Exception | None, bool]:
-    """``(payload, None, mapped)`` or ``(None, the error, False)``. Maps the file only when it is a zip archive
-    (the only format torch can map); if mapping fails, reads it instead before calling it
-    damaged, and reports the read's error, not the mapping's."""
-    mmap = mmap and _is_zip(state_path)
+def _load_payload(state_path: str, map_location: Any, trusted_globals: tuple,
+                  step: int) -> tuple[Any, Exception | None]:
+    """``(payload, None)`` or ``(None, the error)``: ``state.pt`` read into memory (never mapped)."""
     try:
         return safe_torch_load(state_path, map_location=map_location, trusted_globals=trusted_globals,
-                               step=step, mmap=mmap), None, mmap
+                               step=step), None
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways; reported by the caller
-        if not mmap or isinstance(e, CheckpointError):
-            return None, e, False
-    try:  # some filesystems cannot map files
-        return safe_torch_load(state_path, map_location=map_location, trusted_globals=trusted_globals,
-                               step=step), None, False
-    except Exception as e:  # noqa: BLE001
-        return None, e, False
+        return None, e
 
 
 def _is_zip(file_path: str) -> bool:
     try:
-        with open(file_path, "rb") as f:
+        with open_regular_file(file_path) as f:
             return f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
     except OSError:
         return False
@@ -252,6 +241,28 @@ def _newer_hint(directory: str, basename: str, failures: dict[str, str]) -> str:
 
 
 # ---------------------------------------------------------------- candidates
+def choose_checkpoint(directory: str, basename: str, *, verify: str = "full") -> tuple[str, int] | None:
+    """The checkpoint a restore takes (§5.4), verified but not loaded: the index's checkpoint if
+    it verifies, else the next older one; None when there is none. The chief of a sharded job
+    runs it before every rank loads; ``prune`` never deletes what it returns.
+
+    Raises:
+        CheckpointCorruptError: checkpoints exist but none verifies (each listed with why).
+    """
+    failures = []
+    for path in _candidates(directory, basename):
+        try:
+            manifest = check_checkpoint(path, verify=verify)
+        except (CheckpointNotFoundError, CheckpointCorruptError) as e:
+            logger.warning("skipping checkpoint %s: %s", path, e)
+            failures.append(f"{path}: {e}")
+            continue
+        return path, manifest.step
+    if failures:
+        raise CheckpointCorruptError(f"none of the checkpoints in {directory} can be restored ({'; '.join(failures)})")
+    return None
+
+
 def _candidates(directory: str, basename: str) -> list[str]:
     """Paths to try, best first: the index's choice, then older committed directories.
 

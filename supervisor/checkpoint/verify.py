@@ -19,7 +19,7 @@ import os
 import stat
 from typing import Any
 
-from supervisor.checkpoint.fileio import checksum_file
+from supervisor.checkpoint.fileio import checksum_file, file_kind
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, Manifest, read_manifest
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointVanishedError
 
@@ -108,22 +108,14 @@ def _regular_size(path: str, name: str) -> int:
         code = errno.errorcode.get(e.errno or 0, "OSError")
         raise CheckpointCorruptError(f"{path}: {name} cannot be examined ({code}: {e.strerror or e})") from e
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointCorruptError(f"{path}: {name} is not a regular file ({_kind(st.st_mode)}); "
+        raise CheckpointCorruptError(f"{path}: {name} is not a regular file ({file_kind(st.st_mode)}); "
                                      "refusing to read it")
     return st.st_size
 
 
-def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return kind
-    return f"mode {mode:o}"
-
-
 def _checksum(path: str, name: str) -> str | BaseException:
     try:
-        return checksum_file(os.path.join(path, name), mapped=True)[1]  # committed: never truncated
+        return checksum_file(os.path.join(path, name))[1]  # read, never mapped: a truncation is no SIGBUS
     except OSError as e:
         return e
 

@@ -3,23 +3,37 @@
 Like retention (SPEC §5.5) it only touches checkpoints listed in the index's
 ``all_model_checkpoint_paths``: hand-copied checkpoints and those kept for good by
 ``keep_checkpoint_every_n_hours`` are never deleted, nor is the one ``model_checkpoint_path``
-names (a restart restores it). The index is rewritten atomically first, then each checkpoint is
-renamed aside and deleted, so a reader sees a whole checkpoint or none. ``--dry-run`` prints
-the plan and deletes nothing (it takes no lock, so it also works while training runs); a real
-prune is refused (exit 1) while a writer holds the logdir's lock.
+names, nor the one a restart would restore (the index's choice if it verifies, else the next
+older that does: `supervisor.checkpoint.restore.choose_checkpoint`, checksums included). The index
+is rewritten atomically first, then each checkpoint is renamed aside and deleted, so a reader
+sees a whole checkpoint or none. ``--dry-run`` prints the plan and deletes nothing (it takes no
+lock, so it also works while training runs); a real prune is refused (exit 1) while a writer
+holds the logdir's lock.
+
+The index is untrusted: only entries that are checkpoints by the one rule every deleter applies
+(`supervisor.checkpoint.commit.deletable_problem`: ``<basename>-<step>`` of the run's basename,
+taken from ``model_checkpoint_path``, a real directory with a committed ``MANIFEST.json``) are
+counted, kept or deleted. Any other entry — a user's directory or file, a FIFO, a symbolic link —
+is left alone (and stays listed); an entry that no longer exists is dropped from the index.
+``--keep N`` therefore keeps N real checkpoints, never a missing one.
 """
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import replace
+import re
+from dataclasses import dataclass, field, replace
 
-from supervisor.checkpoint.commit import remove_checkpoint
+from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
 from supervisor.checkpoint.format import step_of
 from supervisor.checkpoint.index import CheckpointState, read_index, relative_index, write_index
+from supervisor.checkpoint.restore import choose_checkpoint
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
+from supervisor.errors import CheckpointError
 
-__all__ = ["add_parser", "run", "plan", "drop_from_index"]
+__all__ = ["add_parser", "run", "Plan", "plan", "drop_from_index"]
+
+_MISSING = "it does not exist"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,31 +64,52 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_PROBLEM
 
 
-def plan(index: CheckpointState, keep: int) -> tuple[list[str], list[str]]:
-    """``(kept, deleted)`` names: the ``keep`` highest-step listed checkpoints and the indexed one stay."""
-    listed = list(index.all_model_checkpoint_paths)
-    by_step = sorted(listed, key=lambda n: (_step(n), listed.index(n)))
-    kept = set(by_step[-keep:]) | {os.path.normpath(index.model_checkpoint_path)}
-    return [n for n in listed if n in kept], [n for n in listed if n not in kept]
+@dataclass(frozen=True)
+class Plan:
+    """What a prune does: names kept and deleted (committed checkpoints), entries left alone with
+    why (not checkpoints), and entries dropped from the index because they no longer exist."""
+
+    kept: list[str]
+    deleted: list[str]
+    left_alone: list[tuple[str, str]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
 
 
-def _step(name: str) -> int:
-    base = os.path.basename(name).rsplit("-", 1)[0]
-    step = step_of(os.path.basename(name), base)
-    return -1 if step is None else step
+def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protected: tuple[str, ...] = ()) -> Plan:
+    """Keeps the ``keep`` highest-step committed checkpoints the (relative) index lists, its
+    ``model_checkpoint_path`` and ``protected``; deletes the other committed ones."""
+    committed, left_alone, missing = [], [], []
+    for name in dict.fromkeys(index.all_model_checkpoint_paths):
+        problem = deletable_problem(logdir, name, basename)
+        if problem is None:
+            committed.append(name)
+        elif problem == _MISSING:
+            missing.append(name)
+        else:
+            left_alone.append((name, problem))
+    by_step = sorted(committed, key=lambda n: (step_of(n, basename), committed.index(n)))
+    kept = set(by_step[-keep:]) | {os.path.normpath(index.model_checkpoint_path), *protected}
+    return Plan([n for n in committed if n in kept], [n for n in committed if n not in kept], left_alone, missing)
 
 
-def drop_from_index(logdir: str, index: CheckpointState, names: list[str]) -> int:
-    """Rewrites the index without ``names`` (atomically), then deletes them; returns how many
-    could not be deleted."""
-    keep = [(p, t) for p, t in _with_times(index) if p not in names]
+def drop_from_index(logdir: str, index: CheckpointState, names: list[str], *, basename: str | None = None,
+                    forget: list[str] = ()) -> int:
+    """Rewrites the index without ``names`` and ``forget`` (atomically), then deletes ``names``;
+    returns how many could not be deleted. A name that is not a committed checkpoint
+    (`deletable_problem`) is neither deleted nor dropped from the index."""
+    refused = {n: p for n in names if (p := deletable_problem(logdir, n, basename)) not in (None, _MISSING)}
+    for name, problem in refused.items():
+        print(f"left alone {name}: {problem}")
+    names = [n for n in names if n not in refused]
+    dropped = set(names) | set(forget)
+    keep = [(p, t) for p, t in _with_times(index) if p not in dropped]
     timed = len(index.all_model_checkpoint_timestamps) == len(index.all_model_checkpoint_paths)
     write_index(logdir, replace(index, all_model_checkpoint_paths=tuple(p for p, _ in keep),
                                 all_model_checkpoint_timestamps=tuple(t for _, t in keep) if timed else ()))
     failures = 0
     for name in names:
         try:
-            removed = remove_checkpoint(os.path.join(logdir, name))
+            removed = remove_checkpoint(os.path.join(logdir, name), basename)
         except OSError as e:
             error(f"could not delete {name}: {e}")
             failures += 1
@@ -90,6 +125,22 @@ def _with_times(index: CheckpointState) -> list[tuple[str, float]]:
     return list(zip(index.all_model_checkpoint_paths, stamps))
 
 
+def _basename_of(index: CheckpointState) -> str | None:
+    """The run's checkpoint basename, from ``model_checkpoint_path`` (``<basename>-<step>``)."""
+    match = re.fullmatch(r"(?P<base>[^/\\]+)-\d+", os.path.basename(os.path.normpath(index.model_checkpoint_path)))
+    return match.group("base") if match else None
+
+
+def _restore_choice(logdir: str, basename: str) -> tuple[str, ...]:
+    """The name of the checkpoint a restart would restore (verified in full), if any."""
+    try:
+        choice = choose_checkpoint(logdir, basename, verify="full")
+    except CheckpointError as e:
+        print(f"no checkpoint of {logdir} verifies ({e}); nothing restorable to protect")
+        return ()
+    return (os.path.basename(choice[0]),) if choice else ()
+
+
 def _prune(args: argparse.Namespace) -> int:
     try:
         index = read_index(args.logdir)
@@ -99,13 +150,27 @@ def _prune(args: argparse.Namespace) -> int:
     if index is None:
         error(f"{args.logdir} has no checkpoint index; prune only deletes checkpoints the index lists")
         return EXIT_PROBLEM
+    basename = _basename_of(index)
+    if basename is None:
+        error(f"the index of {args.logdir} names model_checkpoint_path {index.model_checkpoint_path!r}, not a "
+              "checkpoint of the form <basename>-<step>, so prune cannot tell this run's checkpoints; it "
+              "deletes nothing (fix the index, e.g. with `rollback`)")
+        return EXIT_PROBLEM
     index = relative_index(index, os.path.abspath(args.logdir))
-    kept, deleted = plan(index, args.keep)
-    print(f"keeping {len(kept)}: {', '.join(kept) or 'none'}")
-    if not deleted:
+    todo = plan(args.logdir, index, args.keep, basename, _restore_choice(args.logdir, basename))
+    print(f"keeping {len(todo.kept)}: {', '.join(todo.kept) or 'none'}")
+    for name, problem in todo.left_alone:
+        print(f"left alone {name} (listed in the index, but {problem.removeprefix('it ')})")
+    if todo.missing:
+        print(f"no longer exist{'s' if len(todo.missing) == 1 else ''}: {', '.join(todo.missing)}"
+              f"{' (would be dropped from the index)' if args.dry_run else ' (dropped from the index)'}")
+    if not todo.deleted:
         print("nothing to delete")
+        if todo.missing and not args.dry_run:
+            drop_from_index(args.logdir, index, [], basename=basename, forget=todo.missing)
         return EXIT_OK
     if args.dry_run:
-        print(f"would delete {len(deleted)}: {', '.join(deleted)} (dry run: nothing deleted)")
+        print(f"would delete {len(todo.deleted)}: {', '.join(todo.deleted)} (dry run: nothing deleted)")
         return EXIT_OK
-    return EXIT_PROBLEM if drop_from_index(args.logdir, index, deleted) else EXIT_OK
+    failed = drop_from_index(args.logdir, index, todo.deleted, basename=basename, forget=todo.missing)
+    return EXIT_PROBLEM if failed else EXIT_OK

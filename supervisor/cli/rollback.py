@@ -4,7 +4,8 @@ The checkpoint must verify (sizes and checksums). The index is rewritten atomica
 file, fsync, rename) with ``model_checkpoint_path`` naming it — the hand edit SPEC §5.3 allows,
 done safely. Newer checkpoints stay on disk and in the index: the resumed run replaces each one
 (atomically) when it saves that step again; ``--discard-newer`` deletes them instead (only those
-the index lists, after the index no longer names them). Refused (exit 1)
+the index lists, after the index no longer names them, and only committed checkpoints of the run's
+basename: `supervisor.checkpoint.commit.deletable_problem`, the rule every deleter applies). Refused (exit 1)
 while a writer holds the logdir's lock; the lock is held while the index is rewritten.
 """
 from __future__ import annotations
@@ -82,7 +83,8 @@ def _rollback(args: argparse.Namespace) -> int:
     if newer and args.discard_newer and index is not None:
         listed = set(relative_index(new, os.path.abspath(args.logdir)).all_model_checkpoint_paths)
         return EXIT_PROBLEM if drop_from_index(args.logdir, relative_index(new, os.path.abspath(args.logdir)),
-                                               [n for n in newer if n in listed]) else EXIT_OK
+                                               [n for n in newer if n in listed],
+                                               basename=listing.basename) else EXIT_OK
     if newer:
         print(f"newer checkpoints kept: {', '.join(newer)} (a resumed run replaces each when it saves that "
               "step again; `rollback --discard-newer` deletes them)")

@@ -127,3 +127,13 @@ def test_dcp_checkpoints_are_read_one_tensor_at_a_time(tmp_path):
     assert torch.equal(load_variable(path, "model/2.bias"), model[2].bias.detach())
     assert torch.equal(load_variable(path, "optimizer/state/0.weight/exp_avg"),
                        optimizer.state[model[0].weight]["exp_avg"])
+
+
+def test_list_variables_is_sorted_by_name_as_tf_lists_them(tmp_path):
+    """TF's ``list_variables`` returns names sorted (its reader tests rely on it), not save order."""
+    path, _, _ = _save(tmp_path)
+    names = [name for name, _ in list_variables(path)]
+    assert names == sorted(names)
+    torch.save({"z": torch.zeros(1), "a": torch.zeros(2), "m": {"b": torch.zeros(3), "a": torch.zeros(4)}},
+               tmp_path / "plain.pt")
+    assert list_variables(tmp_path / "plain.pt") == [("a", (2,)), ("m/a", (4,)), ("m/b", (3,)), ("z", (1,))]
