@@ -1,0 +1,116 @@
+"""Instruction counts under ``valgrind --tool=callgrind``: figures no scheduler noise can move.
+
+A worker process runs under callgrind and calls `mark` after each phase it wants counted;
+`mark` makes callgrind dump (and zero) the counts of *every* thread of the process since the
+previous mark (``CALLGRIND_DUMP_STATS`` through torch's own binding,
+``torch._C._valgrind_toggle_and_dump_stats``; a no-op when not under valgrind). The worker
+prints one JSON line naming its marks in order; `run_worker` pairs them with the dump files.
+
+Steady state per step: a variant runs W warm-up steps, then N steps (mark), then 2N steps
+(mark); ``(count(2N) - count(N)) / N`` cancels everything a run pays once (the loop's entry and
+exit, the marks themselves) and leaves what one more step costs. N is best a multiple of every
+step-based trigger's period (100 by default), so both windows see the same share of
+triggering steps.
+
+Time-based work (a service every 120 s) stays rare under callgrind as outside it, but callgrind
+runs the process ~50x slower, so a thread polling every second wakes ~50x more often per step:
+`run_worker` is therefore run twice and the two counts compared; a difference above ~0.1 % names
+such noise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Sequence
+
+import torch
+
+MARKER = "CALLGRIND-MARKS "
+
+
+def available() -> str | None:
+    """None when callgrind can run here; else why not."""
+    if shutil.which("valgrind") is None:
+        return "valgrind not installed (Debian: apt-get install valgrind)"
+    if not torch._C._valgrind_supported_platform():
+        return "this torch build has no valgrind client requests"
+    return None
+
+
+def mark() -> None:
+    """Dumps (and zeroes) callgrind's counts of every thread; collection stays on."""
+    torch._C._valgrind_toggle_and_dump_stats()  # toggles this thread's collection off, dumps
+    torch._C._valgrind_toggle()  # and back on
+
+
+def steady_phases(label: str, step: Callable[[], object], n: int, warmup: int, marks: list[str]) -> None:
+    """Runs ``warmup``, then ``n``, then ``2 n`` calls of ``step``, marking after each."""
+    for count, name in ((warmup, "warm"), (n, "N"), (2 * n, "2N")):
+        for _ in range(count):
+            step()
+        mark()
+        marks.append(f"{label}:{name}")
+
+
+def per_step(counts: dict[str, int], label: str, n: int) -> float:
+    """Instructions of one steady-state step: (2N run - N run) / N."""
+    return (counts[f"{label}:2N"] - counts[f"{label}:N"]) / n
+
+
+def _totals(path: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in callgrind dump {path}")
+
+
+def run_worker(argv: Sequence[str], timeout_secs: float = 1200, env: dict[str, str] | None = None,
+               keep: str | None = None) -> tuple[dict[str, int], str]:
+    """Runs ``python argv`` under callgrind (the real interpreter, not a pyenv shim, so no
+    ``--trace-children`` is needed). Returns {mark label: instructions since the previous mark}
+    and the directory of the dumps (kept only when ``keep`` names it, for callgrind_annotate)."""
+    out_dir = keep or tempfile.mkdtemp(prefix="callgrind-")
+    os.makedirs(out_dir, exist_ok=True)
+    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.%p",
+               os.path.realpath(sys.executable), *argv]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_secs,
+                              env={**os.environ, **(env or {})})
+        if proc.returncode != 0:
+            raise RuntimeError(f"callgrind worker failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        labels = json.loads([x for x in proc.stdout.splitlines() if x.startswith(MARKER)][-1][len(MARKER):])
+        pid = re.search(r"==(\d+)== Callgrind", proc.stderr).group(1)  # type: ignore[union-attr]
+        dumps = sorted((int(name.rsplit(".", 1)[1]), name) for name in os.listdir(out_dir)
+                       if re.fullmatch(rf"cg\.{pid}\.\d+", name))
+        if len(dumps) != len(labels):
+            raise RuntimeError(f"{len(dumps)} callgrind dumps for {len(labels)} marks")
+        return {label: _totals(os.path.join(out_dir, name)) for label, (_, name) in zip(labels, dumps)}, out_dir
+    finally:
+        if keep is None:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def run_twice(argv: Sequence[str], timeout_secs: float = 1200) -> tuple[dict[str, int], dict[str, int]]:
+    """Two callgrind runs of the same worker, concurrently (the counts do not depend on the
+    schedule; the wall time halves on a machine with two cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = [pool.submit(run_worker, argv, timeout_secs) for _ in range(2)]
+        return first.result()[0], second.result()[0]
+
+
+def deterministic(a: float, b: float) -> str:
+    """``+0.012 %`` and whether two runs' counts agree to 0.1 %."""
+    diff = (b - a) / a * 100 if a else 0.0
+    return f"{diff:+.3f} % ({'deterministic' if abs(diff) <= 0.1 else 'NOT deterministic: > 0.1 %'})"
+
+
+def print_marks(labels: list[str]) -> None:
+    print(MARKER + json.dumps(labels), flush=True)
