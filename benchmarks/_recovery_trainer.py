@@ -1,11 +1,14 @@
 """The torchrun job of benchmarks/recovery.py: examples/ddp_torchrun.py's model and session, with
 a fixed time per step (``--step-secs``, so a kill lands mid-run) and a log of what each rank did
 when: one JSON line per event in ``<events>/rank<R>.jsonl`` (``start``: session created, with the
-restored step; ``step``: a step done; ``error``: the exception that ends this rank, with its time),
+restored step; ``step``: a step done; ``raised``: the session saw the exception that ends this
+rank; ``error``: the session is closed and the exception leaves it; ``destroyed``: the process
+group is destroyed; ``exit``: the interpreter's last ``atexit`` call),
 each with ``time.time()``, the rank, its pid and torchrun's attempt."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -42,6 +45,9 @@ class StepLog(Hook):
 
     def after_run(self, run_context, run_values) -> None:
         self.log.write("step", step=run_context.session.global_step)
+
+    def on_exception(self, session, exc) -> None:
+        self.log.write("raised", error=f"{type(exc).__name__}: {exc}"[:2000])
 
 
 def main() -> None:
@@ -80,10 +86,12 @@ def main() -> None:
                 session.run(train_step, session.global_step)
         log.write("done", step=session.global_step)
     except BaseException as e:
-        log.write("error", error=f"{type(e).__name__}: {e}"[:2000])
+        log.write("error", error=f"{type(e).__name__}: {e}"[:2000])  # after the session's close
         raise
     finally:
         distributed.destroy_process_group()
+        log.write("destroyed")
+        atexit.register(log.write, "exit")  # runs after the interpreter joined its threads
 
 
 if __name__ == "__main__":
