@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,8 @@ def scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
         everything = events(events_dir)
         with open(os.path.join(tmp, "torchrun.log")) as f:
             log = f.read()
+        if args.log:
+            shutil.copy(os.path.join(tmp, "torchrun.log"), f"{args.log}.{name}")
     rank0 = {e["event"]: e for e in reversed(everything) if e["rank"] == 0 and e["attempt"] == 0}
     errors = [rank0[k] for k in ("raised", "error") if k in rank0]
     starts = [e for e in everything if e["attempt"] == 1 and e["event"] == "start"]
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--signal-at", type=int, default=120, help="rank 1's step at which it is signalled")
     parser.add_argument("--step-secs", type=float, default=0.02)
     parser.add_argument("--stop-grace-secs", type=float, default=5.0)
+    parser.add_argument("--log", default=None, help="keep torchrun's output as LOG.kill / LOG.hang")
     parser.add_argument("--timeout", type=float, default=240, help="bound on each wait")
     args = parser.parse_args(argv)
     if args.quick:

@@ -21,3 +21,20 @@ def test_distributed_benchmark_quick(capsys):
         assert ("ok (target <= 1.05x)" in agreement) != ("MISSES TARGET (<= 1.05x)" in agreement)
         assert "over py_hook" in agreement
     assert "all steps pooled" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_recovery_benchmark_kill_quick(capsys):
+    """benchmarks/recovery.py: a SIGKILLed rank under torchrun --max-restarts=1 — the job
+    recovers by itself, every phase of the breakdown is printed, and the second attempt restores
+    the last checkpoint committed before the kill (times not asserted: a shared machine's)."""
+    from benchmarks.recovery import main
+
+    (result,) = main(["--scenario", "kill", "--quick", "--timeout", "200"])
+    out = capsys.readouterr().out
+    for row in ("detection: rank 0's process gone", "restart + restore: every rank's first step", "steps lost"):
+        assert row in out, row
+    assert result["status"] == 0 and result["done"] == 2, result
+    assert result["committed_at_signal"] <= result["restored"] <= result["step_at_signal"], result
+    assert 0 < result["detect_exit"] < result["first_steps"], result
