@@ -32,6 +32,7 @@ def worker(rank: int, port: int, n: int, warmup: int) -> None:
     _init(rank, port)
     ranks = Rank()
     marks: list[str] = []
+    _callgrind.start()
     _callgrind.mark()
     marks.append("start")
     for loop in LOOPS:

@@ -50,6 +50,7 @@ def worker(n: int, warmup: int) -> None:
     """Runs under callgrind: every variant's W, N, 2N phases, then prints the marks' labels."""
     torch.set_num_threads(1)
     marks: list[str] = []
+    _callgrind.start()
     _callgrind.mark()
     marks.append("start")
     _, _, batch, train_step = tiny_model()
