@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[tuple[float, float, li
     if args.instructions:
         from benchmarks.distributed_instructions import main as instructions
 
-        return instructions(["--n", str(args.n), *(["--rounds", "3", "--steps", "50"] if args.quick else [])])
+        return instructions(["--n", str(args.n), *(["--rounds", "3", "--steps", "50", "--warmup", "5"]
+                                                   if args.quick else [])])
     rounds, steps = (3, 50) if args.quick else (30, 200)
     times = run_ranks(_rank_main, rounds, steps)
     print(f"2-rank gloo DDP step of a tiny model, {rounds} interleaved rounds x {steps} steps "

@@ -2,6 +2,9 @@
 they belong to the benchmark, not to a test on a shared machine)."""
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 
 
@@ -38,3 +41,23 @@ def test_recovery_benchmark_kill_quick(capsys):
     assert result["status"] == 0 and result["done"] == 2, result
     assert result["committed_at_signal"] <= result["restored"] <= result["step_at_signal"], result
     assert 0 < result["detect_exit"] < result["first_steps"], result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed (apt-get install valgrind)")
+def test_distributed_benchmark_instruction_counts(capsys):
+    """--instructions: rank 0 under callgrind, every loop's instructions per step from two jobs,
+    the agreement's ratio judged against the target, next to the timing ratios."""
+    from benchmarks.distributed import LOOPS, main
+
+    ratios = main(["--instructions", "--quick", "--n", "10"])
+    out = capsys.readouterr().out
+    assert "timing (2 ranks native" in out
+    counts = out.split("instructions per steady-state step", 1)[1]
+    for loop in LOOPS:
+        (line,) = [x for x in counts.splitlines() if x.strip().startswith(loop + " ")]
+        assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \(", line), line
+    (agreement,) = [x for x in counts.splitlines() if x.strip().startswith("agreement ")]
+    assert ("  ok;" in agreement) != ("MISSES TARGET;" in agreement), agreement
+    assert set(ratios) == set(LOOPS) and ratios["bare"] == 1.0
