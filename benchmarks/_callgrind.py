@@ -89,8 +89,11 @@ def steady_phases(label: str, step: Callable[[], object], n: int, warmup: int, m
         marks.append(f"{label}:{name}")
 
 
-def per_step(counts: dict[str, int], label: str, n: int) -> float:
-    """Instructions of one steady-state step: (2N run - N run) / N."""
+def per_step(counts: dict[str, int], label: str, n: int, raw: bool = False) -> float:
+    """Instructions of one steady-state step: (2N run - N run) / N. ``raw``: ``label`` is the
+    2N mark's full key (e.g. ``"bare:2N [main thread]"``); the N mark's is derived from it."""
+    if raw:
+        return (counts[label] - counts[label.replace(":2N", ":N", 1)]) / n
     return (counts[f"{label}:2N"] - counts[f"{label}:N"]) / n
 
 
@@ -103,15 +106,18 @@ def _totals(path: str) -> int:
 
 
 def run_worker(argv: Sequence[str], timeout_secs: float = 1200, env: dict[str, str] | None = None,
-               keep: str | None = None) -> tuple[dict[str, int], str]:
+               keep: str | None = None, main_thread: bool = False) -> tuple[dict[str, int], str]:
     """Runs ``python argv`` under callgrind (the real interpreter, not a pyenv shim, so no
     ``--trace-children`` is needed). Returns {mark label: instructions since the previous mark}
-    and the directory of the dumps (kept only when ``keep`` names it, for callgrind_annotate)."""
+    (every thread; with ``main_thread`` also ``"<label> [main thread]"``: the training thread
+    alone, from ``--separate-threads=yes``) and the directory of the dumps (kept only when
+    ``keep`` names it, for callgrind_annotate)."""
     out_dir = keep or tempfile.mkdtemp(prefix="callgrind-")
     os.makedirs(out_dir, exist_ok=True)
     helper = build_helper(out_dir)
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.%p",
-               *(["--instr-atstart=no"] if helper else []), os.path.realpath(sys.executable), *argv]
+               *(["--instr-atstart=no"] if helper else []), *(["--separate-threads=yes"] if main_thread else []),
+               os.path.realpath(sys.executable), *argv]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_secs,
                               env={**os.environ, **(env or {}), HELPER_ENV: helper or ""})
@@ -119,14 +125,29 @@ def run_worker(argv: Sequence[str], timeout_secs: float = 1200, env: dict[str, s
             raise RuntimeError(f"callgrind worker failed ({proc.returncode}): {proc.stderr[-3000:]}")
         labels = json.loads([x for x in proc.stdout.splitlines() if x.startswith(MARKER)][-1][len(MARKER):])
         pid = re.search(r"==(\d+)== Callgrind", proc.stderr).group(1)  # type: ignore[union-attr]
-        dumps = sorted((int(name.rsplit(".", 1)[1]), name) for name in os.listdir(out_dir)
-                       if re.fullmatch(rf"cg\.{pid}\.\d+", name))
-        if len(dumps) != len(labels):
-            raise RuntimeError(f"{len(dumps)} callgrind dumps for {len(labels)} marks")
-        return {label: _totals(os.path.join(out_dir, name)) for label, (_, name) in zip(labels, dumps)}, out_dir
+        return _read_dumps(out_dir, pid, labels), out_dir
     finally:
         if keep is None:
             shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _read_dumps(out_dir: str, pid: str, labels: list[str]) -> dict[str, int]:
+    """{label: every thread's total} (+ ``"<label> [main thread]"`` with per-thread dumps)."""
+    per_dump: dict[int, dict[int, int]] = {}
+    for name in os.listdir(out_dir):
+        found = re.fullmatch(rf"cg\.{pid}\.(\d+)(?:-(\d+))?", name)
+        if found:
+            thread = int(found.group(2) or 0)
+            per_dump.setdefault(int(found.group(1)), {})[thread] = _totals(os.path.join(out_dir, name))
+    if len(per_dump) != len(labels):
+        raise RuntimeError(f"{len(per_dump)} callgrind dumps for {len(labels)} marks")
+    counts: dict[str, int] = {}
+    for label, number in zip(labels, sorted(per_dump)):
+        threads = per_dump[number]
+        counts[label] = sum(threads.values())
+        if 1 in threads:
+            counts[f"{label} [main thread]"] = threads[1]
+    return counts
 
 
 def run_twice(argv: Sequence[str], timeout_secs: float = 1200) -> tuple[dict[str, int], dict[str, int]]:

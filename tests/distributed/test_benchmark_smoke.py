@@ -60,4 +60,4 @@ def test_distributed_benchmark_instruction_counts(capsys):
         assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \(", line), line
     (agreement,) = [x for x in counts.splitlines() if x.strip().startswith("agreement ")]
     assert ("  ok;" in agreement) != ("MISSES TARGET;" in agreement), agreement
-    assert set(ratios) == set(LOOPS) and ratios["bare"] == 1.0
+    assert set(LOOPS) <= set(ratios) and ratios["bare"] == ratios["bare [main thread]"] == 1.0
