@@ -76,6 +76,10 @@ def report_instructions(n: int, warmup: int) -> dict[str, float]:
     print("the same, the training thread alone (gloo's transport threads poll epoll every 10 ms, so "
           "under callgrind's slowdown their count follows the wall time, not the work):")
     main_ratios = _table(a, b)
+    if all(first[f"{loop}:2N"] == first[f"{loop}:2N [main thread]"] for loop in LOOPS):
+        print("  NOTE: with --separate-threads=yes callgrind dumped the training thread only (every-thread "
+              "total = the training thread's), so the first table is not every thread here; a run without "
+              "--separate-threads counts all of them (rank 0's gloo threads made it vary 1-10 % between runs)")
     ratios.update({f"{loop} [main thread]": value for loop, value in main_ratios.items()})
     return ratios
 

@@ -71,7 +71,7 @@ def test_step_overhead_benchmark_quick(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_gpu_benchmark_runs_on_the_cpu(capsys, tmp_path):
     """benchmarks/gpu.py --device cpu, CI's smoke run: every figure, ratio and check is printed
     (a failure of a DCP variant is printed as its figure, not raised)."""
