@@ -54,7 +54,8 @@ def test_distributed_benchmark_instruction_counts(capsys):
     ratios = main(["--instructions", "--quick", "--n", "10"])
     out = capsys.readouterr().out
     assert "timing (2 ranks native" in out
-    counts = out.split("instructions per steady-state step", 1)[1]
+    counts, main_thread = out.split("instructions per steady-state step", 1)[1].split("the training thread alone", 1)
+    assert all(x + " " in main_thread for x in LOOPS)
     for loop in LOOPS:
         (line,) = [x for x in counts.splitlines() if x.strip().startswith(loop + " ")]
         assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \(", line), line
