@@ -27,7 +27,11 @@ next to the variant cancels more of the drift than one a round away.
 ``log_step_count_steps``, ``save_summaries_steps`` and ``save_checkpoint_secs`` all None)
 isolates what the default hooks cost in a whole loop.
 
-Run: ``python benchmarks/step_overhead.py [--quick]``
+``--instructions``: the loop ratios counted in CPU instructions under callgrind (every thread,
+steady state; benchmarks/step_instructions.py), printed next to the timing ratios, the targets
+judged on the instructions.
+
+Run: ``python benchmarks/step_overhead.py [--quick] [--instructions [--n N] [--annotate]]``
 """
 from __future__ import annotations
 
@@ -331,6 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loop-rounds", type=int, default=15, help="interleaved rounds of the whole-loop "
                         "ratios (default 15; --quick: 2)")
     parser.add_argument("--steps", type=int, default=3_000, help="training steps per loop and round (default 3000, as the issue measured)")
+    parser.add_argument("--instructions", action="store_true", help="count instructions per step under "
+                        "callgrind (benchmarks/step_instructions.py) next to the timing ratios; judges the "
+                        "targets on the instructions")
+    parser.add_argument("--n", type=int, default=500, help="--instructions: N (the 2N run minus the N run)")
+    parser.add_argument("--annotate", action="store_true", help="--instructions: break down a miss by function")
     parser.add_argument("--cpu", type=int, default=None, help="the CPU the whole process runs on (default: "
                         "the first this process may use; -1: no pinning)")
     args = parser.parse_args(argv)
@@ -347,6 +356,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, pinned: int | None) -> None:
+    if args.instructions:
+        from benchmarks.step_instructions import main as instructions
+
+        rounds = 2 if args.quick else min(args.loop_rounds, 7)
+        steps = 200 if args.quick else args.steps
+        print(f"pinned to CPU {pinned} (the timing ratios)" if pinned is not None else "not pinned")
+        return instructions(["--n", str(args.n), "--warmup", "20" if args.quick else "100",
+                             "--loop-rounds", str(rounds), "--steps", str(steps),
+                             *(["--annotate"] if args.annotate else [])])
     rounds, n_noop = (2, 2_000) if args.quick else (args.rounds, 50_000)
     loop_rounds, n_model = (2, 200) if args.quick else (args.loop_rounds, args.steps)
     print(f"pinned to CPU {pinned}, with every thread the runtime starts" if pinned is not None else "not pinned")

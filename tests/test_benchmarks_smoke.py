@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -67,3 +68,43 @@ def test_step_overhead_benchmark_quick(capsys):
         for line in (wall, cpu):
             assert re.search(r"\d\.\d{3}x \(\d\.\d{3}-\d\.\d{3}\)  (ok|MISSES TARGET)$", line), line
         assert re.search(r"  \d\.\d{3}x  (ok|MISSES TARGET)$", pooled), pooled
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpu_benchmark_runs_on_the_cpu(capsys, tmp_path):
+    """benchmarks/gpu.py --device cpu, CI's smoke run: every figure, ratio and check is printed
+    (a failure of a DCP variant is printed as its figure, not raised)."""
+    from benchmarks.gpu import FIGURES, main as gpu
+
+    result = gpu(["--device", "cpu", "--size-gib", "0.002", "--rounds", "1", "--every", "2", "--dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    for name in FIGURES:
+        (line,) = [x for x in out.splitlines() if x.strip().startswith(name)]
+        assert re.search(r"\d\.\d{4} \(\d\.\d{4}-\d\.\d{4}\)$", line) or "FAILED: " in line, line
+    for ratio in ("blocking stall / pinned memcpy", "save to commit / DCP save", "verified restore / DCP load",
+                  "overlapped stall / pinned memcpy", "overlapping step / step without a save (overlapped)"):
+        (line,) = [x for x in out.splitlines() if x.strip().startswith(ratio)]
+        assert re.search(r"\d\.\d{3}x  (target <= [\d.]+x  (ok|MISSES TARGET)|\(info\))$", line) \
+            or "n/a (not available" in line, line
+    assert "capture=blocking    saving step" in out
+    assert result["resume"][0], result["resume"]  # bit-exact resume (on the CPU here)
+    assert result["agreement"][0], result["agreement"]  # both DDP ranks stop at the same step
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed (apt-get install valgrind)")
+def test_step_overhead_instruction_counts(capsys):
+    """--instructions: every variant's instructions per step from two callgrind runs, their
+    run-to-run difference, and the ratio judged against the target."""
+    from benchmarks.step_overhead import main as step_overhead
+
+    step_overhead(["--instructions", "--quick", "--n", "20"])
+    out = capsys.readouterr().out.split("instructions per steady-state step", 1)[1]
+    for row in ("MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services"):
+        (line,) = [x for x in out.splitlines() if x.strip().startswith(row)]
+        assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \((deterministic|NOT deterministic.*)\) +\d\.\d{4}x  "
+                         r"(ok|MISSES TARGET)$", line), line
+    assert "run() of a no-op step, 0 hooks:" in out

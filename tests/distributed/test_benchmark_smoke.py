@@ -2,6 +2,9 @@
 they belong to the benchmark, not to a test on a shared machine)."""
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 
 
@@ -21,3 +24,41 @@ def test_distributed_benchmark_quick(capsys):
         assert ("ok (target <= 1.05x)" in agreement) != ("MISSES TARGET (<= 1.05x)" in agreement)
         assert "over py_hook" in agreement
     assert "all steps pooled" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_recovery_benchmark_kill_quick(capsys):
+    """benchmarks/recovery.py: a SIGKILLed rank under torchrun --max-restarts=1 — the job
+    recovers by itself, every phase of the breakdown is printed, and the second attempt restores
+    the last checkpoint committed before the kill (times not asserted: a shared machine's)."""
+    from benchmarks.recovery import main
+
+    (result,) = main(["--scenario", "kill", "--quick", "--timeout", "200"])
+    out = capsys.readouterr().out
+    for row in ("detection: rank 0's process gone", "restart + restore: every rank's first step", "steps lost"):
+        assert row in out, row
+    assert result["status"] == 0 and result["done"] == 2, result
+    assert result["committed_at_signal"] <= result["restored"] <= result["step_at_signal"], result
+    assert 0 < result["detect_exit"] < result["first_steps"], result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed (apt-get install valgrind)")
+def test_distributed_benchmark_instruction_counts(capsys):
+    """--instructions: rank 0 under callgrind, every loop's instructions per step from two jobs,
+    the agreement's ratio judged against the target, next to the timing ratios."""
+    from benchmarks.distributed import LOOPS, main
+
+    ratios = main(["--instructions", "--quick", "--n", "10"])
+    out = capsys.readouterr().out
+    assert "timing (2 ranks native" in out
+    counts, main_thread = out.split("instructions per steady-state step", 1)[1].split("the training thread alone", 1)
+    assert all(x + " " in main_thread for x in LOOPS)
+    for loop in LOOPS:
+        (line,) = [x for x in counts.splitlines() if x.strip().startswith(loop + " ")]
+        assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \(", line), line
+    (agreement,) = [x for x in counts.splitlines() if x.strip().startswith("agreement ")]
+    assert ("  ok;" in agreement) != ("MISSES TARGET;" in agreement), agreement
+    assert set(LOOPS) <= set(ratios) and ratios["bare"] == ratios["bare [main thread]"] == 1.0

@@ -1,0 +1,171 @@
+"""``step_overhead.py --instructions``: the step-overhead ratios (SPEC §14) counted in CPU
+instructions under callgrind, all threads of the process included, next to the timing ratios.
+
+One worker process (under ``valgrind --tool=callgrind``) runs every variant in turn: the tiny
+CPU model's bare loop, the same loop inside `MonitoredSession` (no hooks), inside
+`MonitoredTrainingSession` with and without its default hooks, inside
+``Supervisor.managed_session()`` with its default services, and a no-op step called bare and
+through ``MonitoredSession.run()``. Each runs W warm-up steps, N steps and 2N steps
+(`benchmarks._callgrind`): instructions per step = (2N - N) / N, the steady state. The worker
+runs twice; the two counts are printed with their difference (deterministic: ≤ 0.1 %). The
+targets are judged on the instruction ratios: MTS default hooks and Supervisor default services
+≤ 1.03× the bare loop. With ``--annotate``, each variant that misses is broken down by function
+(callgrind_annotate of its per-step dumps minus the bare loop's).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import _callgrind  # noqa: E402
+from benchmarks.step_overhead import (  # noqa: E402
+    monitored_session, report_loops, settled, supervisor_session, tiny_model, training_session,
+    training_session_no_default_hooks)
+from supervisor import MonitoredSession  # noqa: E402
+
+TARGET = 1.03
+SESSIONS = ("MonitoredSession, no hooks", "MonitoredTrainingSession, default hooks",
+            "MonitoredTrainingSession, no default hooks", "Supervisor.managed_session(), default services")
+JUDGED = ("MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services")
+
+
+def session_factories(tmp: str) -> dict[str, Callable[..., object]]:
+    return {
+        SESSIONS[0]: monitored_session,
+        SESSIONS[1]: training_session(os.path.join(tmp, "mts")),
+        SESSIONS[2]: training_session_no_default_hooks(os.path.join(tmp, "mts-bare")),
+        SESSIONS[3]: supervisor_session(os.path.join(tmp, "sv")),
+    }
+
+
+def worker(n: int, warmup: int) -> None:
+    """Runs under callgrind: every variant's W, N, 2N phases, then prints the marks' labels."""
+    torch.set_num_threads(1)
+    marks: list[str] = []
+    _callgrind.start()
+    _callgrind.mark()
+    marks.append("start")
+    _, _, batch, train_step = tiny_model()
+    _callgrind.steady_phases("bare loop", lambda: train_step(batch), n, warmup, marks)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make in session_factories(tmp).items():
+            model, opt, batch, train_step = tiny_model()
+            with make(model, opt) as s:
+                settled(s)
+                _callgrind.steady_phases(name, lambda: s.run(train_step, batch), n, warmup, marks)
+    output = {"loss": torch.tensor(0.5)}
+
+    def noop() -> dict[str, torch.Tensor]:
+        return output
+
+    _callgrind.steady_phases("no-op step, called bare", noop, n, warmup, marks)
+    with MonitoredSession(hooks=[]) as s:
+        _callgrind.steady_phases("no-op step, MonitoredSession.run()", lambda: s.run(noop), n, warmup, marks)
+    _callgrind.print_marks(marks)
+
+
+def worker_argv(n: int, warmup: int) -> list[str]:
+    return [os.path.abspath(__file__), "--worker", "--n", str(n), "--warmup", str(warmup)]
+
+
+def report_instructions(n: int, warmup: int, annotate: bool = False) -> dict[str, float]:
+    """Runs the worker twice under callgrind and prints instructions per step and ratios."""
+    first, second = _callgrind.run_twice(worker_argv(n, warmup))
+    a = {name: _callgrind.per_step(first, name, n) for name in ("bare loop", *SESSIONS)}
+    b = {name: _callgrind.per_step(second, name, n) for name in ("bare loop", *SESSIONS)}
+    print(f"instructions per steady-state step (callgrind, every thread of the process; (2N - N) / N "
+          f"with N = {n} after {warmup} warm-up steps), two runs; target <= {TARGET:.2f}x on MTS default "
+          "hooks and Supervisor default services:")
+    print(f"  {'variant':<52s} {'run 1':>10s} {'run 2':>10s}  run-to-run         ratio over bare")
+    ratios: dict[str, float] = {}
+    for name in ("bare loop", *SESSIONS):
+        ratio = a[name] / a["bare loop"]
+        ratios[name] = ratio
+        verdict = "" if name == "bare loop" else (
+            f"{ratio:.4f}x  " + ("ok" if ratio <= TARGET else "MISSES TARGET") if name in JUDGED
+            else f"{ratio:.4f}x  (info)")
+        print(f"  {name:<52s} {a[name]:10.0f} {b[name]:10.0f}  {_callgrind.deterministic(a[name], b[name]):<18s} "
+              f"{verdict}")
+    bare_call = _callgrind.per_step(first, "no-op step, called bare", n)
+    run_call = _callgrind.per_step(first, "no-op step, MonitoredSession.run()", n)
+    run_call_2 = (_callgrind.per_step(second, "no-op step, MonitoredSession.run()", n)
+                  - _callgrind.per_step(second, "no-op step, called bare", n))
+    extra = run_call - bare_call
+    ratios["run() no-op extra instructions"] = extra
+    print(f"  run() of a no-op step, 0 hooks: {extra:.0f} instructions more than calling the step "
+          f"(run 2: {run_call_2:.0f}), = {(a['bare loop'] + extra) / a['bare loop']:.4f}x the tiny "
+          "model's bare step if added to it")
+    if annotate:
+        for name in JUDGED:
+            if ratios[name] > TARGET:
+                print_breakdown(name, n, warmup)
+    return ratios
+
+
+def _functions(path: str) -> dict[str, int]:
+    """Exclusive instructions per function of one callgrind dump."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", path],
+                         capture_output=True, text=True, check=True).stdout
+    costs: dict[str, int] = {}
+    for line in out.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0].replace(",", "").isdigit() and ":" in parts[1]:
+            fn = parts[1].split(")", 1)[-1].strip() if parts[1].startswith("(") else parts[1]
+            costs[fn] = costs.get(fn, 0) + int(parts[0].replace(",", ""))
+    return costs
+
+
+def print_breakdown(name: str, n: int, warmup: int, top: int = 15) -> None:
+    """Per-step instructions by function, the variant minus the bare loop (callgrind_annotate
+    of each one's 2N dump minus its N dump)."""
+    with tempfile.TemporaryDirectory() as keep:
+        counts, out_dir = _callgrind.run_worker(worker_argv(n, warmup), keep=keep)
+        labels = list(counts)
+        dumps = sorted((f for f in os.listdir(out_dir) if f.rsplit(".", 1)[-1].isdigit()
+                        and f.count(".") == 2), key=lambda f: int(f.rsplit(".", 1)[1]))
+        files = dict(zip(labels, (os.path.join(out_dir, f) for f in dumps)))
+
+        def step_costs(label: str) -> dict[str, int]:
+            big, small = _functions(files[f"{label}:2N"]), _functions(files[f"{label}:N"])
+            return {fn: big.get(fn, 0) - small.get(fn, 0) for fn in set(big) | set(small)}
+
+        variant, bare = step_costs(name), step_costs("bare loop")
+        diff = sorted(((variant.get(fn, 0) - bare.get(fn, 0)) / n, fn) for fn in set(variant) | set(bare))
+        print(f"  what {name} costs per step over the bare loop, by function (instructions, top {top}):")
+        for cost, fn in sorted(diff, key=lambda x: -abs(x[0]))[:top]:
+            print(f"    {cost:+10.0f}  {fn[:110]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=500, help="N steps (the 2N run minus the N run; default 500)")
+    parser.add_argument("--warmup", type=int, default=100, help="warm-up steps per variant (default 100)")
+    parser.add_argument("--loop-rounds", type=int, default=7, help="rounds of the timing ratios (0: none)")
+    parser.add_argument("--steps", type=int, default=3_000, help="steps per timed loop")
+    parser.add_argument("--annotate", action="store_true", help="break down each variant that misses by function")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.n, args.warmup)
+    why = _callgrind.available()
+    if why is not None:
+        print(f"instruction counts not available: {why}")
+        return None
+    if args.loop_rounds:
+        with tempfile.TemporaryDirectory() as tmp:
+            report_loops(args.loop_rounds, args.steps, session_factories(tmp), {})
+        print()
+    report_instructions(args.n, args.warmup, args.annotate)
+    return None
+
+
+if __name__ == "__main__":
+    main()
