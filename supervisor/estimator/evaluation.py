@@ -46,14 +46,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_choice, check_int, check_number
-from supervisor.checkpoint import (
-    VERIFY_MODES,
-    CheckpointRead,
-    check_trusted_globals,
-    latest_checkpoint,
-    read_checkpoint,
-    read_finished,
-)
+from supervisor.checkpoint import VERIFY_MODES, CheckpointRead, check_trusted_globals, latest_checkpoint
+from supervisor.checkpoint import read_checkpoint, read_finished
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointCorruptError, CheckpointVanishedError
 
