@@ -14,6 +14,9 @@ __all__ = [
     "check_int",
     "check_number",
     "check_hooks",
+    "check_positive_or_none",
+    "check_seconds",
+    "as_tuple",
 ]
 
 
@@ -103,6 +106,39 @@ def check_hooks(name: str, hooks: Any) -> list:
             raise TypeError(f"{name}[{i}] must be a supervisor.Hook instance, got {hook!r}; subclass supervisor.Hook")
     warn_misspelled_methods(hooks)  # issue 10: after_runs() would never be called
     return hooks
+
+
+def check_positive_or_none(name: str, value: Any) -> None:
+    """TensorFlow's rule and message for a count (``steps``, ``max_steps``): an integer > 0 or
+    None (``Must specify max_steps > 0, given: 0``)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer > 0 or None, given: {value!r}")
+    if value <= 0:
+        raise ValueError(f"Must specify {name} > 0, given: {value}")
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """TensorFlow's rule and message for a delay (``throttle_secs``): a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
+        raise TypeError(f"`{name}` must be a number of seconds >= 0, given: {value!r}")
+    if value < 0:
+        raise ValueError(f"Must specify {name} >= 0, given: {value}")
+    if math.isinf(value):
+        raise ValueError(f"`{name}` must be a finite number of seconds, given: {value}; pass a large number "
+                         "of seconds instead")
+
+
+def as_tuple(name: str, values: Any) -> tuple[Any, ...]:
+    """A list-like argument (``hooks``, ``saving_listeners``) as a tuple (None: empty); a string
+    or a single non-iterable value is refused, naming ``name``."""
+    if values is None:
+        return ()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"`{name}` must be a list of instances (or None), given: {values!r}; "
+                        "wrap a single one in a list")
+    return tuple(values)
 
 
 def _error(value: Any, message: str) -> Exception:

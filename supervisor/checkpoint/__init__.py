@@ -17,16 +17,35 @@ dcp.py (``checkpoint_format="dcp"``: sharded, every rank writes).
 from __future__ import annotations
 
 from supervisor.checkpoint.creator import CheckpointSessionCreator, WorkerSessionCreator
-from supervisor.checkpoint.format import Manifest
+from supervisor.checkpoint.fileio import fsync_dir
+from supervisor.checkpoint.finished import read_finished
+from supervisor.checkpoint.format import (
+    INDEX_FILE,
+    MANIFEST_FILE,
+    META_KEY,
+    RNG_KEY,
+    STATE_FILE,
+    STEP_KEY,
+    Manifest,
+    checkpoint_name,
+    list_committed,
+    read_manifest,
+    step_of,
+    transient_base,
+)
 from supervisor.checkpoint.helpers import (
     PartialRestoreReport,
     checkpoints_iterator,
     load_checkpoint,
     restore_partial,
 )
-from supervisor.checkpoint.index import CheckpointState, get_checkpoint_state, latest_checkpoint
+from supervisor.checkpoint.index import CheckpointState, get_checkpoint_state, latest_checkpoint, read_index
+from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.manager import CheckpointManager
-from supervisor.checkpoint.reader import CheckpointReader, list_variables, load_variable
+from supervisor.checkpoint.options import check_trusted_globals
+from supervisor.checkpoint.reader import SEPARATOR, CheckpointReader, list_variables, load_variable, resolve_checkpoint
+from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
+from supervisor.checkpoint.restore import VERIFY_MODES, Restored
 from supervisor.checkpoint.restore import check_checkpoint as verify_checkpoint
 
 __all__ = [
@@ -45,4 +64,28 @@ __all__ = [
     "load_variable",
     "restore_partial",
     "verify_checkpoint",
+    # for the estimator and the CLI (issue 23: they import this façade, never the modules)
+    "CheckpointRead",
+    "INDEX_FILE",
+    "MANIFEST_FILE",
+    "META_KEY",
+    "OWNER_FILE",
+    "OwnershipLock",
+    "RNG_KEY",
+    "Restored",
+    "SEPARATOR",
+    "STATE_FILE",
+    "STEP_KEY",
+    "VERIFY_MODES",
+    "check_trusted_globals",
+    "checkpoint_name",
+    "fsync_dir",
+    "list_committed",
+    "read_checkpoint",
+    "read_finished",
+    "read_index",
+    "read_manifest",
+    "resolve_checkpoint",
+    "step_of",
+    "transient_base",
 ]

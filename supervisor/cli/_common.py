@@ -12,20 +12,27 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Sequence
 
-from supervisor.checkpoint.format import MANIFEST_FILE, list_committed, step_of, transient_base
-from supervisor.checkpoint.index import CheckpointState, read_index
-from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
-from supervisor.checkpoint.restore import check_checkpoint
+from supervisor.checkpoint import (
+    MANIFEST_FILE,
+    OWNER_FILE,
+    CheckpointState,
+    OwnershipLock,
+    list_committed,
+    read_index,
+    step_of,
+    transient_base,
+    verify_checkpoint,
+)
+from supervisor.cli._paths import NAME_WITH_STEP
 from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one",
            "writer_lock", "writer_note", "Refused", "format_bytes", "format_age", "table", "print_json", "error",
-           "index_membership", "help_text", "EXIT_BROKEN_PIPE", "output_cut_short"]
+           "index_membership", "help_text", "summary", "EXIT_BROKEN_PIPE", "output_cut_short"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + getattr(signal, "SIGPIPE", 13)  # what a shell reports for a tool cut short by `| head`
 DEFAULT_BASENAME = "model.ckpt"
-_NAME_WITH_STEP = re.compile(r"^(?P<base>.+)-(?P<step>\d+)$")
 
 
 @dataclass
@@ -124,7 +131,7 @@ def check_one(path: str, *, basename: str | None = None, verify: str = "full", i
         return CheckpointRow(step, path, name, False, f"{where}does not exist", indexed, in_index, index_time, 0)
     verified, reason = True, None
     try:
-        manifest = check_checkpoint(path, verify)
+        manifest = verify_checkpoint(path, verify)
         step = manifest.step if step is None else step
         wall_time: float | None = manifest.wall_time
     except CheckpointError as e:
@@ -157,14 +164,14 @@ def index_membership(path: str) -> tuple[bool, bool, float | None, str | None]:
 def _basename_from_index(index: CheckpointState | None) -> str | None:
     if index is None:
         return None
-    match = _NAME_WITH_STEP.match(os.path.basename(os.path.normpath(index.model_checkpoint_path)))
+    match = NAME_WITH_STEP.match(os.path.basename(os.path.normpath(index.model_checkpoint_path)))
     return match.group("base") if match else None
 
 
 def _step(name: str, basename: str | None) -> int | None:
     if basename is not None and (step := step_of(name, basename)) is not None:
         return step
-    match = _NAME_WITH_STEP.match(name)
+    match = NAME_WITH_STEP.match(name)
     return int(match.group("step")) if match else None
 
 
@@ -283,6 +290,12 @@ def help_text(doc: str) -> str:
     """A docstring paragraph as ``--help`` shows it: without reST markup (````LOGDIR```` and
     ```SidecarEvaluator``` read ``LOGDIR`` and ``SidecarEvaluator``)."""
     return re.sub(r"``([^`]+)``|`([^`]+)`", lambda m: m.group(1) or m.group(2), doc)
+
+
+def summary(doc: str) -> str:
+    """A subcommand's ``--help`` description: its module docstring's first paragraph, after the
+    usage that opens it (``verify PATH``: ...)."""
+    return help_text(doc.split("\n\n")[0].split(": ", 1)[1])
 
 
 def output_cut_short() -> int:

@@ -13,11 +13,11 @@ import re
 import stat
 from dataclasses import dataclass
 
-from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, STATE_FILE
+from supervisor.checkpoint import INDEX_FILE, MANIFEST_FILE, STATE_FILE
 
-__all__ = ["PathKind", "path_kind", "is_checkpoint_dir", "find_logdirs", "advice"]
+__all__ = ["PathKind", "path_kind", "is_checkpoint_dir", "find_logdirs", "advice", "NAME_WITH_STEP"]
 
-_NAME_WITH_STEP = re.compile(r"^.+-\d+$")
+NAME_WITH_STEP = re.compile(r"^(?P<base>.+)-(?P<step>\d+)$")  # a checkpoint's name: <basename>-<step>
 _SCAN_LIMIT = 2000   # directory entries looked at when searching for log directories below a path
 _SHOWN = 8           # log directories named in a message
 
@@ -55,7 +55,7 @@ def _is_logdir(path: str) -> bool:
         return True
     try:
         with os.scandir(path) as entries:
-            return any(_NAME_WITH_STEP.match(e.name) and e.is_dir(follow_symlinks=False)
+            return any(NAME_WITH_STEP.match(e.name) and e.is_dir(follow_symlinks=False)
                        and _mode(os.path.join(e.path, MANIFEST_FILE)) is not None for e in entries)
     except OSError:
         return False

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
 import os
 import signal
 import stat
@@ -36,13 +37,12 @@ import threading
 import traceback
 from typing import Any, Callable, Mapping
 
-from supervisor.checkpoint.index import read_index
-from supervisor.cli._common import help_text, output_cut_short
+from supervisor.checkpoint import read_index
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, help_text, output_cut_short
 from supervisor.cli._paths import advice, path_kind
+from supervisor.errors import SupervisorError
 
 __all__ = ["add_parser", "run", "load_object"]
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
@@ -55,10 +55,15 @@ class UserCodeError(RuntimeError):
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("evaluate", help="the sidecar evaluator: evaluate each new checkpoint of LOGDIR",
-                              description=help_text(__doc__.split("\n\n", 1)[1]),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              **_described())
     _add_arguments(p)
     return p
+
+
+def _described() -> dict[str, Any]:
+    """The parser's description (this module's docstring after its first line), as written."""
+    return {"description": help_text(__doc__.split("\n\n", 1)[1]),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,8 +85,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the evaluator; returns the exit code."""
-    from supervisor.errors import SupervisorError
-
     try:
         evaluator = _build(args)
     except (UsageError, TypeError, ValueError) as e:
@@ -107,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> Any:
-    from supervisor.estimator.sidecar import SidecarEvaluator
+    # Lazy: the estimator is heavy, and every subcommand's module is imported to build the parser.
+    from supervisor.estimator import SidecarEvaluator
 
     waiting = _check_directories(args)  # before importing anything: a wrong path is the cheapest mistake
     parts = _factory_parts(args)
@@ -276,11 +280,7 @@ class _stop_on_signals:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m supervisor.cli.evaluate ...`` (the same as ``python -m supervisor evaluate ...``)."""
-    import logging
-
-    parser = argparse.ArgumentParser(prog="python -m supervisor evaluate",
-                                     description=help_text(__doc__.split("\n\n", 1)[1]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m supervisor evaluate", **_described())
     _add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -17,9 +17,8 @@ import fnmatch
 import os
 import stat
 
-from supervisor.checkpoint.index import get_checkpoint_state
-from supervisor.checkpoint.reader import CheckpointReader, resolve_checkpoint
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, error, help_text, format_bytes, print_json, table
+from supervisor.checkpoint import CheckpointReader, get_checkpoint_state, resolve_checkpoint
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, error, format_bytes, print_json, summary, table
 from supervisor.cli._paths import advice, path_kind
 from supervisor.errors import CheckpointError
 
@@ -28,7 +27,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("inspect", help="names, shapes, dtypes and bytes, without loading tensors",
-                              description=help_text(__doc__.split("\n\n")[0].split(": ", 1)[1]))
+                              description=summary(__doc__))
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, a log directory or a .pt file")
     p.add_argument("--json", action="store_true", help="one JSON object for the checkpoint, for scripts")
     p.add_argument("--filter", metavar="GLOB", default=None, help="only variables matching GLOB, e.g. 'model/*'")

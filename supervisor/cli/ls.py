@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
-    help_text, print_json, scan_logdir, table, writer_note
+    print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
 
 __all__ = ["add_parser", "run", "render"]
@@ -21,7 +21,7 @@ __all__ = ["add_parser", "run", "render"]
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ls", help="list checkpoints: step, age, size, verified or why not",
-                              description=help_text(__doc__.split("\n\n")[0].split(": ", 1)[1]))
+                              description=summary(__doc__))
     p.add_argument("logdir", metavar="LOGDIR")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums (fast on huge states)")

@@ -13,7 +13,7 @@ import argparse
 import os
 
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, check_one, error, \
-    format_bytes, help_text, index_membership, print_json, scan_logdir, table
+    format_bytes, index_membership, print_json, scan_logdir, summary, table
 from supervisor.cli._paths import advice, path_kind
 
 __all__ = ["add_parser", "run"]
@@ -21,7 +21,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("verify", help="verify a checkpoint (or every checkpoint of a logdir)",
-                              description=help_text(__doc__.split("\n\n")[0].split(": ", 1)[1]))
+                              description=summary(__doc__))
     p.add_argument("path", metavar="PATH", help="a checkpoint directory or a log directory")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums")

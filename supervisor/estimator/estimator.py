@@ -16,7 +16,6 @@ Example::
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
@@ -26,39 +25,34 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from supervisor import _validate as v
-from supervisor.checkpoint import latest_checkpoint
-from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY, read_manifest
-from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
+from supervisor.checkpoint import (
+    STEP_KEY,
+    CheckpointRead,
+    latest_checkpoint,
+    read_checkpoint,
+    read_manifest,
+)
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
+from supervisor.estimator.export_writer import write_export
 from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn
+from supervisor.estimator.isolation import preserved_rng
 from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
 from supervisor.estimator.run_config import RunConfig
-from supervisor.estimator.sidecar import evaluate_batches
+from supervisor.estimator.session_factory import training_session
+from supervisor.estimator.sidecar import evaluate_batches, model_entry
 from supervisor.estimator.specs import (
-    _positive_or_none,
     validate_eval_name,
     validate_hooks,
     validate_input_fn,
     validate_saving_listeners,
 )
 from supervisor.estimator.variables import variable_names, variable_value
-from supervisor.rng import capture_rng_state, restore_rng_state
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
 __all__ = ["Estimator", "preserved_rng"]
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Restores every RNG of the process (Python, NumPy, torch CPU and CUDA) on exit."""
-    state = capture_rng_state()
-    try:
-        yield
-    finally:
-        restore_rng_state(state, where="the state saved before an evaluation")
 
 
 class Estimator:
@@ -153,29 +147,19 @@ class Estimator:
         exhaustion until the limit, its epoch and position checkpointed (a resume continues
         mid-epoch exactly); without a limit it is one epoch. A one-shot iterator that runs out
         before the limit ends training with a WARNING (`supervisor.estimator.inputs`)."""
-        if self._train_step is None:
-            raise ValueError("Estimator.train needs train_step=...: pass train_step(batch) -> {'loss': ...} "
-                             "to the Estimator")
-        validate_input_fn(input_fn)
-        if steps is not None and max_steps is not None:
-            raise ValueError(f"Can not provide both steps and max_steps (got steps={steps!r}, "
-                             f"max_steps={max_steps!r}); pass one of them")
-        _positive_or_none("steps", steps)
-        _positive_or_none("max_steps", max_steps)
-        hooks, listeners = validate_hooks(hooks), validate_saving_listeners(saving_listeners)
+        hooks, listeners = self._check_train_arguments(input_fn, steps, max_steps, hooks, saving_listeners)
         if max_steps is not None:
             reached = self.checkpoint_step()
             if reached is not None and reached >= max_steps:
                 logger.info("Skipping training since max_steps=%d has already been reached (checkpoint of "
                             "step %d in %s)", max_steps, reached, self.model_dir)
                 return self
-        from supervisor.estimator.training_hooks import training_session
-
         user_state = dict(self._state or {})
         batches = self._training_input(call_input_fn(input_fn, "Estimator.train"), user_state,
                                        repeat=steps is not None or max_steps is not None)
         state = self._state_with_input(user_state, batches)
-        with training_session(self, steps, max_steps, hooks, listeners, state=state) as session:
+        with training_session(self._config, self._model, self._optimizer, state, clock=self._clock, steps=steps,
+                              max_steps=max_steps, hooks=hooks, listeners=listeners) as session:
             target = max_steps if max_steps is not None else (
                 None if steps is None else session.global_step + steps)
             while not session.should_stop():
@@ -185,6 +169,20 @@ class Estimator:
                     raise StopIteration  # the session's clean end (data exhausted)
                 session.run(self._train_step, batch)
         return self
+
+    def _check_train_arguments(self, input_fn: Any, steps: Any, max_steps: Any, hooks: Any,
+                               saving_listeners: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """Refuses `train`'s bad arguments; returns the hooks and saving listeners as tuples."""
+        if self._train_step is None:
+            raise ValueError("Estimator.train needs train_step=...: pass train_step(batch) -> {'loss': ...} "
+                             "to the Estimator")
+        validate_input_fn(input_fn)
+        if steps is not None and max_steps is not None:
+            raise ValueError(f"Can not provide both steps and max_steps (got steps={steps!r}, "
+                             f"max_steps={max_steps!r}); pass one of them")
+        v.check_positive_or_none("steps", steps)
+        v.check_positive_or_none("max_steps", max_steps)
+        return validate_hooks(hooks), validate_saving_listeners(saving_listeners)
 
     def _training_input(self, source: Iterable[Any], user_state: dict[str, Any], *, repeat: bool) -> TrainingInput:
         """The `TrainingInput` over ``source``: the previous call's when it is the same object (its
@@ -234,7 +232,7 @@ class Estimator:
             CheckpointNotFoundError: there is no checkpoint to evaluate.
         """
         validate_input_fn(input_fn)
-        _positive_or_none("steps", steps)
+        v.check_positive_or_none("steps", steps)
         validate_eval_name(name)
         hooks = validate_hooks(hooks)
         checkpoint = read_checkpoint(self._checkpoint_or_latest(checkpoint_path, "evaluate"))
@@ -243,7 +241,7 @@ class Estimator:
     def evaluate_checkpoint(self, checkpoint: CheckpointRead, input_fn: Callable[[], Iterable[Any]], *,
                             steps: int | None = None, name: str | None = None,
                             hooks: tuple[Any, ...] = ()) -> dict[str, Any]:
-        """`evaluate` on a checkpoint already read (`supervisor.checkpoint.reading`)."""
+        """`evaluate` on a checkpoint already read (`supervisor.checkpoint.read_checkpoint`)."""
         with preserved_rng():
             model, step = self.load_model_copy(checkpoint)
             metrics: dict[str, Any] = evaluate_batches(
@@ -271,11 +269,7 @@ class Estimator:
             with torch.no_grad():
                 self._eval_copy = copy.deepcopy(unwrap_module(self._model))
         copy_ = self._eval_copy
-        entry = payload.get("model")
-        if not isinstance(entry, Mapping):
-            names = [k for k in payload if k not in (META_KEY, RNG_KEY, STEP_KEY)]
-            raise ValueError(f"{checkpoint_path} has no 'model' entry (it has {names}); the Estimator "
-                             "saves its model under the name 'model'")
+        entry = model_entry(payload, checkpoint_path, "the Estimator saves its model under the name 'model'")
         copy_.load_state_dict(strip_wrapper_prefixes(entry, copy_.state_dict().keys()))
         copy_.eval()
         self._copy_holds, self._copy_step = checkpoint_path, int(payload[STEP_KEY])
@@ -314,8 +308,6 @@ class Estimator:
                eval_result: Mapping[str, Any] | None = None) -> str:
         """Writes ``<export_dir_base>/<timestamp>/`` (weights, eval result, and a ``torch.export``
         program when ``example_input`` is set) and returns its path (see `exporters`)."""
-        from supervisor.estimator.exporters import write_export
-
         path = self._checkpoint_or_latest(checkpoint_path, "export")
         return write_export(self, os.fspath(export_dir_base), path, eval_result)
 

@@ -3,7 +3,7 @@
 
 ``EvaluationLoop(checkpoint_dir, evaluate_fn, ...)`` watches a trainer's log directory from
 another process and calls ``evaluate_fn(checkpoint)`` on each new checkpoint, where
-``checkpoint`` is a `supervisor.checkpoint.reading.CheckpointRead` (``path``, ``step``,
+``checkpoint`` is a `supervisor.checkpoint.CheckpointRead` (``path``, ``step``,
 ``manifest``, ``payload`` — the saved mapping, already verified):
 
 - **which**: the one the index names (``latest_checkpoint``). A checkpoint superseded while the
@@ -46,11 +46,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_choice, check_int, check_number
-from supervisor.checkpoint.finished import read_finished
-from supervisor.checkpoint.index import latest_checkpoint
-from supervisor.checkpoint.options import check_trusted_globals
-from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
-from supervisor.checkpoint.restore import VERIFY_MODES
+from supervisor.checkpoint import VERIFY_MODES, CheckpointRead, check_trusted_globals, latest_checkpoint
+from supervisor.checkpoint import read_checkpoint, read_finished
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointCorruptError, CheckpointVanishedError
 

@@ -32,8 +32,10 @@ import math
 import sys
 from typing import Any, Callable, Iterable
 
+from hooks.basic import GlobalStepWaiterHook
 from supervisor import _validate as v
 from supervisor.estimator.estimator import Estimator
+from supervisor.estimator.evaluation import EvaluationLoop
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.specs import EvalSpec, validate_exporters, validate_hooks, validate_input_fn
 from supervisor.estimator.training import EvalResult, EvaluateAfterSaveListener, Evaluator
@@ -80,8 +82,6 @@ class Experiment:
         config, hooks = self.estimator.config, list(self.train_hooks)
         if config.task_type == TaskType.WORKER:
             if self.delay_workers_by_global_step:
-                from hooks.basic import GlobalStepWaiterHook
-
                 hooks.append(GlobalStepWaiterHook(int(8000.0 * math.log1p(config.task_id)),
                                                   clock=self.estimator.clock))
             else:
@@ -103,8 +103,6 @@ class Experiment:
         ``train_steps`` is evaluated, the trainer marks the run finished, or
         ``continuous_eval_predicate_fn(last_metrics_or_None)`` returns False; returns the last
         metrics."""
-        from supervisor.estimator.evaluation import EvaluationLoop
-
         predicate = v.check_callable("continuous_eval_predicate_fn", continuous_eval_predicate_fn,
                                      signature="continuous_eval_predicate_fn(eval_result) -> bool")
         evaluator = Evaluator(self.estimator, self._eval_spec(name, export), self.train_steps)

@@ -17,8 +17,7 @@ import socket
 import struct
 from typing import Any, Mapping
 
-from supervisor.checkpoint import get_checkpoint_state
-from supervisor.checkpoint.format import read_manifest
+from supervisor.checkpoint import get_checkpoint_state, read_manifest
 from supervisor.estimator.metrics import open_regular_file
 
 __all__ = ["WEIGHTS_FILE", "PROGRAM_FILE", "SAFETENSORS_FILE", "RESULT_FILE", "list_exports", "new_version_dir",

@@ -35,18 +35,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
-import numbers
 import os
-import shutil
-import socket
-import stat
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
-import torch
-
-from supervisor.checkpoint.fileio import fsync_dir
 from supervisor.errors import CheckpointError
 from supervisor.estimator.export_files import (
     PROGRAM_FILE,
@@ -56,132 +48,17 @@ from supervisor.estimator.export_files import (
     checkpoint_of_step,
     exported_results,
     list_exports,
-    new_version_dir,
     remove_crashed_exports,
 )
+from supervisor.estimator.export_writer import export_program, write_export
+from supervisor.estimator.exporter_base import Exporter, ExportTarget
 from supervisor.estimator.metrics import read_eval_events
 
-if TYPE_CHECKING:
-    from supervisor.estimator.estimator import Estimator
-
-__all__ = ["Exporter", "LatestExporter", "BestExporter", "FinalExporter", "write_export", "list_exports",
-           "remove_crashed_exports",
+__all__ = ["Exporter", "ExportTarget", "LatestExporter", "BestExporter", "FinalExporter", "write_export",
+           "export_program", "list_exports", "remove_crashed_exports",
            "WEIGHTS_FILE", "PROGRAM_FILE", "RESULT_FILE", "SAFETENSORS_FILE"]
 
 logger = logging.getLogger(__name__)
-
-
-def write_export(estimator: Estimator, export_dir_base: str, checkpoint_path: str,
-                 eval_result: Mapping[str, Any] | None) -> str:
-    """Exports ``checkpoint_path`` into a new ``<export_dir_base>/<timestamp>/``; returns it."""
-    from supervisor.estimator.estimator import preserved_rng
-
-    os.makedirs(export_dir_base, exist_ok=True)
-    remove_crashed_exports(export_dir_base)
-    final = new_version_dir(export_dir_base, int(estimator.clock.time()))
-    tmp = os.path.join(export_dir_base, f".{os.path.basename(final)}.tmp-{socket.gethostname()}-{os.getpid()}-"
-                                        f"{os.urandom(8).hex()}")
-    os.makedirs(tmp)
-    try:
-        with preserved_rng():
-            model, step = estimator.load_model_copy(checkpoint_path)
-            _save_file(os.path.join(tmp, WEIGHTS_FILE), lambda f: torch.save(model.state_dict(), f))
-            _save_safetensors(model, os.path.join(tmp, SAFETENSORS_FILE), step,
-                              mode=stat.S_IMODE(os.stat(os.path.join(tmp, WEIGHTS_FILE)).st_mode))
-            if estimator.example_input is not None:
-                program = export_program(model, estimator.example_input)
-                _save_file(os.path.join(tmp, PROGRAM_FILE), lambda f: torch.export.save(program, f))
-        record = {"global_step": step, "checkpoint_path": checkpoint_path,
-                  "metrics": {k: v for k, v in (eval_result or {}).items() if k != "global_step"}}
-        _save_file(os.path.join(tmp, RESULT_FILE), lambda f: f.write(json.dumps(record, indent=2).encode()))
-        fsync_dir(tmp)
-        os.rename(tmp, final)
-        fsync_dir(export_dir_base)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    logger.info("exported the checkpoint of step %d to %s", step, final)
-    return final
-
-
-def export_program(model: torch.nn.Module, example_input: Any) -> Any:
-    """``torch.export`` of ``model`` on ``example_input`` (a tensor or a tuple of positional
-    arguments), with the first dimension of every tensor argument dynamic where the model allows
-    it (``Dim.AUTO``), so the program accepts other batch sizes than the example's."""
-    args = example_input if isinstance(example_input, tuple) else (example_input,)
-    dynamic = tuple({0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > 0 else None
-                    for a in args)
-    return torch.export.export(model, args, dynamic_shapes=dynamic)
-
-
-def _save_safetensors(model: torch.nn.Module, path: str, step: int, *, mode: int | None = None) -> None:
-    """``model.safetensors`` when the package is installed (else nothing), fsynced; ``mode``: the
-    file's permission bits (safetensors itself creates files 0600, unlike every other file of an
-    export)."""
-    try:
-        from safetensors.torch import save_model
-    except ImportError:
-        return
-    save_model(model, path, metadata={"global_step": str(step)})
-    if mode is not None:
-        os.chmod(path, mode)
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _save_file(path: str, fill: Callable[[Any], Any]) -> None:
-    with open(path, "xb") as f:
-        fill(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class Exporter:
-    """Base class: ``export(...)`` is called after each evaluation of `train_and_evaluate`.
-
-    Args:
-        name: the exporter's directory name under ``model_dir/export`` (one path component).
-        exports_to_keep: how many exports to keep (None: all); older ones are deleted.
-    """
-
-    def __init__(self, name: str, exports_to_keep: int | None = 5) -> None:
-        self._name = _check_name(name)
-        self._exports_to_keep = _check_exports_to_keep(exports_to_keep)
-        self._tidied: set[str] = set()
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
-               eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
-        """Exports (or not) the evaluated checkpoint; returns the export's path or None."""
-        raise NotImplementedError
-
-    def remove_leftovers(self, export_path: str) -> None:
-        """`remove_crashed_exports` on the first call for ``export_path`` in this process (each
-        export does it again), so a killed export's leftovers go even when nothing is exported."""
-        if export_path not in self._tidied:
-            remove_crashed_exports(export_path)
-            self._tidied.add(export_path)
-
-    def _export_and_collect(self, estimator: Estimator, export_path: str, checkpoint_path: str,
-                            eval_result: Mapping[str, Any]) -> str:
-        path = estimator.export(export_path, checkpoint_path, eval_result=eval_result)
-        self._garbage_collect(export_path)
-        return path
-
-    def _garbage_collect(self, export_path: str) -> None:
-        if self._exports_to_keep is None:
-            return
-        for _, path in list_exports(export_path)[:-self._exports_to_keep]:
-            aside = os.path.join(export_path, f".{os.path.basename(path)}.deleting-{os.urandom(8).hex()}")
-            os.rename(path, aside)  # atomic: readers never see a half-deleted export
-            shutil.rmtree(aside, ignore_errors=True)
-            logger.info("deleted the old export %s (exports_to_keep=%d)", path, self._exports_to_keep)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self._name!r})"
 
 
 class LatestExporter(Exporter):
@@ -190,7 +67,7 @@ class LatestExporter(Exporter):
     def __init__(self, name: str = "latest_exporter", exports_to_keep: int | None = 5) -> None:
         super().__init__(name, exports_to_keep)
 
-    def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
+    def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
         return self._export_and_collect(estimator, export_path, checkpoint_path, eval_result)
 
@@ -201,7 +78,7 @@ class FinalExporter(Exporter):
     def __init__(self, name: str = "final_exporter") -> None:
         super().__init__(name, exports_to_keep=None)
 
-    def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
+    def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
         self.remove_leftovers(export_path)
         if not is_the_final_export:
@@ -255,7 +132,7 @@ class BestExporter(Exporter):
         """The eval directory to read when none was given (set by `train_and_evaluate`)."""
         self._default_eval_dir = eval_dir
 
-    def export(self, estimator: Estimator, export_path: str, checkpoint_path: str,
+    def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
         self.remove_leftovers(export_path)
         current = dict(eval_result)
@@ -270,7 +147,7 @@ class BestExporter(Exporter):
         self._best = current  # only once exported: the bar is always something exported
         return path
 
-    def _recover(self, estimator: Estimator, export_path: str, current: dict[str, Any]) -> None:
+    def _recover(self, estimator: ExportTarget, export_path: str, current: dict[str, Any]) -> None:
         """Sets the best so far after a (re)start, exporting a better evaluation that has none."""
         eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
         evaluations = {step: dict(metrics, global_step=step) for step, metrics in read_eval_events(eval_dir).items()
@@ -288,7 +165,7 @@ class BestExporter(Exporter):
         if self._best is not None:
             logger.info("%s: the best evaluation so far is %s", self.name, self._best)
 
-    def _export_missing(self, estimator: Estimator, export_path: str, missing: dict[str, Any],
+    def _export_missing(self, estimator: ExportTarget, export_path: str, missing: dict[str, Any],
                         unknown: bool) -> None:
         checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"])
         if checkpoint is not None:
@@ -311,27 +188,6 @@ class BestExporter(Exporter):
             if best is None or self._compare_fn(best, result):
                 best = result
         return best
-
-
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name:
-        raise (ValueError if name == "" else TypeError)(
-            f"exporter name must be a non-empty string without {os.sep!r}, got {name!r}")
-    if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
-        raise ValueError(f"exporter name must be a single directory name under model_dir/export (no '/', not "
-                         f"'.' or '..'), got {name!r}; e.g. 'best_exporter'")
-    return name
-
-
-def _check_exports_to_keep(value: Any) -> int | None:
-    if value is None:
-        return None
-    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not (is_number and isinstance(value, numbers.Integral) and value > 0):
-        raise (ValueError if is_number else TypeError)(
-            f"`exports_to_keep`, if provided, must be a positive integer (or None to keep every export), "
-            f"got {value!r}")
-    return int(value)
 
 
 def _check_eval_dir(eval_dir: Any) -> str | None:

@@ -112,7 +112,7 @@ class EvalEventsFile:
 
     def write(self, metrics: Mapping[str, float], step: int) -> None:
         """Writes ``metrics`` (bare tags) as one event at ``step``."""
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # heavy (protobuf): on first use
 
         values = [summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
                   for tag, value in metrics.items()]
@@ -136,7 +136,7 @@ class EvalEventsFile:
 
 def _frame(data: bytes) -> bytes:
     """One TFRecord: length, its masked CRC-32C, the data, the data's masked CRC-32C."""
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # heavy: on first use
 
     header = struct.pack("<Q", len(data))
     return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
@@ -188,7 +188,7 @@ def read_eval_events(directory: str | os.PathLike) -> dict[int, dict[str, float]
     record, as TensorBoard does. Scalars are ``simple_value`` summaries (what `EvalEventsFile`
     and TensorFlow's evaluators write).
     """
-    from tensorboard.compat.proto import event_pb2
+    from tensorboard.compat.proto import event_pb2  # heavy (protobuf): on first use
 
     directory = os.fspath(directory)
     try:
@@ -238,7 +238,7 @@ def _read_regular(path: str) -> bytes:
 
 def _records(data: bytes, path: str) -> Iterator[bytes]:
     """The complete, intact TFRecords of ``data``, up to the first torn or damaged one."""
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # heavy: on first use
 
     offset = 0
     while offset + 12 <= len(data):

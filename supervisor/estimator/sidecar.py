@@ -44,9 +44,7 @@ import torch
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir, check_watched_directory
-from supervisor.checkpoint.format import META_KEY, RNG_KEY, STEP_KEY
-from supervisor.checkpoint.reading import CheckpointRead
-from supervisor.checkpoint.restore import Restored
+from supervisor.checkpoint import META_KEY, RNG_KEY, STEP_KEY, CheckpointRead, Restored
 from supervisor.clock import Clock
 from supervisor.creator import SessionCreator
 from supervisor.errors import CheckpointError
@@ -61,7 +59,7 @@ from supervisor.estimator.metrics import (
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
-__all__ = ["SidecarEvaluator", "eval_dir_for", "evaluate_batches", "evaluated_steps"]
+__all__ = ["SidecarEvaluator", "eval_dir_for", "evaluate_batches", "evaluated_steps", "model_entry"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,12 +175,9 @@ class SidecarEvaluator:
         return {**results, "global_step": checkpoint.step}
 
     def _load(self, checkpoint: CheckpointRead) -> None:
-        entry = checkpoint.payload.get("model")
-        if not isinstance(entry, Mapping):
-            names = [k for k in checkpoint.payload if k not in (META_KEY, RNG_KEY, STEP_KEY)]
-            raise CheckpointError(f"{checkpoint.path} (step {checkpoint.step}) has no 'model' entry (it has "
-                                  f"{names}); the trainer must save the model under the name 'model' "
-                                  "(model= of every front door)")
+        entry = model_entry(checkpoint.payload, f"{checkpoint.path} (step {checkpoint.step})",
+                            "the trainer must save the model under the name 'model' (model= of every front door)",
+                            CheckpointError)
         module = unwrap_module(self.model)
         try:
             module.load_state_dict(strip_wrapper_prefixes(entry, module.state_dict().keys()))
@@ -195,6 +190,17 @@ class SidecarEvaluator:
         if not isinstance(data, Iterable):
             raise TypeError(f"data() must return an iterable of batches, got {type(data).__name__}")
         return data
+
+
+def model_entry(payload: Mapping[str, Any], where: str, fix: str,
+                error: type[Exception] = ValueError) -> Mapping[str, Any]:
+    """A checkpoint payload's ``model`` entry (the model's state dict); when there is none,
+    ``error`` saying so about ``where``, with the entries it has and ``fix``."""
+    entry = payload.get("model")
+    if not isinstance(entry, Mapping):
+        names = [k for k in payload if k not in (META_KEY, RNG_KEY, STEP_KEY)]
+        raise error(f"{where} has no 'model' entry (it has {names}); {fix}")
+    return entry
 
 
 def evaluate_batches(model: torch.nn.Module, batches: Iterable[Any], *, steps: int | None = None,

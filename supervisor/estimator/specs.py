@@ -12,14 +12,16 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import os
 from typing import Any, Callable, Iterable
 
+from hooks.checkpoint import CheckpointSaverListener
+from supervisor import _validate as v
+from supervisor.estimator.exporter_base import Exporter
 from supervisor.hook import Hook
 
-__all__ = ["TrainSpec", "EvalSpec", "validate_eval_name"]
+__all__ = ["TrainSpec", "EvalSpec", "validate_eval_name", "validate_input_fn", "validate_hooks",
+           "validate_saving_listeners", "validate_exporters"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,7 @@ class TrainSpec:
 
     def __post_init__(self) -> None:
         validate_input_fn(self.input_fn)
-        _positive_or_none("max_steps", self.max_steps)
+        v.check_positive_or_none("max_steps", self.max_steps)
         object.__setattr__(self, "hooks", validate_hooks(self.hooks))
         object.__setattr__(self, "saving_listeners", validate_saving_listeners(self.saving_listeners))
 
@@ -71,12 +73,12 @@ class EvalSpec:
 
     def __post_init__(self) -> None:
         validate_input_fn(self.input_fn)
-        _positive_or_none("steps", self.steps)
+        v.check_positive_or_none("steps", self.steps)
         validate_eval_name(self.name)
         object.__setattr__(self, "hooks", validate_hooks(self.hooks))
         object.__setattr__(self, "exporters", validate_exporters(self.exporters))
-        _non_negative("start_delay_secs", self.start_delay_secs)
-        _non_negative("throttle_secs", self.throttle_secs)
+        v.check_seconds("start_delay_secs", self.start_delay_secs)
+        v.check_seconds("throttle_secs", self.throttle_secs)
 
 
 def validate_eval_name(name: Any) -> None:
@@ -98,7 +100,7 @@ def validate_input_fn(input_fn: Any) -> None:
 
 def validate_hooks(hooks: Any) -> tuple[Hook, ...]:
     """A tuple of `supervisor.Hook` instances (None: empty)."""
-    hooks = _as_tuple("hooks", hooks)
+    hooks = v.as_tuple("hooks", hooks)
     for hook in hooks:
         if not isinstance(hook, Hook):
             raise TypeError(f"All hooks must be `supervisor.Hook` instances, given: {hook!r}")
@@ -107,9 +109,7 @@ def validate_hooks(hooks: Any) -> tuple[Hook, ...]:
 
 def validate_saving_listeners(listeners: Any) -> tuple[Any, ...]:
     """A tuple of `hooks.CheckpointSaverListener` instances (None: empty)."""
-    from hooks.checkpoint import CheckpointSaverListener
-
-    listeners = _as_tuple("saving_listeners", listeners)
+    listeners = v.as_tuple("saving_listeners", listeners)
     for listener in listeners:
         if not isinstance(listener, CheckpointSaverListener):
             raise TypeError("All saving_listeners must be `hooks.CheckpointSaverListener` instances, "
@@ -119,8 +119,6 @@ def validate_saving_listeners(listeners: Any) -> tuple[Any, ...]:
 
 def validate_exporters(exporters: Any) -> tuple[Any, ...]:
     """An `Exporter`, an iterable of them, or None, as a tuple of uniquely named exporters."""
-    from supervisor.estimator.exporters import Exporter
-
     if isinstance(exporters, (str, bytes)):
         raise TypeError(f"`exporters` must be an Exporter, an iterable of Exporter, or `None`, given: {exporters!r}; "
                         "pass instances, e.g. exporters=[BestExporter()]")
@@ -147,31 +145,3 @@ def validate_exporters(exporters: Any) -> tuple[Any, ...]:
                              f"All exporter names: {[e.name for e in exporters]}")
         names.append(exporter.name)
     return exporters
-
-
-def _as_tuple(name: str, values: Any) -> tuple[Any, ...]:
-    if values is None:
-        return ()
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise TypeError(f"`{name}` must be a list of instances (or None), given: {values!r}; "
-                        "wrap a single one in a list")
-    return tuple(values)
-
-
-def _positive_or_none(name: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`{name}` must be an integer > 0 or None, given: {value!r}")
-    if value <= 0:
-        raise ValueError(f"Must specify {name} > 0, given: {value}")
-
-
-def _non_negative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
-        raise TypeError(f"`{name}` must be a number of seconds >= 0, given: {value!r}")
-    if value < 0:
-        raise ValueError(f"Must specify {name} >= 0, given: {value}")
-    if math.isinf(value):
-        raise ValueError(f"`{name}` must be a finite number of seconds, given: {value}; pass a large number "
-                         "of seconds instead")

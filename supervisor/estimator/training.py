@@ -39,12 +39,13 @@ from typing import Any, Iterable
 from hooks.checkpoint import CheckpointSaverListener
 from hooks.early_stopping import read_eval_metrics
 
-from supervisor.checkpoint.format import checkpoint_name
-from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
+from supervisor.checkpoint import CheckpointRead, checkpoint_name, read_checkpoint
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
+from supervisor.estimator.evaluation import EvaluationLoop, StopReason
 from supervisor.estimator.exporters import RESULT_FILE, BestExporter, list_exports
 from supervisor.estimator.run_config import TaskType
+from supervisor.estimator.sidecar import evaluated_steps
 from supervisor.estimator.specs import EvalSpec, TrainSpec
 
 __all__ = ["train_and_evaluate", "EvalResult", "Evaluator", "EvaluateAfterSaveListener", "exported_steps"]
@@ -286,9 +287,6 @@ def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,
     (a restarted evaluator). When the loop ends because the trainer marked the run finished, the
     last evaluated checkpoint is the final one: exporters that did not export it get it as final.
     """
-    from supervisor.estimator.evaluation import EvaluationLoop, StopReason
-    from supervisor.estimator.sidecar import evaluated_steps
-
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
     done_before = evaluated_steps(estimator.eval_dir(eval_spec.name))
     loop = EvaluationLoop(estimator.model_dir, evaluator.evaluate_and_export,

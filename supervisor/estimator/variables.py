@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.checkpoint.format import RNG_KEY
-from supervisor.checkpoint.reader import SEPARATOR, CheckpointReader
+from supervisor.checkpoint import RNG_KEY, SEPARATOR, CheckpointReader
 
 __all__ = ["variable_names", "variable_value"]
 

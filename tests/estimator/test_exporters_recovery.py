@@ -42,7 +42,7 @@ _TRAIN_AND_EVALUATE = """
 import os, signal, sys
 import torch
 from torch import nn
-from supervisor.estimator import BestExporter, Estimator, EvalSpec, RunConfig, TrainSpec, exporters
+from supervisor.estimator import BestExporter, Estimator, EvalSpec, RunConfig, TrainSpec, export_writer, exporters
 from supervisor.estimator import train_and_evaluate
 from tests.estimator.estimator_toy import batches, endless
 
@@ -71,12 +71,12 @@ def eval_step(model, batch):  # every later checkpoint evaluates worse: the firs
     return {"loss": model.steps.clone()}
 
 if sys.argv[2] == "kill":
-    save = exporters._save_file
+    save = export_writer._save_file
     def dying_save(path, fill):
         save(path, fill)
         if path.endswith(exporters.WEIGHTS_FILE):  # the first export is half written
             os.kill(os.getpid(), signal.SIGKILL)
-    exporters._save_file = dying_save
+    export_writer._save_file = dying_save
 
 config = RunConfig(sys.argv[1], save_checkpoints_steps=5, log_step_count_steps=0, save_summary_steps=0)
 est = Estimator(model=model, optimizer=optimizer, train_step=train_step, eval_step=eval_step, config=config)
@@ -169,7 +169,7 @@ def test_best_exporter_removes_a_killed_exports_temp_even_when_not_exporting(est
 
 _KILLED_GC = """
 import os, signal, sys
-from supervisor.estimator import LatestExporter, exporters
+from supervisor.estimator import LatestExporter, exporter_base
 from tests.estimator.estimator_toy import endless, make_estimator
 
 est = make_estimator(sys.argv[1])
@@ -177,14 +177,14 @@ est.train(endless(), max_steps=5)
 exporter = LatestExporter("latest", exports_to_keep=1)
 path = os.path.join(est.model_dir, "export", "latest")
 exporter.export(est, path, est.latest_checkpoint(), {"loss": 1.0, "global_step": 5}, False)
-rmtree = exporters.shutil.rmtree
+rmtree = exporter_base.shutil.rmtree
 
 def dying_rmtree(target, *args, **kwargs):
     if ".deleting-" in os.path.basename(target):  # the old export is renamed aside, not yet deleted
         os.kill(os.getpid(), signal.SIGKILL)
     return rmtree(target, *args, **kwargs)
 
-exporters.shutil.rmtree = dying_rmtree
+exporter_base.shutil.rmtree = dying_rmtree
 exporter.export(est, path, est.latest_checkpoint(), {"loss": 1.0, "global_step": 5}, False)
 """
 

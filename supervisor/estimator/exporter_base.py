@@ -1,0 +1,98 @@
+"""`Exporter`, the base class of the exporters (`supervisor.estimator.exporters`), and
+`ExportTarget`, what an exporter needs of the `Estimator` it exports from. Below both the specs
+(which check that exporters are `Exporter` instances) and the exporters."""
+from __future__ import annotations
+
+import logging
+import numbers
+import os
+import shutil
+from typing import Any, Mapping, Protocol
+
+from supervisor.estimator.export_files import list_exports, remove_crashed_exports
+
+__all__ = ["Exporter", "ExportTarget"]
+
+logger = logging.getLogger(__name__)
+
+
+class ExportTarget(Protocol):
+    """What an `Exporter` uses of an `Estimator`: where it trains, where evaluations write, and
+    its `export`."""
+
+    @property
+    def model_dir(self) -> str: ...
+
+    def eval_dir(self, name: str | None = None) -> str: ...
+
+    def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
+               eval_result: Mapping[str, Any] | None = None) -> str: ...
+
+
+class Exporter:
+    """Base class: ``export(...)`` is called after each evaluation of `train_and_evaluate`.
+
+    Args:
+        name: the exporter's directory name under ``model_dir/export`` (one path component).
+        exports_to_keep: how many exports to keep (None: all); older ones are deleted.
+    """
+
+    def __init__(self, name: str, exports_to_keep: int | None = 5) -> None:
+        self._name = _check_name(name)
+        self._exports_to_keep = _check_exports_to_keep(exports_to_keep)
+        self._tidied: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
+               eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
+        """Exports (or not) the evaluated checkpoint; returns the export's path or None."""
+        raise NotImplementedError
+
+    def remove_leftovers(self, export_path: str) -> None:
+        """`remove_crashed_exports` on the first call for ``export_path`` in this process (each
+        export does it again), so a killed export's leftovers go even when nothing is exported."""
+        if export_path not in self._tidied:
+            remove_crashed_exports(export_path)
+            self._tidied.add(export_path)
+
+    def _export_and_collect(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
+                            eval_result: Mapping[str, Any]) -> str:
+        path = estimator.export(export_path, checkpoint_path, eval_result=eval_result)
+        self._garbage_collect(export_path)
+        return path
+
+    def _garbage_collect(self, export_path: str) -> None:
+        if self._exports_to_keep is None:
+            return
+        for _, path in list_exports(export_path)[:-self._exports_to_keep]:
+            aside = os.path.join(export_path, f".{os.path.basename(path)}.deleting-{os.urandom(8).hex()}")
+            os.rename(path, aside)  # atomic: readers never see a half-deleted export
+            shutil.rmtree(aside, ignore_errors=True)
+            logger.info("deleted the old export %s (exports_to_keep=%d)", path, self._exports_to_keep)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self._name!r})"
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise (ValueError if name == "" else TypeError)(
+            f"exporter name must be a non-empty string without {os.sep!r}, got {name!r}")
+    if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+        raise ValueError(f"exporter name must be a single directory name under model_dir/export (no '/', not "
+                         f"'.' or '..'), got {name!r}; e.g. 'best_exporter'")
+    return name
+
+
+def _check_exports_to_keep(value: Any) -> int | None:
+    if value is None:
+        return None
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (is_number and isinstance(value, numbers.Integral) and value > 0):
+        raise (ValueError if is_number else TypeError)(
+            f"`exports_to_keep`, if provided, must be a positive integer (or None to keep every export), "
+            f"got {value!r}")
+    return int(value)
