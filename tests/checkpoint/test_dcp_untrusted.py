@@ -78,8 +78,19 @@ def planted(request, tmp_path_factory):
             pickle.dump(Evil(marker), f)
         rewrite_manifest_for(path, ".metadata")
     else:
-        train_sharded(logdir, steps=4, extra={"extra": EvilEntry(marker)})
-        path = os.path.join(logdir, "model.ckpt-4")
+        # the front doors refuse to write an entry that would not load (issue 22.19), so the
+        # planted checkpoint is written as an attacker's would be: by a bare manager, unchecked
+        train_sharded(logdir, steps=3)
+        manager = ShardedCheckpointManager(logdir, save_mode="sync")
+        manager.open()
+        try:
+            model = make_model(8)
+            evil = TrainingState({"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),
+                                  "extra": EvilEntry(marker)})
+            path = manager.save(4, evil, wait=True)
+        finally:
+            manager.close()
+        assert path == os.path.join(logdir, "model.ckpt-4")
     assert not os.path.exists(marker)
     return logdir, path, marker, request.param
 
