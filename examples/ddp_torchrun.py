@@ -70,6 +70,8 @@ def main(argv: Sequence[str] | None = None, extra_hooks: Sequence[Any] = ()) -> 
         # gradients of 3+ ranks in another order than the uninterrupted run (gloo's ring
         # all-reduce: ~1e-8 differences). With it, restarts are bit-exact on any number of ranks.
         model = DistributedDataParallel(net, find_unused_parameters=True)
+        # DDP then prints a C++ warning once per rank, "find_unused_parameters=True was specified
+        # ... but did not find any unused parameters": expected here, the flag is for the layout.
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         torch.manual_seed(100 + rank)  # each rank its own dropout stream (checkpointed per rank)
 
