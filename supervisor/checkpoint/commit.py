@@ -19,7 +19,6 @@ several writers can share (distributed checkpoints); serialisation is
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
