@@ -19,7 +19,6 @@ several writers can share (distributed checkpoints); serialisation is
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
@@ -37,6 +36,7 @@ from supervisor.checkpoint.format import (
 from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.temp import CommitResult, TempCheckpoint, remove_tree
+from supervisor.checkpoint.verify import check_checkpoint
 from supervisor.errors import CheckpointError
 
 __all__ = ["CommitResult", "write_checkpoint", "deletable_problem", "remove_checkpoint", "move_aside", "remove_tree",
@@ -60,27 +60,7 @@ def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall
     except BaseException:
         temp.discard()
         raise
-    return temp.finalize(step=step, wall_time=wall_time, world_size=world_size, opener=opener,
-                         rename=_rename_into_place)
-
-
-def _rename_into_place(tmp: str, final: str) -> None:
-    """Renames a sealed temp directory to its committed name (every commit goes through here).
-
-    Re-saving a step that is already committed (e.g. after a hand rollback) moves the old one
-    aside first, so the name always holds a complete checkpoint or none.
-    """
-    try:
-        os.rename(tmp, final)
-        return
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
-            raise
-    logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
-    aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
-    os.rename(final, aside)
-    os.rename(tmp, final)
-    remove_tree(aside)
+    return temp.finalize(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
 
 
 def deletable_problem(directory: str, name: str, basename: str | None = None) -> str | None:
@@ -150,15 +130,13 @@ def move_aside(path: str, basename: str | None = None) -> str | None:
 def recover_interrupted_replacements(directory: str, indexed: Iterable[str]) -> list[str]:
     """Puts back a checkpoint the index names but a crash left only under a transient name.
 
-    Re-saving a committed step (`_rename_into_place`) renames the committed directory to
+    Re-saving a committed step (`supervisor.checkpoint.temp.rename_into_place`) renames the committed directory to
     ``<name>.deleting-*`` before renaming the sealed ``<name>.tmp-*`` into place, and retention
     moves a checkpoint aside before it rewrites the index; a kill in between leaves the index
     naming ``<name>`` while complete copies sit under transient names. Before those are cleaned
     up, the newest copy that verifies in full (the sealed temp, else the moved-aside one) is
     renamed back to ``<name>``, with a WARNING. Returns the recovered names.
     """
-    from supervisor.checkpoint.restore import check_checkpoint  # restore imports this module
-
     try:
         names = os.listdir(directory)
     except FileNotFoundError:

@@ -3,7 +3,7 @@
 Every rank has a manager; each save is a collective (every rank calls ``save`` at the same step,
 which the `CollectiveAgreement` guarantees) through the commit protocol of
 `supervisor.checkpoint.dcp_commit`. Restores are decided by the chief (verified, §5.4) and
-loaded by every rank (`supervisor.checkpoint.dcp.restore_sharded`, resharding as needed).
+loaded by every rank (`supervisor.checkpoint.dcp_io.restore_sharded`, resharding as needed).
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import time
 from typing import Any, Callable
 
 from supervisor import distributed
+from supervisor._validate import check_choice, check_number
 from supervisor.checkpoint import dcp_commit
-from supervisor.checkpoint.dcp import build_state_dict, choose_checkpoint, restore_sharded
+from supervisor.checkpoint.dcp_io import build_state_dict, choose_checkpoint, restore_sharded
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.options import check_capture
@@ -25,6 +26,10 @@ from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon
 from supervisor.checkpoint.creator import ManagedCheckpointCreator
+from supervisor.checkpoint.manager import CheckpointManager
+from supervisor.clock import resolve_clock
+from supervisor.distributed import restore as restore_channel
+from supervisor.distributed.restore import RestoreDecision
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
 from supervisor.rng import capture_rng_state
@@ -131,10 +136,6 @@ class ShardedCheckpointManager(ManagerCommon):
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
                  clock: Any = None, capture: str = "auto", copier: Any = None) -> None:
-        from supervisor._validate import check_choice, check_number
-        from supervisor.checkpoint.manager import CheckpointManager
-        from supervisor.clock import resolve_clock
-
         self._chief = distributed.rank() == 0
         inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
@@ -317,22 +318,21 @@ class ShardedCheckpointManager(ManagerCommon):
     # ---------------------------------------------------------------- restoring and closing
     def restore(self, state: TrainingState) -> Restored | None:
         """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
-        from supervisor.distributed import restore as channel
-
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
         if not distributed.is_distributed():
             choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
         elif self._chief:
-            key = channel.next_key()
+            key = restore_channel.next_key()
             try:
                 choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
             except BaseException as e:
-                channel.publish_decision(key, channel.RestoreDecision(error=f"{type(e).__name__}: {e}"))
+                restore_channel.publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
                 raise
-            channel.publish_decision(key, channel.RestoreDecision(*choice) if choice else channel.RestoreDecision())
+            restore_channel.publish_decision(key, RestoreDecision(*choice) if choice else RestoreDecision())
         else:
-            decision = channel.await_decision(channel.next_key(), max_wait_secs=self.max_wait_secs, clock=self._clock)
+            decision = restore_channel.await_decision(restore_channel.next_key(), max_wait_secs=self.max_wait_secs,
+                                                      clock=self._clock)
             if decision.error is not None:
                 raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
                                       f"failed with {decision.error}")

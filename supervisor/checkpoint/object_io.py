@@ -10,18 +10,31 @@ import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
-if TYPE_CHECKING:  # for annotations only: object_store imports this module
-    from supervisor.checkpoint.object_store import ObjectStoreStorage
-
-__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot"]
+__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot", "ObjectStore"]
 
 logger = logging.getLogger(__name__)
+
+
+class ObjectStore(Protocol):
+    """What these readers and writers need of a store (`supervisor.checkpoint.object_store.
+    ObjectStoreStorage` is one; declared here so that this module never imports it)."""
+
+    part_size: int
+    max_concurrency: int
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any: ...
+
+    def create_exclusive(self, path: str, data: bytes) -> Any: ...
+
+    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None) -> bytes: ...
+
+    def isdir(self, path: str) -> bool: ...
 
 
 class MultipartWriter:
@@ -34,7 +47,7 @@ class MultipartWriter:
     uploads are raised by the next ``write``/``sync``.
     """
 
-    def __init__(self, storage: ObjectStoreStorage, path: str) -> None:
+    def __init__(self, storage: ObjectStore, path: str) -> None:
         self.storage = storage
         self.path = path
         self.nbytes = 0
@@ -132,7 +145,7 @@ class ObjectReader(io.RawIOBase):
     """A seekable binary reader of one version of an object: every ``readinto`` is one ranged
     ``GetObject`` with ``If-Match: <etag>``, so the bytes all come from the version listed."""
 
-    def __init__(self, storage: ObjectStoreStorage, path: str, size: int, etag: str) -> None:
+    def __init__(self, storage: ObjectStore, path: str, size: int, etag: str) -> None:
         super().__init__()
         self.storage = storage
         self.path = path
@@ -171,7 +184,7 @@ class ObjectSnapshot:
     """Readers of a directory's objects at the versions one listing saw (see
     `supervisor.checkpoint.storage_base.Snapshot`)."""
 
-    def __init__(self, storage: ObjectStoreStorage, directory: str, listing: Mapping[str, ObjectInfo],
+    def __init__(self, storage: ObjectStore, directory: str, listing: Mapping[str, ObjectInfo],
                  names: Iterable[str]) -> None:
         self.storage = storage
         self.directory = directory

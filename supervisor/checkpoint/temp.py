@@ -34,7 +34,14 @@ from typing import Any, Callable, Mapping
 import torch
 
 from supervisor.checkpoint.fileio import ChecksumWriter, Opener, checksum_file, default_opener, fsync_dir
-from supervisor.checkpoint.format import MANIFEST_FILE, FileRecord, Manifest, temp_name, transient_base
+from supervisor.checkpoint.format import (
+    MANIFEST_FILE,
+    FileRecord,
+    Manifest,
+    deleting_name,
+    temp_name,
+    transient_base,
+)
 
 __all__ = ["CommitResult", "TempCheckpoint", "remove_tree", "rename_into_place"]
 
@@ -173,12 +180,23 @@ def _fsync_file(path: str) -> None:
 
 
 def rename_into_place(tmp: str, final: str) -> None:
-    """Renames a sealed temp directory to its committed name; a committed one of the same name
-    is moved aside first (`supervisor.checkpoint.commit._rename_into_place`, where crash tests
-    interpose on it)."""
-    from supervisor.checkpoint import commit  # commit imports this module
+    """Renames a sealed temp directory to its committed name (every commit goes through here;
+    crash tests interpose on ``supervisor.checkpoint.temp.rename_into_place``).
 
-    commit._rename_into_place(tmp, final)
+    Re-saving a step that is already committed (e.g. after a hand rollback) moves the old one
+    aside first, so the name always holds a complete checkpoint or none.
+    """
+    try:
+        os.rename(tmp, final)
+        return
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
+            raise
+    logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
+    aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
+    os.rename(final, aside)
+    os.rename(tmp, final)
+    remove_tree(aside)
 
 
 def remove_tree(path: str) -> None:

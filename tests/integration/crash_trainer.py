@@ -138,9 +138,9 @@ class _SeamedOs:
 
 def install_seams(seam: Seam) -> None:
     """Wraps the library functions that perform each phase of a save (see the module doc)."""
-    from supervisor.checkpoint import commit, index, manager
+    from supervisor.checkpoint import commit, index, manager, temp
 
-    for module in (index, commit):
+    for module in (index, commit, temp):
         if getattr(module, "os", None) is not os:
             raise SystemExit(f"crash_trainer: {module.__name__} no longer uses os; update the kill points")
         module.os = _SeamedOs(seam)  # type: ignore[assignment]
@@ -188,7 +188,7 @@ def install_seams(seam: Seam) -> None:
 
     _replace(manager, "capture_rng_state", capture)
     _replace(commit, "default_opener", opener)
-    _replace(commit, "_rename_into_place", rename)
+    _replace(temp, "rename_into_place", rename)
     _replace(manager, "move_aside", move_aside)
     _replace(manager, "remove_tree", remove_tree)
 
