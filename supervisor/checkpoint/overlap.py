@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -289,6 +290,8 @@ class PendingCopy:
         self._versions = [t._version for t in src]
         self._fingerprints = _fingerprint(src)
         self._owner = threading.current_thread()
+        self._boundary_time = time.perf_counter()
+        self._settled_how = "not settled"
         self._lock = threading.Lock()
         self._settled = threading.Event()
         self._evidence: tuple[list[str], list[tuple[list[int], torch.Tensor, Any]]] = ([], [])
@@ -299,22 +302,23 @@ class PendingCopy:
         """``step()`` / ``load_state_dict()``: whichever thread is about to write settles (on
         CUDA its own current stream, which runs the write, then waits for the copy). Returns
         None: the hooked call goes on unchanged."""
-        self.settle()
+        self.settle(how="an optimizer step() / load_state_dict() pre-hook")
 
     def _before_read(self, *args: Any, **kwargs: Any) -> None:
         """``state_dict()``: on the training thread, a settle; another thread (a summary
         service reading the model) only waits for the copy on the host and leaves the settle,
         whose stream wait and evidence follow the training thread's stream, to that thread."""
         if threading.current_thread() is self._owner:
-            self.settle()
+            self.settle(how="a state_dict() pre-hook")
         elif not self._settled.is_set():
             try:
                 self._job.wait_host()
             except Exception:  # noqa: BLE001 - the copy's failure is the writer's to report
                 pass
 
-    def settle(self) -> None:
-        """Makes the training side wait for the copy and records what moved since the boundary."""
+    def settle(self, how: str = "the checkpoint manager (save/wait/restore/close)") -> None:
+        """Makes the training side wait for the copy and records what moved since the boundary;
+        ``how``: who settles, named with the thread and the time when a save is discarded."""
         if self._settled.is_set():
             return
         with self._lock:
@@ -330,6 +334,8 @@ class PendingCopy:
                     changed.append(_to_host(differs, device, indices))
             self._evidence = (moved, changed)
             self._fingerprints = {}
+            self._settled_how = (f"settled by {how} on thread {threading.current_thread().name!r} "
+                                 f"{time.perf_counter() - self._boundary_time:.3f} s after the boundary")
             self._settled.set()
 
     def outcome(self) -> list[str]:
@@ -344,13 +350,16 @@ class PendingCopy:
         self._job.wait_host()
         while not self._settled.wait(_SETTLE_POLL_SECS):
             if not self._owner.is_alive():  # the training thread is gone: nothing writes any more
-                self.settle()
+                self.settle(how="the writer (the training thread had ended)")
         moved, changed = self._evidence
         names = list(moved)
         for indices, host, event in changed:
             if event is not None:
                 event.synchronize()
             names.extend(self._names[indices[j]] for j in host.nonzero().flatten().tolist())
+        if names:  # what a report of a discarded save needs to tell a real write from a race
+            logger.warning("the overlapped copy that found %d tensor(s) changed was %s", len(set(names)),
+                           self._settled_how)
         return list(dict.fromkeys(names))
 
     def release(self) -> None:
