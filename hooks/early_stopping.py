@@ -12,7 +12,6 @@ Example: stop once accuracy exceeds 0.9, or once the loss has not improved for 5
 """
 from __future__ import annotations
 
-import glob
 import logging
 import numbers
 import operator
@@ -22,6 +21,7 @@ from typing import Any, Callable
 from supervisor._paths import check_path
 from supervisor._validate import check_callable, check_int
 from supervisor.clock import Clock
+from supervisor.events import read_scalars
 from supervisor.hook import Hook, RunContext, RunValues
 
 from hooks._common import check_schedule
@@ -186,30 +186,10 @@ def _no_improvement_hook(source: Any, metric_name: str, max_steps: int, is_bette
 def read_eval_metrics(eval_dir: str) -> dict[int, dict[str, float]]:
     """Reads the scalar summaries of every events file in ``eval_dir`` as ``{step: {tag: value}}``,
     sorted by step (later events win for the same step and tag). A missing directory reads as
-    no evaluations."""
-    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
-
-    by_step: dict[int, dict[str, float]] = {}
-    for path in sorted(glob.glob(os.path.join(glob.escape(eval_dir), "events.out.tfevents.*"))):
-        for event in LegacyEventFileLoader(path).Load():
-            if not event.HasField("summary"):
-                continue
-            metrics = {v.tag: value for v in event.summary.value if (value := _scalar_value(v)) is not None}
-            if metrics:
-                by_step.setdefault(event.step, {}).update(metrics)
-    return dict(sorted(by_step.items()))
-
-
-def _scalar_value(value: Any) -> float | None:
-    if value.HasField("simple_value"):
-        return value.simple_value
-    if value.HasField("tensor"):  # TF2-style scalar summaries
-        from tensorboard.util import tensor_util
-
-        array = tensor_util.make_ndarray(value.tensor)
-        if array.size == 1 and array.dtype.kind in "fiu":
-            return float(array.reshape(()))
-    return None
+    no evaluations. The project's one reader, `supervisor.events.read_scalars`: regular files
+    only (a FIFO named like an events file is skipped with a WARNING, never waited on), each up
+    to its first torn record."""
+    return read_scalars(eval_dir)
 
 
 def _metric(metrics: dict[str, float], name: str, step: int, directory: str) -> float:

@@ -22,10 +22,11 @@ import time
 import weakref
 from typing import Any
 
-from supervisor._event_file import EventFile
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
+from supervisor.events.record import protos, scalars_event, session_log_event, version_event
+from supervisor.events.writer import EventFile
 
 __all__ = ["SummaryWriter", "SummaryWriterCache", "SESSION_LOG_STATUSES"]
 
@@ -46,8 +47,8 @@ class SummaryWriter:
     Values are checked and read on the caller's thread (a tensor's value as of the call; a bad
     tag or value raises there); the events are built, serialised and written in batches by a
     background thread every ``flush_secs`` (or once ``max_queue`` wait), in TensorBoard's format
-    (`_event_file`: tensorboard's own writer wakes a thread per event, which a training loop pays
-    for). Why the protobufs are built on the writer thread: measured in a training loop on the
+    (`supervisor.events.writer`: tensorboard's own writer wakes a thread per event, which a
+    training loop pays for). Why the protobufs are built on the writer thread: measured in a training loop on the
     project's machine, code a step runs once per 100 steps runs from cold caches — building and
     serialising one scalar ``Event`` there took ~75 µs against ~3 µs back to back, and the
     training step after it ran ~70 µs slower while its own data came back. Queuing a tuple
@@ -68,16 +69,11 @@ class SummaryWriter:
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)
         check_int("max_queue", max_queue, minimum=1)
-        # Imported here: the protobuf modules cost ~100 ms, paid only by sessions that write.
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
-        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+        protos()  # loaded here (~100 ms, paid only by sessions that write), not on the writer thread
         self.logdir = os.fspath(logdir)
         os.makedirs(self.logdir, exist_ok=True)
-        version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
-                                  source_metadata=event_pb2.SourceMetadata(writer="torch-supervisor"))
         self._writer = EventFile(self.logdir, filename_suffix, flush_secs=flush_secs, max_queue=max_queue,
-                                 first=version.SerializeToString(), encode=self._encode)
+                                 first=version_event(time.time(), writer="torch-supervisor"), encode=self._encode)
         self._closed = False
         _OPEN_WRITERS.add(self)
 
@@ -136,18 +132,14 @@ class SummaryWriter:
         self._writer.add((wall_time, step, kind, payload))
 
     def _encode(self, item: tuple) -> bytes:
-        """The serialised ``Event`` of one queued ``(wall_time, step, kind, payload)``."""
+        """The serialised ``Event`` of one queued ``(wall_time, step, kind, payload)``. A bound
+        method on purpose: the writer thread holding it keeps a dropped writer alive (see
+        ``_OPEN_WRITERS``)."""
         wall_time, step, kind, payload = item
         if kind == "scalars":
-            value = self._summary_pb2.Summary.Value
-            summary = self._summary_pb2.Summary(value=[value(tag=tag, simple_value=x) for tag, x in payload])
-            event = self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
-        else:
-            status, path, msg = payload
-            session_log = self._event_pb2.SessionLog(
-                status=self._event_pb2.SessionLog.SessionStatus.Value(status), checkpoint_path=path, msg=msg)
-            event = self._event_pb2.Event(wall_time=wall_time, step=step, session_log=session_log)
-        return event.SerializeToString()
+            return scalars_event(wall_time, step, payload)
+        status, path, msg = payload
+        return session_log_event(wall_time, step, status, path, msg)
 
 
 class SummaryWriterCache:

@@ -18,7 +18,7 @@ import struct
 from typing import Any, Mapping
 
 from supervisor.checkpoint import get_checkpoint_state, read_manifest
-from supervisor.estimator.metrics import open_regular_file
+from supervisor.events import open_regular_file
 
 __all__ = ["WEIGHTS_FILE", "PROGRAM_FILE", "SAFETENSORS_FILE", "RESULT_FILE", "list_exports", "new_version_dir",
            "remove_crashed_exports", "read_export_record", "export_step", "exported_results", "checkpoint_of_step"]

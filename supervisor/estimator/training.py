@@ -37,7 +37,6 @@ import os
 from typing import Any, Iterable
 
 from hooks.checkpoint import CheckpointSaverListener
-from hooks.early_stopping import read_eval_metrics
 
 from supervisor.checkpoint import CheckpointRead, checkpoint_name, read_checkpoint
 from supervisor.errors import CheckpointNotFoundError
@@ -47,6 +46,7 @@ from supervisor.estimator.exporters import RESULT_FILE, BestExporter, list_expor
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.sidecar import evaluated_steps
 from supervisor.estimator.specs import EvalSpec, TrainSpec
+from supervisor.events import read_scalars
 
 __all__ = ["train_and_evaluate", "EvalResult", "Evaluator", "EvaluateAfterSaveListener", "exported_steps"]
 
@@ -225,7 +225,7 @@ def _run_local(estimator: Estimator, train_spec: TrainSpec,
                 "frequency is determined based on RunConfig arguments: save_checkpoints_steps %s or "
                 "save_checkpoints_secs %s.", config.save_checkpoints_steps, config.save_checkpoints_secs)
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
-    recorded = read_eval_metrics(estimator.eval_dir(eval_spec.name))  # the record of what was evaluated
+    recorded = read_scalars(estimator.eval_dir(eval_spec.name))  # the record of what was evaluated
     start_path = estimator.latest_checkpoint()
     start_step = None if start_path is None else estimator.checkpoint_step(start_path)
     listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs, start_step=start_step or 0,

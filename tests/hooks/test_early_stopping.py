@@ -114,3 +114,27 @@ def test_unknown_metric_names_the_available_ones(eval_dir):
         run_steps([hooks.stop_if_higher_hook(eval_dir, "acc", 0.6)], 1)
     assert 'metric "acc"' in error.value.args[0]
     assert "at step 1000" in error.value.args[0] and "['accuracy', 'loss']" in error.value.args[0]
+
+
+def test_read_eval_metrics_never_blocks_on_a_fifo_named_like_an_events_file(tmp_path, caplog):
+    """A FIFO among the events files is skipped with a WARNING, not opened (TensorBoard's loader
+    used to wait on it forever); the events file beside it is still read."""
+    import os
+    import threading
+
+    eval_dir = tmp_path / "eval"
+    with SummaryWriter(str(eval_dir)) as writer:
+        writer.add_scalars({"loss": 0.5}, 10)
+    fifo = str(eval_dir / "events.out.tfevents.9999999999.host.1.eval")
+    os.mkfifo(fifo)
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(result=read_eval_metrics(str(eval_dir))), daemon=True)
+    thread.start()
+    thread.join(20)
+    blocked = thread.is_alive()
+    if blocked:  # release the reader (open the FIFO's other end) so the test fails instead of hanging
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(20)
+    assert not blocked, "read_eval_metrics blocked opening a FIFO"
+    assert box["result"] == {10: {"loss": 0.5}}
+    assert "not a regular file" in caplog.text
