@@ -2,12 +2,15 @@
 
 Verification (verify.py) checks what the commit protocol promised: the manifest is there, every
 file it lists is a regular file with the recorded size and (``verify="full"``) checksum; a
-checkpoint deleted while it is read raises `CheckpointVanishedError`, never "corrupt". The checksum pass reads the file
-once, on parallel threads (`supervisor.checkpoint.fileio.checksum_file`), while ``torch.load``
-reads it into memory on the calling thread; the objects are handed out only if every checksum
-matches. Nothing is memory-mapped: a file truncated while it is mapped kills the process with
-SIGBUS (issue 21), while a read that comes up short is reported as damage. (Mapping saved the
-copy into the loaded tensors: ~0.35 s against ~0.6 s for 1 GiB on the project's 2-core machine.)
+checkpoint deleted while it is read raises `CheckpointVanishedError`, never "corrupt".
+
+Loading (`load_verified`, and the evaluator's `supervisor.checkpoint.reading.read_checkpoint`)
+reads ``state.pt`` once into a sealed private copy in memory, computing its CRC-32 on the way
+(`supervisor.checkpoint.private_copy`), and unpickles it only once size and checksum match. A
+restore then maps that copy (``torch.load(mmap=True)``): the modules copy their weights straight
+from it, with no intermediate copy. The checkpoint file itself is never mapped: a file truncated
+while it is mapped kills the process with SIGBUS (issue 21), while a read that comes up short is
+reported as damage, and nobody can truncate the sealed copy.
 
 Loading is always ``torch.load(..., weights_only=True)``. A checkpoint that needs another global
 is refused with a `CheckpointError` naming the global and the ``trusted_globals=[...]`` opt-in,
