@@ -9,16 +9,20 @@
    files, but on POSIX an open descriptor keeps the inode and its data, so the read can neither
    lose bytes mid-way nor mix files of two checkpoints (a writer never rewrites a committed
    file in place: it writes a new temp directory and renames it).
-2. reads each file once into memory, computing its CRC-32 as it goes (the manifest's checksum,
-   `supervisor.checkpoint.fileio`), and compares size and checksum with the manifest;
-3. only then unpickles ``state.pt`` from that memory with ``torch.load(weights_only=True)``
+2. reads each file once into a private copy in memory, computing its CRC-32 as it goes (the
+   manifest's checksum; `supervisor.checkpoint.private_copy`: for ``state.pt`` a sealed memory
+   file nobody can truncate), and compares size and checksum with the manifest;
+3. only then unpickles ``state.pt`` from that copy with ``torch.load(weights_only=True,
+   mmap=True)`` (the tensors are views of the copy: no second copy; ``mapped``)
    (`supervisor.checkpoint.restore.safe_torch_load`: ``trusted_globals`` opt-in, never unsafe
    unpickling), and checks that the payload's ``global_step`` is the manifest's step — or
    assembles a sharded checkpoint from those bytes (below).
 
 Bytes read per checkpoint = its size (1.0×); the previous verify-then-load path read it twice.
-Peak memory is about twice ``state.pt`` while ``torch.load`` copies each record out of the
-buffer into its tensor (the buffer is released right after).
+Memory: about ``state.pt``'s size (the copy the tensors are views of; it is freed with the last
+of them). Where ``memfd_create`` is missing, the copy is a ``bytearray`` and ``torch.load``
+copies each record out of it into its tensor (peak about twice the size, the buffer released
+right after). It is the same loader a restore uses (`supervisor.checkpoint.restore.load_private_copy`).
 
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
@@ -98,6 +102,7 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
     finally:
         os.close(dir_fd)
     bytes_read = manifest_bytes + sum(copy.size for copy in contents.values())
+    mapped = STATE_FILE in contents and contents[STATE_FILE].path is not None  # views of the private copy
     if STATE_FILE in contents:
         payload = _load(path, manifest, contents.pop(STATE_FILE), trusted_globals, map_location)
     else:  # a sharded checkpoint (_open_listed let only those through)
@@ -106,7 +111,7 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
         payload = load_payload(path, manifest.step, {name: copy.data for name, copy in contents.items()},
                                trusted_globals=trusted_globals, map_location=map_location)
     del contents
-    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=True,
+    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=mapped,
                           bytes_read=bytes_read, deleted_while_reading=deleted)
 
 

@@ -130,3 +130,18 @@ def test_a_restore_survives_the_checkpoint_file_being_truncated_after_the_verifi
     assert done.returncode != -signal.SIGBUS, "the restore was killed by SIGBUS"
     assert done.returncode == 0, done.stderr
     assert "restored:" in done.stdout and "equal: True" in done.stdout, done.stdout
+
+
+def test_restore_and_the_evaluators_read_load_the_same_through_either_form(tmp_path, form):
+    import supervisor
+    from supervisor.checkpoint.reading import read_checkpoint
+    from supervisor.checkpoint.restore import load_verified
+
+    model = torch.nn.Linear(64, 32)
+    with supervisor.CheckpointManager(str(tmp_path), save_mode="sync") as manager:
+        manager.save(3, supervisor.TrainingState.from_arguments(model=model))
+    path = str(tmp_path / "model.ckpt-3")
+    for loaded, mapped in ((load_verified(path, mmap=True), form == "memfd"), (load_verified(path), False),
+                           (read_checkpoint(path), form == "memfd")):
+        assert loaded.step == 3 and loaded.mapped == mapped
+        assert torch.equal(loaded.payload["model"]["weight"], model.weight.detach())
