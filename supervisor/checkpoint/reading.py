@@ -9,16 +9,20 @@
    files, but on POSIX an open descriptor keeps the inode and its data, so the read can neither
    lose bytes mid-way nor mix files of two checkpoints (a writer never rewrites a committed
    file in place: it writes a new temp directory and renames it).
-2. reads each file once into memory, computing its CRC-32 as it goes (the manifest's checksum,
-   `supervisor.checkpoint.fileio`), and compares size and checksum with the manifest;
-3. only then unpickles ``state.pt`` from that memory with ``torch.load(weights_only=True)``
+2. reads each file once into a private copy in memory, computing its CRC-32 as it goes (the
+   manifest's checksum; `supervisor.checkpoint.private_copy`: for ``state.pt`` a sealed memory
+   file nobody can truncate), and compares size and checksum with the manifest;
+3. only then unpickles ``state.pt`` from that copy with ``torch.load(weights_only=True,
+   mmap=True)`` (the tensors are views of the copy: no second copy; ``mapped``)
    (`supervisor.checkpoint.restore.safe_torch_load`: ``trusted_globals`` opt-in, never unsafe
    unpickling), and checks that the payload's ``global_step`` is the manifest's step — or
    assembles a sharded checkpoint from those bytes (below).
 
 Bytes read per checkpoint = its size (1.0×); the previous verify-then-load path read it twice.
-Peak memory is about twice ``state.pt`` while ``torch.load`` copies each record out of the
-buffer into its tensor (the buffer is released right after).
+Memory: about ``state.pt``'s size (the copy the tensors are views of; it is freed with the last
+of them). Where ``memfd_create`` is missing, the copy is a ``bytearray`` and ``torch.load``
+copies each record out of it into its tensor (peak about twice the size, the buffer released
+right after). It is the same loader a restore uses (`supervisor.checkpoint.restore.load_private_copy`).
 
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
@@ -35,20 +39,19 @@ re-exported here.
 """
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from supervisor.checkpoint.fileio import NotARegularFileError, crc32, format_checksum, open_regular
+from supervisor.checkpoint.fileio import NotARegularFileError, format_checksum, open_regular
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
-from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, safe_torch_load
+from supervisor.checkpoint.private_copy import MemoryFile, PrivateCopy, read_private_copy
+from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, load_private_copy
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointVanishedError
 
 __all__ = ["CheckpointRead", "CheckpointVanishedError", "read_checkpoint"]
 
-_CHUNK_BYTES = 8 << 20
 _MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists file names and checksums: never this large
 
 
@@ -84,25 +87,31 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
     dir_fd = _open_dir(path)
     try:
         manifest, manifest_bytes, fds = _open_all(dir_fd, path)
+        contents: dict[str, PrivateCopy] = {}
         try:
-            contents = {name: _read_verified(fd, path, name, manifest, verify == "full")
-                        for name, fd in fds.items()}
+            for name, fd in fds.items():
+                contents[name] = _read_verified(fd, path, name, manifest, verify == "full")
+        except BaseException:
+            for copy in contents.values():
+                copy.close()
+            raise
         finally:
             for fd in fds.values():
                 os.close(fd)
         deleted = _moved_or_deleted(dir_fd, path)
     finally:
         os.close(dir_fd)
-    bytes_read = manifest_bytes + sum(len(data) for data in contents.values())
+    bytes_read = manifest_bytes + sum(copy.size for copy in contents.values())
+    mapped = STATE_FILE in contents and contents[STATE_FILE].path is not None  # views of the private copy
     if STATE_FILE in contents:
         payload = _load(path, manifest, contents.pop(STATE_FILE), trusted_globals, map_location)
     else:  # a sharded checkpoint (_open_listed let only those through)
         from supervisor.checkpoint.dcp_reading import load_payload
 
-        payload = load_payload(path, manifest.step, contents, trusted_globals=trusted_globals,
-                               map_location=map_location)
+        payload = load_payload(path, manifest.step, {name: copy.data for name, copy in contents.items()},
+                               trusted_globals=trusted_globals, map_location=map_location)
     del contents
-    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=False,
+    return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=mapped,
                           bytes_read=bytes_read, deleted_while_reading=deleted)
 
 
@@ -193,130 +202,39 @@ def _parse_manifest(path: str, data: bytes) -> Manifest:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
 
 
-def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: bool) -> bytearray:
-    """Reads the whole file once, computing its CRC-32 on the way; checks size and checksum."""
+def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: bool) -> PrivateCopy:
+    """Reads the whole file once into a private copy (``state.pt``: a sealed memory file that
+    ``torch.load`` maps; the others: a buffer), computing its CRC-32 on the way; checks size and
+    checksum."""
     record = manifest.files[name]
     size = os.fstat(fd).st_size
     if size != record.size:
         raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, the manifest says {record.size} "
                                      "(truncated or overwritten)")
-    buffer = _allocate(path, name, size)
-    view = memoryview(buffer)
-    crc = 0
-    done = 0
-    with io.FileIO(fd, "rb", closefd=False) as f:
-        while done < size:
-            try:
-                n = f.readinto(view[done:done + _CHUNK_BYTES])
-            except OSError as e:
-                raise CheckpointCorruptError(f"{path}: {name} cannot be read ({e})") from e
-            if not n:
-                raise CheckpointCorruptError(f"{path}: {name} ended after {done} of {size} bytes (truncated)")
-            if checksum:
-                crc = crc32(view[done:done + n], crc)
-            done += n
-    view.release()
-    if checksum and format_checksum(crc) != record.checksum:
-        raise CheckpointCorruptError(f"{path}: {name} checksum {format_checksum(crc)} does not match the "
-                                     f"manifest's {record.checksum} (the file is damaged)")
-    return buffer
+    copy = read_private_copy(fd, size, f"{path}: {name}", checksum=checksum, in_buffer=name != STATE_FILE)
+    if checksum and format_checksum(copy.crc or 0) != record.checksum:
+        copy.close()
+        raise CheckpointCorruptError(f"{path}: {name} checksum {format_checksum(copy.crc or 0)} does not match "
+                                     f"the manifest's {record.checksum} (the file is damaged)")
+    return copy
 
 
-def available_memory_bytes() -> int | None:
-    """The memory the system can give without swapping (``MemAvailable``), or None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+#: dcp_reading reads shard bytes through it (private_copy.MemoryFile).
+_MemoryFile = MemoryFile
 
 
-def _allocate(path: str, name: str, size: int) -> bytearray:
-    """The buffer ``name`` is read into, refused (as damage) when it cannot fit in memory: a
-    sparse file whose manifest claims a terabyte must not end the reader with a MemoryError
-    (or the kernel's OOM killer, once the zeroed pages are touched)."""
-    available = available_memory_bytes()
-    if available is not None and size > available:
-        raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, more than the {available} bytes of memory "
-                                     "available to read it into (a sparse or damaged file, or a checkpoint too "
-                                     "large to read on this machine)")
-    try:
-        return bytearray(size)
-    except MemoryError:
-        raise CheckpointCorruptError(f"{path}: {name} has {size} bytes, more than the memory available to read it "
-                                     "into (a sparse or damaged file, or a checkpoint too large to read on this "
-                                     "machine)") from None
-
-
-class _MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over ``state.pt``'s bytes in memory, for ``torch.load``.
-
-    Unlike ``io.BytesIO(bytearray)`` it copies nothing up front: ``torch.load`` copies each
-    record straight into its tensor (measured with a 200 MB state: +190 MB peak and 0.14 s,
-    against +380 MB and 2.2 s through ``BytesIO``). Prints as the file's path, so
-    `safe_torch_load`'s messages name it.
-    """
-
-    def __init__(self, data: bytearray, name: str) -> None:
-        super().__init__()
-        self._view = memoryview(data)
-        self._pos = 0
-        self.name = name
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, b: Any) -> int:
-        n = max(0, min(len(b), len(self._view) - self._pos))
-        b[:n] = self._view[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        out = bytes(self._view[self._pos:end])
-        self._pos = max(self._pos, end)
-        return out
-
-    def close(self) -> None:
-        self._view.release()
-        super().close()
-
-    def __str__(self) -> str:
-        return self.name
-
-    def __format__(self, spec: str) -> str:
-        return format(self.name, spec)
-
-
-def _load(path: str, manifest: Manifest, data: bytearray, trusted_globals: Iterable[Any],
+def _load(path: str, manifest: Manifest, copy: PrivateCopy, trusted_globals: Iterable[Any],
           map_location: Any) -> dict:
     state_path = os.path.join(path, STATE_FILE)
-    buffer = _MemoryFile(data, state_path)
-    del data
     try:
-        payload = safe_torch_load(buffer, map_location=map_location, trusted_globals=trusted_globals,
-                                  step=manifest.step)
+        payload = load_private_copy(copy, state_path, map_location=map_location, trusted_globals=trusted_globals,
+                                    step=manifest.step, mmap=True)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} cannot be loaded ({type(e).__name__}: {e})") from e
     finally:
-        buffer.close()
+        copy.close()
     if not isinstance(payload, dict):
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} holds a {type(payload).__name__}, not a mapping")
     step = payload.get(STEP_KEY, manifest.step)

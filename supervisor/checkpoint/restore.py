@@ -2,12 +2,15 @@
 
 Verification (verify.py) checks what the commit protocol promised: the manifest is there, every
 file it lists is a regular file with the recorded size and (``verify="full"``) checksum; a
-checkpoint deleted while it is read raises `CheckpointVanishedError`, never "corrupt". The checksum pass reads the file
-once, on parallel threads (`supervisor.checkpoint.fileio.checksum_file`), while ``torch.load``
-reads it into memory on the calling thread; the objects are handed out only if every checksum
-matches. Nothing is memory-mapped: a file truncated while it is mapped kills the process with
-SIGBUS (issue 21), while a read that comes up short is reported as damage. (Mapping saved the
-copy into the loaded tensors: ~0.35 s against ~0.6 s for 1 GiB on the project's 2-core machine.)
+checkpoint deleted while it is read raises `CheckpointVanishedError`, never "corrupt".
+
+Loading (`load_verified`, and the evaluator's `supervisor.checkpoint.reading.read_checkpoint`)
+reads ``state.pt`` once into a sealed private copy in memory, computing its CRC-32 on the way
+(`supervisor.checkpoint.private_copy`), and unpickles it only once size and checksum match. A
+restore then maps that copy (``torch.load(mmap=True)``): the modules copy their weights straight
+from it, with no intermediate copy. The checkpoint file itself is never mapped: a file truncated
+while it is mapped kills the process with SIGBUS (issue 21), while a read that comes up short is
+reported as damage, and nobody can truncate the sealed copy.
 
 Loading is always ``torch.load(..., weights_only=True)``. A checkpoint that needs another global
 is refused with a `CheckpointError` naming the global and the ``trusted_globals=[...]`` opt-in,
@@ -22,11 +25,11 @@ each and why.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -43,18 +46,17 @@ from supervisor.checkpoint.format import (
 )
 from supervisor import distributed, resume
 from supervisor.distributed import rng as distributed_rng
-from supervisor.checkpoint.fileio import open_regular_file
+from supervisor.checkpoint.fileio import format_checksum, open_regular, open_regular_file
+from supervisor.checkpoint.private_copy import PrivateCopy, read_private_copy
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.safe_globals import allowed_globals, describe_untrusted, untrusted_message
 from supervisor.checkpoint.verify import (
-    DCP_METADATA,
     VERIFY_MODES,
     check_checkpoint,
     check_sizes,
     check_verify,
     checksum_all,
     compare_checksum,
-    raise_if_vanished,
 )
 from supervisor.errors import (
     CheckpointCorruptError,
@@ -91,18 +93,19 @@ class LoadedCheckpoint:
     step: int
     manifest: Manifest
     payload: dict
-    mapped: bool = False  # tensors are memory-mapped from state.pt (see load_verified)
+    mapped: bool = False  # tensors are views of one private copy of state.pt (see load_verified)
 
 
 def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
                   map_location: Any = "cpu", mmap: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` (see the module docstring).
 
-    Tensors are loaded into memory (``mmap`` is accepted for compatibility and ignored: a mapped
-    file truncated meanwhile would end the process with SIGBUS) and are safe to keep after the
-    checkpoint is deleted. A helper thread verifies while the payload is unpickled
-    (``weights_only``: nothing in an unverified file can run code) and this returns only after
-    every checksum matched, so nothing reads the tensors' data before verification.
+    ``state.pt`` is read once into a private, sealed copy in memory, its CRC-32 computed on the
+    way (`supervisor.checkpoint.private_copy`); only when size and checksum match is it
+    unpickled (``weights_only``). With ``mmap=True`` (a restore) the tensors are views of that
+    private copy (zero further copies; ``mapped``), else they are loaded into tensors of their
+    own. Either way they stay valid after the checkpoint is deleted or truncated: the checkpoint
+    file itself is never mapped.
 
     Raises:
         ValueError: ``verify`` is not one of `VERIFY_MODES`.
@@ -112,40 +115,74 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
     """
     verify = check_verify(verify)
     manifest = check_sizes(path)
-    state_path = os.path.join(path, STATE_FILE)
-    checksums: dict[str, Any] = {}
-    verifier = None
-    if verify == "full":
-        verifier = threading.Thread(target=checksum_all, args=(path, manifest, checksums),
-                                    name="supervisor-verify", daemon=True)
-        verifier.start()
-    payload, load_error = _load_payload(state_path, map_location, tuple(trusted_globals), manifest.step)
-    if verifier is not None:
-        verifier.join()
-        for name, record in manifest.files.items():
-            compare_checksum(path, name, record.checksum, checksums.get(name))
-    if load_error is not None and DCP_METADATA in manifest.files and STATE_FILE not in manifest.files:
+    if STATE_FILE not in manifest.files:  # check_sizes: then it is a sharded checkpoint
+        check_checkpoint(path, verify=verify)
         raise CheckpointError(f"{path} is a sharded torch.distributed.checkpoint (checkpoint_format="
-                              "'dcp'); load it with supervisor.checkpoint.dcp.load_into") from load_error
+                              "'dcp'); load it with supervisor.checkpoint.dcp.load_into")
+    state_path = os.path.join(path, STATE_FILE)
+    others = {name: record for name, record in manifest.files.items() if name != STATE_FILE}
+    if verify == "full" and others:
+        checksums: dict[str, Any] = {}
+        checksum_all(path, dataclasses.replace(manifest, files=others), checksums)
+        for name, record in others.items():
+            compare_checksum(path, name, record.checksum, checksums.get(name))
+    with _read_state(path, manifest, verify) as copy:
+        payload, load_error = _load_payload(copy, state_path, map_location, tuple(trusted_globals),
+                                            manifest.step, mmap)
+        mapped = mmap and copy.path is not None and load_error is None
     if type(load_error) is CheckpointError:  # verified, but needs an untrusted global
         raise load_error
     if load_error is not None:
-        raise_if_vanished(path, load_error)
         error = CheckpointCorruptError(f"{path}: {STATE_FILE} cannot be loaded ({_describe(load_error, state_path)})")
         # torch's unpickling errors advise loading unsafely: never chain (and print) that advice.
         raise error from (None if isinstance(load_error, pickle.UnpicklingError) else load_error)
     if not isinstance(payload, dict):
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} holds a {type(payload).__name__}, not a mapping")
     step = payload.get(STEP_KEY, manifest.step)
-    return LoadedCheckpoint(path, int(step), manifest, payload, mapped=False)
+    return LoadedCheckpoint(path, int(step), manifest, payload, mapped=mapped)
 
 
-def _load_payload(state_path: str, map_location: Any, trusted_globals: tuple,
-                  step: int) -> tuple[Any, Exception | None]:
-    """``(payload, None)`` or ``(None, the error)``: ``state.pt`` read into memory (never mapped)."""
+def _read_state(path: str, manifest: Manifest, verify: str) -> PrivateCopy:
+    """``state.pt`` read once into a private copy, size and (``verify="full"``) checksum checked."""
+    record = manifest.files[STATE_FILE]
     try:
-        return safe_torch_load(state_path, map_location=map_location, trusted_globals=trusted_globals,
-                               step=step), None
+        fd = open_regular(os.path.join(path, STATE_FILE))
+    except OSError as e:
+        compare_checksum(path, STATE_FILE, record.checksum, e)  # vanished, or damaged
+        raise
+    try:
+        size = os.fstat(fd).st_size
+        if size != record.size:
+            raise CheckpointCorruptError(f"{path}: {STATE_FILE} has {size} bytes, the manifest says "
+                                         f"{record.size} (truncated or overwritten)")
+        copy = read_private_copy(fd, size, f"{path}: {STATE_FILE}", checksum=verify == "full")
+    finally:
+        os.close(fd)
+    if copy.crc is not None and format_checksum(copy.crc) != record.checksum:
+        copy.close()
+        compare_checksum(path, STATE_FILE, record.checksum, format_checksum(copy.crc))
+    return copy
+
+
+def load_private_copy(copy: PrivateCopy, state_path: str, *, map_location: Any, trusted_globals: Iterable[Any],
+                      step: int | None, mmap: bool) -> Any:
+    """``torch.load(weights_only=True)`` of a verified private copy of ``state_path`` (named in
+    errors): mapped when ``mmap`` and the copy is a memory file holding a zip archive (the only
+    format torch maps), else read into tensors of their own."""
+    if copy.path is not None:
+        mmap = mmap and copy.head(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+        return safe_torch_load(copy.path, map_location=map_location, trusted_globals=trusted_globals,
+                               step=step, mmap=mmap, shown_as=state_path)
+    with copy.open(state_path) as source:
+        return safe_torch_load(source, map_location=map_location, trusted_globals=trusted_globals, step=step)
+
+
+def _load_payload(copy: PrivateCopy, state_path: str, map_location: Any, trusted_globals: tuple,
+                  step: int, mmap: bool) -> tuple[Any, Exception | None]:
+    """``(payload, None)`` or ``(None, the error)``."""
+    try:
+        return load_private_copy(copy, state_path, map_location=map_location, trusted_globals=trusted_globals,
+                                 step=step, mmap=mmap), None
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways; reported by the caller
         return None, e
 
@@ -335,9 +372,11 @@ def _reason(error: Exception, path: str) -> str:
 
 
 # ---------------------------------------------------------------- loading
-def safe_torch_load(file_path: str, *, map_location: Any = "cpu", trusted_globals: Iterable[Any] = (),
-                    step: int | None = None, mmap: bool = False) -> Any:
+def safe_torch_load(file_path: Any, *, map_location: Any = "cpu", trusted_globals: Iterable[Any] = (),
+                    step: int | None = None, mmap: bool = False, shown_as: str | None = None) -> Any:
     """``torch.load(file_path, weights_only=True)`` with ``trusted_globals`` allowlisted.
+    ``shown_as`` names the file in messages (a private copy's ``/proc/self/fd/N`` path means
+    nothing to the user).
 
     Raises:
         CheckpointError: the file needs another global; names it and the opt-in.
@@ -353,7 +392,7 @@ def safe_torch_load(file_path: str, *, map_location: Any = "cpu", trusted_global
         if not missing:
             raise
         # torch's message advises unsafe loading: never chained, never repeated
-        raise CheckpointError(untrusted_message(file_path, step, missing)) from None
+        raise CheckpointError(untrusted_message(shown_as or file_path, step, missing)) from None
 
 
 # ---------------------------------------------------------------- applying

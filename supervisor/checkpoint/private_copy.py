@@ -1,0 +1,279 @@
+"""A checkpoint file's bytes copied once into memory that only this process holds, checksummed
+on the way: what every verified load (restore, ``load_checkpoint``, the evaluator) reads from.
+
+Why not map the checkpoint file itself (what restores did until issue 21): a file truncated while
+it is mapped — by another process, a clean-up, a hostile user — ends the process with SIGBUS the
+moment a tensor's page past the new end is touched. A read that comes up short is an error
+instead. And why not read it into ordinary buffers: ``torch.load`` then copies every record once
+more into its tensor (two copies, twice the memory).
+
+So `read_private_copy` copies the open file into an anonymous memory file (``memfd_create``),
+sealed against shrinking and growing (``F_SEAL_*``: nobody, not even another process opening
+``/proc/<pid>/fd/<n>``, can truncate it, so mapping it can never raise SIGBUS), on parallel
+threads that compute the CRC-32 of each chunk as it passes; a truncation of the checkpoint file
+meanwhile is a short read (`CheckpointCorruptError`). Then it seals the copy against writes (the
+verified bytes cannot change). ``torch.load(
+copy.path, mmap=True)`` then maps the sealed copy: the tensors are views of it, with no further
+copy. Bytes read from the checkpoint file: its size (1.0×); memory: the file's size.
+
+Where ``memfd_create`` or ``/proc/self/fd`` is missing (not Linux), the file is read into a ``bytearray`` with its CRC computed chunk by chunk, and
+``torch.load`` reads it through `MemoryFile` (one more copy into the tensors).
+
+Either way the size is checked against the memory available first (``MemAvailable``): a sparse
+file whose manifest claims a terabyte is refused as damage, never a ``MemoryError`` or the OOM
+killer.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from supervisor.checkpoint.fileio import crc32, crc32_combine
+from supervisor.errors import CheckpointCorruptError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["MemoryFile", "PrivateCopy", "available_memory_bytes", "read_private_copy"]
+
+logger = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 8 << 20
+_COPY_CHUNK_BYTES = 1 << 20  # stays in the CPU cache between read, CRC and write
+_PARALLEL_MIN_BYTES = 16 << 20  # per CRC thread
+_MEMFD = hasattr(os, "memfd_create") and hasattr(os, "sendfile") and os.path.isdir("/proc/self/fd")
+_SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE", "F_SEAL_SEAL")
+
+
+class PrivateCopy:
+    """One file's bytes in private memory: a sealed memory file (`path` names it for
+    ``torch.load(mmap=True)``) or, as the fallback, a ``bytearray`` (`open` reads it)."""
+
+    def __init__(self, size: int, crc: int | None, *, memfd: int | None = None, data: bytearray | None = None):
+        self.size, self.crc = size, crc
+        self._memfd, self._data = memfd, data
+
+    @property
+    def path(self) -> str | None:
+        """A path this process can open (and map) the copy by, or None for the in-memory fallback."""
+        return None if self._memfd is None else f"/proc/self/fd/{self._memfd}"
+
+    @property
+    def data(self) -> bytearray | None:
+        """The bytes, for the ``bytearray`` form; None for a memory file."""
+        return self._data
+
+    def head(self, n: int) -> bytes:
+        if self._memfd is not None:
+            return os.pread(self._memfd, n, 0)
+        return bytes(memoryview(self._data or b"")[:n])
+
+    def open(self, name: str) -> io.RawIOBase:
+        """A seekable binary file over the copy, printing as ``name``."""
+        if self._memfd is not None:
+            return io.FileIO(self.path or "", "rb")
+        return MemoryFile(self._data if self._data is not None else bytearray(), name)
+
+    def close(self) -> None:
+        """Releases the copy (tensors already mapped from it keep their pages)."""
+        if self._memfd is not None:
+            os.close(self._memfd)
+            self._memfd = None
+        self._data = None
+
+    def __enter__(self) -> PrivateCopy:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_private_copy(fd: int, size: int, where: str, *, checksum: bool = True,
+                      in_buffer: bool = False) -> PrivateCopy:
+    """Copies ``size`` bytes of the open file ``fd`` into private memory (module docstring),
+    with their CRC-32 (``copy.crc``; None without ``checksum``). ``where`` names the file in
+    errors ("<checkpoint>: state.pt"). ``in_buffer`` asks for the ``bytearray`` form
+    (``copy.data``), for readers that want bytes rather than a file to map.
+
+    Raises:
+        CheckpointCorruptError: the file ends before ``size`` bytes (truncated meanwhile), cannot
+            be read, or ``size`` does not fit in the available memory.
+    """
+    check_fits(size, where)
+    if _MEMFD and size > 0 and not in_buffer:
+        return _memfd_copy(fd, size, where, checksum)
+    return _buffer_copy(fd, size, where, checksum)
+
+
+def _memfd_copy(fd: int, size: int, where: str, checksum: bool) -> PrivateCopy:
+    flags = os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0)
+    memfd = os.memfd_create("supervisor-checkpoint", flags)
+    try:
+        os.ftruncate(memfd, size)
+        _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
+        crc = _copy_ranges(fd, memfd, size, where, checksum)
+        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
+        return PrivateCopy(size, crc if checksum else None, memfd=memfd)
+    except BaseException:
+        os.close(memfd)
+        raise
+
+
+def _seal(memfd: int, *names: str) -> None:
+    if fcntl is None or not hasattr(fcntl, "F_ADD_SEALS"):
+        return
+    seals = 0
+    for name in names:
+        seals |= getattr(fcntl, name, 0)
+    try:
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, seals)
+    except OSError as e:  # no sealing here: the memory file is still ours alone, by its descriptor
+        logger.debug("cannot seal a memory file (%s)", e)
+
+
+def _copy_ranges(fd: int, memfd: int, size: int, where: str, checksum: bool) -> int:
+    """Copies ``fd`` into ``memfd`` on parallel threads, each reading a range through a small
+    buffer of its own (``pread``, CRC-32 while it is in the CPU cache, ``pwrite``: all release
+    the GIL); returns the combined CRC-32. Measured on the project's 2-core VM, 256 MiB from the
+    page cache: 0.17-0.35 s, against 0.24-0.27 s for ``sendfile`` plus 0.15-0.19 s for a CRC
+    pass over a map of the copy (a fresh page of memory is what costs, not the bytes)."""
+    parts = max(1, min(os.cpu_count() or 1, 4, size // _PARALLEL_MIN_BYTES))
+    bounds = [size * i // parts for i in range(parts + 1)]
+
+    def copy(i: int) -> int:
+        crc = 0
+        view = memoryview(bytearray(_COPY_CHUNK_BYTES))
+        done = bounds[i]
+        while done < bounds[i + 1]:
+            try:
+                n = os.preadv(fd, [view[:min(_COPY_CHUNK_BYTES, bounds[i + 1] - done)]], done)
+                if n and os.pwrite(memfd, view[:n], done) != n:
+                    raise OSError(errno.EIO, "short write into a memory file")
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.ENOMEM):
+                    raise CheckpointCorruptError(f"{where} has {size} bytes, more than the memory available to "
+                                                 "read it into") from None
+                raise CheckpointCorruptError(f"{where} cannot be read ({e})") from e
+            if not n:
+                raise CheckpointCorruptError(f"{where} ended after {done} of {size} bytes (truncated while "
+                                             "being read)")
+            if checksum:
+                crc = crc32(view[:n], crc)
+            done += n
+        return crc
+
+    if parts == 1:
+        return copy(0)
+    with ThreadPoolExecutor(parts - 1, thread_name_prefix="supervisor-read") as pool:
+        futures = [pool.submit(copy, i) for i in range(1, parts)]
+        crc = copy(0)
+        for i, future in enumerate(futures, start=1):
+            crc = crc32_combine(crc, future.result(), bounds[i + 1] - bounds[i])
+    return crc
+
+
+def _buffer_copy(fd: int, size: int, where: str, checksum: bool) -> PrivateCopy:
+    try:
+        buffer = bytearray(size)
+    except MemoryError:
+        raise CheckpointCorruptError(f"{where} has {size} bytes, more than the memory available to read it "
+                                     "into (a sparse or damaged file, or a checkpoint too large to read on this "
+                                     "machine)") from None
+    view = memoryview(buffer)
+    crc = 0
+    done = 0
+    try:
+        while done < size:
+            try:
+                n = os.preadv(fd, [view[done:done + _CHUNK_BYTES]], done)
+            except OSError as e:
+                raise CheckpointCorruptError(f"{where} cannot be read ({e})") from e
+            if not n:
+                raise CheckpointCorruptError(f"{where} ended after {done} of {size} bytes (truncated while "
+                                             "being read)")
+            if checksum:
+                crc = crc32(view[done:done + n], crc)
+            done += n
+    finally:
+        view.release()
+    return PrivateCopy(size, crc if checksum else None, data=buffer)
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the system can give without swapping (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits(size: int, where: str) -> None:
+    """Refuses (as damage) a file that cannot fit in memory: a sparse file whose manifest claims a
+    terabyte must not end the reader with a MemoryError (or the OOM killer)."""
+    available = available_memory_bytes()
+    if available is not None and size > available:
+        raise CheckpointCorruptError(f"{where} has {size} bytes, more than the {available} bytes of memory "
+                                     "available to read it into (a sparse or damaged file, or a checkpoint too "
+                                     "large to read on this machine)")
+
+
+class MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over bytes in memory, for ``torch.load``.
+
+    Unlike ``io.BytesIO(bytearray)`` it copies nothing up front: ``torch.load`` copies each
+    record straight into its tensor (measured with a 200 MB state: +190 MB peak and 0.14 s,
+    against +380 MB and 2.2 s through ``BytesIO``). Prints as ``name`` (the file's path), so
+    `safe_torch_load`'s messages name it.
+    """
+
+    def __init__(self, data: bytearray, name: str) -> None:
+        super().__init__()
+        self._view = memoryview(data)
+        self._pos = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        b[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        out = bytes(self._view[self._pos:end])
+        self._pos = max(self._pos, end)
+        return out
+
+    def close(self) -> None:
+        self._view.release()
+        super().close()
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
