@@ -3,8 +3,10 @@
 A rank that raises posts its error under ``failed/<rank>`` in the group's store as it closes
 its session; every rank that sees a collective fail posts ``alive/<rank>``. A rank that posted
 neither within a short grace period is unresponsive: killed (its `HangWatchdog` heartbeat has
-stopped) or hung (its heartbeat goes on). The store is the one the process group rendezvoused
-on, so this needs no connection of its own.
+stopped: it is not waited for) or hung (its heartbeat goes on). The store is the one the
+process group rendezvoused on, so this needs no connection of its own. Under torchrun, a
+`RankFailureError` that leaves the program ends the process at once after its traceback
+(`exit_at_once_on_rank_failure`).
 
 Whatever fails first on a surviving rank — the agreement's collective, DDP's all-reduce, gloo's
 transport timeout ("Application timeout caused pair closure", "Timed out waiting ... for recv"),
@@ -332,7 +334,8 @@ def exit_at_once_on_rank_failure() -> None:
     It is safe for checkpoints: a `RankFailureError` leaves the session only after the session
     closed, and closing settles the save in flight (the manager's ``close`` finishes it:
     committed whole, or not at all — a commit is a rename). Non-daemon threads still running
-    are not joined: they end as they would under torchrun's SIGKILL, 30 s later."""
+    are not joined (torchrun, whose SIGTERM reached this rank as the other one failed, would
+    SIGKILL them 30 s later anyway)."""
     global _previous_excepthook
     if not os.environ.get("TORCHELASTIC_RUN_ID") or _previous_excepthook is not None:
         return
