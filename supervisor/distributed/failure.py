@@ -126,19 +126,20 @@ def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: floa
     """One sentence naming each failed rank and why (``beating``: the silent ranks whose
     heartbeat goes on, i.e. hung; without it a silent rank is "killed or hung")."""
     parts = [f"rank {r} failed ({message})" for r, message in sorted(failed.items())]
-    for group, why in _silent_groups(silent, beating):
-        parts.append(f"rank {', '.join(str(r) for r in group)} did not respond within {grace_secs:g} s ({why})")
+    for group, waited, why in _silent_groups(silent, beating):
+        within = f" within {grace_secs:g} s" if waited else ""  # a stopped heartbeat is not waited for
+        parts.append(f"rank {', '.join(str(r) for r in group)} did not respond{within} ({why})")
     return "; ".join(parts) if parts else "no rank reported a failure (a network problem?)"
 
 
-def _silent_groups(silent: list[int], beating: set[int] | None) -> list[tuple[list[int], str]]:
+def _silent_groups(silent: list[int], beating: set[int] | None) -> list[tuple[list[int], bool, str]]:
     if beating is None:
-        return [(silent, "killed or hung")] if silent else []
+        return [(silent, True, "killed or hung")] if silent else []
     hung = [r for r in silent if r in beating]
     gone = [r for r in silent if r not in beating]
-    groups = [(gone, "killed, or its host is gone: its heartbeat stopped")] if gone else []
+    groups = [(gone, False, "killed, or its host is gone: its heartbeat stopped")] if gone else []
     if hung:
-        groups.append((hung, "alive, its heartbeat goes on, but not answering: hung, or still blocked in a collective"))
+        groups.append((hung, True, "alive, its heartbeat goes on, but not answering: hung, or still blocked in a collective"))
     return groups
 
 
