@@ -187,3 +187,111 @@ def test_a_blocked_rank_names_a_hung_peer_behind_it_within_about_stop_grace_secs
     finally:
         zero.close()
         one.close()
+
+
+def test_a_killed_peer_is_diagnosed_from_its_stopped_heartbeat_without_waiting_out_the_window():
+    """Issue 25.5: rank 1 was SIGKILLed (its heartbeat stays as it was, it never posts alive/1);
+    rank 0's diagnosis names it as soon as its heartbeat has not changed for two intervals, not
+    after the whole window (5 s with the default stop_grace_secs)."""
+    import time
+
+    store = _tcp_store()
+    store.set("heartbeat/1", "7 120 0.0")  # its last beat before the kill
+    beating: set[int] = set()
+    start = time.monotonic()
+    failed, silent = diagnose(store, 0, 2, grace_secs=10.0, beating=beating)
+    elapsed = time.monotonic() - start
+    assert failed == {} and silent == [1] and not beating
+    assert elapsed < 4.0, elapsed  # 2 intervals (2 s) + slack; the whole 10 s window before
+    assert "killed, or its host is gone" in describe_failure(failed, silent, 10.0, beating)
+
+
+def test_a_peer_that_still_beats_or_never_beat_is_waited_for_until_the_window_ends():
+    import threading
+    import time
+
+    store = _tcp_store()
+    stop = threading.Event()
+
+    def beat():  # rank 1 alive but not answering (hung, or blocked in a collective)
+        n = 0
+        while not stop.wait(0.2):
+            n += 1
+            store.set("heartbeat/1", f"{n} 5 1.0")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        beating: set[int] = set()
+        start = time.monotonic()
+        failed, silent = diagnose(store, 0, 3, grace_secs=2.5, beating=beating)
+        assert time.monotonic() - start >= 2.5  # rank 2 posted no heartbeat: not called dead
+        assert silent == [1, 2] and beating == {1}
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_blocked_rank_names_a_frozen_peer_within_about_stop_grace_secs():
+    """Issue 25.5: a peer frozen by SIGSTOP (its heartbeat stops at once) is named about
+    stop_grace_secs after this rank stopped moving, not 2 × stop_grace_secs (silence used to
+    count only from when this rank had been blocked for stop_grace_secs)."""
+    import time
+
+    store = _tcp_store()
+    zero, one = RecordingWatchdog.make(store, 0, grace_secs=4.0), RecordingWatchdog.make(store, 1, grace_secs=4.0)
+    zero.progress(6)
+    one.progress(6)
+    one._stop.set()  # frozen: only start()'s heartbeat was posted
+    start = time.monotonic()
+    zero.start()
+    one.start()
+    try:
+        assert _wait_for(lambda: zero.exits, 14)
+        elapsed = time.monotonic() - start
+        assert "rank 1 stopped responding" in zero.exits[0], zero.exits
+        # first interval (zero's step is seen) + grace 4 s + 1-2 intervals; 11 s before
+        assert elapsed < 4.0 + 3.5, elapsed
+    finally:
+        zero.close()
+        one.close()
+
+
+_FAST_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+from supervisor.distributed.failure import RankFailureError, exit_at_once_on_rank_failure
+exit_at_once_on_rank_failure()
+atexit.register(lambda: print("atexit ran", flush=True))
+threading.Thread(target=time.sleep, args=(60,)).start()  # a non-daemon thread Python would join
+try:
+    raise RuntimeError("Connection reset by peer")
+except RuntimeError as e:
+    raise RankFailureError("rank 0 stopped because rank 1 did", ranks=(1,)) from e
+"""
+
+
+def test_an_uncaught_rank_failure_under_torchrun_exits_at_once_after_its_traceback():
+    """Issue 25.5: under torchrun the rank that saw another fail exits as soon as its error is
+    printed (status 1, atexit handlers run), without the interpreter's teardown or joining its
+    threads."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHELASTIC_RUN_ID="test")
+    done = subprocess.run([sys.executable, "-c", _FAST_EXIT_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=50)  # Python would join the 60 s thread
+    assert done.returncode == 1, done.stderr
+    assert "RankFailureError: rank 0 stopped because rank 1 did" in done.stderr  # the traceback
+    assert "Connection reset by peer" in done.stderr and "atexit ran" in done.stdout
+
+
+def test_outside_torchrun_the_exit_is_left_to_python(monkeypatch):
+    import sys
+
+    from supervisor.distributed import failure
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    before = sys.excepthook
+    failure.exit_at_once_on_rank_failure()
+    assert sys.excepthook is before
