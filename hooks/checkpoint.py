@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from supervisor._paths import check_path
 from supervisor.checkpoint.options import check_basename
 from supervisor.clock import Clock
-from supervisor.hook import Hook
+from supervisor.hook import Hook, IdleUntil
 
 from hooks._common import check_schedule
 from hooks.timer import SecondOrStepTimer
@@ -97,9 +97,9 @@ class CheckpointSaverHook(Hook):
         self._timer.update_last_triggered_step(step)
         session.save_at_stop(self._manager)
 
-    def _gate(self) -> tuple | None:
-        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.gate`)."""
-        return self._timer.gate()
+    def idle_until(self) -> IdleUntil | None:
+        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.idle_until`)."""
+        return self._timer.idle_until()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         if self._timer.trigger_if_due(run_context.session.global_step):
@@ -148,8 +148,8 @@ class _SaveScheduleOnWorker(Hook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.update_last_triggered_step(session.global_step)
 
-    def _gate(self) -> tuple | None:
-        return self._timer.gate()
+    def idle_until(self) -> IdleUntil | None:
+        return self._timer.idle_until()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         if self._timer.trigger_if_due(run_context.session.global_step):

@@ -90,6 +90,13 @@ class SessionCreator:
     summary_writer = property(lambda self: self.environment.summary_writer)
     checkpoints = property(lambda self: self.environment.checkpoints)
 
+    @property
+    def checkpoints_per_rank(self) -> bool:
+        """Whether every rank's checkpoint manager saves its own part at the same step (a sharded,
+        DCP manager): each rank then writes its own RNG state, and the ranks' agreement gathers
+        none to the chief."""
+        return bool(getattr(self.checkpoints, "collective", False))  # duck-typed managers: False
+
     def restore(self, session: Any) -> Restored | None:
         """Restores the state from a checkpoint; the in-memory creator has none."""
         return None

@@ -1,4 +1,5 @@
-"""The session-run hook protocol (SPEC §3.2): `Hook`, `RunArgs`, `RunContext`, `RunValues`.
+"""The session-run hook protocol (SPEC §3.2): `Hook`, `RunArgs`, `RunContext`, `RunValues`,
+`StepContext`, and `IdleUntil` (a hook's public schedule, so the session skips it when idle).
 
 A hook is called at fixed points of a `MonitoredSession`'s life. Every method of `Hook` is a
 no-op, so a hook overrides only what it needs, and a method a hook does not override is never
@@ -48,8 +49,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["Hook", "RunArgs", "RunContext", "RunValues", "StepCall", "check_fetch_structure", "check_named_fetches",
-           "check_run_args", "overrides", "resolve_fetches", "warn_misspelled_methods"]
+__all__ = ["Hook", "IdleUntil", "RunArgs", "RunContext", "RunValues", "StepCall", "StepContext", "check_fetch_structure",
+           "check_named_fetches", "check_run_args", "declares_schedule", "overrides", "resolve_fetches",
+           "warn_misspelled_methods"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +81,52 @@ class Hook:
         """Called once when the session closes because of an exception. Release resources
         here; the training state may be mid-step."""
 
+    def idle_until(self) -> IdleUntil | None:
+        """The schedule of a hook that acts only from time to time (a step or time interval):
+        until when the session may skip its ``before_run``/``after_run``, or None (call them at
+        the next step). Asked after each step on which the hook was called.
+
+        Only a class that defines both ``idle_until`` and its ``before_run``/``after_run`` (or
+        inherits them from `Hook`) is skipped: a subclass that overrides ``after_run`` alone is
+        called on every step. Calling a hook more often than it declares is always correct.
+        """
+        return None
+
+
+@dataclass(frozen=True)
+class IdleUntil:
+    """What `Hook.idle_until` returns: the hook has nothing to do before the step about to be
+    taken reaches ``step``, or before ``clock()`` (a monotonic clock) reaches ``time``."""
+
+    step: int | None = None
+    time: float = 0.0
+    clock: Callable[[], float] | None = None
+
+    @classmethod
+    def step_reaches(cls, step: int) -> IdleUntil:
+        return cls(step=step)
+
+    @classmethod
+    def clock_reaches(cls, clock: Callable[[], float], time: float) -> IdleUntil:
+        return cls(time=time, clock=clock)
+
 
 def overrides(hook: Hook, method: str) -> bool:
     """Whether ``hook``'s class overrides `Hook`'s no-op ``method``."""
     return getattr(type(hook), method, None) is not getattr(Hook, method)
+
+
+def declares_schedule(hook: Hook) -> bool:
+    """Whether the session may skip ``hook``'s ``before_run``/``after_run`` on the steps its
+    `Hook.idle_until` rules out: its class declares a schedule, and the methods it runs per step
+    are those of the class that declares it (or `Hook`'s no-ops)."""
+    def owner(name: str) -> type | None:
+        return next((c for c in type(hook).__mro__ if name in c.__dict__), None)
+
+    schedule = owner("idle_until")
+    if schedule is Hook or schedule is None:
+        return False
+    return all(owner(name) in (schedule, Hook) for name in ("before_run", "after_run"))
 
 
 @dataclass(frozen=True)
@@ -135,6 +179,30 @@ class RunContext:
     @property
     def stop_requested(self) -> bool:
         return self._stop_requested
+
+    @property
+    def stop_on_every_rank(self) -> bool:
+        """Whether the stop requested is one every rank requests at this same step."""
+        return self._stop_on_every_rank
+
+
+class StepContext:
+    """What ``run_step_fn``'s ``step_fn(step_context)`` receives (TF's ``StepContext``)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def run_with_hooks(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One step through the hooks: ``session.run(fn, *args, **kwargs)``."""
+        return self.session.run(fn, *args, **kwargs)
+
+    def request_stop(self) -> None:
+        """Ends the session cleanly at once: raises `StopIteration`, which the ``with`` swallows
+        after running ``end`` hooks. No per-step hook runs for the rest of this step."""
+        self.session.boundary.request_stop("step_fn requested stop")
+        raise StopIteration("step_fn has requested the iterations to stop")
 
 
 class RunValues(NamedTuple):

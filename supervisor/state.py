@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Iterator
 
 from supervisor.errors import CheckpointError
@@ -38,6 +39,15 @@ class TrainingState(Mapping):
         for name, obj in objects.items():
             _check_entry(name, obj, argument=f"state[{name!r}]")
         self._objects = objects
+
+    @property
+    def objects(self) -> Mapping[str, Any]:
+        """A read-only live view of the entries (``name -> stateful object``)."""
+        return MappingProxyType(self._objects)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict of entries this state holds (not a copy: changing it changes the state)."""
+        return self._objects
 
     @classmethod
     def from_arguments(cls, model: Any = None, optimizer: Any = None, state: Mapping[str, Any] | None = None) -> TrainingState:

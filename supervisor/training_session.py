@@ -249,4 +249,4 @@ class SingularMonitoredSession(MonitoredSession):
 
     def raw_state(self) -> dict[str, Any]:
         """The training state's objects as a plain, mutable dict."""
-        return self._creator.state._objects
+        return self.training_state.as_dict()

@@ -28,6 +28,8 @@ class ManagerCommon:
     _failure: CheckpointError | None
     _failure_delivered: bool
     _pending: Any = None  # the overlapped capture's background copy (overlap.PendingCopy)
+    #: Whether every rank calls ``save`` at the same step and writes its own part (sharded).
+    collective: bool = False
 
     def _settle(self) -> None:
         """Waits (on this, the training thread) for an overlapped capture's copy to be done with
