@@ -137,7 +137,7 @@ class CheckpointSaverHook(Hook):
             manager.close(failed=failed)
 
 
-class _SaveScheduleOnWorker(Hook):
+class SaveScheduleOnWorker(Hook):
     """A non-chief rank's side of the chief's step-scheduled saves (state.pt format): asks for
     the same saves at the same steps so the agreement applies them at once on every rank (the
     chief writes; this rank takes part in the save's RNG gather). Private to the front doors."""

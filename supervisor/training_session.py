@@ -31,6 +31,7 @@ from supervisor.creator import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir
+from supervisor._shadowing import import_builtin_hooks
 from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
@@ -97,8 +98,6 @@ def _build(
         recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, **init_fns)
     wants = (writes_summaries and (log_steps or summary_secs or summary_steps)) or (
         checkpoint_dir is not None and (ckpt_secs or ckpt_steps))
-    from supervisor._shadowing import import_builtin_hooks
-
     if not is_chief and checkpoint_format == "dcp" and checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
         # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
         saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
@@ -106,9 +105,7 @@ def _build(
         saver.schedule_on_every_rank = True
         return creator, [saver] + user_hooks
     if not is_chief and distributed.is_distributed() and checkpoint_dir is not None and ckpt_steps:
-        from hooks.checkpoint import _SaveScheduleOnWorker
-
-        return creator, [_SaveScheduleOnWorker(ckpt_steps)] + user_hooks
+        return creator, [import_builtin_hooks().SaveScheduleOnWorker(ckpt_steps)] + user_hooks
     if not is_chief or not wants:
         return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
 
@@ -122,7 +119,7 @@ def _build(
                                                   summary_writer=creator.summary_writer, clock=clock))
     if checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
         saver = builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock)
-        # Every rank of a distributed job runs this step schedule (workers: _SaveScheduleOnWorker).
+        # Every rank of a distributed job runs this step schedule (workers: SaveScheduleOnWorker).
         saver.schedule_on_every_rank = distributed.is_distributed()
         all_hooks.append(saver)
     return creator, all_hooks + user_hooks
