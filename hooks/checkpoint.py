@@ -18,6 +18,7 @@ import os
 from typing import Any, Iterable
 
 from supervisor._paths import check_path
+from supervisor.checkpoint import CheckpointManager
 from supervisor.checkpoint.options import check_basename
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil
@@ -125,8 +126,6 @@ class CheckpointSaverHook(Hook):
         if manager is not None and os.path.abspath(manager.directory) == self._dir:
             return manager
         if self._own_manager is None:
-            from supervisor.checkpoint import CheckpointManager
-
             self._own_manager = CheckpointManager(self._dir, basename=self._basename, clock=self._clock)
             self._own_manager.open()
         return self._own_manager
