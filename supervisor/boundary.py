@@ -41,6 +41,7 @@ from supervisor.checkpoint.safe_globals import check_loadable
 
 if TYPE_CHECKING:
     from supervisor.checkpoint.manager import CheckpointManager
+    from supervisor.checkpoint.manager_common import PendingSave
 
 # Requests, Decision, Agreement and LocalAgreement live in supervisor.agreement; re-exported here,
 # where they were first published.
@@ -135,7 +136,7 @@ class StepBoundary:
             self.pending = True
 
     def report_commit(self, manager: Any, step: int, path: str) -> None:
-        """Called by a checkpoint manager's writer thread when a checkpoint committed."""
+        """A checkpoint committed (from the writer thread): delivered at the next boundary."""
         with self._lock:
             self._commits.append((manager, Commit(step, path)))
             self.pending = True
@@ -271,15 +272,14 @@ class StepBoundary:
     def capture(self, session: Any, manager: CheckpointManager, step: int, reason: str, *,
                 wait: bool = False, creation: bool = False, rng_states: Any = None) -> str:
         """The one call site of a checkpoint manager's ``save``: listeners' ``before_save``,
-        then the capture (the writer reports the commit back to this boundary). ``rng_states``:
-        every rank's RNG states the agreement gathered for this step (`Decision.rng_states`),
-        passed to the manager only when there are some (a manager of one process needs none)."""
+        then the capture. The save comes back as a value (`PendingSave`): its commit reaches
+        this boundary through its future. ``rng_states``: every rank's RNG states the agreement
+        gathered for this step (`Decision.rng_states`), None on one process."""
         if all(m is not manager for m in self._managers):
             # The first save through a manager: what it writes must load at the next resume.
             check_loadable(session.training_state.state_dict(), getattr(manager, "trusted_globals", ()),
                            manager.path_of(step), step)
             self._managers.append(manager)
-        manager.on_commit = functools.partial(self.report_commit, manager)
         listeners = self.listeners_of(manager)
         if listeners:
             self._finish_previous_save(session, manager, step)
@@ -288,9 +288,14 @@ class StepBoundary:
         if creation:
             self._creation_steps[id(manager)] = step
         logger.debug("capturing the checkpoint of step %d (%s)", step, reason)
-        if rng_states is not None:
-            return manager.save(step, session.training_state, wait=wait, rng_states=rng_states)
-        return manager.save(step, session.training_state, wait=wait)
+        pending = manager.start_save(step, session.training_state, wait=wait, rng_states=rng_states)
+        pending.committed.add_done_callback(functools.partial(self._committed, manager, pending))
+        return pending.path
+
+    def _committed(self, manager: Any, pending: PendingSave, future: Any) -> None:
+        """A save's future resolved (on the writer thread): its commit waits for the next boundary."""
+        if not future.cancelled() and future.exception() is None:
+            self.report_commit(manager, pending.step, pending.path)
 
     def _finish_previous_save(self, session: Any, manager: CheckpointManager, step: int) -> None:
         """Listener calls alternate as in TF (SPEC §3.5): at most one save is in flight, so this

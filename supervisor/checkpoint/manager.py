@@ -325,12 +325,7 @@ class CheckpointManager(ManagerCommon):
         mib = result.nbytes / 2**20
         logger.info("committed %s in %.2f s (%.1f MiB at %.0f MiB/s; capture took %.3f s)", name,
                     result.write_secs, mib, mib / max(result.write_secs, 1e-9), capture_secs)
-        on_commit = self.on_commit
-        if on_commit is not None:
-            try:
-                on_commit(step, path)
-            except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
-                logger.exception("reporting the commit of %s failed", name)
+        self._report_commit(step, path)
 
     def _copied(self, step: int, pending: PendingCopy, outcome: list[CheckpointError] | None) -> bool:
         """Waits for an overlapped capture's copy; False when the save is discarded or failed."""
