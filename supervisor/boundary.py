@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = ["Agreement", "Commit", "Decision", "LocalAgreement", "Requests", "StepBoundary"]
 
 logger = logging.getLogger(__name__)
+# The stop is the session's lifecycle event: logged under the session's name, as before the
+# boundary owned it (users and the sidecar evaluator's quiet sessions filter on that name).
+session_logger = logging.getLogger("supervisor.session")
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ class StepBoundary:
         """The stop: `stopped` becomes True, the stop actions run, the service threads end."""
         self.stopped = True
         self.note_stop_reason(reason)
-        logger.info("stopping at step %d: %s", session.global_step, self.stop_reason)
+        session_logger.info("stopping at step %d: %s", session.global_step, self.stop_reason)
         for action in self._stop_actions:
             action(session)
         session.coord.request_stop()  # service threads end

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_BACKOFF_SECS", "SessionLifecycle", "backoff_secs", "check_exception_types", "close_agreement"]
 
-logger = logging.getLogger(__name__)
+# The part of MonitoredSession that creates, recovers and closes it logs under the session's name.
+logger = logging.getLogger("supervisor.session")
 
 MAX_BACKOFF_SECS = 60.0
 
