@@ -19,6 +19,8 @@ import inspect
 import logging
 from typing import Any, Callable
 
+import torch
+
 from supervisor._validate import check_bool, check_callable
 from supervisor.checkpoint.restore import Restored
 from supervisor.environment import SessionEnvironment
@@ -31,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 def default_ready_fn(session: Any) -> str | None:
     """Reports uninitialised lazy parameters (``torch.nn.UninitializedParameter``), if any."""
-    import torch
-
     missing = []
     for name, obj in session.state.items():
         if isinstance(obj, torch.nn.Module):

@@ -7,21 +7,21 @@
   trigger, so a loop with the default hooks calls no hook on most steps. Every hook is called
   again from step `Dispatch.gate_step`, or once ``gate_clock()`` reaches `Dispatch.gate_time`,
   whichever comes first; then `Dispatch.regate` asks the hooks again.
-- **Fetches and feeds**: what the ``before_run`` calls of a step return, merged (`collect`), and
-  each hook's results after the step (`results_of`).
+- **Fetches and feeds**: the feeds of a step's ``before_run`` calls merged (`merge_feeds`), and
+  each hook's fetches resolved after the step (`results_of`).
 
-The session reads `Dispatch`'s public fields directly on its per-step path: it is hand-tuned
-(in a real training loop this code runs from cold caches every step, and each call costs).
+The session calls the hooks itself, reading `Dispatch`'s public fields directly on its per-step
+path: it is hand-tuned (in a real training loop this code runs from cold caches every step, and
+each Python call costs there).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_run_args, declares_schedule, overrides
-from supervisor.hook import resolve_fetches
+from supervisor.hook import Hook, RunValues, declares_schedule, overrides, resolve_fetches
 
-__all__ = ["NO_RESULTS", "Dispatch", "collect", "merge_feeds", "results_of", "run_after"]
+__all__ = ["NO_RESULTS", "Dispatch", "merge_feeds", "results_of"]
 
 NO_RESULTS = RunValues(None)  # immutable: one for every hook of every step that fetched nothing
 
@@ -84,43 +84,10 @@ class Dispatch:
             self.open_after = [h for h in self.after_hooks if h not in idle]
 
 
-def collect(before: list[Hook], context: RunContext,
-            kwargs: dict) -> tuple[dict[int, Any] | None, dict[str, Any] | None]:
-    """Calls ``before_run`` of ``before``; returns ``(fetches by id(hook), feeds)`` (None: none)."""
-    fetches: dict[int, Any] | None = None
-    feeds: dict[str, Any] | None = None
-    feeders: dict[str, Hook] = {}
-    for hook in before:
-        run_args = hook.before_run(context)
-        if run_args is None:
-            continue
-        if type(run_args) is not RunArgs:  # a clear TypeError, not AttributeError: 'list'...
-            run_args = check_run_args(hook, run_args)
-        if run_args.fetches is not None:
-            if fetches is None:
-                fetches = {}
-            fetches[id(hook)] = run_args.fetches
-        if run_args.feeds:
-            if feeds is None:
-                feeds = {}
-            merge_feeds(feeds, feeders, run_args.feeds, hook, kwargs)
-    return fetches, feeds
-
-
 def results_of(before: list[Hook], fetches: dict[int, Any], output: Any) -> dict[int, Any]:
     """Each hook's fetches resolved against the step's ``output``, by ``id(hook)``."""
     return {key: resolve_fetches(f, output, hook) for hook in before
             if (f := fetches.get(key := id(hook))) is not None}
-
-
-def run_after(context: RunContext, after: list[Hook], results: dict | None) -> Hook | None:
-    """``after_run`` of ``after``; returns the first hook that requested a stop, or None."""
-    stopper = None
-    for hook in after:
-        hook.after_run(context, RunValues(results.get(id(hook))) if results else NO_RESULTS)
-        if stopper is None and context.stop_requested:
-            stopper = hook
-    return stopper
 
 
 def merge_feeds(feeds: dict, feeders: dict, new: Mapping[str, Any], hook: Hook, kwargs: dict) -> None:

@@ -44,6 +44,7 @@ Example: a user hook that stops training once the learning rate falls below a fl
 """
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -156,12 +157,14 @@ class StepCall(NamedTuple):
 class RunContext:
     """What a hook sees of the current step: the original call, the session, and a stop switch."""
 
-    __slots__ = ("_fn", "_args", "_kwargs", "session", "_stop_requested", "_stop_on_every_rank")
+    __slots__ = ("_fn", "_args", "_kwargs", "session", "stop_requested", "_stop_on_every_rank")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, session: Any) -> None:
         self._fn, self._args, self._kwargs = fn, args, kwargs
         self.session = session
-        self._stop_requested = False
+        #: Whether a hook called `request_stop` during this step (read by the session after
+        #: each ``after_run``: a plain attribute, as cheap to read as the step path needs).
+        self.stop_requested = False
         self._stop_on_every_rank = False
 
     @property
@@ -173,12 +176,8 @@ class RunContext:
         """Ends training after this step: ``session.should_stop()`` becomes True at this step's
         boundary. ``on_every_rank=True`` says every rank of a distributed job requests it at this
         same step (e.g. a step count), so the ranks' agreement applies it without a round trip."""
-        self._stop_requested = True
+        self.stop_requested = True
         self._stop_on_every_rank = on_every_rank
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop_requested
 
     @property
     def stop_on_every_rank(self) -> bool:
@@ -318,8 +317,6 @@ _warned_classes: set[type] = set()
 def warn_misspelled_methods(hooks: Any) -> None:
     """Logs a WARNING, once per class, for each method of a hook class whose name is close to a
     hook method's but is not one (``after_runs``, ``beforeRun``): it would never be called."""
-    import difflib
-
     for hook in hooks:
         cls = type(hook)
         if cls in _warned_classes:

@@ -28,10 +28,10 @@ from supervisor.boundary import StepBoundary
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
 from supervisor.creator import SessionCreator
-from supervisor.dispatch import Dispatch, collect, results_of, run_after
+from supervisor.dispatch import NO_RESULTS, Dispatch, merge_feeds, results_of
 from supervisor.distributed.agreement import CollectiveAgreement
 from supervisor.errors import RecoverableError
-from supervisor.hook import Hook, RunContext, StepContext
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues, StepContext, check_run_args
 from supervisor.lifecycle import SessionLifecycle, check_exception_types
 from supervisor.session_requests import SessionRequests
 from supervisor.resume import loader_generators
@@ -265,10 +265,25 @@ class MonitoredSession(SessionRequests, SessionLifecycle):
 
     def _run_through_hooks(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
                            before: list[Hook], after: list[Hook], gated: bool) -> Any:
-        d, b = self._dispatch, self._boundary
+        d = self._dispatch
         self._in_step = True
         context = RunContext(fn, args, kwargs, self)
-        fetches, feeds = collect(before, context, kwargs) if before else (None, None)
+        fetches: dict[int, Any] | None = None
+        feeds: dict[str, Any] | None = None
+        for hook in before:
+            run_args = hook.before_run(context)
+            if run_args is None:
+                continue
+            if type(run_args) is not RunArgs:  # a clear TypeError, not AttributeError: 'list'...
+                run_args = check_run_args(hook, run_args)
+            if run_args.fetches is not None:
+                if fetches is None:
+                    fetches = {}
+                fetches[id(hook)] = run_args.fetches
+            if run_args.feeds:
+                if feeds is None:
+                    feeds, feeders = {}, {}
+                merge_feeds(feeds, feeders, run_args.feeds, hook, kwargs)
         output = fn(*args, **kwargs, **feeds) if feeds else fn(*args, **kwargs)
         self._global_step += 1
         self._after_increment = True
@@ -279,6 +294,7 @@ class MonitoredSession(SessionRequests, SessionLifecycle):
         self._after_run(context, after, results)
         if not gated and d.scheduled:
             d.regate(self._global_step + 1)
+        b = self._boundary
         if b.pending or self._resolve_every_step or b.actions_pending or self._stop_event.is_set():
             b.at_boundary(self)
         return output
@@ -286,7 +302,11 @@ class MonitoredSession(SessionRequests, SessionLifecycle):
     def _after_run(self, context: RunContext, after: list[Hook], results: dict | None) -> None:
         """``after_run`` of ``after`` for the step that just ran; a stop request goes to the boundary."""
         self._in_step = self._after_increment = True
-        stopper = run_after(context, after, results)
+        stopper = None
+        for hook in after:
+            hook.after_run(context, RunValues(results.get(id(hook))) if results else NO_RESULTS)
+            if stopper is None and context.stop_requested:
+                stopper = hook
         self._in_step = self._after_increment = False
         if stopper is not None:
             self._boundary.request_stop(f"{type(stopper).__name__} requested stop at step {self._global_step}",

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Iterator
 
+import torch
+
 from supervisor.errors import CheckpointError
 
 __all__ = ["TrainingState", "RESERVED_NAMES", "unwrap_module", "strip_wrapper_prefixes"]
@@ -148,8 +150,6 @@ def _check_optimizer(name: str, obj: Any, entry: Any, saved_class: Any) -> None:
     """An optimizer's state loads only into its own class: ``load_state_dict`` accepts another
     class's state and keeps its hyperparameters, and the first ``step()`` then fails (SGD:
     ``KeyError: 'momentum'``) or silently runs the other algorithm's settings."""
-    import torch
-
     if not isinstance(obj, torch.optim.Optimizer) or not isinstance(entry, Mapping):
         return
     current = class_name(obj)
@@ -196,8 +196,6 @@ def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
 def unwrap_module(obj: Any) -> Any:
     """Returns the module inside DDP / DataParallel / ``torch.compile`` wrappers (any nesting);
     any other object is returned as it is."""
-    import torch
-
     wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
     while isinstance(obj, torch.nn.Module):
         if isinstance(obj, wrappers):
@@ -242,8 +240,6 @@ def _strip(state_dict: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
 
 
 def _load_entry(name: str, obj: Any, entry: Any, strict: bool) -> None:
-    import torch
-
     try:
         if isinstance(obj, torch.nn.Module):
             entry = strip_wrapper_prefixes(entry, obj.state_dict().keys())

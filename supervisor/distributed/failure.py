@@ -15,6 +15,9 @@ naming the rank(s) found here, chained to the original error (`explain_collectiv
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
 from typing import Any
 
@@ -163,8 +166,6 @@ class HangWatchdog:
 
     def __init__(self, store: Any, rank: int, world_size: int, *, grace_secs: float,
                  interval_secs: float = 1.0) -> None:
-        import threading
-
         self._store, self.rank, self.world_size = store, rank, world_size
         self.grace_secs = grace_secs
         self._interval = min(interval_secs, grace_secs / 4)
@@ -267,8 +268,5 @@ class HangWatchdog:
         post_failure(self._store, self.rank, message)
         for handler in logging.getLogger().handlers:
             handler.flush()
-        import os
-        import sys
-
         print(f"RankFailureError: {message}", file=sys.stderr, flush=True)
         os._exit(1)
