@@ -244,6 +244,11 @@ class StepBoundary:
             action(session)
         session.coord.request_stop()  # service threads end
 
+    def mark_preempted(self) -> None:
+        """A signal arrived before any stop was decided: the run is not finished (`preempted`)."""
+        if not self.stopped:
+            self.preempted = True
+
     def note_stop_reason(self, reason: str) -> None:
         """Records why the session stops (the first reason wins)."""
         if self.stop_reason is None:

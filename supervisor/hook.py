@@ -30,7 +30,8 @@ called (it costs nothing on that path). The whole call order, as pseudocode::
     on a close caused by an exception:
         for h in hooks: h.on_exception(session, exc)            # cleanup only; no final checkpoint
 
-All hook calls go in list order.
+All hook calls go in list order. A hook that acts only from time to time declares when it is
+idle (`Hook.idle_until`): the session then skips its ``before_run``/``after_run`` until then.
 
 Example: a user hook that stops training once the learning rate falls below a floor::
 

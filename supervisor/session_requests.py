@@ -83,8 +83,7 @@ class SessionRequests:
             self._coord.request_stop(None)
 
     def _on_signal(self, *, reason: str) -> None:
-        if not self._boundary.stopped:
-            self._boundary.preempted = True
+        self._boundary.mark_preempted()
         self._signal_reason = reason
         self._signalled.set()  # ends a recovery's backoff at once
         self._boundary.request_stop(reason, preempted=True)  # the agreement carries it to every rank
