@@ -18,19 +18,27 @@ from __future__ import annotations
 
 __torch_supervisor_package__ = True  # see supervisor/_shadowing.py
 
-import supervisor as _supervisor
+import sys
 
-if not getattr(_supervisor, "__torch_supervisor_package__", False):  # a supervisor.py shadows ours
-    raise ImportError(
+
+def _shadowed() -> ImportError:
+    found = getattr(sys.modules.get("supervisor"), "__file__", None)
+    return ImportError(
         f"hooks needs torch-supervisor's 'supervisor' package, but import 'supervisor' found "
-        f"{getattr(_supervisor, '__file__', None)}, which shadows it (it comes first on sys.path); rename "
+        f"{found}, which shadows it (it comes first on sys.path); rename "
         "your supervisor.py (e.g. to my_supervisor.py), or uninstall supervisord's `supervisor` package: it "
         "cannot share an environment with torch-supervisor")
 
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues  # noqa: E402
+
+try:  # the protocol's own module: hooks never imports the supervisor package's front doors
+    from supervisor.hook import Hook, IdleUntil, RunArgs, RunContext, RunValues
+except ImportError as error:  # a supervisor.py, or supervisord's package, shadows ours
+    raise _shadowed() from error
+if not getattr(sys.modules.get("supervisor"), "__torch_supervisor_package__", False):
+    raise _shadowed()
 
 from hooks.basic import FeedFnHook, FinalOpsHook, GlobalStepWaiterHook
-from hooks.checkpoint import CheckpointSaverHook, CheckpointSaverListener
+from hooks.checkpoint import CheckpointSaverHook, CheckpointSaverListener, SaveScheduleOnWorker  # the last: front doors only
 from hooks.early_stopping import (
     EarlyStoppingHook,
     make_early_stopping_hook,
@@ -57,6 +65,7 @@ __all__ = [
     "FinalOpsHook",
     "GlobalStepWaiterHook",
     "Hook",
+    "IdleUntil",
     "LoggingTensorHook",
     "NanTensorHook",
     "NeverTriggerTimer",

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import logging
-import numbers
 from typing import Any
 
 from supervisor._paths import check_directory
 from supervisor._validate import check_int, check_number
+from supervisor.summary import SummaryWriterCache
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ class WriterSlot:
             self.writer = None
             self._tell_once(logging.INFO, "%s writes no summaries: this process is not the chief")
         elif self._output_dir is not None:
-            from supervisor.summary import SummaryWriterCache
-
             self.writer = SummaryWriterCache.get(self._output_dir)
         else:
             self.writer = getattr(session, "summary_writer", None)

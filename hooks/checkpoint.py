@@ -18,9 +18,10 @@ import os
 from typing import Any, Iterable
 
 from supervisor._paths import check_path
+from supervisor.checkpoint import CheckpointManager
 from supervisor.checkpoint.options import check_basename
 from supervisor.clock import Clock
-from supervisor.hook import Hook
+from supervisor.hook import Hook, IdleUntil
 
 from hooks._common import check_schedule
 from hooks.timer import SecondOrStepTimer
@@ -97,9 +98,9 @@ class CheckpointSaverHook(Hook):
         self._timer.update_last_triggered_step(step)
         session.save_at_stop(self._manager)
 
-    def _gate(self) -> tuple | None:
-        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.gate`)."""
-        return self._timer.gate()
+    def idle_until(self) -> IdleUntil | None:
+        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.idle_until`)."""
+        return self._timer.idle_until()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         if self._timer.trigger_if_due(run_context.session.global_step):
@@ -125,8 +126,6 @@ class CheckpointSaverHook(Hook):
         if manager is not None and os.path.abspath(manager.directory) == self._dir:
             return manager
         if self._own_manager is None:
-            from supervisor.checkpoint import CheckpointManager
-
             self._own_manager = CheckpointManager(self._dir, basename=self._basename, clock=self._clock)
             self._own_manager.open()
         return self._own_manager
@@ -137,7 +136,7 @@ class CheckpointSaverHook(Hook):
             manager.close(failed=failed)
 
 
-class _SaveScheduleOnWorker(Hook):
+class SaveScheduleOnWorker(Hook):
     """A non-chief rank's side of the chief's step-scheduled saves (state.pt format): asks for
     the same saves at the same steps so the agreement applies them at once on every rank (the
     chief writes; this rank takes part in the save's RNG gather). Private to the front doors."""
@@ -148,8 +147,8 @@ class _SaveScheduleOnWorker(Hook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.update_last_triggered_step(session.global_step)
 
-    def _gate(self) -> tuple | None:
-        return self._timer.gate()
+    def idle_until(self) -> IdleUntil | None:
+        return self._timer.idle_until()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         if self._timer.trigger_if_due(run_context.session.global_step):

@@ -5,7 +5,7 @@ import logging
 from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.hook import Hook, RunContext, RunValues
+from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 
 from hooks._common import WriterSlot, check_schedule
 from hooks.timer import SecondOrStepTimer
@@ -49,10 +49,10 @@ class StepCounterHook(Hook):
         self._last_step = None
         self._timer.reset()
 
-    def _gate(self) -> tuple | None:
+    def idle_until(self) -> IdleUntil | None:
         """The session skips this hook until its schedule may trigger (the session advances the
         step every run, so no stall goes unseen in between)."""
-        return self._timer.gate()
+        return self._timer.idle_until()
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         step = run_context.session.global_step

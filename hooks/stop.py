@@ -6,7 +6,7 @@ from typing import Any
 
 from supervisor._validate import check_int, check_number
 from supervisor.clock import Clock, resolve_clock
-from supervisor.hook import Hook, RunContext, RunValues
+from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 
 __all__ = ["StopAtStepHook", "StopAtSecsHook"]
 
@@ -56,9 +56,9 @@ class StopAtStepHook(Hook):
             session.request_stop(reason=f"StopAtStepHook: already at step {step} >= last_step={self._last_step}",
                                  on_every_rank=True)  # every rank restored the same step
 
-    def _gate(self) -> tuple | None:
+    def idle_until(self) -> IdleUntil | None:
         """The session skips this hook until the global step about to be taken reaches last_step."""
-        return None if self._last_step is None else ("step", self._last_step)
+        return None if self._last_step is None else IdleUntil.step_reaches(self._last_step)
 
     def after_run(self, run_context: RunContext, run_values: RunValues) -> None:
         if run_context.session.global_step >= self._last_step:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 from supervisor._scalars import describe_value, scalar_or_none, scalars_of
 from supervisor._validate import check_bool, check_callable
 from supervisor.clock import Clock
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
+from supervisor.hook import Hook, IdleUntil, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
 
 from hooks._common import WriterSlot, check_schedule
 from hooks.timer import SecondOrStepTimer
@@ -91,9 +91,9 @@ class SummarySaverHook(Hook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._slot.after_create_session(session)
 
-    def _gate(self) -> tuple | None:
-        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.gate`)."""
-        return None if self._first else self._timer.gate()
+    def idle_until(self) -> IdleUntil | None:
+        """The session skips this hook until its schedule may trigger (`SecondOrStepTimer.idle_until`)."""
+        return None if self._first else self._timer.idle_until()
 
     def before_run(self, run_context: RunContext) -> RunArgs | None:
         # The decision is about the step about to be taken: the post-increment step.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from supervisor.clock import Clock, resolve_clock
+from supervisor.hook import IdleUntil
 
 from hooks._common import check_schedule
 
@@ -69,15 +70,15 @@ class SecondOrStepTimer:
         self.update_last_triggered_step(step)
         return True
 
-    def gate(self) -> tuple | None:
-        """When this schedule may trigger next, for the session's gate: ``("step", n)`` (not
-        before the global step reaches ``n``), ``("time", monotonic, t)`` (not before
-        ``monotonic() >= t``), or None (it may at the next step asked about)."""
+    def idle_until(self) -> IdleUntil | None:
+        """When this schedule may trigger next, as a hook declares it (`Hook.idle_until`): not
+        before the global step reaches the next multiple, not before the clock reaches the next
+        interval, or None (it may at the next step asked about)."""
         if self._last_step is None:
             return None
         if self._every_steps is not None:
-            return ("step", self._last_step + self._every_steps)
-        return ("time", self._clock.monotonic, self._last_time + self._every_secs)
+            return IdleUntil.step_reaches(self._last_step + self._every_steps)
+        return IdleUntil.clock_reaches(self._clock.monotonic, self._last_time + self._every_secs)
 
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         """Records a trigger at ``step``; returns ``(elapsed_secs, elapsed_steps)`` since the

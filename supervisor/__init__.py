@@ -38,8 +38,8 @@ from supervisor.errors import (
     RecoverableError,
     SupervisorError,
 )
-from supervisor.hook import Hook, RunArgs, RunContext, RunValues, StepCall
-from supervisor.session import MonitoredSession, StepContext
+from supervisor.hook import Hook, IdleUntil, RunArgs, RunContext, RunValues, StepCall, StepContext
+from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState
 from supervisor.supervisor import Supervisor
 from supervisor.training_session import MonitoredTrainingSession, SingularMonitoredSession
@@ -68,6 +68,7 @@ __all__ = [
     "Clock",
     "Coordinator",
     "Hook",
+    "IdleUntil",
     "LogdirInUseError",
     "StopRequestedError",
     "LooperThread",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from typing import Any, Callable, Iterable
 
 __all__ = [

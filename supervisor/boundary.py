@@ -33,94 +33,24 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from supervisor.agreement import NO_REQUESTS, Agreement, Decision, LocalAgreement, Requests
 from supervisor.checkpoint.safe_globals import check_loadable
 
 if TYPE_CHECKING:
     from supervisor.checkpoint.manager import CheckpointManager
+    from supervisor.checkpoint.manager_common import PendingSave
 
+# Requests, Decision, Agreement and LocalAgreement live in supervisor.agreement; re-exported here,
+# where they were first published.
 __all__ = ["Agreement", "Commit", "Decision", "LocalAgreement", "Requests", "StepBoundary"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Requests:
-    """What one process asked for since the last boundary: the input of an `Agreement`.
-
-    Attributes:
-        save_reasons: why a save was asked for (empty: no save requested).
-        stop_reason: why a stop was asked for (None: no stop requested).
-        stop_on_every_rank: the stop is one every process requests at this same step (e.g. a
-            step count known to all ranks, `StopAtStepHook`), so an agreement may apply it at once.
-        save_on_every_rank: likewise for a save (a step schedule every rank runs, e.g. the
-            ``save_checkpoint_steps`` of `MonitoredTrainingSession`).
-        preempted: the stop was caused by a signal (SIGTERM/SIGINT): the run is not finished.
-    """
-
-    save_reasons: tuple[str, ...] = ()
-    stop_reason: str | None = None
-    stop_on_every_rank: bool = False
-    save_on_every_rank: bool = False
-    preempted: bool = False
-
-    @property
-    def save(self) -> bool:
-        return bool(self.save_reasons)
-
-    @property
-    def stop(self) -> bool:
-        return self.stop_reason is not None
-
-
-NO_REQUESTS = Requests()
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What every process does at a boundary: capture a checkpoint, stop, or both.
-    ``preempted``: a signal on some process caused the stop (every process reports preempted)."""
-
-    step: int
-    save: bool = False
-    stop: bool = False
-    save_reasons: tuple[str, ...] = ()
-    stop_reason: str | None = None
-    preempted: bool = False
-
-
-class Agreement:
-    """Combines one process's `Requests` into the `Decision` every process applies.
-
-    The base class is the identity, for one process: the requests of step N are the decision of
-    step N. A distributed agreement (``supervisor.distributed``) combines the requests of every
-    rank with one small collective per step, started at boundary N and applied at N+1, so every
-    rank stops and captures each checkpoint at the same step.
-    """
-
-    #: Whether a decision can be taken between steps without the other processes (the identity
-    #: can; a collective cannot, since every rank must call it the same number of times).
-    local = True
-
-    def decide(self, step: int, requests: Requests) -> Decision:
-        """The decision for the boundary after ``step``, given this process's ``requests``."""
-        if requests is NO_REQUESTS:
-            return Decision(step)
-        return Decision(step, save=requests.save, stop=requests.stop,
-                        save_reasons=requests.save_reasons, stop_reason=requests.stop_reason,
-                        preempted=requests.stop and requests.preempted)
-
-    def close(self, error: BaseException | None = None) -> BaseException | None:
-        """Releases what the agreement holds (process groups, pending collectives); ``error``:
-        the session is closing because of it (a collective agreement tells the other ranks).
-        Returns the error the session raises instead of ``error`` (a collective agreement names
-        the rank whose failure made this rank's collective fail), or None."""
-        return None
-
-
-LocalAgreement = Agreement
+# The stop is the session's lifecycle event: logged under the session's name, as before the
+# boundary owned it (users and the sidecar evaluator's quiet sessions filter on that name).
+session_logger = logging.getLogger("supervisor.session")
 
 
 @dataclass(frozen=True)
@@ -135,7 +65,6 @@ class Commit:
 class _Listener:
     listener: Any
     manager: Any
-    skip_stop_steps: set[int] = field(default_factory=set)
 
 
 class StepBoundary:
@@ -143,9 +72,15 @@ class StepBoundary:
 
     Owned by a `MonitoredSession`; thread-safe for requests. Hooks reach it through the session
     (``session.request_save``, ``session.request_stop``, ``session.add_checkpoint_listener``).
+    It also holds the outcome: whether a boundary decided to stop (`stopped`), why
+    (`stop_reason`), and whether a signal caused it (`preempted`).
 
     Args:
         agreement: how this process's requests become the decision (default: the identity).
+
+    Attributes (read on the session's per-step path, without the lock):
+        pending: requests or commit notifications wait for the next boundary.
+        actions_pending: `call_at_boundary` actions wait for the next boundary.
     """
 
     def __init__(self, agreement: Agreement | None = None) -> None:
@@ -155,8 +90,14 @@ class StepBoundary:
         self._stop_reason: str | None = None
         self._stop_on_every_rank = False
         self._save_on_every_rank = False
-        self._preempted = False
-        self._pending = False
+        self._stop_preempted = False
+        self.pending = False
+        self.actions_pending = False
+        self._actions: list[Callable[[Any], Any]] = []
+        self._stop_actions: list[Callable[[Any], Any]] = []
+        self.stopped = False
+        self.stop_reason: str | None = None
+        self.preempted = False
         self._commits: deque[tuple[Any, Commit]] = deque()
         self._listeners: list[_Listener] = []
         self._final_save_managers: list[Any] = []
@@ -165,11 +106,6 @@ class StepBoundary:
         self._managers: list[Any] = []  # every manager a capture went through
 
     # ---------------------------------------------------------------- requests (any thread)
-    @property
-    def pending(self) -> bool:
-        """Whether anything waits for the next boundary (read on the hot path, no lock)."""
-        return self._pending
-
     @property
     def stop_pending(self) -> bool:
         """Whether a stop was requested and waits for the next boundary."""
@@ -185,60 +121,77 @@ class StepBoundary:
             return stop_ok and save_ok and not self._commits and (
                 self._stop_reason is not None or bool(self._save_reasons))
 
-    def request_save(self, reason: str, manager: Any = None, *, save_on_every_rank: bool = False) -> None:
+    def request_save(self, reason: str, manager: Any = None, *, on_every_rank: bool = False) -> None:
         """A save at the next boundary, through ``manager`` (default: the session's)."""
         with self._lock:
             self._save_reasons.append(reason)
             self._save_managers.append(manager)
-            self._save_on_every_rank = self._save_on_every_rank or save_on_every_rank
-            self._pending = True
+            self._save_on_every_rank = self._save_on_every_rank or on_every_rank
+            self.pending = True
 
-    def request_stop(self, reason: str, *, stop_on_every_rank: bool = False, preempted: bool = False) -> None:
+    def request_stop(self, reason: str, *, on_every_rank: bool = False, preempted: bool = False) -> None:
         """A stop at the next boundary; ``preempted``: caused by a signal (it reaches every rank)."""
         with self._lock:
             if self._stop_reason is None:
                 self._stop_reason = reason
-                self._stop_on_every_rank = stop_on_every_rank
-            self._preempted = self._preempted or preempted
-            self._pending = True
+                self._stop_on_every_rank = on_every_rank
+            self._stop_preempted = self._stop_preempted or preempted
+            self.pending = True
 
     def report_commit(self, manager: Any, step: int, path: str) -> None:
-        """Called by a checkpoint manager's writer thread when a checkpoint committed."""
+        """A checkpoint committed (from the writer thread): delivered at the next boundary."""
         with self._lock:
             self._commits.append((manager, Commit(step, path)))
-            self._pending = True
+            self.pending = True
+
+    def call_at_boundary(self, action: Callable[[Any], Any]) -> None:
+        """Runs ``action(session)`` on the training thread at the next boundary (any thread)."""
+        with self._lock:
+            self._actions.append(action)
+            self.actions_pending = True
+
+    def call_when_stopping(self, action: Callable[[Any], Any]) -> None:
+        """Runs ``action(session)`` once at the boundary that decides the stop."""
+        self._stop_actions.append(action)
 
     def take_requests(self) -> Requests:
         with self._lock:
             if not (self._save_reasons or self._stop_reason is not None):
-                self._pending = bool(self._commits)
+                self.pending = bool(self._commits)
                 return NO_REQUESTS
             requests = Requests(tuple(self._save_reasons), self._stop_reason, self._stop_on_every_rank,
-                                self._save_on_every_rank, self._preempted and self._stop_reason is not None)
-            self._save_reasons.clear()
-            self._stop_reason = None
-            self._stop_on_every_rank = self._save_on_every_rank = self._preempted = False
-            self._pending = bool(self._commits)
+                                self._save_on_every_rank, self._stop_preempted and self._stop_reason is not None)
+            self._clear_requests()
+            self.pending = bool(self._commits)
             return requests
 
     def take_commits(self) -> list[tuple[Any, Commit]]:
         with self._lock:
             commits = list(self._commits)
             self._commits.clear()
-            self._pending = bool(self._save_reasons or self._stop_reason is not None)
+            self.pending = bool(self._save_reasons or self._stop_reason is not None)
             return commits
 
+    def _clear_requests(self) -> None:
+        self._save_reasons.clear()
+        self._stop_reason = None
+        self._stop_on_every_rank = self._save_on_every_rank = self._stop_preempted = False
+
     def clear(self) -> None:
-        """Forgets requests and registrations (a session re-creation registers them again).
-        Undelivered commit notifications are kept: the checkpoints did commit."""
+        """Forgets requests, actions and registrations (a session re-creation registers them
+        again). Undelivered commit notifications are kept: the checkpoints did commit."""
         with self._lock:
-            self._save_reasons.clear()
-            self._stop_reason = None
-            self._stop_on_every_rank = self._save_on_every_rank = self._preempted = False
+            self._clear_requests()
             self._save_managers.clear()
-            self._pending = bool(self._commits)
+            self._actions.clear()
+            self.actions_pending = False
+            self.pending = bool(self._commits)
         self._listeners.clear()
         self._final_save_managers.clear()
+
+    def clear_stop_actions(self) -> None:
+        """Forgets `call_when_stopping` registrations (each session creation registers them)."""
+        self._stop_actions.clear()
 
     # ---------------------------------------------------------------- registrations (training thread)
     def add_listener(self, listener: Any, manager: Any) -> None:
@@ -261,10 +214,48 @@ class StepBoundary:
             return True
         return False
 
+    # ---------------------------------------------------------------- the boundary (training thread)
+    def at_boundary(self, session: Any) -> None:
+        """Runs the queued actions, turns a coordinator stop into a request, resolves, and
+        applies a decided stop: the whole boundary after the step that just ended."""
+        if self.actions_pending:
+            with self._lock:
+                actions, self._actions = self._actions, []
+                self.actions_pending = False
+            for action in actions:
+                action(session)
+        coord = session.coord
+        if coord.stop_event.is_set() and not self.stopped:
+            if coord.exception is not None:
+                return  # an error: should_stop() is True, close re-raises it (or run() recovers)
+            if not self.stop_pending:
+                self.request_stop(coord.describe_stop())
+        decision = self.resolve(session, session.global_step)
+        if decision.stop and not self.stopped:
+            self.preempted = self.preempted or decision.preempted  # a signal on any rank (§12)
+            self.apply_stop(session, decision.stop_reason or "stop requested")
 
-    # ---------------------------------------------------------------- resolution (training thread)
+    def apply_stop(self, session: Any, reason: str) -> None:
+        """The stop: `stopped` becomes True, the stop actions run, the service threads end."""
+        self.stopped = True
+        self.note_stop_reason(reason)
+        session_logger.info("stopping at step %d: %s", session.global_step, self.stop_reason)
+        for action in self._stop_actions:
+            action(session)
+        session.coord.request_stop()  # service threads end
+
+    def mark_preempted(self) -> None:
+        """A signal arrived before any stop was decided: the run is not finished (`preempted`)."""
+        if not self.stopped:
+            self.preempted = True
+
+    def note_stop_reason(self, reason: str) -> None:
+        """Records why the session stops (the first reason wins)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
     def resolve(self, session: Any, step: int) -> Decision:
-        """Delivers commits, agrees, captures: steps 1–3 of the module docstring. The session
+        """Delivers commits, agrees, captures: steps 1–3 of the module docstring. The caller
         applies the stop (step 4) from the returned decision."""
         if self._commits:
             self.deliver(session, allow_stop=True)
@@ -277,23 +268,26 @@ class StepBoundary:
             managers = [default if m is None else m for m in managers or [None]]
             for manager in _unique([m for m in managers if m is not None]):
                 if manager.last_saved_step != step:
-                    self.capture(session, manager, step, ", ".join(decision.save_reasons))
+                    self.capture(session, manager, step, ", ".join(decision.save_reasons),
+                                 rng_states=decision.rng_states)
         if decision.stop:
             for manager in self._final_save_managers:
                 if manager.last_saved_step != step:
-                    self.capture(session, manager, step, f"final checkpoint ({decision.stop_reason})")
+                    self.capture(session, manager, step, f"final checkpoint ({decision.stop_reason})",
+                                 rng_states=decision.rng_states)
         return decision
 
     def capture(self, session: Any, manager: CheckpointManager, step: int, reason: str, *,
-                wait: bool = False, creation: bool = False) -> str:
+                wait: bool = False, creation: bool = False, rng_states: Any = None) -> str:
         """The one call site of a checkpoint manager's ``save``: listeners' ``before_save``,
-        then the capture (the writer reports the commit back to this boundary)."""
+        then the capture. The save comes back as a value (`PendingSave`): its commit reaches
+        this boundary through its future. ``rng_states``: every rank's RNG states the agreement
+        gathered for this step (`Decision.rng_states`), None on one process."""
         if all(m is not manager for m in self._managers):
             # The first save through a manager: what it writes must load at the next resume.
             check_loadable(session.training_state.state_dict(), getattr(manager, "trusted_globals", ()),
                            manager.path_of(step), step)
             self._managers.append(manager)
-        manager.on_commit = functools.partial(self.report_commit, manager)
         listeners = self.listeners_of(manager)
         if listeners:
             self._finish_previous_save(session, manager, step)
@@ -302,7 +296,14 @@ class StepBoundary:
         if creation:
             self._creation_steps[id(manager)] = step
         logger.debug("capturing the checkpoint of step %d (%s)", step, reason)
-        return manager.save(step, session.training_state, wait=wait)
+        pending = manager.start_save(step, session.training_state, wait=wait, rng_states=rng_states)
+        pending.committed.add_done_callback(functools.partial(self._committed, manager, pending))
+        return pending.path
+
+    def _committed(self, manager: Any, pending: PendingSave, future: Any) -> None:
+        """A save's future resolved (on the writer thread): its commit waits for the next boundary."""
+        if not future.cancelled() and future.exception() is None:
+            self.report_commit(manager, pending.step, pending.path)
 
     def _finish_previous_save(self, session: Any, manager: CheckpointManager, step: int) -> None:
         """Listener calls alternate as in TF (SPEC §3.5): at most one save is in flight, so this

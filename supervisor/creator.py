@@ -19,6 +19,8 @@ import inspect
 import logging
 from typing import Any, Callable
 
+import torch
+
 from supervisor._validate import check_bool, check_callable
 from supervisor.checkpoint.restore import Restored
 from supervisor.environment import SessionEnvironment
@@ -31,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 def default_ready_fn(session: Any) -> str | None:
     """Reports uninitialised lazy parameters (``torch.nn.UninitializedParameter``), if any."""
-    import torch
-
     missing = []
     for name, obj in session.state.items():
         if isinstance(obj, torch.nn.Module):
@@ -89,6 +89,13 @@ class SessionCreator:
     is_chief = property(lambda self: self.environment.is_chief)
     summary_writer = property(lambda self: self.environment.summary_writer)
     checkpoints = property(lambda self: self.environment.checkpoints)
+
+    @property
+    def checkpoints_per_rank(self) -> bool:
+        """Whether every rank's checkpoint manager saves its own part at the same step (a sharded,
+        DCP manager): each rank then writes its own RNG state, and the ranks' agreement gathers
+        none to the chief."""
+        return bool(getattr(self.checkpoints, "collective", False))  # duck-typed managers: False
 
     def restore(self, session: Any) -> Restored | None:
         """Restores the state from a checkpoint; the in-memory creator has none."""

@@ -1,4 +1,5 @@
-"""The session-run hook protocol (SPEC §3.2): `Hook`, `RunArgs`, `RunContext`, `RunValues`.
+"""The session-run hook protocol (SPEC §3.2): `Hook`, `RunArgs`, `RunContext`, `RunValues`,
+`StepContext`, and `IdleUntil` (a hook's public schedule, so the session skips it when idle).
 
 A hook is called at fixed points of a `MonitoredSession`'s life. Every method of `Hook` is a
 no-op, so a hook overrides only what it needs, and a method a hook does not override is never
@@ -29,7 +30,8 @@ called (it costs nothing on that path). The whole call order, as pseudocode::
     on a close caused by an exception:
         for h in hooks: h.on_exception(session, exc)            # cleanup only; no final checkpoint
 
-All hook calls go in list order.
+All hook calls go in list order. A hook that acts only from time to time declares when it is
+idle (`Hook.idle_until`): the session then skips its ``before_run``/``after_run`` until then.
 
 Example: a user hook that stops training once the learning rate falls below a floor::
 
@@ -43,13 +45,15 @@ Example: a user hook that stops training once the learning rate falls below a fl
 """
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["Hook", "RunArgs", "RunContext", "RunValues", "StepCall", "check_fetch_structure", "check_named_fetches",
-           "check_run_args", "overrides", "resolve_fetches", "warn_misspelled_methods"]
+__all__ = ["Hook", "IdleUntil", "RunArgs", "RunContext", "RunValues", "StepCall", "StepContext", "check_fetch_structure",
+           "check_named_fetches", "check_run_args", "declares_schedule", "overrides", "resolve_fetches",
+           "warn_misspelled_methods"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +83,52 @@ class Hook:
         """Called once when the session closes because of an exception. Release resources
         here; the training state may be mid-step."""
 
+    def idle_until(self) -> IdleUntil | None:
+        """The schedule of a hook that acts only from time to time (a step or time interval):
+        until when the session may skip its ``before_run``/``after_run``, or None (call them at
+        the next step). Asked after each step on which the hook was called.
+
+        Only a class that defines both ``idle_until`` and its ``before_run``/``after_run`` (or
+        inherits them from `Hook`) is skipped: a subclass that overrides ``after_run`` alone is
+        called on every step. Calling a hook more often than it declares is always correct.
+        """
+        return None
+
+
+@dataclass(frozen=True)
+class IdleUntil:
+    """What `Hook.idle_until` returns: the hook has nothing to do before the step about to be
+    taken reaches ``step``, or before ``clock()`` (a monotonic clock) reaches ``time``."""
+
+    step: int | None = None
+    time: float = 0.0
+    clock: Callable[[], float] | None = None
+
+    @classmethod
+    def step_reaches(cls, step: int) -> IdleUntil:
+        return cls(step=step)
+
+    @classmethod
+    def clock_reaches(cls, clock: Callable[[], float], time: float) -> IdleUntil:
+        return cls(time=time, clock=clock)
+
 
 def overrides(hook: Hook, method: str) -> bool:
     """Whether ``hook``'s class overrides `Hook`'s no-op ``method``."""
     return getattr(type(hook), method, None) is not getattr(Hook, method)
+
+
+def declares_schedule(hook: Hook) -> bool:
+    """Whether the session may skip ``hook``'s ``before_run``/``after_run`` on the steps its
+    `Hook.idle_until` rules out: its class declares a schedule, and the methods it runs per step
+    are those of the class that declares it (or `Hook`'s no-ops)."""
+    def owner(name: str) -> type | None:
+        return next((c for c in type(hook).__mro__ if name in c.__dict__), None)
+
+    schedule = owner("idle_until")
+    if schedule is Hook or schedule is None:
+        return False
+    return all(owner(name) in (schedule, Hook) for name in ("before_run", "after_run"))
 
 
 @dataclass(frozen=True)
@@ -112,12 +158,14 @@ class StepCall(NamedTuple):
 class RunContext:
     """What a hook sees of the current step: the original call, the session, and a stop switch."""
 
-    __slots__ = ("_fn", "_args", "_kwargs", "session", "_stop_requested", "_stop_on_every_rank")
+    __slots__ = ("_fn", "_args", "_kwargs", "session", "stop_requested", "_stop_on_every_rank")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, session: Any) -> None:
         self._fn, self._args, self._kwargs = fn, args, kwargs
         self.session = session
-        self._stop_requested = False
+        #: Whether a hook called `request_stop` during this step (read by the session after
+        #: each ``after_run``: a plain attribute, as cheap to read as the step path needs).
+        self.stop_requested = False
         self._stop_on_every_rank = False
 
     @property
@@ -129,12 +177,32 @@ class RunContext:
         """Ends training after this step: ``session.should_stop()`` becomes True at this step's
         boundary. ``on_every_rank=True`` says every rank of a distributed job requests it at this
         same step (e.g. a step count), so the ranks' agreement applies it without a round trip."""
-        self._stop_requested = True
+        self.stop_requested = True
         self._stop_on_every_rank = on_every_rank
 
     @property
-    def stop_requested(self) -> bool:
-        return self._stop_requested
+    def stop_on_every_rank(self) -> bool:
+        """Whether the stop requested is one every rank requests at this same step."""
+        return self._stop_on_every_rank
+
+
+class StepContext:
+    """What ``run_step_fn``'s ``step_fn(step_context)`` receives (TF's ``StepContext``)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def run_with_hooks(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One step through the hooks: ``session.run(fn, *args, **kwargs)``."""
+        return self.session.run(fn, *args, **kwargs)
+
+    def request_stop(self) -> None:
+        """Ends the session cleanly at once: raises `StopIteration`, which the ``with`` swallows
+        after running ``end`` hooks. No per-step hook runs for the rest of this step."""
+        self.session.boundary.request_stop("step_fn requested stop")
+        raise StopIteration("step_fn has requested the iterations to stop")
 
 
 class RunValues(NamedTuple):
@@ -250,8 +318,6 @@ _warned_classes: set[type] = set()
 def warn_misspelled_methods(hooks: Any) -> None:
     """Logs a WARNING, once per class, for each method of a hook class whose name is close to a
     hook method's but is not one (``after_runs``, ``beforeRun``): it would never be called."""
-    import difflib
-
     for hook in hooks:
         cls = type(hook)
         if cls in _warned_classes:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Iterator
+
+import torch
 
 from supervisor.errors import CheckpointError
 
@@ -38,6 +41,15 @@ class TrainingState(Mapping):
         for name, obj in objects.items():
             _check_entry(name, obj, argument=f"state[{name!r}]")
         self._objects = objects
+
+    @property
+    def objects(self) -> Mapping[str, Any]:
+        """A read-only live view of the entries (``name -> stateful object``)."""
+        return MappingProxyType(self._objects)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict of entries this state holds (not a copy: changing it changes the state)."""
+        return self._objects
 
     @classmethod
     def from_arguments(cls, model: Any = None, optimizer: Any = None, state: Mapping[str, Any] | None = None) -> TrainingState:
@@ -138,8 +150,6 @@ def _check_optimizer(name: str, obj: Any, entry: Any, saved_class: Any) -> None:
     """An optimizer's state loads only into its own class: ``load_state_dict`` accepts another
     class's state and keeps its hyperparameters, and the first ``step()`` then fails (SGD:
     ``KeyError: 'momentum'``) or silently runs the other algorithm's settings."""
-    import torch
-
     if not isinstance(obj, torch.optim.Optimizer) or not isinstance(entry, Mapping):
         return
     current = class_name(obj)
@@ -186,8 +196,6 @@ def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
 def unwrap_module(obj: Any) -> Any:
     """Returns the module inside DDP / DataParallel / ``torch.compile`` wrappers (any nesting);
     any other object is returned as it is."""
-    import torch
-
     wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
     while isinstance(obj, torch.nn.Module):
         if isinstance(obj, wrappers):
@@ -232,8 +240,6 @@ def _strip(state_dict: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
 
 
 def _load_entry(name: str, obj: Any, entry: Any, strict: bool) -> None:
-    import torch
-
     try:
         if isinstance(obj, torch.nn.Module):
             entry = strip_wrapper_prefixes(entry, obj.state_dict().keys())

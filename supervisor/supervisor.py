@@ -23,7 +23,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir
-from supervisor.checkpoint.options import check_capture, check_trusted_globals
+from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
+from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
+from supervisor.checkpoint.options import check_capture, check_trusted_globals, check_writable_directory
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creator import SessionCreator, check_session_fns
@@ -33,6 +35,7 @@ from supervisor.hook import Hook
 from supervisor.services import SupervisorServices
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
+from supervisor.summary import SummaryWriterCache
 
 __all__ = ["Supervisor"]
 
@@ -132,7 +135,7 @@ class Supervisor:
     # ---------------------------------------------------------------- the session
     def managed_session(self) -> _ManagedSession:
         """A context manager yielding the initialised or restored session (SPEC §3, §4)."""
-        return _ManagedSession(self)
+        return _ManagedSession(self._open_session, self._session_closed)
 
     def _open_session(self) -> MonitoredSession:
         with self._lock:
@@ -151,15 +154,20 @@ class Supervisor:
                                           summary_fn=self._summary_fn, clock=self._clock)
             self._user_loops.clear()
             self._session = MonitoredSession(
-                creator, [services, _RestartUserLoops(self), *self._hooks],
+                creator, [services, _RestartUserLoops(self._restart_user_loops), *self._hooks],
                 stop_grace_secs=self._stop_grace_secs, recoverable_exceptions=self._recoverable,
                 max_recoveries=self._max_recoveries, handle_signals=self._handle_signals,
                 coord=self._coord, clock=self._clock)
             return self._session
 
-    def _session_closed(self) -> None:
+    def _session_closed(self, last_step: int) -> None:
         with self._lock:
             self._session = None
+            self._last_step = last_step
+
+    def _restart_user_loops(self, coord: Coordinator) -> None:
+        for interval_secs, target, args, kwargs in self._user_loops:
+            LooperThread.loop(coord, interval_secs, target, args, kwargs, clock=self._clock)
 
     # ---------------------------------------------------------------- TF's Supervisor API
     @property
@@ -191,11 +199,13 @@ class Supervisor:
         """The open session's global step (the last session's once it closed; 0 before)."""
         return self._session.global_step if self._session is not None else self._last_step
 
-    def request_stop(self, ex: BaseException | None = None) -> None:
+    def request_stop(self, exc: BaseException | None = None) -> None:
+        """Ends the open session (as `MonitoredSession.request_stop`) or the services; an
+        ``exc`` is re-raised at close."""
         if self._session is not None:
-            self._session.request_stop(ex)
+            self._session.request_stop(exc)
         else:
-            self._coord.request_stop(ex)
+            self._coord.request_stop(exc)
 
     def should_stop(self) -> bool:
         return self._coord.should_stop()
@@ -235,24 +245,23 @@ class Supervisor:
 class _RestartUserLoops(Hook):
     """Starts the `Supervisor.loop` threads again after a recovery (the first creation has none)."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._supervisor = supervisor
+    def __init__(self, restart: Callable[[Coordinator], None]) -> None:
+        self._restart = restart
 
     def after_create_session(self, session: Any, coord: Coordinator) -> None:
-        sv = self._supervisor
-        for interval_secs, target, args, kwargs in sv._user_loops:
-            LooperThread.loop(coord, interval_secs, target, args, kwargs, clock=sv._clock)
+        self._restart(coord)  # none at the first creation: loops start inside the session
 
 
 class _ManagedSession:
     """The context manager behind `Supervisor.managed_session`."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._supervisor = supervisor
+    def __init__(self, open_session: Callable[[], MonitoredSession],
+                 session_closed: Callable[[int], None]) -> None:
+        self._open_session, self._session_closed = open_session, session_closed
         self._session: MonitoredSession | None = None
 
     def __enter__(self) -> MonitoredSession:
-        self._session = self._supervisor._open_session()
+        self._session = self._open_session()
         return self._session
 
     def __getattr__(self, name: str) -> Any:
@@ -264,12 +273,11 @@ class _ManagedSession:
                              f"s.{name}(...)`")
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        session, sv = self._session, self._supervisor
+        session = self._session
         try:
             return session.__exit__(exc_type, exc, tb)
         finally:
-            sv._last_step = session.global_step
-            sv._session_closed()
+            self._session_closed(session.global_step)
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
@@ -301,24 +309,16 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12)."""
     writer = None
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
-        from supervisor.checkpoint.options import check_writable_directory
-
         for directory, argument in ((checkpoint_dir, "checkpoint_dir"), (summary_dir, "summary_dir")):
             if directory is not None:
                 check_writable_directory(directory, argument=argument)
     if summary_dir is not None and is_chief:
-        from supervisor.summary import SummaryWriterCache
-
         writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
         creator.environment.owns_summary_writer = writer is not None
         return creator
-    from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
-
     if checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
-        from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
-
         sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,
                                            **(checkpoint_options or {}))  # save_mode too (async by default)
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,

@@ -31,6 +31,7 @@ from supervisor.creator import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir
+from supervisor._shadowing import import_builtin_hooks
 from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
@@ -90,42 +91,47 @@ def _build(
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
-    writes_summaries = is_chief and summary_dir is not None and (log_steps or summary_secs or summary_steps)
+    writes_summaries = bool(is_chief and summary_dir is not None and (log_steps or summary_secs or summary_steps))
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
         summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
         recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, **init_fns)
-    wants = (writes_summaries and (log_steps or summary_secs or summary_steps)) or (
-        checkpoint_dir is not None and (ckpt_secs or ckpt_steps))
-    from supervisor._shadowing import import_builtin_hooks
+    return creator, _default_hooks(
+        creator, is_chief=is_chief, checkpoint_dir=checkpoint_dir, checkpoint_format=checkpoint_format,
+        ckpt_secs=ckpt_secs, ckpt_steps=ckpt_steps, writes_summaries=writes_summaries, log_steps=log_steps,
+        summary_secs=summary_secs, summary_steps=summary_steps, chief_hooks=chief_hooks,
+        user_hooks=user_hooks, clock=clock)
 
-    if not is_chief and checkpoint_format == "dcp" and checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
+
+def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, checkpoint_format: str,
+                   ckpt_secs: float | None, ckpt_steps: int | None, writes_summaries: bool, log_steps: int | None,
+                   summary_secs: float | None, summary_steps: int | None, chief_hooks: list[Any],
+                   user_hooks: list[Any], clock: Clock) -> list[Any]:
+    """The hook list: the built-in hooks the schedules ask for, then the user's."""
+    saves = checkpoint_dir is not None and bool(ckpt_secs or ckpt_steps)
+    if not is_chief and checkpoint_format == "dcp" and saves:
         # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
         saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
                                                            save_steps=ckpt_steps, clock=clock)
         saver.schedule_on_every_rank = True
-        return creator, [saver] + user_hooks
+        return [saver] + user_hooks
     if not is_chief and distributed.is_distributed() and checkpoint_dir is not None and ckpt_steps:
-        from hooks.checkpoint import _SaveScheduleOnWorker
-
-        return creator, [_SaveScheduleOnWorker(ckpt_steps)] + user_hooks
-    if not is_chief or not wants:
-        return creator, (user_hooks if not is_chief else chief_hooks + user_hooks)
-
+        return [import_builtin_hooks().SaveScheduleOnWorker(ckpt_steps)] + user_hooks
+    if not is_chief or not (writes_summaries or saves):
+        return user_hooks if not is_chief else chief_hooks + user_hooks
     builtin = import_builtin_hooks()  # lazily (supervisor never imports hooks at import time), checked
-
     all_hooks = list(chief_hooks)
     if writes_summaries and log_steps:
         all_hooks.append(builtin.StepCounterHook(every_n_steps=log_steps, summary_writer=creator.summary_writer, clock=clock))
     if writes_summaries and (summary_secs or summary_steps):
         all_hooks.append(builtin.SummarySaverHook(save_steps=summary_steps, save_secs=summary_secs,
                                                   summary_writer=creator.summary_writer, clock=clock))
-    if checkpoint_dir is not None and (ckpt_secs or ckpt_steps):
+    if saves:
         saver = builtin.CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs, save_steps=ckpt_steps, clock=clock)
-        # Every rank of a distributed job runs this step schedule (workers: _SaveScheduleOnWorker).
+        # Every rank of a distributed job runs this step schedule (workers: SaveScheduleOnWorker).
         saver.schedule_on_every_rank = distributed.is_distributed()
         all_hooks.append(saver)
-    return creator, all_hooks + user_hooks
+    return all_hooks + user_hooks
 
 
 # What both front doors hand to `_build`: their own arguments of these names.
@@ -249,4 +255,4 @@ class SingularMonitoredSession(MonitoredSession):
 
     def raw_state(self) -> dict[str, Any]:
         """The training state's objects as a plain, mutable dict."""
-        return self._creator.state._objects
+        return self.training_state.as_dict()

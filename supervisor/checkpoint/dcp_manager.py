@@ -183,8 +183,9 @@ class ShardedCheckpointManager(ManagerCommon):
             self._inner.open()
 
     # ---------------------------------------------------------------- saving
-    def save(self, step: int, state: TrainingState, *, wait: bool = False) -> str:
+    def save(self, step: int, state: TrainingState, *, wait: bool = False, rng_states: Any = None) -> str:
         """Every rank's shards of ``state`` at ``step`` (a collective; see the class docstring).
+        ``rng_states`` is accepted as by `CheckpointManager.save` and unused: each rank writes its own.
 
         Returns:
             The path the checkpoint is committed to.
@@ -254,11 +255,7 @@ class ShardedCheckpointManager(ManagerCommon):
         finally:
             save.state_dict = None  # the staging buffers are reused by the next capture
         self._last_committed_step = save.step
-        if self.on_commit is not None:
-            try:
-                self.on_commit(save.step, path)
-            except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
-                logger.exception("reporting the commit of %s failed", path)
+        self._report_commit(save.step, path)
 
     def _agree_copied(self, save: dcp_commit.ShardedSave, pending: PendingCopy) -> bool:
         """Every rank's verdict on its overlapped copy, through the store: True when all are

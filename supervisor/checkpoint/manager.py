@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -238,9 +238,12 @@ class CheckpointManager(ManagerCommon):
         self.close(failed=exc is not None)
 
     # ---------------------------------------------------------------- saving
-    def save(self, step: int, state: TrainingState, *, wait: bool = False) -> str:
+    def save(self, step: int, state: TrainingState, *, wait: bool = False,
+             rng_states: Mapping[int, Any] | None = None) -> str:
         """Checkpoints ``state`` as of ``step``: captures it now, on this thread, then writes it
         in the background (``save_mode="async"``) or before returning (``"sync"``/``wait``).
+        ``rng_states``: every rank's RNG state, as the ranks' agreement gathered them for this
+        step (`supervisor.agreement.Decision.rng_states`); None: this process's only.
 
         Returns:
             The path the checkpoint is committed to (``<directory>/<basename>-<step>``).
@@ -255,7 +258,7 @@ class CheckpointManager(ManagerCommon):
         start = time.perf_counter()
         # A save the caller waits for writes the live CPU tensors: the caller is blocked until the
         # commit, so nothing changes them meanwhile (and the copy is a third of a 64 MiB save).
-        payload, pending = self._capture(step, state, copy=not (wait or self.save_mode == "sync"))
+        payload, pending = self._capture(step, state, copy=not (wait or self.save_mode == "sync"), rng_states=rng_states)
         capture_secs = time.perf_counter() - start
         self._last_saved_step = step
         self._pending = pending
@@ -280,8 +283,8 @@ class CheckpointManager(ManagerCommon):
         self._writer.wait()
         self._raise_undelivered()
 
-    def _capture(self, step: int, state: TrainingState, *,
-                 copy: bool = True) -> tuple[dict[str, Any], PendingCopy | None]:
+    def _capture(self, step: int, state: TrainingState, *, copy: bool = True,
+                 rng_states: Mapping[int, Any] | None = None) -> tuple[dict[str, Any], PendingCopy | None]:
         """The payload, and the background copy of an overlapped capture (None: all copied)."""
         try:
             objects, keys = overlap.plan(state, self.capture) if copy else ([], frozenset())
@@ -290,7 +293,7 @@ class CheckpointManager(ManagerCommon):
             pending = overlap.start(deferral, objects, self._copier)
             # With the generators of the state's data loaders (exact resume, supervisor/resume.py),
             # and every rank's state when the ranks' agreement gathered them for this step (§12).
-            rng = distributed_rng.states_for_checkpoint(step, capture_rng_state(loader_generators(state))) \
+            rng = distributed_rng.states_for_checkpoint(capture_rng_state(loader_generators(state)), rng_states) \
                 if self.save_rng else None
         except Exception as e:
             raise CheckpointError(f"capturing the training state for the checkpoint of step {step} "
@@ -322,12 +325,7 @@ class CheckpointManager(ManagerCommon):
         mib = result.nbytes / 2**20
         logger.info("committed %s in %.2f s (%.1f MiB at %.0f MiB/s; capture took %.3f s)", name,
                     result.write_secs, mib, mib / max(result.write_secs, 1e-9), capture_secs)
-        on_commit = self.on_commit
-        if on_commit is not None:
-            try:
-                on_commit(step, path)
-            except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
-                logger.exception("reporting the commit of %s failed", name)
+        self._report_commit(step, path)
 
     def _copied(self, step: int, pending: PendingCopy, outcome: list[CheckpointError] | None) -> bool:
         """Waits for an overlapped capture's copy; False when the save is discarded or failed."""

@@ -11,13 +11,26 @@ which waits for that settle).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from supervisor._validate import check_int
 from supervisor.errors import CheckpointError
 from supervisor.state import TrainingState
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PendingSave:
+    """A save as `start_save` returns it: the checkpoint of ``step`` goes to ``path``, and
+    ``committed`` resolves to ``path`` once it is committed (cancelled when the save failed
+    or was discarded: the manager's ``on_error`` and next call report why)."""
+
+    step: int
+    path: str
+    committed: Future
 
 
 class ManagerCommon:
@@ -28,6 +41,50 @@ class ManagerCommon:
     _failure: CheckpointError | None
     _failure_delivered: bool
     _pending: Any = None  # the overlapped capture's background copy (overlap.PendingCopy)
+    #: Whether every rank calls ``save`` at the same step and writes its own part (sharded).
+    collective: bool = False
+    #: ``on_commit(step, path)``, called on the writer thread once a checkpoint is committed.
+    on_commit: Callable[[int, str], Any] | None = None
+    _in_flight: dict[int, Future] | None = None  # start_save's futures by step
+
+    def start_save(self, step: int, state: TrainingState, *, wait: bool = False,
+                   rng_states: Mapping[int, Any] | None = None) -> PendingSave:
+        """`save`, returning the save as a value: its step, its path, and a future that resolves
+        when it commits (callbacks added to it run on the writer thread)."""
+        future: Future = Future()
+        with self._mutex:
+            if self._in_flight is None:
+                self._in_flight = {}
+            self._in_flight[int(step)] = future
+        kwargs = {"rng_states": rng_states} if rng_states is not None else {}
+        try:
+            path = self.save(step, state, wait=wait, **kwargs)  # type: ignore[attr-defined]
+        except BaseException:
+            with self._mutex:
+                if self._in_flight.get(int(step)) is future:
+                    del self._in_flight[int(step)]
+            future.cancel()
+            raise
+        return PendingSave(int(step), path, future)
+
+    def _report_commit(self, step: int, path: str) -> None:
+        """The commit of ``step``: resolves its `start_save` future, then calls ``on_commit``.
+        Commits come in save order (one writer): an earlier save still unresolved never commits
+        (it failed or was discarded), so its future is cancelled."""
+        with self._mutex:
+            done = [s for s in self._in_flight or () if s <= step]
+            futures = {s: self._in_flight.pop(s) for s in done}
+        for s, future in futures.items():
+            if s == step:
+                future.set_result(path)
+            else:
+                future.cancel()
+        on_commit = self.on_commit
+        if on_commit is not None:
+            try:
+                on_commit(step, path)
+            except Exception:  # noqa: BLE001 - the checkpoint is committed; a listener's queue failed
+                logger.exception("reporting the commit of %s failed", path)
 
     def _settle(self) -> None:
         """Waits (on this, the training thread) for an overlapped capture's copy to be done with

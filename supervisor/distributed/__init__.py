@@ -137,18 +137,8 @@ def destroy_process_group(*, timeout_secs: float = 60.0) -> None:
     dist.destroy_process_group()
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy: the wait helper imports the checkpoint engine, which imports this package.
-    if name in ("wait_for_global_step", "committed_step"):
-        from supervisor.distributed import wait
-
-        return getattr(wait, name)
-    if name == "CollectiveAgreement":
-        from supervisor.distributed.agreement import CollectiveAgreement
-
-        return CollectiveAgreement
-    if name == "RankFailureError":
-        from supervisor.distributed.failure import RankFailureError
-
-        return RankFailureError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The transport, re-exported where users import it (defined after the helpers above, which the
+# modules below use through this package).
+from supervisor.distributed.agreement import CollectiveAgreement  # noqa: E402
+from supervisor.distributed.failure import RankFailureError  # noqa: E402
+from supervisor.distributed.wait import committed_step, wait_for_global_step  # noqa: E402

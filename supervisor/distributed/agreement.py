@@ -2,8 +2,8 @@
 
 Each rank's requests of step N (a save: a time-based checkpoint, a listener, ``request_save``;
 a stop: ``StopAtSecsHook``, SIGTERM, a NaN, early stopping, ``request_stop``) go into one small
-asynchronous ``all_reduce`` (MAX over a ``2 × world_size`` int32 tensor: a save flag and a stop
-flag per rank; the stop flag is 2 for a stop caused by a signal) started at the boundary of step N on a gloo group of its own. The next step runs
+asynchronous ``all_reduce`` (MAX over the flags of `supervisor.agreement`: a save flag and a stop
+flag per rank, combined by its pure `combine`) started at the boundary of step N on a gloo group of its own. The next step runs
 while it travels; at the boundary of N+1 its result is applied on every rank. So:
 
 - any rank asks → every rank acts, at the same step (N+1 for a request made during step N);
@@ -26,6 +26,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import logging
@@ -35,7 +36,7 @@ import torch
 
 from supervisor import distributed
 from supervisor._validate import check_number
-from supervisor.boundary import NO_REQUESTS, Agreement, Decision, Requests
+from supervisor.agreement import NO_REQUESTS, Agreement, Decision, Requests, combine, flag_count, merge, write_flags
 from supervisor.distributed import channel as channel_module
 from supervisor.distributed import rng as rng_module
 from supervisor.distributed.failure import (
@@ -51,7 +52,6 @@ __all__ = ["CollectiveAgreement"]
 
 logger = logging.getLogger(__name__)
 
-_PREEMPTED = 2  # the stop flag of a stop caused by SIGTERM/SIGINT
 _NO_REASONS: tuple[tuple[str, ...], str | None] = ((), None)
 _GENERATIONS = itertools.count()  # agreements are created in the same order on every rank
 
@@ -96,11 +96,11 @@ class CollectiveAgreement(Agreement):
                                        distributed.default_store())
         self._watchdog: HangWatchdog | None = None
         self._pending: tuple[Any, torch.Tensor, int] | None = None
-        self._buffers = (torch.zeros(2 * self.world_size, dtype=torch.int32),
-                         torch.zeros(2 * self.world_size, dtype=torch.int32))
+        self._buffers = (torch.zeros(flag_count(self.world_size), dtype=torch.int32),
+                         torch.zeros(flag_count(self.world_size), dtype=torch.int32))
         self._options: Any = None
         self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
-        self._channel = channel_module.attach(modules, 2 * self.world_size)
+        self._channel = channel_module.attach(modules, flag_count(self.world_size))
         self._staged: tuple[int, tuple[tuple[str, ...], str | None]] = (0, ((), None))
         if self._channel is not None:
             self._channel.bind()
@@ -129,12 +129,12 @@ class CollectiveAgreement(Agreement):
         decision = self._collect(step)
         # carried is the same on every rank: DDP's all-reduce ran on all of them or on none
         if carried is not None and any(carried):
-            decision = _merge(decision, self._decode(step, carried, *self._staged))
+            decision = merge(decision, self._decode(step, carried, *self._staged))
         if requests.stop and requests.stop_on_every_rank:
-            decision = _merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason,
+            decision = merge(decision, Decision(step, stop=True, stop_reason=requests.stop_reason,
                                                  preempted=requests.preempted))
         if requests.save and requests.save_on_every_rank:  # every rank saves here: not sent on
-            decision = _merge(decision, Decision(step, save=True, save_reasons=requests.save_reasons))
+            decision = merge(decision, Decision(step, save=True, save_reasons=requests.save_reasons))
             requests = Requests(stop_reason=requests.stop_reason) if requests.stop else NO_REQUESTS
         if decision.stop:
             self._finished = True  # every rank stops here: no collective for a next boundary
@@ -143,7 +143,8 @@ class CollectiveAgreement(Agreement):
         else:
             self._start(step, requests)
         if self._gather_rng and (decision.save or decision.stop):
-            rng_module.gather(step, group=self._group, capture=self._capture_rng)
+            states = rng_module.gather(group=self._group, capture=self._capture_rng)
+            decision = dataclasses.replace(decision, rng_states=states)
         return decision
 
     def _first_boundary(self) -> None:
@@ -162,9 +163,8 @@ class CollectiveAgreement(Agreement):
             self._channel.stage(None)
             self._staged = (step, _NO_REASONS)
             return
-        flags = torch.zeros(2 * self.world_size)
-        flags[self.rank] = float(requests.save)
-        flags[self.world_size + self.rank] = float(_stop_flag(requests))
+        flags = torch.zeros(flag_count(self.world_size))
+        write_flags(flags, requests, rank=self.rank, world_size=self.world_size)
         self._channel.stage(flags)
         self._staged = (step, (requests.save_reasons, requests.stop_reason))
 
@@ -173,8 +173,7 @@ class CollectiveAgreement(Agreement):
         flags = self._buffers[self.collectives & 1]
         flags.zero_()
         if requests is not NO_REQUESTS:
-            flags[self.rank] = int(requests.save)
-            flags[self.world_size + self.rank] = _stop_flag(requests)
+            write_flags(flags, requests, rank=self.rank, world_size=self.world_size)
             self._local_reasons = (requests.save_reasons, requests.stop_reason)
         else:
             self._local_reasons = ((), None)
@@ -204,21 +203,8 @@ class CollectiveAgreement(Agreement):
 
     def _decode(self, step: int, values: list[Any], started: int,
                 local_reasons: tuple[tuple[str, ...], str | None]) -> Decision:
-        """The decision of a step from every rank's flags (a save and a stop flag per rank)."""
-        if not any(values):
-            return Decision(step)
-        savers = [r for r in range(self.world_size) if values[r]]
-        stoppers = [r for r in range(self.world_size) if values[self.world_size + r]]
-        own_saves, own_stop = local_reasons
-        save_reasons = tuple(own_saves) + tuple(f"save requested on rank {r} at step {started}"
-                                                for r in savers if r != self.rank)
-        stop_reason = None
-        if stoppers:
-            stop_reason = own_stop if self.rank in stoppers and own_stop else \
-                f"stop requested on rank {stoppers[0]} at step {started}"
-        preempted = any(values[self.world_size + r] >= _PREEMPTED for r in stoppers)
-        return Decision(step, save=bool(savers), stop=bool(stoppers), save_reasons=save_reasons,
-                        stop_reason=stop_reason, preempted=preempted)
+        """The decision of a step from every rank's flags (`supervisor.agreement.combine`)."""
+        return combine(values, step=step, started=started, rank=self.rank, own_reasons=local_reasons)
 
     def _failure(self, step: int, error: BaseException) -> RankFailureError:
         beating: set[int] = set()
@@ -288,19 +274,3 @@ class CollectiveAgreement(Agreement):
     def __repr__(self) -> str:
         return (f"CollectiveAgreement(rank={self.rank}, world_size={self.world_size}, "
                 f"stop_grace_secs={self.stop_grace_secs:g})")
-
-
-def _stop_flag(requests: Requests) -> int:
-    """This rank's stop flag: 0 none, 1 a stop, 2 a stop caused by a signal (MAX keeps it)."""
-    if not requests.stop:
-        return 0
-    return _PREEMPTED if requests.preempted else 1
-
-
-def _merge(a: Decision, b: Decision) -> Decision:
-    return Decision(a.step, save=a.save or b.save, stop=a.stop or b.stop,
-                    save_reasons=a.save_reasons + b.save_reasons,
-                    stop_reason=a.stop_reason or b.stop_reason,
-                    preempted=(a.stop and a.preempted) or (b.stop and b.preempted))
-
-

@@ -35,6 +35,7 @@ import logging
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["GradientChannel", "attach"]
 
@@ -153,8 +154,6 @@ def attach(modules: Any, flags_size: int) -> GradientChannel | None:
 
     None when there is no DDP model, or when it already has a communication hook of its own.
     """
-    from torch.nn.parallel import DistributedDataParallel
-
     for module in modules:
         if not isinstance(module, DistributedDataParallel):
             continue

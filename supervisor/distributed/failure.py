@@ -20,6 +20,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -201,8 +202,6 @@ class HangWatchdog:
 
     def __init__(self, store: Any, rank: int, world_size: int, *, grace_secs: float,
                  interval_secs: float = HEARTBEAT_SECS) -> None:
-        import threading
-
         self._store, self.rank, self.world_size = store, rank, world_size
         self.grace_secs = grace_secs
         self._interval = min(interval_secs, grace_secs / 4)

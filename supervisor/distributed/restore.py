@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from supervisor import distributed
+from supervisor.checkpoint.restore import apply_checkpoint, load_verified
 from supervisor.clock import Clock, resolve_clock
 from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
@@ -185,8 +186,6 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
         TimeoutError: no decision within ``max_wait_secs``.
         RuntimeError: the chief failed to restore (its error is quoted).
     """
-    from supervisor.checkpoint.restore import apply_checkpoint, load_verified
-
     decision = await_decision(next_key(), max_wait_secs=max_wait_secs, clock=clock)
     if decision.error is not None:
         raise RuntimeError(f"rank {distributed.rank()} cannot restore: the chief's restore failed with "

@@ -2,8 +2,9 @@
 
 A checkpoint keeps one RNG state per rank (``payload["rng"] = {rank: state}``). At an agreed
 save every rank takes part in one ``gather_object`` to the chief (`gather`, called by the
-`CollectiveAgreement` at the boundary, where every rank is at the same step) and the chief's
-capture stores all of them (`states_for_checkpoint`). Saves that are not agreed (the save at
+`CollectiveAgreement` at the boundary, where every rank is at the same step); the states ride in
+the agreement's `Decision` to the chief's capture, which stores all of them
+(`states_for_checkpoint`). Saves that are not agreed (the save at
 session creation, ``save_checkpoint()`` between steps on the chief) hold the chief's state only.
 
 On restore each rank takes its own state back (`restore_for_rank`). When the world size changed:
@@ -19,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import threading
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,35 +32,28 @@ __all__ = ["derived_seed", "gather", "restore_for_rank", "states_for_checkpoint"
 
 logger = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_gathered: tuple[int, dict[int, Any]] | None = None
-
-
-def gather(step: int, group: Any = None, capture: Any = None) -> None:
-    """Every rank's RNG state to the chief (rank 0), kept for the capture of ``step``.
-    A collective: every rank of ``group`` must call it at the same boundary. ``capture()``
+def gather(group: Any = None, capture: Any = None) -> dict[int, Any] | None:
+    """Every rank's RNG state to the chief (rank 0): ``{rank: state}`` there, None on the
+    other ranks. A collective: every rank of ``group`` must call it at the same boundary (the
+    agreement does, and hands the states to the capture in its `Decision`). ``capture()``
     returns this rank's state (default: `supervisor.rng.capture_rng_state`)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # optional at import: torch.distributed may be unavailable
 
-    global _gathered
     own = capture() if capture is not None else capture_rng_state()
     size = dist.get_world_size(group)
     out: list[Any] | None = [None] * size if dist.get_rank() == 0 else None
     dist.gather_object(own, out, dst=0, group=group)
-    if out is not None:
-        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
-        with _lock:
-            _gathered = (int(step), {int(r): s for r, s in zip(ranks, out)})
+    if out is None:
+        return None
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+    return {int(r): s for r, s in zip(ranks, out)}
 
 
-def states_for_checkpoint(step: int, own: Any) -> dict[int, Any]:
-    """The RNG states a checkpoint of ``step`` stores: every rank's when they were gathered at
-    this step's boundary, else only ``own`` (this process's, just captured) under its rank."""
-    global _gathered
-    with _lock:
-        gathered, _gathered = _gathered, None
-    if gathered is not None and gathered[0] == step:
-        states = dict(gathered[1])
+def states_for_checkpoint(own: Any, gathered: Mapping[int, Any] | None = None) -> dict[int, Any]:
+    """The RNG states a checkpoint stores: every rank's when the agreement ``gathered`` them at
+    this boundary, else only ``own`` (this process's, just captured) under its rank."""
+    if gathered is not None:
+        states = dict(gathered)
         states[distributed.rank()] = own  # the same state, captured at the capture itself
         return states
     return {distributed.rank(): own}

@@ -17,6 +17,8 @@ import os
 from typing import Callable
 
 from supervisor._validate import check_int, check_number
+from supervisor.checkpoint.format import step_of
+from supervisor.checkpoint.index import read_index
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["committed_step", "wait_for_global_step"]
@@ -27,9 +29,6 @@ logger = logging.getLogger(__name__)
 def committed_step(logdir: str | os.PathLike, basename: str = "model.ckpt") -> int | None:
     """The step of the checkpoint ``logdir``'s index points at; None when there is none yet.
     Reads the index only (the chief rewrites it atomically after each commit)."""
-    from supervisor.checkpoint.format import step_of
-    from supervisor.checkpoint.index import read_index
-
     try:
         index = read_index(os.fspath(logdir))
     except (OSError, ValueError):

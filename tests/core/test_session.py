@@ -384,7 +384,7 @@ def test_methods_a_hook_does_not_override_are_not_called():
 
     hook = OnlyAfter()
     s = MonitoredSession(hooks=[hook])
-    assert s._before_hooks == [] and s._after_hooks == [hook]
+    assert s.dispatch.before_hooks == [] and s.dispatch.after_hooks == [hook]
     s.close()
 
 

@@ -65,13 +65,9 @@ def test_rank_numbers_in_the_checkpoint_get_their_own_state_back_and_others_a_de
 
 def test_gathered_states_are_used_only_for_their_step():
     own = capture_rng_state()
-    assert list(dist_rng.states_for_checkpoint(3, own)) == [distributed.rank()]
-    with dist_rng._lock:
-        dist_rng._gathered = (4, {0: own, 1: own})
-    assert list(dist_rng.states_for_checkpoint(3, own)) == [0]  # stale gather: dropped
-    with dist_rng._lock:
-        dist_rng._gathered = (4, {0: own, 1: own})
-    assert sorted(dist_rng.states_for_checkpoint(4, own)) == [0, 1]
+    assert list(dist_rng.states_for_checkpoint(own)) == [distributed.rank()]
+    # The gathered states ride in the Decision of their boundary: there is no stale gather to drop.
+    assert sorted(dist_rng.states_for_checkpoint(own, {0: own, 1: own})) == [0, 1]
 
 
 def test_diagnosis_names_failed_and_silent_ranks():

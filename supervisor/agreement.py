@@ -1,0 +1,161 @@
+"""How one process's save/stop requests become the decision every process applies (SPEC §3.5, §12).
+
+Values in, values out: a `Requests` (what this process asked for since the last boundary) goes
+into an `Agreement`, a `Decision` comes out. The base `Agreement` is the identity, for one
+process; the collective one (`supervisor.distributed.agreement`) sends each rank's requests as
+flags and turns every rank's flags back into a decision with `combine` — a pure function, so a
+new agreement rule is a change here and a table test, no process group needed.
+
+The flag layout, written once here: ``2 × world_size`` integers, reduced with MAX across ranks;
+``flags[rank]`` is rank's save flag (1: a save), ``flags[world_size + rank]`` its stop flag
+(1: a stop, `PREEMPTED_FLAG`: a stop caused by SIGTERM/SIGINT).
+
+Example::
+
+    flags = [0] * 4                       # two ranks
+    write_flags(flags, Requests(stop_reason="SIGTERM", preempted=True), rank=1, world_size=2)
+    combine(flags, step=8, started=7, rank=0)
+    # Decision(step=8, stop=True, stop_reason='stop requested on rank 1 at step 7', preempted=True)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableSequence, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NO_REQUESTS", "PREEMPTED_FLAG", "Agreement", "Decision", "LocalAgreement", "Requests",
+           "combine", "flag_count", "merge", "stop_flag", "write_flags"]
+
+#: The stop flag of a stop caused by SIGTERM/SIGINT (MAX keeps it over a plain stop).
+PREEMPTED_FLAG = 2
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What one process asked for since the last boundary: the input of an `Agreement`.
+
+    Attributes:
+        save_reasons: why a save was asked for (empty: no save requested).
+        stop_reason: why a stop was asked for (None: no stop requested).
+        stop_on_every_rank: the stop is one every process requests at this same step (e.g. a
+            step count known to all ranks, `StopAtStepHook`), so an agreement may apply it at once.
+        save_on_every_rank: likewise for a save (a step schedule every rank runs, e.g. the
+            ``save_checkpoint_steps`` of `MonitoredTrainingSession`).
+        preempted: the stop was caused by a signal (SIGTERM/SIGINT): the run is not finished.
+    """
+
+    save_reasons: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    stop_on_every_rank: bool = False
+    save_on_every_rank: bool = False
+    preempted: bool = False
+
+    @property
+    def save(self) -> bool:
+        return bool(self.save_reasons)
+
+    @property
+    def stop(self) -> bool:
+        return self.stop_reason is not None
+
+
+NO_REQUESTS = Requests()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every process does at a boundary: capture a checkpoint, stop, or both.
+
+    ``preempted``: a signal on some process caused the stop (every process reports preempted).
+    ``rng_states``: every rank's RNG state (``{rank: state}``) when the agreement gathered them
+    for this boundary's capture (on the chief of a distributed job; None otherwise)."""
+
+    step: int
+    save: bool = False
+    stop: bool = False
+    save_reasons: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    preempted: bool = False
+    rng_states: Mapping[int, Any] | None = None
+
+
+class Agreement:
+    """Combines one process's `Requests` into the `Decision` every process applies.
+
+    The base class is the identity, for one process: the requests of step N are the decision of
+    step N. A distributed agreement (``supervisor.distributed``) combines the requests of every
+    rank with one small collective per step, started at boundary N and applied at N+1, so every
+    rank stops and captures each checkpoint at the same step.
+    """
+
+    #: Whether a decision can be taken between steps without the other processes (the identity
+    #: can; a collective cannot, since every rank must call it the same number of times).
+    local = True
+
+    def decide(self, step: int, requests: Requests) -> Decision:
+        """The decision for the boundary after ``step``, given this process's ``requests``."""
+        if requests is NO_REQUESTS:
+            return Decision(step)
+        return Decision(step, save=requests.save, stop=requests.stop,
+                        save_reasons=requests.save_reasons, stop_reason=requests.stop_reason,
+                        preempted=requests.stop and requests.preempted)
+
+    def close(self, error: BaseException | None = None) -> BaseException | None:
+        """Releases what the agreement holds (process groups, pending collectives); ``error``:
+        the session is closing because of it (a collective agreement tells the other ranks).
+        Returns the error the session raises instead of ``error`` (a collective agreement names
+        the rank whose failure made this rank's collective fail), or None."""
+        return None
+
+
+LocalAgreement = Agreement
+
+
+# ---------------------------------------------------------------- the flag layout and its rule
+def flag_count(world_size: int) -> int:
+    """How many flags the ranks exchange: a save and a stop flag per rank."""
+    return 2 * world_size
+
+
+def stop_flag(requests: Requests) -> int:
+    """A rank's stop flag: 0 none, 1 a stop, `PREEMPTED_FLAG` a stop caused by a signal."""
+    if not requests.stop:
+        return 0
+    return PREEMPTED_FLAG if requests.preempted else 1
+
+
+def write_flags(flags: MutableSequence[Any], requests: Requests, *, rank: int, world_size: int) -> None:
+    """Writes ``rank``'s flags for ``requests`` into ``flags`` (a list or a tensor, zeroed)."""
+    flags[rank] = int(requests.save)
+    flags[world_size + rank] = stop_flag(requests)
+
+
+def combine(flags: Sequence[Any], *, step: int, started: int, rank: int,
+            own_reasons: tuple[tuple[str, ...], str | None] = ((), None)) -> Decision:
+    """The decision of the boundary after ``step`` from every rank's reduced ``flags`` (sent
+    at the boundary of ``started``). ``own_reasons``: this rank's own ``(save_reasons,
+    stop_reason)`` for those flags, kept as they are; other ranks' requests are named by rank."""
+    if not any(flags):
+        return Decision(step)
+    world_size = len(flags) // 2
+    savers = [r for r in range(world_size) if flags[r]]
+    stoppers = [r for r in range(world_size) if flags[world_size + r]]
+    own_saves, own_stop = own_reasons
+    save_reasons = tuple(own_saves) + tuple(f"save requested on rank {r} at step {started}"
+                                            for r in savers if r != rank)
+    stop_reason = None
+    if stoppers:
+        stop_reason = own_stop if rank in stoppers and own_stop else \
+            f"stop requested on rank {stoppers[0]} at step {started}"
+    preempted = any(flags[world_size + r] >= PREEMPTED_FLAG for r in stoppers)
+    return Decision(step, save=bool(savers), stop=bool(stoppers), save_reasons=save_reasons,
+                    stop_reason=stop_reason, preempted=preempted)
+
+
+def merge(a: Decision, b: Decision) -> Decision:
+    """Both decisions at once (a save or a stop of either; ``a``'s step)."""
+    return Decision(a.step, save=a.save or b.save, stop=a.stop or b.stop,
+                    save_reasons=a.save_reasons + b.save_reasons,
+                    stop_reason=a.stop_reason or b.stop_reason,
+                    preempted=(a.stop and a.preempted) or (b.stop and b.preempted),
+                    rng_states=a.rng_states if a.rng_states is not None else b.rng_states)

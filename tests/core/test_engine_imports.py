@@ -1,0 +1,65 @@
+"""The engine's import rules (issue 23), read from the source so the plan cannot silently decay:
+the checkpoint package never imports the engine, hooks or the upper floors; ``hooks`` imports
+the hook protocol, never the ``supervisor`` package's front doors; the engine imports no private
+name from another module, and has no function-level import of this project's modules (each one
+hid an import circle)."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ENGINE = ["agreement", "boundary", "dispatch", "hook", "lifecycle", "session", "session_requests",
+          "coordinator", "services", "supervisor", "training_session", "creator", "signals", "state"]
+ABOVE_CHECKPOINT = ("supervisor.agreement", "supervisor.boundary", "supervisor.dispatch", "supervisor.hook",
+                    "supervisor.lifecycle", "supervisor.session", "supervisor.session_requests",
+                    "supervisor.training_session", "supervisor.supervisor", "supervisor.services",
+                    "supervisor.estimator", "supervisor.cli", "hooks")
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, list[str], bool]]:
+    """(module, names, at module level) of every import in ``path``."""
+    tree = ast.parse(path.read_text())
+    # Module level: the body, and what a top-level `if TYPE_CHECKING:` or `try:` holds.
+    top = {id(node) for node in tree.body}
+    for block in tree.body:
+        if isinstance(block, (ast.If, ast.Try)):
+            top |= {id(node) for node in block.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, [a.name for a in node.names], id(node) in top))
+    return found
+
+
+def _ours(module: str) -> bool:
+    return module == "hooks" or module.startswith(("hooks.", "supervisor"))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "supervisor" / "checkpoint").glob("*.py")), ids=lambda p: p.name)
+def test_the_checkpoint_package_never_imports_the_engine_or_above(path):
+    bad = [m for m, _, _ in _imports(path) if m.startswith(ABOVE_CHECKPOINT)]
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "hooks").glob("*.py")), ids=lambda p: p.name)
+def test_hooks_import_the_protocol_never_the_supervisor_package_itself(path):
+    bad = [m for m, names, _ in _imports(path) if m == "supervisor" and (not names or set(names) - {"_validate"})]
+    bad += [m for m, _, _ in _imports(path) if m.startswith(("supervisor.session", "supervisor.training_session",
+                                                             "supervisor.supervisor", "supervisor.estimator"))]
+    assert not bad, f"hooks/{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("name", ENGINE + ["distributed/" + p.stem for p in (ROOT / "supervisor" / "distributed").glob("*.py")])
+def test_the_engine_imports_no_private_name_and_nothing_of_ours_lazily(name):
+    path = ROOT / "supervisor" / f"{name}.py" if "/" in name or (ROOT / "supervisor" / f"{name}.py").exists() \
+        else ROOT / "supervisor" / name / "__init__.py"
+    found = _imports(path)
+    private = [(m, n) for m, names, _ in found if _ours(m) for n in names if n.startswith("_") and n != "_validate"]
+    lazy = [m for m, _, top in found if _ours(m) and not top]
+    assert not private, f"{path} imports private names {private}"
+    assert not lazy, f"{path} imports {lazy} inside a function"
