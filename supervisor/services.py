@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 _MAX_STALL_WARNINGS = 5
 _STALL_STEPS = 10  # no step for this many steps' time (and a whole interval) is a stall
+_MIN_STALL_SECS = 2.0  # ...and for at least this long: a busy machine's scheduler pauses are shorter
 
 
 def save_if_changed(session: Any, *, wait: bool = False) -> str | None:
@@ -175,14 +176,15 @@ class SupervisorServices(Hook):
         self._last_count = (step, now)
 
     def _stall_secs(self) -> float:
-        """How long without a step is a stall: a whole interval, and at least ten steps' time at
-        this session's mean rate (ten intervals before a rate is known), so a step a little
-        longer than a short interval (the quickstart's 0.1 s on a loaded machine) is not drawn
-        as 0. The mean, not the last point's rate: that one swings with bursts."""
+        """How long without a step is a stall: a whole interval, at least ten steps' time at
+        this session's mean rate (ten intervals before a rate is known), and at least 2 s, so a
+        step a little longer than a short interval, or a pause of a loaded machine's scheduler
+        (the quickstart's 0.1 s interval: pauses of 0.6-0.8 s were drawn as 0), is not drawn as
+        0. The mean, not the last point's rate: that one swings with bursts."""
         interval = self._save_summaries_secs
         if not self._mean_rate:
-            return _STALL_STEPS * interval
-        return max(interval, _STALL_STEPS / self._mean_rate)
+            return max(_STALL_STEPS * interval, _MIN_STALL_SECS)
+        return max(interval, _STALL_STEPS / self._mean_rate, _MIN_STALL_SECS)
 
     def _write_stall(self, step: int) -> None:
         """No step for a whole interval: the step in progress (``step + 1``) has stalled. Drawn

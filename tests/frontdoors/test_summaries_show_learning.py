@@ -238,3 +238,28 @@ def test_a_step_a_little_slower_than_the_interval_is_not_a_stall(tmp_path):
         _tick(clock, 200)  # 200 s without a step, over ten steps at the mean rate (150 s): a stall
     assert _raw_scalars(tmp_path, "global_step/sec") == [(1, pytest.approx(0.1)), (2, pytest.approx(0.05)),
                                                          (3, 0.0)]
+
+
+def test_a_scheduler_pause_on_a_busy_machine_is_not_a_stall(tmp_path):
+    """The quickstart (0.1 s interval, ~17 steps/s) drew five 0.0 points in a first run on a
+    loaded 2-core machine: pauses of 0.6-0.8 s, over ten steps' time, with no step. A stall
+    needs at least 2 s without a step too; a longer one is still drawn once."""
+    clock = FakeClock()
+    model, opt = _model()
+    with Supervisor(tmp_path, model=model, optimizer=opt, save_model_secs=0, save_summaries_secs=0.1,
+                    clock=clock).managed_session() as s:
+        clock.wait_for_waiters(2)
+        train = _train(model, opt)
+        for _ in range(3):
+            for _ in range(10):
+                s.run(train)
+            _tick(clock, 0.1)  # 100 steps/s: ten steps' time is 0.1 s
+        for _ in range(8):
+            _tick(clock, 0.1)  # a 0.8 s pause: the machine was busy, training was not stalled
+        for _ in range(10):
+            s.run(train)
+        _tick(clock, 0.1)
+        for _ in range(25):
+            _tick(clock, 0.1)  # 2.5 s without a step: a stall, drawn once at the stalled step
+    rate = _raw_scalars(tmp_path, "global_step/sec")
+    assert [step for step, value in rate if value == 0.0] == [41], rate
