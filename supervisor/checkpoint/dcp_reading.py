@@ -34,7 +34,7 @@ import torch
 
 from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import STEP_KEY
-from supervisor.checkpoint.reading import _MemoryFile
+from supervisor.checkpoint.private_copy import MemoryFile
 from supervisor.checkpoint.restore import safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError
@@ -141,7 +141,7 @@ class _MemoryFileSystem:
         if name not in self._contents:
             raise CheckpointCorruptError(f"{self._root}: {DCP_METADATA} names {name!r}, a file the manifest "
                                          "does not list")
-        stream = _MemoryFile(self._contents[name], os.fspath(path))
+        stream = MemoryFile(self._contents[name], os.fspath(path))
         try:
             yield stream
         finally:
@@ -176,7 +176,7 @@ class _SafeBytesMixin:
         from torch.distributed.checkpoint._traverse import set_element
 
         # Named in errors as the checkpoint and the entry (a non-tensor value: small).
-        stream = _MemoryFile(bytearray(value.getbuffer()), f"{self.where} ({read_item.dest_index.fqn})")
+        stream = MemoryFile(bytearray(value.getbuffer()), f"{self.where} ({read_item.dest_index.fqn})")
         try:
             loaded = safe_torch_load(stream, trusted_globals=self.trusted_globals)  # type: ignore[arg-type]
         finally:

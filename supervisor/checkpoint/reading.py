@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 from supervisor.checkpoint.fileio import NotARegularFileError, format_checksum, open_regular
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
-from supervisor.checkpoint.private_copy import MemoryFile, PrivateCopy, read_private_copy
+from supervisor.checkpoint.private_copy import PrivateCopy, read_private_copy
 from supervisor.checkpoint.restore import VERIFY_MODES, LoadedCheckpoint, load_private_copy
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointVanishedError
@@ -218,9 +218,6 @@ def _read_verified(fd: int, path: str, name: str, manifest: Manifest, checksum: 
                                      f"the manifest's {record.checksum} (the file is damaged)")
     return copy
 
-
-#: dcp_reading reads shard bytes through it (private_copy.MemoryFile).
-_MemoryFile = MemoryFile
 
 
 def _load(path: str, manifest: Manifest, copy: PrivateCopy, trusted_globals: Iterable[Any],

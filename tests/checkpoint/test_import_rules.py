@@ -22,8 +22,8 @@ FORBIDDEN = ("supervisor.session", "supervisor.boundary", "supervisor.hook", "su
              "supervisor.dispatch", "supervisor.lifecycle", "supervisor.coordinator", "supervisor.services",
              "supervisor.supervisor", "supervisor.training_session", "supervisor.estimator", "supervisor.cli",
              "supervisor.distributed.agreement", "hooks")
-KNOWN_CIRCLES = {frozenset({"reading", "dcp_reading"})}
-KNOWN_PRIVATE = {("dcp_reading", "reading", "_MemoryFile")}
+KNOWN_CIRCLES: set = set()
+KNOWN_PRIVATE: set = set()
 
 
 def _imports(path: pathlib.Path) -> list[tuple[str, tuple[str, ...]]]:
