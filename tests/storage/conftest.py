@@ -115,23 +115,11 @@ def backend(request, tmp_path):
     return storage, make_bucket(storage) + "/logdir"
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_threads():
-    """The suite's leak check, also allowing the threads fsspec/asyncio keep for the process
+@pytest.fixture
+def lifetime_thread_prefixes() -> tuple[str, ...]:
+    """The suite's leak check also allows the threads fsspec/asyncio keep for the process
     (fsspec's IO loop, asyncio's resolver executor)."""
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()
-                  and not t.name.startswith(_ALLOWED_PREFIXES)]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
-    assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
-
-
-_ALLOWED_PREFIXES = ("pydevd", "ThreadPoolExecutor-", "Dummy-", "tqdm_monitor", "fsspecIO", "asyncio_")
+    return ("pydevd", "ThreadPoolExecutor-", "Dummy-", "tqdm_monitor", "fsspecIO", "asyncio_")
 
 
 class FaultProxy:
