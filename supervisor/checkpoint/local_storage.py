@@ -76,14 +76,7 @@ class LocalStorage:
 
     def write_atomic(self, path: str, data: bytes) -> ObjectInfo:
         """Temp file beside it, fsync, ``os.replace``, fsync of the directory."""
-        tmp = self._write_temp(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            _remove_quietly(tmp)
-            raise
-        fsync_dir(os.path.dirname(path) or ".")
-        return self.stat(path)
+        return self._replace(path, data, expected_version=None)
 
     def create_exclusive(self, path: str, data: bytes) -> ObjectInfo:
         """Written whole to a temp file, fsynced, then ``link``\\ ed to ``path`` — atomic and
@@ -122,12 +115,18 @@ class LocalStorage:
         exact against every earlier write, but two writers calling it at the same instant can
         both succeed; the logdir's lock (``flock`` or the lease, which itself needs only
         `create_exclusive`) is what keeps a second writer out."""
+        return self._replace(path, data, expected_version=version)
+
+    def _replace(self, path: str, data: bytes, *, expected_version: str | None) -> ObjectInfo:
+        """``data`` into a fsynced temp file beside ``path``, then (when ``path`` still is
+        ``expected_version``, if one is given) ``os.replace`` and a fsync of the directory."""
         tmp = self._write_temp(path, data)
         try:
-            current = self.stat(path).version
-            if current != version:
-                raise PreconditionFailedError(f"{path} changed since it was read (version {current}, "
-                                              f"expected {version}); another writer moved it")
+            if expected_version is not None:
+                current = self.stat(path).version
+                if current != expected_version:
+                    raise PreconditionFailedError(f"{path} changed since it was read (version {current}, "
+                                                  f"expected {expected_version}); another writer moved it")
             os.replace(tmp, path)
         except BaseException:
             _remove_quietly(tmp)
