@@ -143,6 +143,18 @@ class StreamCopier(Copier):
         self._before_copy = before_copy
 
     def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
+        """CUDA sources on the side streams; any others (an optimizer's CPU ``step`` counters,
+        which Adam keeps on the CPU next to CUDA moments) on a side thread."""
+        cuda = [i for i, s in enumerate(src) if s.device.type == "cuda"]
+        other = [i for i, s in enumerate(src) if s.device.type != "cuda"]
+        jobs: list[CopyJob] = []
+        if cuda:
+            jobs.append(self._start_streams([dst[i] for i in cuda], [src[i] for i in cuda]))
+        if other:
+            jobs.append(ThreadCopier().start([dst[i] for i in other], [src[i] for i in other]))
+        return jobs[0] if len(jobs) == 1 else _Jobs(jobs)
+
+    def _start_streams(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
         by_device: dict[torch.device, tuple[list, list]] = {}
         for d, s in zip(dst, src):
             pair = by_device.setdefault(s.device, ([], []))
@@ -164,21 +176,9 @@ class StreamCopier(Copier):
         return _StreamJob(events)
 
 
-class DefaultCopier(Copier):
-    """CUDA tensors on a side stream per device (kept), the others on a side thread."""
-
-    def __init__(self) -> None:
-        self._streams = StreamCopier()
-
-    def start(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> CopyJob:
-        cuda = [i for i, s in enumerate(src) if s.device.type == "cuda"]
-        other = [i for i, s in enumerate(src) if s.device.type != "cuda"]
-        jobs = []
-        if cuda:
-            jobs.append(self._streams.start([dst[i] for i in cuda], [src[i] for i in cuda]))
-        if other:
-            jobs.append(ThreadCopier().start([dst[i] for i in other], [src[i] for i in other]))
-        return _Jobs(jobs)
+class DefaultCopier(StreamCopier):
+    """The copier a manager uses: CUDA tensors on a side stream per device (kept), the others on
+    a side thread (`StreamCopier` without a ``before_copy``)."""
 
 
 class _Jobs(CopyJob):
@@ -395,6 +395,10 @@ def _register_hooks(objects: Sequence[Any], *, before_write: Callable[..., None]
                     before_read: Callable[..., None]) -> list[Any]:
     """The step pre-hook of every optimizer and the state_dict / load_state_dict pre-hooks of
     every optimizer and module (each returns None, so the hooked call is unchanged)."""
+    # Opaque to torch.compile: traced into a compiled ``optimizer.step``, the hook's stream wait
+    # (CUDA) was not ordered before the compiled step's writes, and the copy read step n+1.
+    before_write = torch.compiler.disable(before_write)
+    before_read = torch.compiler.disable(before_read)
     handles = []
     for obj in objects:
         if isinstance(obj, torch.optim.Optimizer):
