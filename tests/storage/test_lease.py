@@ -15,7 +15,7 @@ from supervisor.checkpoint.lease import LEASE_DIR, Lease, LeaseLostError
 from supervisor.checkpoint.storage import LocalStorage, storage_for
 from supervisor.errors import LogdirInUseError
 from supervisor.testing import FakeClock
-from tests.storage.conftest import FaultProxy, make_bucket, options
+from tests.s3_fixtures import FaultProxy, make_bucket, options
 
 pytestmark = pytest.mark.timeout(60)
 LEASE = 30.0

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError  # noqa: E402
 
 from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
 from supervisor.checkpoint.storage import storage_for  # noqa: E402
-from tests.storage.conftest import FaultProxy, MotoServer, make_bucket, options  # noqa: E402
+from tests.s3_fixtures import FaultProxy, MotoServer, make_bucket, options  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,0 +1,197 @@
+"""Fixtures of every object-store test: a real S3-compatible server (moto) on loopback, a fresh
+bucket per test, both storage backends, and a fault-injecting HTTP proxy. A test folder uses them
+with ``from tests.s3_fixtures import *`` in its conftest.py (see tests/storage/conftest.py).
+
+The real ``s3fs``/``botocore`` client talks to the server over HTTP; nothing is mocked in-process.
+"""
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from typing import Iterator
+
+import fsspec.asyn
+import pytest
+
+from supervisor.checkpoint.storage import LocalStorage, storage_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SERVER_START_SECS = 30.0
+#: Small, bounded retries so a test of "the server never recovers" ends in seconds.
+TEST_CONFIG = {"retries": {"mode": "standard", "total_max_attempts": 3}, "connect_timeout": 2, "read_timeout": 10}
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    """``moto``'s S3 server in a subprocess on a free loopback port (see moto_serial.py)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> MotoServer:
+        self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "storage", "moto_serial.py"), "127.0.0.1",
+                                         str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + SERVER_START_SECS
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1).close()
+                return self
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the moto server did not answer on {self.endpoint} within "
+                                       f"{SERVER_START_SECS} s") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def options(endpoint: str, **config: object) -> dict:
+    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "config_kwargs": {**TEST_CONFIG, **config}, "skip_instance_cache": True}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[MotoServer]:
+    for module in ("s3fs", "moto"):
+        pytest.importorskip(module, reason='the object-store tests need the test extra: pip install -e ".[test]"')
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    fsspec.asyn.get_loop()  # its IO thread lives as long as the process: start it outside any test
+    server = MotoServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def make_bucket(storage, name: str | None = None) -> str:
+    bucket = name or f"t-{uuid.uuid4().hex[:20]}"
+    storage.fs.call_s3("create_bucket", Bucket=bucket)
+    return f"s3://{bucket}"
+
+
+@pytest.fixture(scope="session")
+def s3_storage(s3_server: MotoServer):
+    """One client for the session (each test gets its own bucket)."""
+    return storage_for("s3://x", options(s3_server.endpoint))
+
+
+@pytest.fixture
+def s3_root(s3_storage) -> str:
+    """A fresh, empty bucket: ``s3://<bucket>``."""
+    return make_bucket(s3_storage)
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request, tmp_path):
+    """``(storage, root)`` for each backend: a temp directory, a fresh bucket."""
+    if request.param == "local":
+        return LocalStorage(), str(tmp_path)
+    storage = request.getfixturevalue("s3_storage")
+    return storage, make_bucket(storage) + "/logdir"
+
+
+@pytest.fixture
+def lifetime_thread_prefixes() -> tuple[str, ...]:
+    """The suite's leak check also allows the threads fsspec/asyncio keep for the process
+    (fsspec's IO loop, asyncio's resolver executor)."""
+    return ("pydevd", "ThreadPoolExecutor-", "Dummy-", "tqdm_monitor", "fsspecIO", "asyncio_")
+
+
+class FaultProxy:
+    """A loopback HTTP proxy in front of the server: answers the first ``fail_first`` requests
+    (every request while ``fail_all`` is set) with ``503 SlowDown``, forwards the rest."""
+
+    def __init__(self, upstream_port: int, fail_first: int = 0, fail_all: bool = False) -> None:
+        self.upstream_port = upstream_port
+        self.fail_first = fail_first
+        self.fail_all = fail_all
+        self.requests = 0
+        self.failed = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with proxy.lock:
+                    proxy.requests += 1
+                    fail = proxy.fail_all or proxy.requests <= proxy.fail_first
+                    proxy.failed += fail
+                if fail:
+                    payload = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                               b"<Message>Please reduce your request rate.</Message></Error>")
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    self.wfile.write(payload)
+                    return
+                self._forward(body)
+
+            def _forward(self, body: bytes) -> None:
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+                self.send_response(response.status, response.reason)
+                for k, v in response.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="test-fault-proxy", daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
