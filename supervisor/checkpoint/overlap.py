@@ -246,13 +246,20 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _bitsum(tensor: torch.Tensor) -> torch.Tensor:
-    """The wrapping sum of the tensor's bits read as integers: any write that changes a value
-    changes it (short of writes that cancel exactly, e.g. a permutation)."""
+    """The wrapping int32 sum of the tensor's bits read as 32-bit words: any write that changes a
+    value changes it (short of writes that cancel exactly, e.g. a permutation). Summed in the
+    words' own dtype: ``sum(dtype=torch.int64)`` first wrote a widened copy of every tensor, 4.7 ms
+    per pass over a 2 GiB state on an H100 (the overlapped save's whole stall)."""
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor)
     if tensor.dtype == torch.bool:
         tensor = tensor.view(torch.uint8)
-    return tensor.view(_INT_OF_SIZE[tensor.element_size()]).sum(dtype=torch.int64)
+    if tensor.is_contiguous() and tensor.numel() * tensor.element_size() % 4 == 0:
+        try:
+            return tensor.reshape(-1).view(torch.int32).sum(dtype=torch.int32)
+        except RuntimeError:  # a storage offset that no 4-byte view allows
+            pass
+    return tensor.view(_INT_OF_SIZE[tensor.element_size()]).sum(dtype=torch.int64).to(torch.int32)
 
 
 def _fingerprint(tensors: Sequence[torch.Tensor]) -> dict[torch.device, tuple[list[int], torch.Tensor]]:
