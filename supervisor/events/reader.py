@@ -13,6 +13,11 @@ what was evaluated), so they agree on what a directory holds:
   event that does not parse), as TensorBoard does;
 - a scalar is a ``simple_value`` summary (what `SummaryWriter`, `EvalEventsFile` and TF1's
   evaluators write) or a one-element numeric ``tensor`` summary (TF2's ``tf.summary.scalar``).
+
+An object-store URL (``s3://bucket/run/eval``) is read through the storage seam: the objects
+named ``events.out.tfevents.*`` directly under that prefix, in name order, each read whole with
+one ``GetObject`` (events objects are immutable: see `supervisor.events.object_writer`); one
+that vanishes between the listing and the read is skipped with a WARNING.
 """
 from __future__ import annotations
 
@@ -20,8 +25,10 @@ import errno
 import logging
 import os
 import stat
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator, Mapping
 
+from supervisor.checkpoint.storage import Storage
+from supervisor.events.location import locate
 from supervisor.events.record import EVENTS_PREFIX, iter_records, parse_event
 
 __all__ = ["check_regular", "event_scalars", "open_regular_file", "read_scalars"]
@@ -29,19 +36,16 @@ __all__ = ["check_regular", "event_scalars", "open_regular_file", "read_scalars"
 logger = logging.getLogger(__name__)
 
 
-def read_scalars(directory: str | os.PathLike) -> dict[int, dict[str, float]]:
-    """The scalars of the events files in ``directory`` as ``{step: {tag: value}}``, sorted by
-    step (a later event wins for the same step and tag); empty when there is no such directory.
-    See the module docstring for what is read."""
-    directory = os.fspath(directory)
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(EVENTS_PREFIX))
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
+def read_scalars(directory: str | os.PathLike,
+                 storage_options: Mapping[str, Any] | None = None) -> dict[int, dict[str, float]]:
+    """The scalars of the events files in ``directory`` (a local path or an object-store URL) as
+    ``{step: {tag: value}}``, sorted by step (a later event wins for the same step and tag);
+    empty when there is no such directory. See the module docstring for what is read.
+    ``storage_options``: for a URL, the object-store client's options (``storage_for``)."""
+    storage, directory = locate(directory, storage_options)
     by_step: dict[int, dict[str, float]] = {}
-    for name in names:
-        path = os.path.join(directory, name)
-        for record in iter_records(_read_regular(path), path):
+    for path, data in _events_files(storage, directory):
+        for record in iter_records(data, path):
             try:
                 event = parse_event(record)
             except Exception as e:  # noqa: BLE001 - protobuf's DecodeError: a damaged record
@@ -51,6 +55,24 @@ def read_scalars(directory: str | os.PathLike) -> dict[int, dict[str, float]]:
             if scalars:
                 by_step.setdefault(int(event.step), {}).update(scalars)
     return dict(sorted(by_step.items()))
+
+
+def _events_files(storage: Storage | None, directory: str) -> Iterator[tuple[str, bytes]]:
+    """``(path, bytes)`` of each events file of ``directory``, in name order."""
+    try:
+        names = os.listdir(directory) if storage is None else storage.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in sorted(n for n in names if n.startswith(EVENTS_PREFIX)):
+        if storage is None:
+            path = os.path.join(directory, name)
+            yield path, _read_regular(path)
+            continue
+        path = storage.join(directory, name)
+        try:
+            yield path, storage.read_bytes(path)
+        except FileNotFoundError as e:  # deleted since the listing, or a "directory" (a prefix)
+            logger.warning("not reading %s: %s", path, e)
 
 
 def event_scalars(event: Any) -> dict[str, float]:
