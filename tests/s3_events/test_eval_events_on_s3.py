@@ -16,7 +16,7 @@ from hooks import StepCounterHook, SummarySaverHook, read_eval_metrics  # noqa: 
 from supervisor.events import EVENTS_PREFIX, EvalEventsFile, read_scalars  # noqa: E402
 from supervisor.summary import SummaryWriterCache  # noqa: E402
 from tests.hooks._helpers import run_steps  # noqa: E402
-from tests.s3_fixtures import options  # noqa: E402
+from tests.s3_events.conftest import cached_options as options  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
