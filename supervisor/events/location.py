@@ -10,7 +10,8 @@ from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 __all__ = ["locate"]
 
 
-def locate(directory: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> tuple[Storage | None, str]:
+def locate(directory: str | os.PathLike,
+           storage_options: Mapping[str, Any] | None = None) -> tuple[Storage | None, str]:
     """``(None, path)`` for a local path or ``file://`` URL; ``(storage, url)`` (no trailing
     ``/``) for an object-store URL.
 
