@@ -8,13 +8,18 @@ then the records), named
 
     ``events.out.tfevents.<time>.<host>.<pid>.<writer>.<seq><suffix>``
 
-with ``<time>`` the upload's second (never less than the writer's previous one) and ``<writer>``,
-``<seq>`` zero-padded counters, so the names of one writer sort in upload order. TensorBoard's
-directory loader reads the events files of a directory in name order, each to its end, and shows
-them as one run: one curve per tag, steps in order. Because every name starts with its upload
-time, the objects of two writers in one directory interleave in time order too (a name that
-started with the writer's creation time would put a long-running writer's later objects before
-a newer writer's, where TensorBoard, already past them, would never read them).
+with ``<time>`` the upload's time in seconds with microseconds (``1764172800.123456``, always
+later than the writer's previous one) and ``<writer>``, ``<seq>`` zero-padded counters, so the
+names of one writer sort in upload order. TensorBoard's
+directory loader (``directory_watcher.DirectoryWatcher``) reads the events files of a directory
+in sorted name order, one at a time, each to its end before the next, assuming that "old paths
+are never modified after a newer path has been written" — which holds here: a name is written
+again only to retry its own failed upload, before any newer name exists — and shows them as one
+run: one curve per tag, every point once, steps in order. Because every name starts with its upload
+time, to the microsecond, the objects of two writers in one directory sort in upload order too
+(a name with the writer's creation time, or whole seconds as tensorboard's local files have,
+could put one writer's new object before another's that TensorBoard already read; it would never
+read it).
 
 What the writer does when an upload fails: botocore retries it (bounded, with backoff: see
 `supervisor.checkpoint.object_store`); if it still fails, the records are **kept**, a WARNING says
@@ -73,7 +78,7 @@ class ObjectEventFile:
         self._suffix = suffix
         self._origin = "%s.%s.%06d" % (socket.gethostname(), os.getpid(), next(_WRITER_IDS))
         self._seq = itertools.count()
-        self._last_second = 0
+        self._last_time = 0.0
         self._head = frame(first)
         self._encode = encode
         self._flush_secs = flush_secs
@@ -85,24 +90,21 @@ class ObjectEventFile:
         self._unsent_bytes = 0
         self._unsent_name: str | None = None  # the name their first upload attempt used
         self._error: BaseException | None = None  # the last failed upload's error; None once one succeeds
-        self.paths: list[str] = []  # the objects uploaded, in order
+        self.path = ""  # the newest object uploaded
+        self.uploads = 0  # objects uploaded so far
         self._closed = False
         self._upload(self._head, self._next_name())  # the version event: a bad URL or credentials fail here
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor-events", daemon=True)
         self._thread.start()
 
-    @property
-    def path(self) -> str:
-        """The newest object uploaded."""
-        return self.paths[-1]
-
     def add(self, data: Any) -> None:
         """Queues what ``encode`` makes one event of (no serialising, no I/O on the caller's
         thread); raises ``OSError`` only while uploads fail and too much waits (see above)."""
-        if self._error is not None and self._unsent_bytes > MAX_UNSENT_BYTES:
-            raise OSError(f"uploading events under {self._logdir} has failed and {self._unsent_bytes} bytes of "
-                          f"records wait (more than {MAX_UNSENT_BYTES}): {self._error}") from self._error
+        error, waiting = self._error, self._unsent_bytes  # read once: the writer thread updates them
+        if error is not None and waiting > MAX_UNSENT_BYTES:
+            raise OSError(f"uploading events under {self._logdir} has failed and {waiting} bytes of records wait "
+                          f"(more than {MAX_UNSENT_BYTES}): {error}") from error
         with self._lock:
             self._pending.append(data)
             wake = len(self._pending) >= self._max_queue
@@ -178,9 +180,10 @@ class ObjectEventFile:
     def _upload(self, data: bytes, name: str) -> None:
         """One ``PutObject`` (a plain one: a retry under the same name is idempotent)."""
         self._storage.write_atomic(name, data)
-        self.paths.append(name)
+        self.path = name
+        self.uploads += 1
 
     def _next_name(self) -> str:
-        second = self._last_second = max(self._last_second, int(time.time()))
-        name = "%s%010d.%s.%06d%s" % (EVENTS_PREFIX, second, self._origin, next(self._seq), self._suffix)
+        stamp = self._last_time = max(time.time(), self._last_time + 1e-6)
+        name = "%s%.6f.%s.%06d%s" % (EVENTS_PREFIX, stamp, self._origin, next(self._seq), self._suffix)
         return self._storage.join(self._logdir, name)

@@ -197,3 +197,27 @@ def test_what_was_not_closed_is_uploaded_at_interpreter_exit(s3_server, s3_stora
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     download(s3_storage, url, tmp_path)
     assert points(tmp_path) == [(step, float(step)) for step in range(3)]
+
+
+def test_tensorboard_following_two_writers_of_one_directory_reads_every_point(s3_server, s3_root, monkeypatch):
+    """TensorBoard reads a directory's files in name order, each once, never going back: an
+    object named before one it already read is never read. Two writers uploading in turns must
+    therefore name their objects in upload order (names in whole seconds, tie-broken by writer,
+    would not within one second)."""
+    url = s3_root + "/run"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
+    first = SummaryWriter(url, flush_secs=3600, storage_options=options(s3_server.endpoint))
+    second = SummaryWriter(url, flush_secs=3600, storage_options=options(s3_server.endpoint))
+    accumulator = EventAccumulator(url)
+    try:
+        for step in range(2):
+            for tag, writer in (("a", first), ("b", second)):
+                writer.add_scalar(tag, float(step), step)
+                writer.flush()
+                accumulator.Reload()  # TensorBoard following the run as it is written
+    finally:
+        first.close()
+        second.close()
+    accumulator.Reload()
+    for tag in ("a", "b"):
+        assert [(e.step, e.value) for e in accumulator.Scalars(tag)] == [(0, 0.0), (1, 1.0)]
