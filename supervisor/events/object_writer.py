@@ -10,16 +10,15 @@ then the records), named
 
 with ``<time>`` the upload's time in seconds with microseconds (``1764172800.123456``, always
 later than the writer's previous one) and ``<writer>``, ``<seq>`` zero-padded counters, so the
-names of one writer sort in upload order. TensorBoard's
-directory loader (``directory_watcher.DirectoryWatcher``) reads the events files of a directory
-in sorted name order, one at a time, each to its end before the next, assuming that "old paths
-are never modified after a newer path has been written" — which holds here: a name is written
-again only to retry its own failed upload, before any newer name exists — and shows them as one
-run: one curve per tag, every point once, steps in order. Because every name starts with its upload
-time, to the microsecond, the objects of two writers in one directory sort in upload order too
-(a name with the writer's creation time, or whole seconds as tensorboard's local files have,
-could put one writer's new object before another's that TensorBoard already read; it would never
-read it).
+names of one writer sort in upload order. TensorBoard's directory loader
+(``directory_watcher.DirectoryWatcher``) reads the events files of a directory in sorted name
+order, one at a time, each to its end before the next, assuming that "old paths are never
+modified after a newer path has been written" — which holds here: a name is written again only
+to retry its own failed upload, before any newer name exists — and shows them as one run: one
+curve per tag, every point once, steps in order. Because every name starts with its upload time,
+to the microsecond, the objects of two writers in one directory sort in upload order too (a name
+with the writer's creation time, or whole seconds as tensorboard's local files have, could put
+one writer's new object before another's that TensorBoard already read: it would never read it).
 
 What the writer does when an upload fails: botocore retries it (bounded, with backoff: see
 `supervisor.checkpoint.object_store`); if it still fails, the records are **kept**, a WARNING says
