@@ -16,15 +16,18 @@ what was evaluated), so they agree on what a directory holds:
 
 An object-store URL (``s3://bucket/run/eval``) is read through the storage seam: the objects
 named ``events.out.tfevents.*`` directly under that prefix, in name order, each read whole with
-one ``GetObject`` (events objects are immutable: see `supervisor.events.object_writer`); one
-that vanishes between the listing and the read is skipped with a WARNING.
+one ``GetObject`` (events objects are immutable: see `supervisor.events.object_writer`),
+``OBJECT_READERS`` at a time; one that cannot be read (deleted since the listing, the store
+failing after its retries) is skipped with a WARNING, as a local file that cannot be read is.
 """
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Iterator, Mapping
 
 from supervisor.checkpoint.storage import Storage
@@ -34,6 +37,9 @@ from supervisor.events.record import EVENTS_PREFIX, iter_records, parse_event
 __all__ = ["check_regular", "event_scalars", "open_regular_file", "read_scalars"]
 
 logger = logging.getLogger(__name__)
+
+#: Objects of an object-store directory read at once.
+OBJECT_READERS = 16
 
 
 def read_scalars(directory: str | os.PathLike,
@@ -63,16 +69,27 @@ def _events_files(storage: Storage | None, directory: str) -> Iterator[tuple[str
         names = os.listdir(directory) if storage is None else storage.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return
-    for name in sorted(n for n in names if n.startswith(EVENTS_PREFIX)):
-        if storage is None:
+    names = sorted(n for n in names if n.startswith(EVENTS_PREFIX))
+    if storage is None:
+        for name in names:
             path = os.path.join(directory, name)
             yield path, _read_regular(path)
-            continue
-        path = storage.join(directory, name)
-        try:
-            yield path, storage.read_bytes(path)
-        except FileNotFoundError as e:  # deleted since the listing, or a "directory" (a prefix)
-            logger.warning("not reading %s: %s", path, e)
+        return
+    paths = [storage.join(directory, name) for name in names]
+    # One request per object, OBJECT_READERS at a time: an eval directory holds an object per
+    # evaluation, and the early-stopping hooks read it again and again on the training thread.
+    with ThreadPoolExecutor(max_workers=max(1, min(OBJECT_READERS, len(paths)))) as pool:
+        yield from zip(paths, pool.map(functools.partial(_read_object, storage), paths))
+
+
+def _read_object(storage: Storage, path: str) -> bytes:
+    """The bytes of the object ``path``, or b"" with a WARNING when it cannot be read (deleted
+    since the listing, a prefix named like an events file, the store failing), as locally."""
+    try:
+        return storage.read_bytes(path)
+    except OSError as e:
+        logger.warning("not reading %s: %s", path, e)
+        return b""
 
 
 def event_scalars(event: Any) -> dict[str, float]:
