@@ -7,11 +7,14 @@ An object cannot be appended to: the summary writer uploads a new immutable even
 
 - on the objects downloaded into a local directory: one run, one curve per tag, every point,
   steps in order;
-- on the ``s3://`` URL itself: TensorBoard 2.21's ``tensorboard.compat.tensorflow_stub.io.gfile``
-  serves ``s3://`` with its boto3 ``S3FileSystem`` (boto3 is installed here; its fsspec
-  filesystem is used only for protocols it has no class for, or chained URLs), and boto3 reads
-  the endpoint from ``AWS_ENDPOINT_URL_S3`` (TensorBoard's own ``S3_ENDPOINT`` is read once, at
-  its import), so TensorBoard reads the bucket directly: that works against moto and is tested.
+- on the ``s3://`` URL itself, as ``tensorboard --logdir s3://...`` reads it (for any URL but
+  ``gs://`` TensorBoard falls back to its Python loader, this one). TensorBoard 2.21's
+  ``tensorboard.compat.tensorflow_stub.io.gfile`` serves ``s3://`` with its boto3
+  ``S3FileSystem`` when boto3 is installed (it is here: moto needs it), else with its fsspec
+  filesystem (s3fs: what the ``[s3]`` extra installs), which also serves chained URLs such as
+  ``simplecache::s3://...``. Both read the bucket directly against moto and are tested; both
+  find the server through ``AWS_ENDPOINT_URL_S3`` (boto3/botocore read it; TensorBoard's own
+  ``S3_ENDPOINT`` is read once, when it is imported).
 """
 from __future__ import annotations
 
@@ -90,7 +93,8 @@ def test_a_new_object_every_flush_secs_and_tensorboard_shows_one_curve(s3_server
                                 for step in range(41)]
 
 
-def test_tensorboard_reads_the_s3_url_directly(s3_server, s3_storage, s3_root, monkeypatch):
+@pytest.mark.parametrize("scheme", ["", "simplecache::"], ids=["boto3", "fsspec"])
+def test_tensorboard_reads_the_s3_url_directly(s3_server, s3_storage, s3_root, monkeypatch, scheme):
     url = s3_root + "/run"
     with SummaryWriter(url, flush_secs=3600, storage_options=options(s3_server.endpoint)) as writer:
         for step in range(5):
@@ -99,7 +103,7 @@ def test_tensorboard_reads_the_s3_url_directly(s3_server, s3_storage, s3_root, m
         writer.add_scalar("loss", 5.0, 5)
     assert len(events_objects(s3_storage, url)) == 3
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
-    assert points(url) == [(step, float(step)) for step in range(6)]
+    assert points(scheme + url) == [(step, float(step)) for step in range(6)]
 
 
 def test_nothing_is_lost_at_close_and_flush_uploads_only_what_is_new(s3_server, s3_storage, s3_root, tmp_path):
