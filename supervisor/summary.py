@@ -25,8 +25,10 @@ from typing import Any
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
+from supervisor.checkpoint.storage import split_scheme
+from supervisor.events.location import locate
 from supervisor.events.record import protos, scalars_event, session_log_event, version_event
-from supervisor.events.writer import EventFile
+from supervisor.events.writer import open_event_file
 
 __all__ = ["SummaryWriter", "SummaryWriterCache", "SESSION_LOG_STATUSES"]
 
@@ -42,7 +44,10 @@ _OPEN_WRITERS: weakref.WeakSet[SummaryWriter] = weakref.WeakSet()
 
 
 class SummaryWriter:
-    """Appends TensorBoard events to a new ``events.out.tfevents.*`` file in ``logdir``.
+    """Appends TensorBoard events to a new ``events.out.tfevents.*`` file in ``logdir``; on an
+    object store (``logdir`` a URL such as ``s3://bucket/run``) uploads them as a new immutable
+    events object every ``flush_secs`` and at `flush`/`close`, which TensorBoard reads as one run
+    (`supervisor.events.object_writer`).
 
     Values are checked and read on the caller's thread (a tensor's value as of the call; a bad
     tag or value raises there); the events are built, serialised and written in batches by a
@@ -59,21 +64,26 @@ class SummaryWriter:
         logdir: directory of the events file (created if missing).
         filename_suffix: appended to the events file's name.
         flush_secs: the longest time events wait in memory before being written.
-        max_queue: events waiting that make the writer thread write before ``flush_secs``.
+        max_queue: events waiting that make the writer thread write before ``flush_secs`` (on
+            an object store: encode them; they are uploaded at the ``flush_secs`` tick).
+        storage_options: for a URL ``logdir``, the object-store client's options
+            (`supervisor.checkpoint.storage.storage_for`); the ``AWS_*`` environment otherwise.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
-                 max_queue: int = 10) -> None:
+                 max_queue: int = 10, storage_options: dict[str, Any] | None = None) -> None:
         logdir = check_path("logdir", logdir)
         if not isinstance(filename_suffix, str):
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)
         check_int("max_queue", max_queue, minimum=1)
         protos()  # loaded here (~100 ms, paid only by sessions that write), not on the writer thread
-        self.logdir = os.fspath(logdir)
-        os.makedirs(self.logdir, exist_ok=True)
-        self._writer = EventFile(self.logdir, filename_suffix, flush_secs=flush_secs, max_queue=max_queue,
-                                 first=version_event(time.time(), writer="torch-supervisor"), encode=self._encode)
+        storage, self.logdir = locate(logdir, storage_options)
+        if storage is None:
+            os.makedirs(self.logdir, exist_ok=True)
+        self._writer = open_event_file(self.logdir, filename_suffix, storage=storage, flush_secs=flush_secs,
+                                       max_queue=max_queue, first=version_event(time.time(), writer="torch-supervisor"),
+                                       encode=self._encode)
         self._closed = False
         _OPEN_WRITERS.add(self)
 
@@ -152,11 +162,11 @@ class SummaryWriterCache:
     _owners: dict[str, int] = {}
 
     @staticmethod
-    def acquire(logdir: str | os.PathLike) -> SummaryWriter:
+    def acquire(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` for a session that will `release` it: the writer is closed
         when its last owner releases it, so a session refused on a logdir (e.g. another writer
         holds it) never closes the writer a running session shares."""
-        writer = SummaryWriterCache.get(logdir)
+        writer = SummaryWriterCache.get(logdir, storage_options)
         with SummaryWriterCache._lock:
             SummaryWriterCache._owners[writer.logdir] = SummaryWriterCache._owners.get(writer.logdir, 0) + 1
         return writer
@@ -173,13 +183,14 @@ class SummaryWriterCache:
         writer.close()
 
     @staticmethod
-    def get(logdir: str | os.PathLike) -> SummaryWriter:
-        """The writer of ``logdir``, created on first use (or after it was closed)."""
-        key = os.path.abspath(os.fspath(logdir))
+    def get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
+        """The writer of ``logdir`` (a local path or an object-store URL), created on first use
+        (or after it was closed); ``storage_options`` are used when it is created."""
+        key = _cache_key(logdir)
         with SummaryWriterCache._lock:
             writer = SummaryWriterCache._writers.get(key)
             if writer is None or writer.closed:
-                writer = SummaryWriterCache._writers[key] = SummaryWriter(key)
+                writer = SummaryWriterCache._writers[key] = SummaryWriter(key, storage_options=storage_options)
             return writer
 
     @staticmethod
@@ -213,6 +224,12 @@ def _flush_at_exit() -> None:
     """Writes what every open writer still holds when the interpreter exits (the writer
     threads are daemons: without this, events added since the last periodic flush are lost)."""
     _flush_quietly(list(_OPEN_WRITERS))
+
+
+def _cache_key(logdir: str | os.PathLike) -> str:
+    """A local directory's absolute path; an object-store URL without its trailing ``/``."""
+    scheme, where = split_scheme(check_path("logdir", logdir))
+    return os.path.abspath(where) if scheme == "file" else where.rstrip("/")
 
 
 def _check_tag(tag: Any) -> str:

@@ -4,6 +4,12 @@ Eval metrics are written with bare tags (``loss``, ``accuracy``) into ``model_di
 ``eval_<name>``, at the evaluated checkpoint's step. Each evaluation appends one event to this
 process's events file in that directory and fsyncs it before returning, without a writer
 thread, so the early-stopping hooks of a trainer see the result as soon as it exists.
+
+On an object store (``directory`` a URL such as ``s3://bucket/run/eval``) nothing can be
+appended to: each evaluation is uploaded as a new immutable events object (a version event and
+the metrics event), named like a local file (``events.out.tfevents.<time>.<host>.<pid>.eval``)
+with a time that grows with every write, so the objects sort in evaluation order and
+TensorBoard reads them as one run. It exists, whole, once the write returns.
 """
 from __future__ import annotations
 
@@ -11,8 +17,10 @@ import logging
 import os
 import socket
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
+from supervisor.checkpoint.storage import Storage
+from supervisor.events.location import locate
 from supervisor.events.reader import check_regular
 from supervisor.events.record import EVENTS_PREFIX, frame, scalars_event, version_event
 
@@ -29,17 +37,26 @@ class EvalEventsFile:
     record: so the file is cut back to its last complete record where the OS allows, and the
     next `write` starts a new events file (the names sort in time order, and TensorBoard reads
     the files of a directory in turn). The error is raised, naming the path and the step.
+    On an object store every write is a new object (see the module docstring).
+
+    Args:
+        directory: a local directory (created on the first write) or an object-store URL.
+        storage_options: for a URL, the object-store client's options (``storage_for``).
     """
 
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
+    def __init__(self, directory: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self._storage, self.directory = locate(directory, storage_options)
         self.path: str | None = None
+        self._last_time = 0.0
 
     def write(self, metrics: Mapping[str, float], step: int) -> None:
         """Writes ``metrics`` (bare tags) as one event at ``step``."""
         # Built first: a bad tag or value raises before any file exists.
         now = time.time()
         event = scalars_event(now, int(step), [(tag, float(value)) for tag, value in metrics.items()])
+        if self._storage is not None:
+            self._upload(self._storage, event, now, step)
+            return
         records = []
         new = self.path is None
         if new:
@@ -55,6 +72,19 @@ class EvalEventsFile:
             raise OSError(e.errno, f"could not write the eval metrics of step {step} to {path}: {e.strerror or e}; "
                                    "the next evaluation starts a new events file") from e
         logger.debug("wrote eval metrics of step %d to %s", step, self.path)
+
+    def _upload(self, storage: Storage, event: bytes, now: float, step: int) -> None:
+        """One new object: the version event and ``event`` (a plain ``PutObject``: the name is
+        this process's, and a retry of it is idempotent)."""
+        stamp = self._last_time = max(now, self._last_time + 1e-6)  # names sort in write order
+        path = storage.join(self.directory, f"{EVENTS_PREFIX}{stamp:.6f}.{socket.gethostname()}.{os.getpid()}.eval")
+        try:
+            storage.write_atomic(path, frame(version_event(now)) + frame(event))
+        except OSError as e:
+            raise OSError(e.errno, f"could not write the eval metrics of step {step} to {path}: "
+                                   f"{e.strerror or e}") from e
+        self.path = path
+        logger.debug("wrote eval metrics of step %d to %s", step, path)
 
 
 def _append(path: str, data: bytes, *, new: bool) -> None:

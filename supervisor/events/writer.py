@@ -24,9 +24,11 @@ import threading
 import time
 from typing import Any, Callable
 
+from supervisor.checkpoint.storage import Storage
+from supervisor.events.object_writer import ObjectEventFile
 from supervisor.events.record import EVENTS_PREFIX, frame
 
-__all__ = ["EventFile", "event_file_name"]
+__all__ = ["EventFile", "event_file_name", "open_event_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,17 @@ def event_file_name(logdir: str, suffix: str) -> str:
     keep their creation order past the 9th (tensorboard's ``...pid.9`` sorts after ``.10``)."""
     name = EVENTS_PREFIX + "%010d.%s.%s.%06d" % (time.time(), socket.gethostname(), os.getpid(), next(_UID))
     return os.path.join(logdir, name + suffix)
+
+
+def open_event_file(logdir: str, suffix: str, *, storage: Storage | None, flush_secs: float, max_queue: int,
+                    first: bytes, encode: Callable[[Any], bytes]) -> EventFile | ObjectEventFile:
+    """The events writer of ``logdir``: an `EventFile` appended to locally (``storage`` None: an
+    existing local directory), an `ObjectEventFile` (a new object every ``flush_secs``) on an
+    object store (``storage``: `supervisor.events.location.locate`'s)."""
+    if storage is None:
+        return EventFile(logdir, suffix, flush_secs=flush_secs, max_queue=max_queue, first=first, encode=encode)
+    return ObjectEventFile(storage, logdir, suffix, flush_secs=flush_secs, max_queue=max_queue, first=first,
+                           encode=encode)
 
 
 class EventFile:
