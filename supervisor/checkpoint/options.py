@@ -7,13 +7,22 @@ import os
 from typing import Any, Iterable
 
 from supervisor._paths import check_path
+from supervisor.checkpoint.storage import split_scheme
 from supervisor.errors import CheckpointError
 
 __all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory"]
 
 
 def check_directory(directory: Any) -> str:
-    return os.path.abspath(check_path("directory", directory))
+    """An absolute local path, or an object-store URL as given (``s3://bucket/prefix``, no
+    trailing ``/``); a ``file://`` URL becomes its local path."""
+    path = check_path("directory", directory)
+    scheme, spelled = split_scheme(path)
+    if scheme == "file":
+        return os.path.abspath(spelled)
+    if not spelled.split("://", 1)[1].strip("/"):
+        raise ValueError(f"directory {path!r} names no bucket; use {scheme}://<bucket>/<prefix>")
+    return spelled.rstrip("/")
 
 
 def check_basename(basename: Any, *, argument: str = "basename") -> str:
