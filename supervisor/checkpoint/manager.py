@@ -30,8 +30,9 @@ from supervisor.checkpoint.index import CheckpointState, read_index, trusted_ind
 from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import OwnershipLock
 from supervisor.checkpoint.publish import Publisher
-from supervisor.checkpoint.storage import LocalStorage, Storage, storage_for
-from supervisor.checkpoint.options import check_basename, check_capture, check_directory, check_trusted_globals
+from supervisor.checkpoint.storage import LocalStorage, Storage
+from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
+                                          writer_storage)
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
@@ -132,7 +133,7 @@ class CheckpointManager(ManagerCommon):
         self._clock = resolve_clock(clock)
         self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
         self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
-        self.storage: Storage = _storage(self.directory, storage_options, self._opener)
+        self.storage: Storage = writer_storage(self.directory, storage_options, self._opener)
         self.capture = check_capture(capture)
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
@@ -396,12 +397,3 @@ class CheckpointManager(ManagerCommon):
                 f"max_to_keep={self.max_to_keep}, save_mode={self.save_mode!r})")
 
 
-
-def _storage(directory: str, storage_options: Mapping[str, Any] | None, opener: Opener | None) -> Storage:
-    """The logdir's storage; ``opener`` (the fault-injection seam) applies to local paths only."""
-    storage = storage_for(directory, storage_options)
-    if opener is None:
-        return storage
-    if not isinstance(storage, LocalStorage):
-        raise ValueError(f"opener={opener!r} applies to local directories only, not {directory!r}; leave it out")
-    return LocalStorage(opener)
