@@ -174,3 +174,10 @@ def test_the_finished_mark_on_an_object_store(logdir, s3_storage):
     assert (mark.step, mark.checkpoint) == (7, "model.ckpt-7")
     assert clear_finished(logdir, s3_storage) is True
     assert read_finished(logdir, s3_storage) is None and clear_finished(logdir, s3_storage) is False
+
+
+def test_sharded_checkpoints_on_an_object_store_are_refused_with_the_fix(logdir):
+    from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager
+
+    with pytest.raises(ValueError, match=r"checkpoint_format='dcp' needs a local.*use checkpoint_format='torch'"):
+        ShardedCheckpointManager(logdir)
