@@ -59,7 +59,6 @@ class LocalStorage:
     def __init__(self, opener: Opener | None = None) -> None:
         self._opener = opener
 
-
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
 
@@ -285,7 +284,6 @@ class LocalStorage:
             return None
         return aside
 
-    # ------------------------------------------------------------ the rest of the write path
     def entry_kind(self, path: str) -> str | None:
         """``"file"``, ``"dir"``, ``"link"`` (not followed), ``"other"`` (FIFO, device, socket)
         or None when nothing is there; nothing is opened."""
@@ -310,8 +308,7 @@ class LocalStorage:
         return checksum_file(path)
 
     def rename(self, src: str, dst: str) -> None:
-        """``os.rename`` (no fsync: `sync_dir` the parent when it must be durable)."""
-        os.rename(src, dst)
+        os.rename(src, dst)  # no fsync: sync_dir the parent when it must be durable
 
     def sync_dir(self, path: str) -> None:
         """fsyncs a directory, making its entries (created, renamed, removed files) durable."""
