@@ -6,7 +6,8 @@ imports this module only when an ``s3://`` URL is used.
 Every request goes through the real botocore client that ``s3fs`` holds (``fs.call_s3``), so the
 conditional writes are the server's: create-only ``If-None-Match: *`` (`create_exclusive`, the
 manifest-last commit) and ``If-Match: <ETag>`` (`replace_if`, the index). A refused condition
-(HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write).
+(HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write); the
+translation of every other error is `supervisor.checkpoint.object_errors.translate_error`.
 
 Configuration, the standard way: credentials, region and endpoint from the ``AWS_*`` environment
 (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` included — botocore reads them), ``~/.aws``,
@@ -295,8 +296,9 @@ class ObjectStoreStorage:
     def stage(self, directory: str, name: str) -> str:
         """Returns ``<directory>/<name>``: the data objects go straight to their final keys and
         the manifest, written last by `commit`, makes them a checkpoint. ``FileExistsError`` if
-        that checkpoint is committed already (delete it first: re-saving a step in place would
-        overwrite the objects its manifest vouches for); manifest-less leftovers of an
+        that checkpoint is committed already (`Storage.uncommit` it first — what
+        `supervisor.checkpoint.temp.TempCheckpoint.create` does for a re-save: writing in place
+        would overwrite the objects its manifest vouches for); manifest-less leftovers of an
         interrupted write are removed with a WARNING."""
         final = self.join(directory, name)
         if self.exists(self.join(final, MANIFEST_FILE)):
