@@ -1,11 +1,15 @@
-"""The commit protocol (SPEC §5.1, steps 2–4): never a partial or corrupt checkpoint.
+"""The commit protocol (SPEC §5.1, §16, steps 2–4): never a partial or corrupt checkpoint.
 
-`write_checkpoint` serialises into ``<name>.tmp-<hex>/state.pt`` (checksummed while writing,
-fsynced), seals it with ``MANIFEST.json`` (fsynced, then the directory), renames the directory
-to ``<name>/`` and fsyncs the parent. A crash before the rename leaves only a temp directory,
-which `clean_transient` removes when a writer next opens the logdir; a crash after it leaves a
-complete checkpoint. Publishing it in the index is index.py's job; deleting old ones is
-`remove_checkpoint`'s, which renames before it deletes so a reader never sees half a directory.
+`write_checkpoint` serialises into a staged checkpoint's ``state.pt`` (checksummed while
+writing; fsynced / the upload completed), seals it with ``MANIFEST.json`` written last and makes
+it visible (`supervisor.checkpoint.temp`, `supervisor.checkpoint.storage.Storage.commit`):
+locally a ``<name>.tmp-<hex>/`` directory renamed to ``<name>/``, on an object store the
+manifest created with ``If-None-Match: *`` (a checkpoint exists iff its manifest exists). A crash
+before that leaves only a temp directory / a manifest-less prefix, which `clean_transient`
+removes when a writer next opens the logdir; a crash after it leaves a complete checkpoint.
+Publishing it in the index is index.py's job; deleting old ones is `remove_checkpoint`'s, which
+makes a checkpoint stop existing in one step before it deletes (`Storage.uncommit`: a rename
+locally, the manifest deleted first on an object store) so a reader never sees half of one.
 
 Deleting: every deleter (retention, ``prune``, ``rollback --discard-newer``) deletes through
 `move_aside` / `remove_checkpoint`, which apply the one rule of what may be deleted,
@@ -13,28 +17,20 @@ Deleting: every deleter (retention, ``prune``, ``rollback --discard-newer``) del
 the logdir, holding a committed ``MANIFEST.json`` (a regular file). Anything else an index lists
 — a user's directory or file, a FIFO, a link — is never renamed or deleted (WARNING).
 
-The temp directory itself (create, fill, seal, rename) is `supervisor.checkpoint.temp`, which
-several writers can share (distributed checkpoints); serialisation is
-`supervisor.checkpoint.serialize`.
+Every filesystem call goes through the logdir's `Storage` (``storage=``; default
+`supervisor.checkpoint.storage.storage_for` of the path).
 """
 from __future__ import annotations
 
 import logging
 import os
-import stat
 from typing import Any, Iterable
 
-from supervisor.checkpoint.fileio import Opener, default_opener, fsync_dir
-from supervisor.checkpoint.format import (
-    INDEX_FILE,
-    MANIFEST_FILE,
-    STATE_FILE,
-    deleting_name,
-    is_transient,
-    transient_base,
-)
+from supervisor.checkpoint.fileio import Opener
+from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, STATE_FILE, is_transient, transient_base
 from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.serialize import serialize
+from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.checkpoint.temp import CommitResult, TempCheckpoint, remove_tree
 from supervisor.checkpoint.verify import check_checkpoint
 from supervisor.errors import CheckpointError
@@ -45,16 +41,21 @@ __all__ = ["CommitResult", "write_checkpoint", "deletable_problem", "remove_chec
 logger = logging.getLogger(__name__)
 
 
+def _storage(path: str, storage: Storage | None) -> Storage:
+    return storage if storage is not None else storage_for(path)
+
+
 def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall_time: float,
-                     world_size: int = 1, opener: Opener | None = None) -> CommitResult:
+                     world_size: int = 1, opener: Opener | None = None,
+                     storage: Storage | None = None) -> CommitResult:
     """Writes ``payload`` as the committed checkpoint ``directory/name``.
 
-    On any error the temp directory is removed and the error re-raised (the caller names the
+    On any error the staged checkpoint is removed and the error re-raised (the caller names the
     step); committed checkpoints are never touched, except a committed ``directory/name`` of
-    the same step, which is replaced only once the new one is sealed.
+    the same step, which is replaced (locally only once the new one is sealed).
+    ``opener`` (local directories only): opens each file written, the fault-injection seam.
     """
-    opener = opener or default_opener  # looked up at call time: fault-injection tests patch it
-    temp = TempCheckpoint.create(directory, name)
+    temp = TempCheckpoint.create(directory, name, _storage(directory, storage))
     try:
         temp.write_file(STATE_FILE, lambda w: serialize(payload, w), opener)
     except BaseException:
@@ -63,7 +64,8 @@ def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall
     return temp.finalize(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
 
 
-def deletable_problem(directory: str, name: str, basename: str | None = None) -> str | None:
+def deletable_problem(directory: str, name: str, basename: str | None = None,
+                      storage: Storage | None = None) -> str | None:
     """Why ``directory/name`` must not be deleted as a checkpoint; None when it may be.
 
     The one rule every deleter applies: ``name`` is ``<basename>-<step>`` (any
@@ -71,74 +73,81 @@ def deletable_problem(directory: str, name: str, basename: str | None = None) ->
     and is a directory — not a symbolic link — holding a committed ``MANIFEST.json`` (a
     regular file). Nothing is opened (a FIFO cannot block this).
     """
+    storage = _storage(directory, storage)
     checked, problem = entry_problem(directory, name, basename)
     if problem is not None:
         return problem.replace("it is not a checkpoint name", "not a checkpoint name")
-    path = os.path.join(os.path.abspath(directory), checked or name)
+    local = split_scheme(directory)[0] == "file"
+    path = storage.join(os.path.abspath(directory) if local else directory, checked or name)
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return "it does not exist"
+        kind = storage.entry_kind(path)
+        manifest = storage.entry_kind(storage.join(path, MANIFEST_FILE)) if kind == "dir" else None
     except OSError as e:
         return f"it cannot be examined ({e})"
-    if stat.S_ISLNK(mode):
+    if kind is None:
+        return "it does not exist"
+    if kind == "link":
         return "it is a symbolic link, not a checkpoint directory"
-    if not stat.S_ISDIR(mode):
+    if kind != "dir":
         return "it is not a directory"
-    try:
-        manifest_mode = os.lstat(os.path.join(path, MANIFEST_FILE)).st_mode
-    except OSError:
+    if manifest is None:
         return f"it holds no committed {MANIFEST_FILE}"
-    if not stat.S_ISREG(manifest_mode):
+    if manifest != "file":
         return f"it holds no committed {MANIFEST_FILE} (not a regular file)"
     return None
 
 
-def remove_checkpoint(path: str, basename: str | None = None) -> bool:
+def remove_checkpoint(path: str, basename: str | None = None, storage: Storage | None = None) -> bool:
     """Deletes a committed checkpoint; returns False when it was already gone or is not a
     checkpoint `deletable_problem` accepts (then it is left as it is, with a WARNING).
 
-    The directory is first renamed to ``<name>.deleting-<hex>`` (`move_aside`, atomic), so a
-    reader resolving the name finds either the whole checkpoint or nothing; a reader that
-    already opened ``state.pt`` keeps reading it (POSIX keeps unlinked files alive until closed).
+    It first stops being a checkpoint in one step (`move_aside`), so a reader resolving the name
+    finds either the whole checkpoint or nothing; a local reader that already opened
+    ``state.pt`` keeps reading it (POSIX keeps unlinked files alive until closed).
     """
-    aside = move_aside(path, basename)
+    storage = _storage(path, storage)
+    aside = move_aside(path, basename, storage)
     if aside is None:
         return False
-    remove_tree(aside)
+    storage.remove_tree(aside)
     return True
 
 
-def move_aside(path: str, basename: str | None = None) -> str | None:
-    """Renames a checkpoint directory to a ``.deleting-`` name; None when it does not exist, or
-    is not a checkpoint (`deletable_problem`: then nothing is renamed, with a WARNING)."""
-    path = os.path.normpath(path)
-    problem = deletable_problem(os.path.dirname(path) or os.curdir, os.path.basename(path), basename)
+def move_aside(path: str, basename: str | None = None, storage: Storage | None = None) -> str | None:
+    """Makes a committed checkpoint stop existing in one step (`Storage.uncommit`: renamed to a
+    ``.deleting-`` name locally, its manifest deleted on an object store) and returns where its
+    remains are; None when it does not exist, or is not a checkpoint (`deletable_problem`: then
+    nothing is touched, with a WARNING)."""
+    storage = _storage(path, storage)
+    if split_scheme(path)[0] == "file":
+        path = os.path.normpath(path)
+    directory = storage.dirname(path) or os.curdir
+    problem = deletable_problem(directory, storage.basename(path), basename, storage)
     if problem == "it does not exist":
         return None
     if problem is not None:
         logger.warning("not deleting %s: %s (only committed checkpoints are ever deleted)", path, problem)
         return None
-    aside = os.path.join(os.path.dirname(path), deleting_name(os.path.basename(path)))
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return None
-    return aside
+    return storage.uncommit(path)
 
 
-def recover_interrupted_replacements(directory: str, indexed: Iterable[str]) -> list[str]:
+def recover_interrupted_replacements(directory: str, indexed: Iterable[str],
+                                     storage: Storage | None = None) -> list[str]:
     """Puts back a checkpoint the index names but a crash left only under a transient name.
 
-    Re-saving a committed step (`supervisor.checkpoint.temp.rename_into_place`) renames the committed directory to
-    ``<name>.deleting-*`` before renaming the sealed ``<name>.tmp-*`` into place, and retention
-    moves a checkpoint aside before it rewrites the index; a kill in between leaves the index
-    naming ``<name>`` while complete copies sit under transient names. Before those are cleaned
-    up, the newest copy that verifies in full (the sealed temp, else the moved-aside one) is
-    renamed back to ``<name>``, with a WARNING. Returns the recovered names.
+    Re-saving a committed step (`supervisor.checkpoint.local_storage.rename_into_place`) renames
+    the committed directory to ``<name>.deleting-*`` before renaming the sealed ``<name>.tmp-*``
+    into place, and retention moves a checkpoint aside before it rewrites the index; a kill in
+    between leaves the index naming ``<name>`` while complete copies sit under transient names.
+    Before those are cleaned up, the newest copy that verifies in full (the sealed temp, else the
+    moved-aside one) is renamed back to ``<name>``, with a WARNING. Returns the recovered names.
+    On an object store nothing is ever renamed, so there is nothing to recover (no-op).
     """
+    storage = _storage(directory, storage)
+    if storage.stages_in_place:
+        return []
     try:
-        names = os.listdir(directory)
+        names = storage.listdir(directory)
     except FileNotFoundError:
         return []
     recovered = []
@@ -148,44 +157,54 @@ def recover_interrupted_replacements(directory: str, indexed: Iterable[str]) -> 
         leftovers = sorted((n for n in names if transient_base(n) == name),
                            key=lambda n: ".tmp-" not in n)  # the newer save first
         for leftover in leftovers:
-            path = os.path.join(directory, leftover)
-            try:
-                check_checkpoint(path, verify="full")
-            except CheckpointError as e:
-                logger.warning("cannot recover %s from %s: %s", name, path, e)
-                continue
-            os.rename(path, os.path.join(directory, name))
-            fsync_dir(directory)
-            logger.warning("recovered %s from %s, left behind when a crash interrupted its replacement "
-                           "or deletion", name, leftover)
-            recovered.append(name)
-            break
+            if _recover(storage, directory, name, leftover):
+                recovered.append(name)
+                break
     return recovered
 
 
-def clean_transient(directory: str) -> list[str]:
-    """Removes leftover ``*.tmp-*`` / ``*.deleting-*`` entries (a crashed writer's), with a
-    WARNING each; returns their names."""
-    removed = []
+def _recover(storage: Storage, directory: str, name: str, leftover: str) -> bool:
+    path = storage.join(directory, leftover)
     try:
-        names = sorted(os.listdir(directory))
+        check_checkpoint(path, verify="full")
+    except CheckpointError as e:
+        logger.warning("cannot recover %s from %s: %s", name, path, e)
+        return False
+    storage.rename(path, storage.join(directory, name))
+    storage.sync_dir(directory)
+    logger.warning("recovered %s from %s, left behind when a crash interrupted its replacement "
+                   "or deletion", name, leftover)
+    return True
+
+
+def clean_transient(directory: str, storage: Storage | None = None, basename: str | None = None) -> list[str]:
+    """Removes what an interrupted writer left, with a WARNING each; returns their names:
+    ``*.tmp-*`` / ``*.deleting-*`` entries and index temp files (locally), and — on an object
+    store, where a checkpoint is written in place (``storage.stages_in_place``) — every
+    ``<basename>-<step>`` prefix without a ``MANIFEST.json`` (an upload that never committed, or
+    a deletion that stopped after the manifest). Call it only as the logdir's one writer."""
+    storage = _storage(directory, storage)
+    try:
+        names = storage.listdir(directory)
     except FileNotFoundError:
-        return removed
-    for name in names:
-        if not (is_transient(name) or _is_index_temp(name)):
-            continue
-        path = os.path.join(directory, name)
+        return []
+    return [name for name in names if _clean_one(storage, directory, name, basename)]
+
+
+def _clean_one(storage: Storage, directory: str, name: str, basename: str | None) -> bool:
+    path = storage.join(directory, name)
+    if is_transient(name) or name.startswith(INDEX_FILE + ".tmp-"):
         logger.warning("removing %s left behind by an interrupted checkpoint write or delete", path)
-        if os.path.isdir(path):
-            remove_tree(path)
-        else:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-        removed.append(name)
-    return removed
-
-
-def _is_index_temp(name: str) -> bool:
-    return name.startswith(INDEX_FILE + ".tmp-")
+        kind = storage.entry_kind(path)
+    elif storage.stages_in_place and entry_problem(directory, name, basename)[1] is None \
+            and not storage.exists(storage.join(path, MANIFEST_FILE)) and storage.isdir(path):
+        logger.warning("removing %s left behind by an interrupted checkpoint write or delete (it holds no %s: "
+                       "it never was, or no longer is, a committed checkpoint)", path, MANIFEST_FILE)
+        kind = "dir"
+    else:
+        return False
+    if kind == "dir":
+        storage.remove_tree(path)
+    elif kind is not None:
+        storage.remove(path)
+    return True

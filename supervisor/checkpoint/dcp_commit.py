@@ -245,8 +245,8 @@ def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
         own = TempCheckpoint.attach(path)
         if save.rng is not None:
             own.write_file(f"rng-{save.rank}.pt", lambda w: serialize(save.rng, w))
-        records = {f: list(checksum_file(os.path.join(path, f)))
-                   for f in os.listdir(path) if f.startswith(f"__{save.rank}_")}
+        records = {f: list(checksum_file(own.storage.join(path, f)))  # fsynced by DCP: read, not synced again
+                   for f in own.storage.listdir(path) if f.startswith(f"__{save.rank}_")}
         records.update({f: [r.size, r.checksum] for f, r in own.records.items()})
         return {"ok": True, "message": "", "records": records}
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported to the chief, raised on every rank

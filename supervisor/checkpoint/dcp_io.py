@@ -19,6 +19,7 @@ from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_reading import safe_dcp_load
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
+from supervisor.checkpoint.storage import storage_for
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.distributed.rng import restore_for_rank
 from supervisor.errors import CheckpointError
@@ -138,7 +139,7 @@ def _restore_rng(path: str, step: int, state: TrainingState, rank: int) -> None:
     """``rank``'s ``rng-<rank>.pt`` (global generators and the state's loader generators), or
     a derived seed when the checkpoint has none for ``rank`` (the world size changed)."""
     where = f"{path} (step {step})"
-    files = {int(f[4:-3]): f for f in os.listdir(path)
+    files = {int(f[4:-3]): f for f in storage_for(path).listdir(path)
              if f.startswith("rng-") and f.endswith(".pt") and f[4:-3].isdigit()}
     if not files:
         logger.warning("%s has no RNG state; the random generators continue from their current state", path)

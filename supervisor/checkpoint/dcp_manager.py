@@ -141,6 +141,9 @@ class ShardedCheckpointManager(ManagerCommon):
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
                                   trusted_globals=trusted_globals, clock=clock)
+        if inner.storage.stages_in_place:  # DCP's FileSystemWriter writes local files only
+            raise ValueError(f"checkpoint_format='dcp' needs a local or shared-filesystem directory, not "
+                             f"{inner.directory!r}; use checkpoint_format='torch' on an object store")
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
         self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))

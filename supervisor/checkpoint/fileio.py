@@ -349,27 +349,6 @@ def _gf2_square(matrix: list[int]) -> list[int]:
     return [_gf2_times(matrix, row) for row in matrix]
 
 
-def atomic_write_text(path: str, text: str, *, replace: Callable[[str, str], None] = os.replace) -> None:
-    """Replaces the file ``path`` with ``text`` atomically and durably: a temp file beside it
-    (``<path>.tmp-<hex>``), fsync, ``replace`` (``os.replace``; the index passes its module's own,
-    which the crash tests' kill point wraps), fsync of the directory. A crash leaves the old
-    file or the new one, never a mix; the temp file is removed on an error."""
-    tmp = f"{path}.tmp-{os.urandom(16).hex()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(os.path.dirname(path) or ".")
-
-
 def fsync_dir(path: str) -> None:
     """Makes a directory's entries (created, renamed, removed files) durable."""
     try:

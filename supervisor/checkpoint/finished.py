@@ -5,7 +5,8 @@ log directory ended cleanly: its ``with`` block exited without an error and the 
 caused by SIGTERM/SIGINT (a preempted run is not finished: it will resume). It is
 
 - written by the chief's session creator at close, after the final checkpoint is committed,
-  atomically (temp file, fsync, ``os.replace``, fsync of the directory);
+  atomically through the logdir's storage (locally: temp file, fsync, ``os.replace``, fsync of
+  the directory; on an object store: one ``PutObject``);
 - removed when a new training session starts on the log directory (at its restore, while it
   holds the ownership lock), so a resumed run is "not finished" again;
 - read by evaluators (`supervisor.estimator.evaluation.EvaluationLoop`): once it exists and
@@ -30,7 +31,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.checkpoint.fileio import atomic_write_text, fsync_dir, open_regular_file
+from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["FINISHED_FILE", "FinishedMark", "clear_finished", "mark_finished", "read_finished"]
@@ -51,12 +52,13 @@ class FinishedMark:
     pid: int | None = None
 
 
-def finished_path(logdir: str | os.PathLike) -> str:
-    return os.path.join(os.fspath(logdir), FINISHED_FILE)
+def finished_path(logdir: str | os.PathLike, storage: Storage | None = None) -> str:
+    logdir = os.fspath(logdir)
+    return (storage if storage is not None else storage_for(logdir)).join(logdir, FINISHED_FILE)
 
 
 def mark_finished(logdir: str | os.PathLike, *, step: int | None, checkpoint: str | None = None,
-                  clock: Clock | None = None) -> str:
+                  clock: Clock | None = None, storage: Storage | None = None) -> str:
     """Atomically writes the finished file; returns its path.
 
     Args:
@@ -64,32 +66,34 @@ def mark_finished(logdir: str | os.PathLike, *, step: int | None, checkpoint: st
         step: the final global step.
         checkpoint: the newest checkpoint's path or name (stored as its name), or None.
         clock: injectable clock (for ``wall_time``).
+        storage: the logdir's storage (default: `storage_for(logdir)`).
     """
-    path = finished_path(logdir)
-    record = {"step": step, "checkpoint": os.path.basename(os.fspath(checkpoint)) if checkpoint else None,
+    storage = storage if storage is not None else storage_for(os.fspath(logdir))
+    path = finished_path(logdir, storage)
+    record = {"step": step, "checkpoint": storage.basename(os.fspath(checkpoint)) if checkpoint else None,
               "wall_time": resolve_clock(clock).time(), "host": socket.gethostname(), "pid": os.getpid()}
-    atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n")
+    storage.write_atomic(path, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
     logger.info("marked the run in %s finished at step %s", os.fspath(logdir), step)
     return path
 
 
-def clear_finished(logdir: str | os.PathLike) -> bool:
-    """Removes the finished file (a new training session starts); True if there was one."""
-    try:
-        os.remove(finished_path(logdir))
-    except FileNotFoundError:
+def clear_finished(logdir: str | os.PathLike, storage: Storage | None = None) -> bool:
+    """Removes the finished file (a new training session starts); True if there was one. Made
+    durable locally (fsync of the logdir); on an object store the delete is."""
+    storage = storage if storage is not None else storage_for(os.fspath(logdir))
+    if not storage.remove(finished_path(logdir, storage)):
         return False
-    fsync_dir(os.fspath(logdir))
+    storage.sync_dir(os.fspath(logdir))
     logger.info("a new training session starts in %s: removed its finished mark", os.fspath(logdir))
     return True
 
 
-def read_finished(logdir: str | os.PathLike) -> FinishedMark | None:
+def read_finished(logdir: str | os.PathLike, storage: Storage | None = None) -> FinishedMark | None:
     """The finished mark of ``logdir``, or None while the run is not finished."""
-    path = finished_path(logdir)
+    storage = storage if storage is not None else storage_for(os.fspath(logdir))
+    path = finished_path(logdir, storage)
     try:
-        with open_regular_file(path, "r", encoding="utf-8") as f:  # a FIFO: refused, never waited on
-            text = f.read()
+        text = storage.read_bytes(path).decode("utf-8")  # regular files only: a FIFO is refused
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as e:

@@ -11,8 +11,11 @@
 
 Paths are written relative to the logdir, oldest first; ``model_checkpoint_path`` is what a
 restore picks, and a person may edit it by hand to restart from an older checkpoint. The file is
-rewritten atomically (temp file, fsync, ``os.replace``, fsync of the directory), so a reader
-always sees the old or the new index, never a mix.
+rewritten atomically through the logdir's `supervisor.checkpoint.storage.Storage` (locally: temp
+file, fsync, ``os.replace``, fsync of the directory; on an object store one ``PutObject``), so a
+reader always sees the old or the new index, never a mix. A writer replaces it only while it still
+is the version it read (`replace_index`: ``If-Match`` on the ETag on an object store), so two
+writers can never both move it.
 
 Because anyone can edit it, the index is untrusted input: retention and restore act only on
 entries that name a checkpoint of this logdir (`entry_problem`: ``<basename>-<step>``, directly
@@ -24,12 +27,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from supervisor.checkpoint.fileio import NotARegularFileError, atomic_write_text, open_regular_file
+from supervisor.checkpoint.fileio import NotARegularFileError
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
+from supervisor.checkpoint.storage import ObjectInfo, Storage, split_scheme, storage_for
 
-__all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
+__all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index", "replace_index",
            "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
            "EmptyIndexError"]
 
@@ -55,12 +59,15 @@ class CheckpointState:
         all_model_checkpoint_timestamps: when each of those was saved (seconds since the epoch).
         last_preserved_timestamp: when the last checkpoint kept by
             ``keep_checkpoint_every_n_hours`` was saved (None when never written).
+        version: the version of the index file it was read from (`read_index`; the ETag on
+            an object store), which `replace_index` requires; not part of its value.
     """
 
     model_checkpoint_path: str
     all_model_checkpoint_paths: tuple[str, ...] = ()
     all_model_checkpoint_timestamps: tuple[float, ...] = ()
     last_preserved_timestamp: float | None = None
+    version: str | None = field(default=None, compare=False, repr=False)
 
 
 def parse_index(text: str) -> CheckpointState:
@@ -98,34 +105,58 @@ def format_index(state: CheckpointState) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_index(directory: str) -> CheckpointState | None:
-    """The index as written (paths as they are in the file); None when there is no index file.
+def read_index(directory: str, storage: Storage | None = None) -> CheckpointState | None:
+    """The index as written (paths as they are in the file, ``version`` the version read);
+    None when there is no index file. ``storage``: the logdir's (default `storage_for`).
 
     Raises:
-        ValueError: the file exists but cannot be parsed (the message names the file).
+        ValueError: the file exists but cannot be parsed, or is not a regular file (the message
+            names the file).
         OSError: the file exists but cannot be read.
     """
-    path = os.path.join(directory, INDEX_FILE)
+    storage = storage if storage is not None else storage_for(directory)
+    path = storage.join(directory, INDEX_FILE)
     try:
-        with open_regular_file(path, "r", encoding="utf-8") as f:  # never blocks on a FIFO or a device
-            text = f.read()
+        data, info = storage.read_versioned(path)  # regular files only: never blocks on a FIFO
+        text = data.decode("utf-8")
     except FileNotFoundError:
         return None
-    except NotARegularFileError as e:
-        raise ValueError(f"the checkpoint index {e}") from None
+    except (NotARegularFileError, IsADirectoryError) as e:
+        raise ValueError(f"the checkpoint index {e}" if isinstance(e, NotARegularFileError) else
+                         f"the checkpoint index {path} is not a regular file (a directory)") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
     try:
-        return parse_index(text)
+        return replace(parse_index(text), version=info.version)
     except EmptyIndexError as e:
         raise EmptyIndexError(f"the checkpoint index {path} is unreadable: {e}") from e
     except ValueError as e:
         raise ValueError(f"the checkpoint index {path} is unreadable: {e}") from e
 
 
-def write_index(directory: str, state: CheckpointState) -> None:
-    """Atomically replaces ``directory/checkpoint`` with ``state``."""
-    atomic_write_text(os.path.join(directory, INDEX_FILE), format_index(state), replace=os.replace)
+def write_index(directory: str, state: CheckpointState, storage: Storage | None = None) -> ObjectInfo:
+    """Atomically replaces ``directory/checkpoint`` with ``state``, whatever is there (the CLI's
+    rollback and prune; a training writer uses `replace_index`)."""
+    storage = storage if storage is not None else storage_for(directory)
+    return storage.write_atomic(storage.join(directory, INDEX_FILE), format_index(state).encode("utf-8"))
+
+
+def replace_index(directory: str, state: CheckpointState, *, storage: Storage, version: str | None) -> ObjectInfo:
+    """Replaces ``directory/checkpoint`` with ``state`` only while it still is ``version`` (the
+    version the writer read or last wrote; None: only if there is no index yet) and returns the
+    new version.
+
+    Raises:
+        PreconditionFailedError: another writer replaced (or created) the index meanwhile;
+            nothing was written (`supervisor.checkpoint.storage.ObjectExistsError` when one
+            was created where ``version`` is None).
+        FileNotFoundError: the index was deleted meanwhile.
+    """
+    path = storage.join(directory, INDEX_FILE)
+    data = format_index(state).encode("utf-8")
+    if version is None:
+        return storage.create_exclusive(path, data)
+    return storage.replace_if(path, data, version)
 
 
 def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState | None:
@@ -185,9 +216,11 @@ def entry_problem(directory: str, entry: str, basename: str | None = None) -> tu
     subdirectory, no other directory) and, if it is a symbolic link, it points to a directory
     inside ``directory``.
     """
-    directory = os.path.abspath(directory)
     if not isinstance(entry, str) or not entry or "\0" in entry:
         return None, "it is empty or not a path"
+    if split_scheme(directory)[0] != "file":
+        return _url_entry_problem(directory, entry, basename)
+    directory = os.path.abspath(directory)
     normalized = os.path.normpath(entry)
     if os.path.isabs(normalized):
         parent, name = os.path.split(normalized)
@@ -197,16 +230,38 @@ def entry_problem(directory: str, entry: str, basename: str | None = None) -> tu
         name = normalized
         if os.sep in name or (os.altsep and os.altsep in name) or name in (os.curdir, os.pardir):
             return None, "it is not directly inside the logdir (no '..' or subdirectories)"
-    if basename is not None and step_of(name, basename) is None:
-        return None, f"it is not a checkpoint name of the form {basename}-<step>"
-    if basename is None and not _ANY_CHECKPOINT_NAME.fullmatch(name):
-        return None, "it is not a checkpoint name of the form <basename>-<step>"
+    problem = _name_problem(name, basename)
+    if problem is not None:
+        return None, problem
     full = os.path.join(directory, name)
     if os.path.islink(full):
         target = os.path.realpath(full)
         if os.path.dirname(target) != os.path.realpath(directory):
             return None, f"it is a symbolic link out of the logdir (to {target})"
     return name, None
+
+
+def _name_problem(name: str, basename: str | None) -> str | None:
+    if basename is not None and step_of(name, basename) is None:
+        return f"it is not a checkpoint name of the form {basename}-<step>"
+    if basename is None and not _ANY_CHECKPOINT_NAME.fullmatch(name):
+        return "it is not a checkpoint name of the form <basename>-<step>"
+    return None
+
+
+def _url_entry_problem(directory: str, entry: str, basename: str | None) -> tuple[str | None, str | None]:
+    """`entry_problem` for an object-store logdir (a URL): an entry is a name directly under
+    it, or the full URL of one (an object store has no links and no ``..``)."""
+    prefix = directory.rstrip("/") + "/"
+    if "://" in entry:
+        if not entry.startswith(prefix):
+            return None, f"it is outside the logdir {directory}"
+        entry = entry[len(prefix):]
+    name = entry.rstrip("/")
+    if not name or "/" in name or "\\" in name or name in (os.curdir, os.pardir):
+        return None, "it is not directly inside the logdir (no '..' or subdirectories)"
+    problem = _name_problem(name, basename)
+    return (None, problem) if problem is not None else (name, None)
 
 
 def trusted_index(index: CheckpointState, directory: str, basename: str, *,

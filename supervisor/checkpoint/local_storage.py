@@ -11,11 +11,13 @@ import stat as stat_module
 import sys
 from typing import IO, Any, Iterable
 
-from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener, fsync_dir
+from supervisor.checkpoint.fileio import (ChecksumWriter, NotARegularFileError, Opener, checksum_file, default_opener,
+                                          file_kind, fsync_dir)
+from supervisor.checkpoint.format import deleting_name
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "rename_into_place"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +53,11 @@ class LocalStorage:
     regular files only (``O_NONBLOCK`` + ``fstat``), so a FIFO never blocks a reader."""
 
     scheme = "file"
+    #: Checkpoints are staged in a temp directory and renamed into place (see `Storage`).
+    stages_in_place = False
 
     def __init__(self, opener: Opener | None = None) -> None:
         self._opener = opener
-
 
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
@@ -148,7 +151,8 @@ class LocalStorage:
 
     # ------------------------------------------------------------ reading
     def open_read(self, path: str) -> IO[bytes]:
-        """Opens a regular file for reading; ``OSError(EINVAL)`` for a FIFO, device or socket
+        """Opens a regular file for reading; `NotARegularFileError` (an ``OSError``) for a
+        FIFO, device or socket
         (opened with ``O_NONBLOCK`` so a FIFO cannot block the open, then checked by fstat)."""
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
@@ -156,7 +160,7 @@ class LocalStorage:
             if stat_module.S_ISDIR(mode):
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory")
             if not stat_module.S_ISREG(mode):
-                raise OSError(errno.EINVAL, f"{path} is not a regular file")
+                raise NotARegularFileError(f"{path} is not a regular file ({file_kind(mode)}); refusing to read it")
             if hasattr(os, "set_blocking"):
                 os.set_blocking(fd, True)
             return open(fd, "rb", buffering=0)
@@ -255,25 +259,80 @@ class LocalStorage:
         return path
 
     def commit(self, staged: str, final: str, *, manifest_name: str, manifest: bytes) -> None:
-        """Writes the manifest (fsynced), fsyncs every directory of ``staged``, renames it to
-        ``final`` and fsyncs the parent. A committed ``final`` of the same name is moved aside
-        first and removed after, so the name always holds a whole checkpoint or none."""
-        self.create_exclusive(os.path.join(staged, manifest_name), manifest)
+        """Writes the manifest into ``staged`` (a new file through `open_write`, fsynced), fsyncs
+        every directory of ``staged``, renames it to ``final`` (`rename_into_place`) and fsyncs
+        the parent. A committed ``final`` of the same name is moved aside first and removed
+        after, so the name always holds a whole checkpoint or none."""
+        with self.open_write(os.path.join(staged, manifest_name)) as writer:
+            writer.write(manifest)
+            writer.sync()
         for root, _, _ in os.walk(staged):
             fsync_dir(root)
-        try:
-            os.rename(staged, final)
-        except OSError as e:
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
-                raise
-            aside = f"{final}.deleting-{os.urandom(16).hex()}"
-            os.rename(final, aside)
-            os.rename(staged, final)
-            self.remove_tree(aside)
+        rename_into_place(staged, final)
         fsync_dir(os.path.dirname(final) or ".")
 
     def discard(self, staged: str) -> None:
         self.remove_tree(staged)
+
+    def uncommit(self, final: str) -> str | None:
+        """Renames the committed ``final`` to ``<final>.deleting-<hex>`` (atomic: a reader finds
+        the whole checkpoint or nothing) and returns that name; None when ``final`` is gone."""
+        aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
+        try:
+            os.rename(final, aside)
+        except FileNotFoundError:
+            return None
+        return aside
+
+    def entry_kind(self, path: str) -> str | None:
+        """``"file"``, ``"dir"``, ``"link"`` (not followed), ``"other"`` (FIFO, device, socket)
+        or None when nothing is there; nothing is opened."""
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return None
+        if stat_module.S_ISLNK(mode):
+            return "link"
+        if stat_module.S_ISDIR(mode):
+            return "dir"
+        return "file" if stat_module.S_ISREG(mode) else "other"
+
+    def checksum(self, path: str) -> tuple[int, str]:
+        """fsyncs a file some other writer made (e.g. DCP's ``.metadata``), then returns its
+        size and CRC-32, read once (`supervisor.checkpoint.fileio.checksum_file`)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return checksum_file(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)  # no fsync: sync_dir the parent when it must be durable
+
+    def sync_dir(self, path: str) -> None:
+        """fsyncs a directory, making its entries (created, renamed, removed files) durable."""
+        fsync_dir(path or ".")
+
+
+def rename_into_place(tmp: str, final: str) -> None:
+    """Renames a sealed temp directory to its committed name (every local commit goes through
+    here; crash tests interpose on ``supervisor.checkpoint.local_storage.rename_into_place``).
+
+    Re-saving a step that is already committed (e.g. after a hand rollback) moves the old one
+    aside first, so the name always holds a complete checkpoint or none.
+    """
+    try:
+        os.rename(tmp, final)
+        return
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
+            raise
+    logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
+    aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
+    os.rename(final, aside)
+    os.rename(tmp, final)
+    LocalStorage().remove_tree(aside)
 
 
 class _LocalSnapshot:

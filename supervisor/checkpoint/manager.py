@@ -4,8 +4,10 @@ The one object the session, the front doors and the checkpoint hook talk to. It 
 parts: the ownership lock (lock.py), the capture into reused staging buffers (staging.py, on
 the caller's thread — the only part that blocks training; with ``capture="overlapped"`` the
 optimizers' tensors are copied while the next step runs, overlap.py), the background writer (writer.py)
-running the commit protocol (commit.py), the index (index.py), retention decisions
-(retention.py, pure) and verify-then-fall-back restore (restore.py).
+running the commit protocol (commit.py), the index and retention (publish.py; decisions in
+retention.py, pure) and verify-then-fall-back restore (restore.py). Every file it writes goes
+through the logdir's `supervisor.checkpoint.storage.Storage` (``self.storage``): a local path or
+an ``s3://bucket/prefix`` URL (SPEC §16).
 """
 from __future__ import annotations
 
@@ -21,19 +23,16 @@ import torch
 from supervisor import distributed
 from supervisor.distributed import rng as distributed_rng
 from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_number
-from supervisor.checkpoint import retention
-from supervisor.checkpoint.commit import (
-    clean_transient,
-    move_aside,
-    recover_interrupted_replacements,
-    remove_tree,
-    write_checkpoint,
-)
+from supervisor.checkpoint.commit import write_checkpoint
 from supervisor.checkpoint.fileio import Opener
-from supervisor.checkpoint.format import checkpoint_name, make_payload
-from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index, write_index
+from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_payload
+from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index
+from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import OwnershipLock
-from supervisor.checkpoint.options import check_basename, check_capture, check_directory, check_trusted_globals
+from supervisor.checkpoint.publish import Publisher
+from supervisor.checkpoint.storage import LocalStorage, Storage
+from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
+                                          writer_storage)
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
@@ -89,8 +88,13 @@ class CheckpointManager(ManagerCommon):
             place during the copy (outside ``optimizer.step()``) is discarded with a WARNING.
         copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
             side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
+        storage_options: for an object-store ``directory`` (``s3://bucket/prefix``), the
+            client's options (`supervisor.checkpoint.storage.storage_for`: endpoint,
+            credentials, ``part_size``...); None: the standard configuration (``AWS_*``
+            environment, ``~/.aws``, ``FSSPEC_S3_*``). A local path takes none.
 
     Attributes:
+        storage: the logdir's `Storage` (every file of the write path goes through it).
         on_commit: ``on_commit(step, path)``, called once a checkpoint is committed and indexed
             (from the writer thread for async saves). A session sets it to hand commits to its
             step boundary, which delivers them to listeners on the training thread.
@@ -113,6 +117,7 @@ class CheckpointManager(ManagerCommon):
         opener: Opener | None = None,
         capture: str = "auto",
         copier: Copier | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.directory = check_directory(directory)
         self.basename = check_basename(basename)
@@ -128,16 +133,19 @@ class CheckpointManager(ManagerCommon):
         self._clock = resolve_clock(clock)
         self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
         self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
+        self.storage: Storage = writer_storage(self.directory, storage_options, self._opener)
         self.capture = check_capture(capture)
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
-        self._lock = OwnershipLock(self.directory)
+        # On an object store (no flock) the bridge until the lock's kind is an option: a lease.
+        self._lock = OwnershipLock(self.directory) if isinstance(self.storage, LocalStorage) \
+            else Lease(self.storage, self.directory)
         self._writer = BackgroundWriter()
-        self._dropped: list[str] = []
         self._staging = StagingArea()
         self._mutex = threading.Lock()
-        self._retention: retention.RetentionState | None = None
+        self._publisher = Publisher(self.storage, self.directory, self.basename, max_to_keep=self.max_to_keep,
+                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
         self._opened = self._closed = False
         self._last_saved_step: int | None = None
         self._last_committed_step: int | None = None
@@ -153,56 +161,47 @@ class CheckpointManager(ManagerCommon):
 
     def path_of(self, step: int) -> str:
         """The path the checkpoint of ``step`` is committed to."""
-        return os.path.join(self.directory, checkpoint_name(self.basename, step))
+        return self.storage.join(self.directory, checkpoint_name(self.basename, step))
 
     @property
     def checkpoints(self) -> tuple[str, ...]:
         """Paths of the checkpoints retention manages, oldest first (after `open`)."""
-        names = self._retention.names if self._retention is not None else ()
-        return tuple(os.path.join(self.directory, n) for n in names)
+        kept = self._publisher.retention
+        return tuple(self.storage.join(self.directory, n) for n in (kept.names if kept is not None else ()))
 
     def open(self) -> None:
         """Takes the ownership lock (`LogdirInUseError` if another writer holds it), removes
-        temp directories a crashed writer left, and recovers retention from the index."""
+        what a crashed writer left (temp directories; manifest-less checkpoint prefixes on an
+        object store) and recovers retention from the index (`publish.Publisher.open`)."""
         if self._closed:
             raise RuntimeError(f"the checkpoint manager of {self.directory} is closed; create a new one")
         if self._opened:
             return
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            self.storage.makedirs(self.directory)
         except OSError as e:
             raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
         self._lock.acquire()
         try:
-            index = self._read_trusted_index()  # once per open: fixed cost of every session creation
-            recover_interrupted_replacements(self.directory, _indexed_names(index))
-            clean_transient(self.directory)
-            self._retention = self._recover_retention(index)
+            index, version = self._read_trusted_index()  # once per open: fixed cost of every session creation
+            self._publisher.open(index, self._clock.time(), index_version=version)
         except BaseException:
             self._lock.release()
             raise
         self._opened = True
 
-    def _read_trusted_index(self) -> CheckpointState | None:
+    def _read_trusted_index(self) -> tuple[CheckpointState | None, str | None]:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
-        warns about each other entry); None when there is none or it cannot be read."""
+        warns about each other entry), None when there is none or it cannot be read; and the
+        version of the index file it read (what the next index write must still find)."""
         try:
-            index = read_index(self.directory)
+            index = read_index(self.directory, storage=self.storage)
         except (ValueError, OSError) as e:
             logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
-            return None
+            return None, self._publisher.index_version_now()
         if index is None:
-            return None
-        return trusted_index(index, self.directory, self.basename, warn=True)[0]
-
-    def _recover_retention(self, index: CheckpointState | None) -> retention.RetentionState:
-        present = set(os.listdir(self.directory))
-        state = retention.recover(index, self._clock.time(), present=present)
-        if index is not None:
-            gone = [p for p in index.all_model_checkpoint_paths if p not in present]
-            if gone:
-                logger.info("the checkpoint index lists %s, which no longer exist(s); forgetting them", gone)
-        return state
+            return None, None
+        return trusted_index(index, self.directory, self.basename, warn=True)[0], index.version
 
     def close(self, *, failed: bool = False) -> None:
         """Finishes the save in flight, stops the writer thread and releases the lock.
@@ -275,7 +274,7 @@ class CheckpointManager(ManagerCommon):
                 self._writer.wait()
         if outcome:
             raise outcome[0]
-        return os.path.join(self.directory, name)
+        return self.storage.join(self.directory, name)
 
     def wait(self) -> None:
         """Blocks until no save is in flight; raises a background failure not yet reported."""
@@ -302,12 +301,12 @@ class CheckpointManager(ManagerCommon):
 
     def _write(self, step: int, name: str, payload: dict, timestamp: float, capture_secs: float,
                outcome: list[CheckpointError] | None, pending: PendingCopy | None = None) -> None:
-        path = os.path.join(self.directory, name)
+        path = self.storage.join(self.directory, name)
         if pending is not None and not self._copied(step, pending, outcome):
             return
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
-                                      world_size=distributed.world_size(), opener=self._opener)
+                                      world_size=distributed.world_size(), storage=self.storage)
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return
@@ -317,7 +316,7 @@ class CheckpointManager(ManagerCommon):
             self._publish(name, timestamp)
         except Exception as e:  # noqa: BLE001
             self._failed(step, f"the checkpoint of step {step} was committed to {path} but the index "
-                         f"{os.path.join(self.directory, 'checkpoint')} could not be updated", e, outcome)
+                         f"{self.storage.join(self.directory, INDEX_FILE)} could not be updated", e, outcome)
             return
         with self._mutex:
             self._consecutive_failures = 0
@@ -342,42 +341,13 @@ class CheckpointManager(ManagerCommon):
         return False
 
     def _publish(self, name: str, timestamp: float) -> None:
-        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6)."""
-        recorded = retention.record(self._retention, name, timestamp)
-        write_index(self.directory, retention.to_index(recorded, name))
-        self._retention = recorded
-        try:
-            self._retain(name)
-        except OSError as e:  # the new checkpoint is committed and published: only cleanup failed
-            logger.warning("retention after committing %s failed (%s); older checkpoints may be left "
-                           "behind", name, e)
-
-    def _retain(self, latest: str) -> None:
-        result = retention.sweep(self._retention, max_to_keep=self.max_to_keep,
-                                 keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
-        if not (result.delete or result.preserve):
-            return
-        for kept in result.preserve:
-            logger.info("keeping %s for good (one checkpoint every %g hours)", kept,
-                        self.keep_checkpoint_every_n_hours)
-        # Rename before the index forgets them, delete after: a crash in between leaves
-        # .deleting- directories (removed at the next open), never a listed half-deleted one.
-        asides = [a for a in (move_aside(os.path.join(self.directory, n)) for n in result.delete) if a]
-        write_index(self.directory, retention.to_index(result.state, latest))
-        self._retention = result.state
-        with self._mutex:
-            self._dropped.extend(asides)  # removed by _remove_dropped, after the save is done
-        if result.delete:
-            logger.info("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
+        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6);
+        `publish.Publisher.publish`."""
+        self._publisher.publish(name, timestamp)
 
     def _remove_dropped(self) -> None:
-        """Deletes the directories retention moved aside. It runs after the save reported done,
-        so neither `wait` nor the next capture waits for the filesystem work (0.2–0.3 s per GiB
-        here); a crash meanwhile leaves ``.deleting-`` directories the next `open` removes."""
-        with self._mutex:
-            dropped, self._dropped = self._dropped, []
-        for aside in dropped:
-            remove_tree(aside)
+        """Deletes what retention dropped, after the save reported done (`publish.Publisher`)."""
+        self._publisher.remove_dropped()
 
     def _failed(self, step: int, message: str, error: Exception, outcome: list[CheckpointError] | None) -> None:
         """Applies the failure policy: tolerate (WARNING), or report the fatal failure to the
@@ -427,8 +397,3 @@ class CheckpointManager(ManagerCommon):
                 f"max_to_keep={self.max_to_keep}, save_mode={self.save_mode!r})")
 
 
-def _indexed_names(index: CheckpointState | None) -> list[str]:
-    """The checkpoint names a (trusted) index lists."""
-    if index is None:
-        return []
-    return [n for n in (index.model_checkpoint_path, *index.all_model_checkpoint_paths) if n]

@@ -6,7 +6,8 @@ imports this module only when an ``s3://`` URL is used.
 Every request goes through the real botocore client that ``s3fs`` holds (``fs.call_s3``), so the
 conditional writes are the server's: create-only ``If-None-Match: *`` (`create_exclusive`, the
 manifest-last commit) and ``If-Match: <ETag>`` (`replace_if`, the index). A refused condition
-(HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write).
+(HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write); the
+translation of every other error is `supervisor.checkpoint.object_errors.translate_error`.
 
 Configuration, the standard way: credentials, region and endpoint from the ``AWS_*`` environment
 (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` included — botocore reads them), ``~/.aws``,
@@ -47,9 +48,10 @@ import fsspec
 import fsspec.asyn
 import fsspec.config
 import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for reports
-from botocore.exceptions import BotoCoreError, ClientError
 
+from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
+from supervisor.checkpoint.object_errors import ConflictError, translate_error
 from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
@@ -85,6 +87,8 @@ class ObjectStoreStorage:
     """
 
     scheme = "s3"
+    #: No rename: a checkpoint is written at its final prefix and exists once its manifest does.
+    stages_in_place = True
 
     def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> None:
@@ -134,7 +138,7 @@ class ObjectStoreStorage:
             try:
                 response = self.call("put_object", path, Body=bytes(data), **conditions)
                 return ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=0.0)
-            except _ConflictError:
+            except ConflictError:
                 if attempt == _CONFLICT_RETRIES - 1:
                     raise
                 time.sleep(0.05 * 2 ** attempt)
@@ -292,8 +296,9 @@ class ObjectStoreStorage:
     def stage(self, directory: str, name: str) -> str:
         """Returns ``<directory>/<name>``: the data objects go straight to their final keys and
         the manifest, written last by `commit`, makes them a checkpoint. ``FileExistsError`` if
-        that checkpoint is committed already (delete it first: re-saving a step in place would
-        overwrite the objects its manifest vouches for); manifest-less leftovers of an
+        that checkpoint is committed already (`Storage.uncommit` it first — what
+        `supervisor.checkpoint.temp.TempCheckpoint.create` does for a re-save: writing in place
+        would overwrite the objects its manifest vouches for); manifest-less leftovers of an
         interrupted write are removed with a WARNING."""
         final = self.join(directory, name)
         if self.exists(self.join(final, MANIFEST_FILE)):
@@ -317,47 +322,40 @@ class ObjectStoreStorage:
             return
         self.remove_tree(staged)
 
+    def uncommit(self, final: str) -> str | None:
+        """Deletes the manifest of the committed ``final`` (one request: from then on it is not a
+        checkpoint) and returns ``final`` for `remove_tree`; None when it holds no manifest.
+        A crash before its objects are removed leaves a manifest-less prefix, which a writer
+        opening the logdir removes with a WARNING."""
+        return final if self.remove(self.join(final, MANIFEST_FILE)) else None
 
-class _ConflictError(PreconditionFailedError):
-    """HTTP 409 ConditionalRequestConflict: retry the conditional write."""
+    # ------------------------------------------------------------ the rest of the write path
+    def entry_kind(self, path: str) -> str | None:
+        """``"dir"`` for a prefix holding objects, ``"file"`` for an object, None for nothing
+        (an object store has no links, FIFOs or devices)."""
+        if self.isdir(path):
+            return "dir"
+        try:
+            self.call("head_object", path)
+        except FileNotFoundError:
+            return None
+        return "file"
 
+    def checksum(self, path: str) -> tuple[int, str]:
+        """Size and CRC-32 of an object, streamed once (an object is durable once it exists)."""
+        crc = size = 0
+        with self.open_read(path) as f:
+            while chunk := f.read(self.part_size):
+                crc = crc32(chunk, crc)
+                size += len(chunk)
+        return size, format_checksum(crc)
 
-def translate_error(error: BaseException, path: str, operation: str) -> OSError:
-    """Maps a botocore/s3fs error to the ``OSError`` the runtime understands: 412 →
-    `PreconditionFailedError`, 404 → ``FileNotFoundError``, 403 → ``PermissionError``,
-    409 conditional conflict → retried by the caller, anything else (5xx after the retries,
-    no connection, timeouts) → ``OSError(EIO)`` naming the path and the operation."""
-    client_error = error if isinstance(error, ClientError) else _cause_of_type(error, ClientError)
-    if client_error is not None:
-        info = client_error.response.get("Error", {})
-        code = str(info.get("Code", ""))
-        status = client_error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        message = f"{path}: {operation} answered {status} {code}: {info.get('Message', '')}".rstrip(": ")
-        if status == 412 or code == "PreconditionFailed":
-            return PreconditionFailedError(f"{message} (condition {info.get('Condition', '?')})")
-        if status == 409 and code == "ConditionalRequestConflict":
-            return _ConflictError(message)
-        if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NoSuchUpload", "404"):
-            return FileNotFoundError(errno.ENOENT, message)
-        if status == 403 or code == "AccessDenied":
-            return PermissionError(errno.EACCES, message)
-        return OSError(errno.EIO, message)
-    if isinstance(error, FileNotFoundError):
-        return FileNotFoundError(errno.ENOENT, f"{path}: {operation}: {error}")
-    if isinstance(error, OSError) and not isinstance(error, (BotoCoreError,)) and error.errno:
-        return type(error)(error.errno, f"{path}: {operation}: {error}")
-    return OSError(errno.EIO, f"{path}: {operation} failed: {type(error).__name__}: {error}")
+    def rename(self, src: str, dst: str) -> None:
+        """An object store has no rename (a copy and a delete would not be atomic)."""
+        raise OSError(errno.ENOTSUP, f"an object store has no rename ({src} -> {dst})")
 
-
-def _cause_of_type(error: BaseException, kind: type) -> Any:
-    seen = 0
-    current: BaseException | None = error
-    while current is not None and seen < 10:
-        if isinstance(current, kind):
-            return current
-        current = current.__cause__ or current.__context__
-        seen += 1
-    return None
+    def sync_dir(self, path: str) -> None:
+        """Nothing to do: an object is durable once its write returned."""
 
 
 async def _read_all(body: Any) -> bytes:

@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from supervisor._paths import check_path
+from supervisor.checkpoint.storage import LocalStorage, Storage, split_scheme, storage_for
 from supervisor.errors import CheckpointError
 
-__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory"]
+__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory",
+           "writer_storage"]
 
 
 def check_directory(directory: Any) -> str:
-    return os.path.abspath(check_path("directory", directory))
+    """An absolute local path, or an object-store URL as given (``s3://bucket/prefix``, no
+    trailing ``/``); a ``file://`` URL becomes its local path."""
+    path = check_path("directory", directory)
+    scheme, spelled = split_scheme(path)
+    if scheme == "file":
+        return os.path.abspath(spelled)
+    if not spelled.split("://", 1)[1].strip("/"):
+        raise ValueError(f"directory {path!r} names no bucket; use {scheme}://<bucket>/<prefix>")
+    return spelled.rstrip("/")
+
+
+def writer_storage(directory: str, storage_options: Mapping[str, Any] | None = None,
+                   opener: Callable[[str], Any] | None = None) -> Storage:
+    """The `Storage` a checkpoint writer of ``directory`` uses (`storage_for`); ``opener`` (the
+    fault-injection seam: opens each file written) applies to local directories only."""
+    storage = storage_for(directory, storage_options)
+    if opener is None:
+        return storage
+    if not isinstance(storage, LocalStorage):
+        raise ValueError(f"opener={opener!r} applies to local directories only, not {directory!r}; leave it out")
+    return LocalStorage(opener)
 
 
 def check_basename(basename: Any, *, argument: str = "basename") -> str:
@@ -26,23 +48,28 @@ def check_basename(basename: Any, *, argument: str = "basename") -> str:
 def check_writable_directory(path: Any, *, argument: str = "logdir") -> str:
     """Creates ``path`` if missing and proves it writable (creates and removes a probe file),
     so a read-only or foreign logdir fails before any thread starts, naming the path and the fix.
+    An object-store URL is returned as given, unprobed: its client options are the writer's
+    (``storage_options``), and its first write says what is wrong.
 
     Raises:
         ValueError: ``path`` exists and is not a directory.
         CheckpointError: it cannot be created or written.
     """
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not os.path.isdir(path):
+    scheme, spelled = split_scheme(os.fspath(path))
+    if scheme != "file":
+        return spelled
+    storage = LocalStorage()
+    path = os.path.abspath(spelled)
+    if storage.exists(path) and not storage.isdir(path):
         raise ValueError(f"{argument} {path!r} exists and is not a directory; choose a directory")
     try:
-        os.makedirs(path, exist_ok=True)
+        storage.makedirs(path)
     except OSError as e:
         raise CheckpointError(f"cannot create the {argument} {path} ({_errno(e)}); create it or choose a "
                               "writable location") from e
-    probe = os.path.join(path, f".supervisor-write-probe-{os.getpid()}-{os.urandom(4).hex()}")
+    probe = storage.join(path, f".supervisor-write-probe-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        os.remove(probe)
+        storage.open_write(probe).close()  # created, then abandoned unsynced: removed
     except OSError as e:
         raise CheckpointError(f"the {argument} {path} is not writable ({_errno(e)}); make it writable by this "
                               f"user (uid {os.getuid() if hasattr(os, 'getuid') else '?'}), remount it "

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import torch
 
-from supervisor.checkpoint.fileio import ChecksumWriter
+from supervisor.checkpoint.storage_base import StorageWriter
 
-__all__ = ["serialize"]
+__all__ = ["DeferredErrors", "serialize"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +59,40 @@ def _resolve_serializer() -> Callable[[Any, Any], None]:
     return _torch_save
 
 
-def serialize(payload: Any, writer: ChecksumWriter) -> None:
+class DeferredErrors:
+    """A `StorageWriter` whose ``write`` never raises: the first error is recorded and raised
+    by `raise_if_failed` (an exception raised into torch's C++ zip writer leaves it inconsistent,
+    and its destructor then aborts the process). `ChecksumWriter` already behaves so; an object
+    store's upload writer is wrapped in this."""
+
+    def __init__(self, writer: StorageWriter) -> None:
+        self._writer = writer
+        self._error: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        if self._error is None:
+            try:
+                self._writer.write(data)
+            except BaseException as e:  # noqa: BLE001 - re-raised by raise_if_failed()
+                self._error = e
+        return n
+
+    def flush(self) -> None:
+        """Nothing to do (``torch.save`` calls it mid-way)."""
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+def serialize(payload: Any, writer: StorageWriter) -> None:
     """``torch.save(payload, writer)``, minus torch's redundant per-record CRC when possible.
 
     Raises:
         OSError: a write failed (recorded by ``writer`` and re-raised here).
     """
+    if not hasattr(writer, "raise_if_failed"):
+        writer = DeferredErrors(writer)  # type: ignore[assignment]
     _resolve_serializer()(payload, writer)
-    writer.raise_if_failed()
+    writer.raise_if_failed()  # type: ignore[attr-defined]

@@ -24,7 +24,14 @@ operations are the ones the checkpoint engine needs, with the guarantees it reli
   are written, `commit` seals it with its manifest and makes it visible in one step — rename of
   a temp directory on POSIX, the manifest written last with a conditional create on an object
   store (no rename there: a checkpoint exists if and only if its manifest exists) — and
-  `discard` removes a staged one.
+  `discard` removes a staged one; `uncommit` makes a committed one stop existing in one step
+  (renamed to ``<name>.deleting-<hex>`` locally; its manifest deleted on an object store) and
+  returns where its remains are, for `remove_tree`.
+* `entry_kind` (``"file"``, ``"dir"``, ``"link"``, ``"other"`` or None, links not followed),
+  `checksum` (size and CRC-32 of a file written by other means, made durable first), `rename`
+  (locally; an object store has none: ``OSError(ENOTSUP)``) and `sync_dir` (fsync of a
+  directory's entries locally; nothing on an object store, where a write is durable once it
+  returns).
 
 `storage_for(path_or_url)` picks the implementation by URL scheme: a local path or ``file://``
 → `LocalStorage`; ``s3://`` → ``ObjectStoreStorage`` (needs the extra

@@ -1,17 +1,22 @@
-"""A checkpoint being written: one temp directory, filled by one or many writers, sealed once.
+"""A checkpoint being written: one staged directory, filled by one or many writers, sealed once.
 
-The commit protocol (SPEC §5.1) in two halves, so several processes can take part:
+The commit protocol (SPEC §5.1, §16) in two halves, so several processes can take part, on any
+`supervisor.checkpoint.storage.Storage`:
 
-* `TempCheckpoint.create` makes ``<directory>/<name>.tmp-<hex>/`` (one process, the chief);
-  other processes `attach` to it by path (e.g. the path broadcast to every rank).
-* Any writer fills it: `write_file` writes one file through a `ChecksumWriter` (checksum while
-  writing, fsync) and records its size and CRC-32; files written by other means (another rank,
-  ``torch.distributed.checkpoint``) are recorded with `add_record` (their writer computed the
-  checksum) or checksummed at seal time.
-* One process `finalize`\\ s it: every file in the directory must be accounted for (recorded, or
-  checksummed now), then ``MANIFEST.json`` is written and fsynced, the directory fsynced, renamed
-  to ``<directory>/<name>/`` and the parent fsynced. A crash before the rename leaves only a
-  ``*.tmp-*`` directory, which a writer opening the logdir removes; after it, a whole checkpoint.
+* `TempCheckpoint.create` stages the checkpoint (`Storage.stage`: locally a fresh
+  ``<directory>/<name>.tmp-<hex>/``; on an object store the final prefix itself, which becomes
+  a checkpoint only when its manifest appears) — one process, the chief; other processes
+  `attach` to it by path (e.g. the path broadcast to every rank).
+* Any writer fills it: `write_file` writes one file through `Storage.open_write` (checksum
+  while writing; fsync / multipart completion) and records its size and CRC-32; files written by
+  other means (another rank, ``torch.distributed.checkpoint``) are recorded with `add_record`
+  (their writer computed the checksum) or checksummed at seal time (`Storage.checksum`).
+* One process `finalize`\\ s it: every file must be accounted for (recorded, or checksummed
+  now), then `Storage.commit` writes ``MANIFEST.json`` last and makes the checkpoint visible —
+  locally: manifest fsynced, directories fsynced, renamed to ``<directory>/<name>/``, parent
+  fsynced; on an object store: the manifest created with ``If-None-Match: *``. A crash before
+  that leaves only a temp directory / a manifest-less prefix, which a writer opening the logdir
+  removes; after it, a whole checkpoint.
 
 Example::
 
@@ -24,24 +29,16 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import shutil
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
-from supervisor.checkpoint.fileio import ChecksumWriter, Opener, checksum_file, default_opener, fsync_dir
-from supervisor.checkpoint.format import (
-    MANIFEST_FILE,
-    FileRecord,
-    Manifest,
-    deleting_name,
-    temp_name,
-    transient_base,
-)
+from supervisor.checkpoint.fileio import Opener
+from supervisor.checkpoint.format import MANIFEST_FILE, FileRecord, Manifest, transient_base
+from supervisor.checkpoint.local_storage import rename_into_place
+from supervisor.checkpoint.storage import LocalStorage, Storage, StorageWriter, split_scheme, storage_for
 
 __all__ = ["CommitResult", "TempCheckpoint", "remove_tree", "rename_into_place"]
 
@@ -62,154 +59,132 @@ class CommitResult:
 
 
 class TempCheckpoint:
-    """The temp directory of one checkpoint being written (see the module docstring).
+    """The staged directory of one checkpoint being written (see the module docstring).
 
     Args:
         directory: the logdir the checkpoint is committed into.
         name: the committed name (``<basename>-<step>``).
-        path: the temp directory itself.
+        path: the staged directory itself.
+        storage: the logdir's storage (default: `storage_for(directory)`).
     """
 
-    def __init__(self, directory: str, name: str, path: str) -> None:
+    def __init__(self, directory: str, name: str, path: str, storage: Storage | None = None) -> None:
         self.directory = directory
         self.name = name
         self.path = path
+        self.storage = storage if storage is not None else storage_for(directory)
         self.records: dict[str, FileRecord] = {}
         self._start = time.perf_counter()
 
     @classmethod
-    def create(cls, directory: str, name: str) -> TempCheckpoint:
-        """Makes a fresh ``<directory>/<name>.tmp-<hex>/`` directory."""
-        path = os.path.join(directory, temp_name(name))
-        os.mkdir(path)
-        return cls(directory, name, path)
+    def create(cls, directory: str, name: str, storage: Storage | None = None) -> TempCheckpoint:
+        """Stages a fresh checkpoint (locally a new ``<directory>/<name>.tmp-<hex>/``).
+
+        An object store writes in place, so re-saving a committed step there first removes the
+        committed one (with an INFO line, as a local re-save logs): a crash in between leaves
+        the previous checkpoints, and the index entry of this one is skipped by restore."""
+        storage = storage if storage is not None else storage_for(directory)
+        try:
+            path = storage.stage(directory, name)
+        except FileExistsError:
+            final = storage.join(directory, name)
+            logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
+            remains = storage.uncommit(final)
+            if remains is not None:
+                storage.remove_tree(remains)
+            path = storage.stage(directory, name)
+        return cls(directory, name, path, storage)
 
     @classmethod
-    def attach(cls, path: str) -> TempCheckpoint:
-        """Joins a temp directory another process created (``path`` as it gave it)."""
-        base = transient_base(os.path.basename(path))
-        if base is None or ".tmp-" not in os.path.basename(path):
-            raise ValueError(f"{path!r} is not a checkpoint temp directory (<name>.tmp-<32 hex digits>)")
-        if not os.path.isdir(path):
+    def attach(cls, path: str, storage: Storage | None = None) -> TempCheckpoint:
+        """Joins a staged directory another process created (``path`` as it gave it)."""
+        storage = storage if storage is not None else storage_for(path)
+        base = storage.basename(path)
+        if split_scheme(path)[0] == "file":
+            base = transient_base(base) if ".tmp-" in base else None
+            if base is None:
+                raise ValueError(f"{path!r} is not a checkpoint temp directory (<name>.tmp-<32 hex digits>)")
+        if not storage.isdir(path):
             raise FileNotFoundError(f"the checkpoint temp directory {path} does not exist")
-        return cls(os.path.dirname(path), base, path)
+        return cls(storage.dirname(path), base, path, storage)
 
     @property
     def final_path(self) -> str:
-        return os.path.join(self.directory, self.name)
+        return self.storage.join(self.directory, self.name)
 
-    def write_file(self, relpath: str, fill: Callable[[ChecksumWriter], Any],
+    def write_file(self, relpath: str, fill: Callable[[StorageWriter], Any],
                    opener: Opener | None = None) -> FileRecord:
-        """Writes ``relpath`` with ``fill(writer)``, checksummed while writing and fsynced."""
-        target = os.path.join(self.path, relpath)
-        with ChecksumWriter((opener or default_opener)(target)) as writer:
+        """Writes ``relpath`` with ``fill(writer)``, checksummed while writing and made durable
+        (fsync / completed upload). ``opener`` (local storage only) opens the file instead of
+        ``open(path, "xb")``: the fault-injection seam."""
+        target = self.storage.join(self.path, relpath)
+        with self._writer_storage(opener).open_write(target) as writer:
             fill(writer)
             writer.sync()
             record = FileRecord(writer.nbytes, writer.checksum)
         self.records[relpath] = record
         return record
 
+    def _writer_storage(self, opener: Opener | None) -> Storage:
+        if opener is None:
+            return self.storage
+        if not isinstance(self.storage, LocalStorage):
+            raise ValueError(f"opener={opener!r} applies to local directories only, not {self.path}")
+        return LocalStorage(opener)
+
     def add_record(self, relpath: str, record: FileRecord) -> None:
-        """Records a file some other writer put into the directory (and fsynced)."""
+        """Records a file some other writer put into the directory (and made durable)."""
         self.records[relpath] = record
 
     def files_present(self) -> list[str]:
-        """Every regular file under the temp directory, as relative paths (``/``-separated)."""
-        found = []
-        for root, _, files in os.walk(self.path):
-            for name in files:
-                found.append(os.path.relpath(os.path.join(root, name), self.path).replace(os.sep, "/"))
-        return sorted(found)
+        """Every file under the staged directory, as relative paths (``/``-separated)."""
+        return self.storage.list_files(self.path)
 
     def seal(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None) -> Manifest:
-        """Writes ``MANIFEST.json`` naming every file in the directory, then fsyncs it.
+        """The manifest naming every file in the directory (`finalize` writes it, last).
 
-        Files nobody recorded are fsynced and checksummed here (one extra read); a recorded
-        file whose size on disk differs from its record is an error (`OSError`), never sealed.
+        Files nobody recorded are made durable and checksummed here (one extra read); a
+        recorded file whose size differs from its record is an error (`OSError`), never sealed.
         """
         records = dict(self.records)
-        for rel in self.files_present():
+        present = self.files_present()
+        for rel in present:
             if rel == MANIFEST_FILE:
                 raise OSError(errno.EEXIST, f"{self.path} already holds a {MANIFEST_FILE}")
-            full = os.path.join(self.path, rel)
+            full = self.storage.join(self.path, rel)
             if rel not in records:
-                _fsync_file(full)
-                size, checksum = checksum_file(full)
-                records[rel] = FileRecord(size, checksum)
-            elif os.path.getsize(full) != records[rel].size:
-                raise OSError(errno.EIO, f"{full} has {os.path.getsize(full)} bytes, its writer "
-                              f"recorded {records[rel].size}")
-        missing = [rel for rel in records if not os.path.isfile(os.path.join(self.path, rel))]
+                records[rel] = FileRecord(*self.storage.checksum(full))
+            elif (size := self.storage.stat(full).size) != records[rel].size:
+                raise OSError(errno.EIO, f"{full} has {size} bytes, its writer recorded {records[rel].size}")
+        missing = [rel for rel in records if rel not in present]
         if missing:
             raise OSError(errno.ENOENT, f"{self.path}: recorded file(s) {missing} are missing")
-        manifest = Manifest(step=int(step), wall_time=float(wall_time), torch_version=str(torch.__version__),
-                            world_size=int(world_size), files=dict(sorted(records.items())))
-        data = manifest.to_json().encode("utf-8")
-        self.write_file(MANIFEST_FILE, lambda w: w.write(data), opener)
-        for root, _, _ in os.walk(self.path):
-            fsync_dir(root)
-        return manifest
+        return Manifest(step=int(step), wall_time=float(wall_time), torch_version=str(torch.__version__),
+                        world_size=int(world_size), files=dict(sorted(records.items())))
 
-    def finalize(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None,
-                 rename: Callable[[str, str], None] | None = None) -> CommitResult:
-        """Seals, renames into place and fsyncs the parent: the checkpoint is committed.
+    def finalize(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None) -> CommitResult:
+        """Seals and commits (`Storage.commit`: the manifest last): the checkpoint exists.
 
-        On any error the temp directory is removed and the error re-raised; a committed
-        checkpoint of the same name is replaced only once the new one is sealed.
+        On any error the staged directory is removed and the error re-raised; a committed
+        checkpoint of the same name is replaced only once the new one is sealed (locally).
         """
         try:
             manifest = self.seal(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
-            (rename or rename_into_place)(self.path, self.final_path)
-            fsync_dir(self.directory)
+            self._writer_storage(opener).commit(self.path, self.final_path, manifest_name=MANIFEST_FILE,
+                                                manifest=manifest.to_json().encode("utf-8"))
         except BaseException:
             self.discard()
             raise
         return CommitResult(self.final_path, manifest, time.perf_counter() - self._start)
 
     def discard(self) -> None:
-        """Removes the temp directory (nothing committed is touched)."""
-        remove_tree(self.path)
+        """Removes the staged directory (nothing committed is touched)."""
+        self.storage.discard(self.path)
 
 
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def rename_into_place(tmp: str, final: str) -> None:
-    """Renames a sealed temp directory to its committed name (every commit goes through here;
-    crash tests interpose on ``supervisor.checkpoint.temp.rename_into_place``).
-
-    Re-saving a step that is already committed (e.g. after a hand rollback) moves the old one
-    aside first, so the name always holds a complete checkpoint or none.
-    """
-    try:
-        os.rename(tmp, final)
-        return
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
-            raise
-    logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
-    aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
-    os.rename(final, aside)
-    os.rename(tmp, final)
-    remove_tree(aside)
-
-
-def remove_tree(path: str) -> None:
-    """``shutil.rmtree`` that logs (WARNING) what it cannot remove instead of raising."""
-    def report(function: Any, failed_path: str, exc_info: Any) -> None:
-        error = exc_info[1] if isinstance(exc_info, tuple) else exc_info
-        if not isinstance(error, FileNotFoundError):
-            logger.warning("could not remove %s: %s", failed_path, error)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=report)
-    else:
-        shutil.rmtree(path, onerror=report)
+def remove_tree(path: str, storage: Storage | None = None) -> None:
+    """Removes a directory tree, logging (WARNING) what it cannot remove instead of raising."""
+    (storage if storage is not None else storage_for(path)).remove_tree(path)
 
 
 def records_from_mapping(data: Mapping[str, Any]) -> dict[str, FileRecord]:

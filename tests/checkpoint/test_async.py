@@ -134,17 +134,17 @@ def test_wait_does_not_wait_for_retention_to_delete(manager_factory, tmp_path, m
     (slow filesystem work) happens after, so wait() and the next capture don't pay for it."""
     import threading
 
-    from supervisor.checkpoint import manager as manager_module
+    from supervisor.checkpoint import publish as publish_module
 
     release, removing = threading.Event(), threading.Event()
-    real_remove = manager_module.remove_tree
+    real_remove = publish_module.remove_tree
 
-    def slow_remove(path):
+    def slow_remove(path, *args):
         removing.set()
         release.wait(30)
-        real_remove(path)
+        real_remove(path, *args)
 
-    monkeypatch.setattr(manager_module, "remove_tree", slow_remove)
+    monkeypatch.setattr(publish_module, "remove_tree", slow_remove)
     manager = manager_factory(max_to_keep=1)
     manager.save(1, small_state(), wait=True)
     saver = threading.Thread(target=manager.save, args=(2, small_state()), kwargs={"wait": True})

@@ -146,6 +146,6 @@ def test_opening_a_manager_reads_the_index_once(manager_factory, monkeypatch):
     first.close()
     reads = []
     real = manager_module.read_index
-    monkeypatch.setattr(manager_module, "read_index", lambda d: reads.append(d) or real(d))
+    monkeypatch.setattr(manager_module, "read_index", lambda d, **kw: reads.append(d) or real(d, **kw))
     manager_factory().open()
     assert len(reads) == 1

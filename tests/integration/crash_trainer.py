@@ -19,7 +19,7 @@ write      halfway through writing ``state.pt`` (a torn file in the temp directo
 seal       ``state.pt`` written and fsynced, before ``MANIFEST.json`` is created
 rename     the temp directory sealed, before it is renamed to ``model.ckpt-N``
 publish    renamed (committed), before the index names it
-index      the new index written to its temp file and fsynced, before ``os.replace``
+index      the new index written to its temp file and fsynced, before it is put in place (``os.replace``)
 replace    re-saving a step that is already committed: the old directory moved aside, the
            new one not yet renamed into place (reached with ``--save-at-start`` after a restore)
 retain     the index names it; retention moved an old checkpoint aside, the index still
@@ -114,16 +114,23 @@ class _TearingFile:
 
 
 class _SeamedOs:
-    """The ``os`` module as one library module sees it, with ``os.replace`` (the index point)
-    and the second ``os.rename`` of a temp directory (the replace point) counted."""
+    """The ``os`` module as one library module sees it, with the index put in place (the index
+    point: ``os.replace``, or ``os.link`` for the first index) and the second ``os.rename`` of a
+    temp directory (the replace point) counted."""
 
     def __init__(self, seam: Seam) -> None:
         self._seam = seam
         self._renamed_once: set[str] = set()
 
-    def replace(self, *a: Any, **k: Any) -> None:
-        self._seam.maybe_die("index")
-        os.replace(*a, **k)
+    def replace(self, src: Any, dst: Any, *a: Any, **k: Any) -> None:
+        if os.path.basename(os.fspath(dst)) == "checkpoint":
+            self._seam.maybe_die("index")
+        os.replace(src, dst, *a, **k)
+
+    def link(self, src: Any, dst: Any, *a: Any, **k: Any) -> None:
+        if os.path.basename(os.fspath(dst)) == "checkpoint":
+            self._seam.maybe_die("index")
+        os.link(src, dst, *a, **k)
 
     def rename(self, src: Any, dst: Any, *a: Any, **k: Any) -> None:
         if ".tmp-" in os.path.basename(os.fspath(src)):
@@ -138,9 +145,9 @@ class _SeamedOs:
 
 def install_seams(seam: Seam) -> None:
     """Wraps the library functions that perform each phase of a save (see the module doc)."""
-    from supervisor.checkpoint import commit, index, manager, temp
+    from supervisor.checkpoint import local_storage, manager, publish
 
-    for module in (index, commit, temp):
+    for module in (local_storage,):
         if getattr(module, "os", None) is not os:
             raise SystemExit(f"crash_trainer: {module.__name__} no longer uses os; update the kill points")
         module.os = _SeamedOs(seam)  # type: ignore[assignment]
@@ -187,10 +194,10 @@ def install_seams(seam: Seam) -> None:
         return wrapped
 
     _replace(manager, "capture_rng_state", capture)
-    _replace(commit, "default_opener", opener)
-    _replace(temp, "rename_into_place", rename)
-    _replace(manager, "move_aside", move_aside)
-    _replace(manager, "remove_tree", remove_tree)
+    _replace(local_storage, "default_opener", opener)
+    _replace(local_storage, "rename_into_place", rename)
+    _replace(publish, "move_aside", move_aside)
+    _replace(publish, "remove_tree", remove_tree)
 
 
 def make_batches() -> ShuffledBatches:
