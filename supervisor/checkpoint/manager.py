@@ -20,7 +20,7 @@ import torch
 
 from supervisor import distributed
 from supervisor.distributed import rng as distributed_rng
-from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_number
+from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_lock, check_number
 from supervisor.checkpoint import retention
 from supervisor.checkpoint.commit import (
     clean_transient,
@@ -32,12 +32,14 @@ from supervisor.checkpoint.commit import (
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import checkpoint_name, make_payload
 from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index, write_index
-from supervisor.checkpoint.lock import OwnershipLock
+from supervisor.checkpoint.lease import LeaseLostError
+from supervisor.checkpoint.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.options import check_basename, check_capture, check_directory, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.staging import StagingArea
+from supervisor.checkpoint.storage import storage_for
 from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.checkpoint.manager_common import ManagerCommon
 from supervisor.clock import Clock, resolve_clock
@@ -89,6 +91,17 @@ class CheckpointManager(ManagerCommon):
             place during the copy (outside ``optimizer.step()``) is discarded with a WARNING.
         copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
             side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
+        lock: how this writer keeps others out of the logdir (SPEC §5.6, §16). ``"flock"``: an
+            OS file lock, released by the kernel when the process dies. ``"lease"``: a lease
+            file renewed every ``lease_secs / 3``; a second writer may take over only after it
+            expired. On NFS and Lustre, where ``flock`` may be node-local (Lustre
+            ``localflock``, some NFS setups) and two nodes could both take it, ``"lease"`` is
+            the safe choice. ``"auto"`` (default): ``"flock"`` on a local path, ``"lease"`` on
+            an object store. Either way a second writer gets `LogdirInUseError` naming the holder.
+        lease_secs: how long the lease lives unrenewed (default 60 s; at least 1 s): how long a
+            dead writer's logdir stays locked. A writer whose lease was lost (or went unrenewed
+            for two thirds of it) fails its next save with `LeaseLostError` before committing.
+            The lease runs on the wall clock, not on ``clock``.
 
     Attributes:
         on_commit: ``on_commit(step, path)``, called once a checkpoint is committed and indexed
@@ -113,6 +126,8 @@ class CheckpointManager(ManagerCommon):
         opener: Opener | None = None,
         capture: str = "auto",
         copier: Copier | None = None,
+        lock: str = "auto",
+        lease_secs: float | None = None,
     ) -> None:
         self.directory = check_directory(directory)
         self.basename = check_basename(basename)
@@ -132,7 +147,8 @@ class CheckpointManager(ManagerCommon):
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
-        self._lock = OwnershipLock(self.directory)
+        self.lock, self.lease_secs = check_lock(lock, lease_secs)
+        self._lock: WriterLock | None = None  # taken by open()
         self._writer = BackgroundWriter()
         self._dropped: list[str] = []
         self._staging = StagingArea()
@@ -162,7 +178,7 @@ class CheckpointManager(ManagerCommon):
         return tuple(os.path.join(self.directory, n) for n in names)
 
     def open(self) -> None:
-        """Takes the ownership lock (`LogdirInUseError` if another writer holds it), removes
+        """Takes the writer lock (`LogdirInUseError` if another writer holds it), removes
         temp directories a crashed writer left, and recovers retention from the index."""
         if self._closed:
             raise RuntimeError(f"the checkpoint manager of {self.directory} is closed; create a new one")
@@ -172,16 +188,28 @@ class CheckpointManager(ManagerCommon):
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
             raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
-        self._lock.acquire()
+        self._lock = acquire_writer_lock(storage_for(self.directory), self.directory, kind=self.lock,
+                                         lease_secs=self.lease_secs)
         try:
             index = self._read_trusted_index()  # once per open: fixed cost of every session creation
             recover_interrupted_replacements(self.directory, _indexed_names(index))
             clean_transient(self.directory)
             self._retention = self._recover_retention(index)
         except BaseException:
-            self._lock.release()
+            self._release_lock()
             raise
         self._opened = True
+
+    def check_writer(self) -> None:
+        """Raises `LeaseLostError` when this writer lost the logdir's lease (called right before
+        each commit, so a writer that lost it never commits); a no-op under a flock."""
+        if self._lock is not None:
+            self._lock.check()
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def _read_trusted_index(self) -> CheckpointState | None:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
@@ -220,7 +248,7 @@ class CheckpointManager(ManagerCommon):
             self._writer.close()
         finally:
             self._staging.release()
-            self._lock.release()
+            self._release_lock()
         with self._mutex:
             failure, self._failure = self._failure, None
         if failure is None:
@@ -307,7 +335,8 @@ class CheckpointManager(ManagerCommon):
             return
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
-                                      world_size=distributed.world_size(), opener=self._opener)
+                                      world_size=distributed.world_size(), opener=self._opener,
+                                      before_commit=self.check_writer)
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return
@@ -385,6 +414,9 @@ class CheckpointManager(ManagerCommon):
         failure = CheckpointError(f"{message}: {type(error).__name__}: {error}")
         failure.__cause__ = error
         limit = self.max_consecutive_save_failures
+        if isinstance(error, LeaseLostError):  # never tolerated: every later save would fail too
+            failure, limit = LeaseLostError(f"{message}: {error}"), None
+            failure.__cause__ = error
         with self._mutex:
             self._consecutive_failures += 1
             count = self._consecutive_failures

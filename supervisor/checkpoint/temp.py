@@ -151,14 +151,19 @@ class TempCheckpoint:
         return manifest
 
     def finalize(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None,
-                 rename: Callable[[str, str], None] | None = None) -> CommitResult:
+                 rename: Callable[[str, str], None] | None = None,
+                 before_commit: Callable[[], Any] | None = None) -> CommitResult:
         """Seals, renames into place and fsyncs the parent: the checkpoint is committed.
 
+        ``before_commit()`` runs after the seal, right before the rename: the writer's last
+        chance to refuse (a lost lease raises there: nothing is committed).
         On any error the temp directory is removed and the error re-raised; a committed
         checkpoint of the same name is replaced only once the new one is sealed.
         """
         try:
             manifest = self.seal(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
+            if before_commit is not None:
+                before_commit()
             (rename or rename_into_place)(self.path, self.final_path)
             fsync_dir(self.directory)
         except BaseException:
