@@ -146,15 +146,33 @@ class Lease:
         return None if self._record is None else self._record.expires_at
 
     def check(self) -> None:
-        """Raises `LeaseLostError` unless this writer still safely holds the lease."""
-        if self._record is None:
-            raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
-        left = self._record.expires_at - self._clock.time()
-        if self._lost is None and left < self.lease_secs / 3:
-            self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
+        """Raises `LeaseLostError` unless this writer still safely holds the lease: it was not
+        marked lost, more than a third of it is left, and no newer generation exists on the
+        storage (one listing, so a writer that took it over — e.g. from a host whose clock runs
+        ahead — is seen at once, not at the next renewal). A listing that fails leaves the
+        expiry as the guarantee (WARNING)."""
+        with self._lock:  # a renewal in progress has created generation n + 1 but not recorded it yet
+            record = self._record
+            if record is None:
+                raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
+            left = record.expires_at - self._clock.time()
+            if self._lost is None and left < self.lease_secs / 3:
+                self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
+            if self._lost is None:
+                self._check_newest(record, left)
         if self._lost is not None:
             raise LeaseLostError(f"this writer lost the lease of {self.directory}: {self._lost}; "
                                  f"{self._successor()}; it must not commit")
+
+    def _check_newest(self, record: LeaseRecord, left: float) -> None:
+        try:
+            newer = [g for g in self._generations() if g > record.generation]
+        except OSError as e:
+            logger.warning("could not list the lease of %s before a commit (%s); relying on its expiry "
+                           "(%.1f s left)", self.directory, e, left)
+            return
+        if newer:
+            self._mark_lost("another writer took it over")
 
     def _successor(self) -> str:
         """Who holds the lease now, as far as the storage says (for `check`'s message)."""
