@@ -207,9 +207,8 @@ class CheckpointManager(ManagerCommon):
             self._lock.check()
 
     def _release_lock(self) -> None:
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
+        if self._lock is not None:  # kept after release: ``held`` says it was released
+            self._lock.release()
 
     def _read_trusted_index(self) -> CheckpointState | None:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
