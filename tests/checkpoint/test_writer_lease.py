@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from supervisor import MonitoredTrainingSession, Supervisor, TrainingState
+from supervisor import MonitoredTrainingSession, Supervisor
 from supervisor.checkpoint import CheckpointManager
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.checkpoint.lease import LEASE_DIR, Lease, LeaseLostError, LeaseRecord
@@ -183,12 +183,8 @@ def test_after_the_writer_is_sigkilled_a_second_takes_over_only_once_the_lease_e
         assert last.expires_at <= opened_at < last.expires_at + 5.0
         assert all(f"pid {writer.pid} on host {HOST}" in r and _expiry(r) == pytest.approx(last.expires_at, abs=0.1)
                    for r in refusals), refusals
-        state = small_state()
-        restored = manager.restore(TrainingState.from_arguments(
-            model=torch.nn.Linear(4, 2), optimizer=torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)))
-        assert restored is not None and restored.global_step == 1
-        manager.save(2, state)
-        assert "model.ckpt-2" in where.names()
+        manager.save(2, small_state())  # the new holder commits beside the dead writer's checkpoint
+        assert {"model.ckpt-1", "model.ckpt-2"} <= set(where.names())
     finally:
         manager.close()
 
