@@ -280,6 +280,20 @@ def test_auto_is_a_flock_locally_and_a_lease_on_an_object_store(tmp_path, s3_sto
     acquire_writer_lock(s3_storage, root).release()  # released: the next writer need not wait
 
 
+def test_a_lease_writer_is_refused_by_a_flock_writer_and_the_cli_lock_by_a_lease_writer(tmp_path):
+    flock = CheckpointManager(tmp_path, lock="flock")
+    flock.open()
+    try:
+        with pytest.raises(LogdirInUseError, match=f"pid {os.getpid()} on host "):
+            CheckpointManager(tmp_path, lock="lease").open()
+    finally:
+        flock.close()
+    assert not (tmp_path / LEASE_DIR).exists()  # the refused lease writer created no lease
+    with CheckpointManager(tmp_path, lock="lease", lease_secs=20):
+        with pytest.raises(LogdirInUseError, match="expires at"):
+            OwnershipLock(str(tmp_path)).acquire()  # what the CLI's mutations (prune, rollback) take
+
+
 # ---------------------------------------------------------------- front doors
 def _probe_refusal(logdir: str) -> str:
     """What a flock writer gets while a front door's session holds ``logdir`` by lease."""
