@@ -245,6 +245,32 @@ def test_a_lost_lease_fails_the_background_save_even_when_failures_are_tolerated
     assert 'model_checkpoint_path: "model.ckpt-1"' in (tmp_path / "checkpoint").read_text()
 
 
+def test_a_session_whose_lease_was_taken_stops_commits_nothing_more_and_raises_it(tmp_path):
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+
+    with pytest.raises(LeaseLostError, match="another writer took it over") as raised:
+        with MonitoredTrainingSession(str(tmp_path), model, optimizer, lock="lease", lease_secs=30,
+                                      save_checkpoint_steps=1, log_step_count_steps=None,
+                                      handle_signals=False) as session:
+            session.run(step)
+            session.save_checkpoint(wait=True)
+            before = sorted(n for n in os.listdir(tmp_path) if n.startswith("model.ckpt"))
+            _take_it_from(str(tmp_path))
+            deadline = time.monotonic() + 30
+            while not session.should_stop():
+                assert time.monotonic() < deadline, "the session did not stop after losing its lease"
+                session.run(step)
+                time.sleep(0.01)
+    assert isinstance(raised.value, CheckpointError)
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("model.ckpt")) == before
+
+
 def test_a_sharded_chief_that_lost_its_lease_commits_nothing(tmp_path):
     manager = ShardedCheckpointManager(tmp_path, lock="lease", lease_secs=30, save_mode="sync")
     manager.open()
