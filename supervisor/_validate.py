@@ -16,7 +16,16 @@ __all__ = [
     "check_positive_or_none",
     "check_seconds",
     "as_tuple",
+    "check_lock",
+    "LOCK_KINDS",
+    "MIN_LEASE_SECS",
 ]
+
+#: The values of ``lock=`` (SPEC §16): ``"auto"`` (``"flock"`` on a local path, ``"lease"`` on
+#: an object store), ``"flock"`` (an OS file lock), ``"lease"`` (exclusive lease files).
+LOCK_KINDS = ("auto", "flock", "lease")
+#: The shortest ``lease_secs``: renewed every third of it, it must outlast a storage round trip.
+MIN_LEASE_SECS = 1.0
 
 
 def _is_int(value: Any) -> bool:
@@ -127,6 +136,26 @@ def check_seconds(name: str, value: Any) -> None:
     if math.isinf(value):
         raise ValueError(f"`{name}` must be a finite number of seconds, given: {value}; pass a large number "
                          "of seconds instead")
+
+
+def check_lock(lock: Any, lease_secs: Any) -> tuple[str, float | None]:
+    """Validates ``lock=`` and ``lease_secs=`` together; returns them (``lease_secs`` as a float
+    or None for the default). ``lease_secs`` with ``lock="flock"`` is refused: a flock has no
+    expiry, so the value would be silently ignored."""
+    if not isinstance(lock, str) or lock not in LOCK_KINDS:
+        raise ValueError(f"lock must be one of {', '.join(map(repr, LOCK_KINDS))}, got {lock!r}; use 'lease' on "
+                         "shared filesystems (NFS, Lustre) and object stores, 'flock' on a local disk, or 'auto' "
+                         "(default) to choose by the logdir")
+    if lease_secs is None:
+        return lock, None
+    if isinstance(lease_secs, bool) or not isinstance(lease_secs, numbers.Real) or not math.isfinite(lease_secs) \
+            or lease_secs < MIN_LEASE_SECS:
+        raise _error(lease_secs, f"lease_secs must be a finite number of seconds >= {MIN_LEASE_SECS:g} or None "
+                                 f"(the default, 60 s), got {lease_secs!r}; the lease is renewed every third of it")
+    if lock == "flock":
+        raise ValueError(f"lease_secs={lease_secs!r} was given with lock='flock', which has no expiry; pass "
+                         "lock='lease' (or 'auto') to use a lease, or drop lease_secs")
+    return lock, float(lease_secs)
 
 
 def as_tuple(name: str, values: Any) -> tuple[Any, ...]:

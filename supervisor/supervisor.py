@@ -74,6 +74,14 @@ class Supervisor:
         checkpoint_format: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
             (``torch.distributed.checkpoint`` shards written by every rank; SPEC §12).
         max_wait_secs: how long a non-chief waits for the chief's restore decision.
+        lock: how the writer keeps other writers out of ``logdir`` (SPEC §5.6, §16):
+            ``"auto"`` (default: ``"flock"`` on a local path, ``"lease"`` on an object store),
+            ``"flock"`` (an OS file lock) or ``"lease"`` (a lease file renewed every
+            ``lease_secs / 3``; a dead writer's logdir is taken over only after it expired).
+            On NFS and Lustre ``flock`` may be node-local (two nodes could both take it):
+            use ``lock="lease"`` there.
+        lease_secs: the lease's lifetime unrenewed (default 60 s). A writer that lost its lease
+            fails its next save with `LeaseLostError`, before committing anything.
     """
 
     def __init__(
@@ -105,6 +113,8 @@ class Supervisor:
         checkpoint_format: str = "torch",
         max_wait_secs: float = 7200,
         capture: str = "auto",
+        lock: str = "auto",
+        lease_secs: float | None = None,
     ) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
@@ -117,7 +127,7 @@ class Supervisor:
         self._checkpoint_options = check_checkpoint_options(
             basename=checkpoint_basename, max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
-            trusted_globals=trusted_globals, capture=capture)
+            trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -281,11 +291,15 @@ class _ManagedSession:
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
-                             save_mode: Any, trusted_globals: Any = (), capture: Any = "auto") -> dict[str, Any]:
+                             save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
+                             lock: Any = "auto", lease_secs: Any = None) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
+    lock, lease_secs = v.check_lock(lock, lease_secs)
     return {
+        "lock": lock,
+        "lease_secs": lease_secs,
         "basename": basename,
         "max_to_keep": v.check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True),
         "keep_checkpoint_every_n_hours": v.check_number(

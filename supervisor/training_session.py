@@ -74,7 +74,7 @@ def _build(
     log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
-    capture: str = "auto",
+    capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
@@ -87,7 +87,8 @@ def _build(
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                       save_mode=save_mode, trusted_globals=trusted_globals, capture=capture)
+                                       save_mode=save_mode, trusted_globals=trusted_globals, capture=capture,
+                                       lock=lock, lease_secs=lease_secs)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -140,7 +141,7 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format", "capture",
+    "checkpoint_format", "capture", "lock", "lease_secs",
 )
 
 
@@ -174,6 +175,8 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     clock: Clock | None = None,
     checkpoint_format: str = "torch",
     capture: str = "auto",
+    lock: str = "auto",
+    lease_secs: float | None = None,
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
@@ -183,7 +186,13 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``max_wait_secs``: how long a non-chief waits for the chief's restore decision.
     ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
     runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
-    overlapped when they are on CUDA); SPEC §5.9."""
+    overlapped when they are on CUDA); SPEC §5.9.
+    ``lock``: how the chief keeps other writers out of ``checkpoint_dir`` (SPEC §5.6, §16):
+    ``"auto"`` (default: ``"flock"`` on a local path, ``"lease"`` on an object store), ``"flock"``
+    or ``"lease"`` (renewed every ``lease_secs / 3``; a dead writer's logdir is taken over only
+    after it expired). On NFS and Lustre ``flock`` may be node-local: use ``lock="lease"`` there.
+    ``lease_secs``: the lease's lifetime unrenewed (default 60 s); a writer that lost its lease
+    fails its next save with `LeaseLostError`, before committing anything."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)
@@ -204,8 +213,9 @@ class SingularMonitoredSession(MonitoredSession):
 
     Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
-    ``checkpoint_format="dcp"``, ``max_wait_secs`` and ``capture`` as `MonitoredTrainingSession` (a sharded
-    job's non-chief ranks still run a session each: they write their shards).
+    ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock`` and ``lease_secs`` as
+    `MonitoredTrainingSession` (a sharded job's non-chief ranks still run a session each: they
+    write their shards).
     """
 
     _recovery_enabled = False
@@ -239,6 +249,8 @@ class SingularMonitoredSession(MonitoredSession):
         checkpoint_format: str = "torch",
         max_wait_secs: float = 7200,
         capture: str = "auto",
+        lock: str = "auto",
+        lease_secs: float | None = None,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, STATE_FILE, is_transient, transient_base
@@ -47,8 +47,10 @@ def _storage(path: str, storage: Storage | None) -> Storage:
 
 def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall_time: float,
                      world_size: int = 1, opener: Opener | None = None,
-                     storage: Storage | None = None) -> CommitResult:
-    """Writes ``payload`` as the committed checkpoint ``directory/name``.
+                     storage: Storage | None = None,
+                     before_commit: Callable[[], Any] | None = None) -> CommitResult:
+    """Writes ``payload`` as the committed checkpoint ``directory/name``; ``before_commit()``
+    runs right before the commit (see `TempCheckpoint.finalize`).
 
     On any error the staged checkpoint is removed and the error re-raised (the caller names the
     step); committed checkpoints are never touched, except a committed ``directory/name`` of
@@ -61,7 +63,8 @@ def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall
     except BaseException:
         temp.discard()
         raise
-    return temp.finalize(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
+    return temp.finalize(step=step, wall_time=wall_time, world_size=world_size, opener=opener,
+                         before_commit=before_commit)
 
 
 def deletable_problem(directory: str, name: str, basename: str | None = None,

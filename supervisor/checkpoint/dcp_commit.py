@@ -175,6 +175,7 @@ class ShardedSave:
     group: Any = None
     timeout_secs: float = 1800.0
     publish: Callable[[str, float], Any] | None = field(default=None, repr=False)
+    before_commit: Callable[[], Any] | None = field(default=None, repr=False)  # the chief's lease check
 
     @property
     def path(self) -> str:
@@ -300,7 +301,8 @@ def _seal(temp: TempCheckpoint, outcomes: list[dict], save: ShardedSave) -> str:
         for rel, (nbytes, checksum) in outcome["records"].items():
             temp.add_record(rel, FileRecord(int(nbytes), str(checksum)))
     try:
-        result = temp.finalize(step=save.step, wall_time=save.wall_time, world_size=save.world_size)
+        result = temp.finalize(step=save.step, wall_time=save.wall_time, world_size=save.world_size,
+                               before_commit=save.before_commit)
     except Exception as e:  # noqa: BLE001 - reported to every rank
         return f"rank 0 (sealing): {type(e).__name__}: {e}"
     try:

@@ -127,6 +127,10 @@ class ShardedCheckpointManager(ManagerCommon):
             during its copy, every rank discards the save (a WARNING naming the rank and tensor).
         save_timeout_secs: the longest a rank waits for another's part of one save (the
             background group's collective timeout, and the waits on the store).
+        lock, lease_secs: the chief's writer lock, as `CheckpointManager` (default ``"auto"``:
+            ``"flock"`` on a local path; use ``"lease"`` on NFS/Lustre, where ``flock`` may be
+            node-local). The chief checks it right before sealing each save: a chief that lost
+            its lease commits nothing and the save fails on every rank, naming `LeaseLostError`.
     """
 
     collective = True  # every rank calls save() at the same step
@@ -135,16 +139,18 @@ class ShardedCheckpointManager(ManagerCommon):
                  max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float | None = 10000.0,
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
-                 clock: Any = None, capture: str = "auto", copier: Any = None) -> None:
+                 clock: Any = None, capture: str = "auto", copier: Any = None, lock: str = "auto",
+                 lease_secs: float | None = None) -> None:
         self._chief = distributed.rank() == 0
         inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
-                                  trusted_globals=trusted_globals, clock=clock)
+                                  trusted_globals=trusted_globals, clock=clock, lock=lock, lease_secs=lease_secs)
         if inner.storage.stages_in_place:  # DCP's FileSystemWriter writes local files only
             raise ValueError(f"checkpoint_format='dcp' needs a local or shared-filesystem directory, not "
                              f"{inner.directory!r}; use checkpoint_format='torch' on an object store")
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
+        self.lock, self.lease_secs = inner.lock, inner.lease_secs
         self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
         self.capture = check_capture(capture)
@@ -244,7 +250,8 @@ class ShardedCheckpointManager(ManagerCommon):
             self.directory, checkpoint_name(self.basename, step), step, self._clock.time(), state_dict, rng,
             key, rank=rank, world_size=size, group=self._group if background else None,
             timeout_secs=self.save_timeout_secs,
-            publish=self._inner._publish if self._inner is not None else None), pending
+            publish=self._inner._publish if self._inner is not None else None,
+            before_commit=self._inner.check_writer if self._inner is not None else None), pending
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,
              pending: PendingCopy | None = None) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 
 from supervisor.checkpoint.storage_base import ObjectExistsError, Storage
 from supervisor.clock import Clock, resolve_clock
-from supervisor.errors import LogdirInUseError
+from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["Lease", "LeaseLostError", "LeaseRecord", "LEASE_DIR", "DEFAULT_LEASE_SECS"]
 
@@ -60,8 +60,12 @@ _GENERATION = re.compile(r"^(\d{16})\.json$")
 _RECORD_MAX_BYTES = 1 << 16
 
 
-class LeaseLostError(LogdirInUseError):
-    """This writer's lease was overtaken, could not be renewed or ran out: it must not commit."""
+class LeaseLostError(LogdirInUseError, CheckpointError):
+    """This writer's lease was overtaken, could not be renewed or ran out: it must not commit.
+
+    Also a `CheckpointError`: it is how a save of a writer that lost the logdir fails (the
+    managers call `Lease.check` right before each commit), and the save-failure paths (a
+    session's ``on_error``, ``close``) carry checkpoint errors."""
 
 
 @dataclass(frozen=True)
@@ -142,15 +146,57 @@ class Lease:
         return None if self._record is None else self._record.expires_at
 
     def check(self) -> None:
-        """Raises `LeaseLostError` unless this writer still safely holds the lease."""
-        if self._record is None:
-            raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
-        left = self._record.expires_at - self._clock.time()
-        if self._lost is None and left < self.lease_secs / 3:
-            self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
+        """Raises `LeaseLostError` unless this writer still safely holds the lease: it was not
+        marked lost, more than a third of it is left, and no newer generation exists on the
+        storage (one listing, so a writer that took it over — e.g. from a host whose clock runs
+        ahead — is seen at once, not at the next renewal). A listing that fails leaves the
+        expiry as the guarantee (WARNING)."""
+        with self._lock:  # a renewal in progress has created generation n + 1 but not recorded it yet
+            record = self._record
+            if record is None:
+                raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
+            left = record.expires_at - self._clock.time()
+            if self._lost is None and left < self.lease_secs / 3:
+                self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
+            if self._lost is None:
+                self._check_newest(record, left)
         if self._lost is not None:
             raise LeaseLostError(f"this writer lost the lease of {self.directory}: {self._lost}; "
-                                 "it must not commit (another writer may own the logdir now)")
+                                 f"{self._successor()}; it must not commit")
+
+    def _check_newest(self, record: LeaseRecord, left: float) -> None:
+        try:
+            newer = [g for g in self._generations() if g > record.generation]
+        except OSError as e:
+            logger.warning("could not list the lease of %s before a commit (%s); relying on its expiry "
+                           "(%.1f s left)", self.directory, e, left)
+            return
+        if newer:
+            self._mark_lost("another writer took it over")
+
+    def _successor(self) -> str:
+        """Who holds the lease now, as far as the storage says (for `check`'s message)."""
+        try:
+            newest = self.newest()
+        except OSError as e:
+            return f"the current holder cannot be read ({e})"
+        if newest is None or newest.owner_id == self.owner_id:
+            return "no other writer holds it yet, but one may take it over at any moment"
+        if newest.released:
+            return f"its next holder ({newest.describe()}) has released it"
+        return f"it is now held by {newest.describe()} until {_when(newest.expires_at)}"
+
+    def live_holder(self) -> LeaseRecord | None:
+        """The record of the lease while some writer holds it live (not released, not expired),
+        else None; `in_use_error` turns it into the refusal a second writer gets."""
+        current = self.newest()
+        if current is None or current.released or self._clock.time() >= current.expires_at:
+            return None
+        return current
+
+    def in_use_error(self, holder: LeaseRecord) -> LogdirInUseError:
+        """The refusal naming ``holder`` and when its lease expires."""
+        return LogdirInUseError(self._in_use_message(holder, self._clock.time()))
 
     # ------------------------------------------------------------ reading
     def newest(self) -> LeaseRecord | None:

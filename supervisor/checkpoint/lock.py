@@ -1,4 +1,17 @@
-"""The logdir's ownership lock (SPEC §5.6).
+"""The logdir's single-writer lock (SPEC §5.6, §16): ``lock="flock"`` or ``lock="lease"``.
+
+`acquire_writer_lock` is what a writer calls: it returns a held `WriterLock` —
+`OwnershipLock` (an OS file lock, the default on local paths) or a `Lease` (exclusive lease
+files renewed by a thread, the default on object stores; see lease.py). The writer calls
+``check()`` right before each commit: a lease that was lost raises `LeaseLostError` there, so
+a writer that lost the logdir never commits.
+
+The two kinds refuse each other on a local path: a flock writer is refused while a live lease
+exists, and a lease writer takes the flock (where the filesystem grants one) while it creates
+its lease, so it is refused by a flock writer on its node. The CLI's mutations take the
+`OwnershipLock`, so they are refused by either kind of writer.
+
+The flock:
 
 The writing process holds ``logdir/.supervisor.lock`` (an OS file lock through ``filelock``, so
 the kernel releases it when the process dies, even by SIGKILL) for the session's lifetime. A
@@ -20,13 +33,21 @@ import os
 import socket
 import time
 
+from typing import Protocol, runtime_checkable
+
 import filelock
 
+from supervisor._validate import check_lock
 from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import LOCK_FILE
+from supervisor.checkpoint.lease import DEFAULT_LEASE_SECS, Lease
+from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.storage_base import Storage
+from supervisor.clock import Clock
 from supervisor.errors import CheckpointError, LogdirInUseError
 
-__all__ = ["OwnershipLock", "OWNER_FILE", "OWNER_RECORD_WAIT_SECS"]
+__all__ = ["OwnershipLock", "OWNER_FILE", "OWNER_RECORD_WAIT_SECS", "WriterLock", "acquire_writer_lock",
+           "resolve_lock_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +78,16 @@ class OwnershipLock:
     def held(self) -> bool:
         return self._lock.is_locked
 
+    def check(self) -> None:
+        """Raises `LogdirInUseError` unless this process holds the lock (the kernel keeps a
+        flock for as long as the process lives: once taken, it is never lost)."""
+        if not self._lock.is_locked:
+            raise LogdirInUseError(f"this process does not hold the ownership lock {self.path} of the logdir "
+                                   f"{self.directory}; it must not commit there")
+
     def acquire(self) -> None:
-        """Takes the lock or raises `LogdirInUseError` naming the holder's pid and host."""
+        """Takes the lock or raises `LogdirInUseError` naming the holder's pid and host (a flock
+        writer's, or a lease writer's while its lease is live)."""
         if self._lock.is_locked:
             return
         try:
@@ -75,6 +104,11 @@ class OwnershipLock:
                 "writable by this user or "
                 "choose another one") from e
         try:
+            self._refuse_a_live_lease()
+        except BaseException:
+            self._lock.release()
+            raise
+        try:
             self._write_owner()
         except OSError as e:
             logger.warning("could not record this process as the owner of %s in %s: %s",
@@ -90,6 +124,17 @@ class OwnershipLock:
             pass
         finally:
             self._lock.release()
+
+    def _refuse_a_live_lease(self) -> None:
+        """A ``lock="lease"`` writer holds no flock between commits: its live lease refuses us."""
+        lease = Lease(_LOCAL, self.directory)
+        try:
+            holder = lease.live_holder()
+        except OSError as e:
+            logger.warning("could not read the lease records of %s (%s); relying on the flock alone", self.directory, e)
+            return
+        if holder is not None:
+            raise lease.in_use_error(holder)
 
     def _write_owner(self) -> None:
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
@@ -122,6 +167,86 @@ class OwnershipLock:
             return f"pid and host unknown: {self.owner_path} is missing or unreadable"
         return (f"pid and host unknown: the new holder has not recorded itself yet, and {self.owner_path} "
                 f"still names pid {owner.get('pid')} on host {owner.get('host')}, which is no longer running")
+
+
+_LOCAL = LocalStorage()
+
+
+@runtime_checkable
+class WriterLock(Protocol):
+    """A held single-writer lock, as `acquire_writer_lock` returns it."""
+
+    @property
+    def held(self) -> bool: ...
+
+    def check(self) -> None:
+        """Raises `LogdirInUseError` (`LeaseLostError` for a lease) unless this writer may
+        still commit; the managers call it right before each commit."""
+
+    def release(self) -> None: ...
+
+
+def resolve_lock_kind(storage: Storage, kind: str) -> str:
+    """``"flock"`` or ``"lease"``: ``"auto"`` is ``"flock"`` on a local path, ``"lease"`` elsewhere."""
+    if kind == "auto":
+        return "flock" if isinstance(storage, LocalStorage) else "lease"
+    return kind
+
+
+def acquire_writer_lock(storage: Storage, directory: str, *, kind: str = "auto", lease_secs: float | None = None,
+                        clock: Clock | None = None) -> WriterLock:
+    """Takes the single-writer lock of ``directory`` and returns it held.
+
+    Args:
+        storage: the storage ``directory`` is on (`supervisor.checkpoint.storage.storage_for`).
+        directory: the logdir, in the storage's spelling.
+        kind: ``"flock"``: an OS file lock (local paths only; the kernel releases it when the
+            process dies). ``"lease"``: a lease renewed every ``lease_secs / 3`` (any storage; on
+            NFS and Lustre, whose flock may be node-local, the safe choice). ``"auto"``
+            (default): ``"flock"`` on a local path, ``"lease"`` on an object store.
+        lease_secs: how long a lease lives unrenewed (default 60 s): a second writer may take a
+            dead writer's logdir over only after that. Refused with ``kind="flock"``; ignored
+            when ``"auto"`` chooses the flock.
+        clock: the lease's clock (tests).
+
+    Raises:
+        LogdirInUseError: another live writer holds it (named, with its lease's expiry).
+        ValueError: a bad ``kind``/``lease_secs``, or ``"flock"`` on an object store.
+    """
+    kind, lease_secs = check_lock(kind, lease_secs)
+    resolved = resolve_lock_kind(storage, kind)
+    local = isinstance(storage, LocalStorage)
+    if resolved == "flock":
+        if not local:
+            raise ValueError(f"lock='flock' needs a local path, but the logdir {directory} is on an object store, "
+                             "which has no file locks; use lock='lease' (or 'auto', which chooses it there)")
+        lock = OwnershipLock(directory)
+        lock.acquire()
+        return lock
+    lease = Lease(storage, directory, lease_secs=DEFAULT_LEASE_SECS if lease_secs is None else lease_secs,
+                  clock=clock)
+    guard = _flock_guard(directory) if local else None
+    try:
+        lease.acquire()
+    finally:
+        if guard is not None:
+            guard.release()
+    logger.info("this process holds the lease of %s (lease_secs=%g, renewed every %.1f s)", directory,
+                lease.lease_secs, lease.lease_secs / 3)
+    return lease
+
+
+def _flock_guard(directory: str) -> OwnershipLock | None:
+    """The flock a lease writer holds while it creates its lease on a local path, so that a
+    flock writer starting meanwhile sees one or the other; None where the filesystem grants no
+    flock (e.g. ``ENOLCK`` on NFS without lockd): the lease alone guards it then."""
+    guard = OwnershipLock(directory)
+    try:
+        guard.acquire()  # LogdirInUseError: a flock writer (or a live lease) holds the logdir
+    except CheckpointError as e:
+        logger.info("no flock on %s (%s); the lease alone guards it", directory, e)
+        return None
+    return guard
 
 
 def _alive(owner: dict) -> bool:

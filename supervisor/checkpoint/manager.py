@@ -22,15 +22,15 @@ import torch
 
 from supervisor import distributed
 from supervisor.distributed import rng as distributed_rng
-from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_number
+from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_lock, check_number
 from supervisor.checkpoint.commit import write_checkpoint
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_payload
 from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index
-from supervisor.checkpoint.lease import Lease
-from supervisor.checkpoint.lock import OwnershipLock
+from supervisor.checkpoint.lease import LeaseLostError
+from supervisor.checkpoint.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.publish import Publisher
-from supervisor.checkpoint.storage import LocalStorage, Storage
+from supervisor.checkpoint.storage import Storage
 from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
@@ -88,6 +88,17 @@ class CheckpointManager(ManagerCommon):
             place during the copy (outside ``optimizer.step()``) is discarded with a WARNING.
         copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
             side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
+        lock: how this writer keeps others out of the logdir (SPEC §5.6, §16). ``"flock"``: an
+            OS file lock, released by the kernel when the process dies. ``"lease"``: a lease
+            file renewed every ``lease_secs / 3``; a second writer may take over only after it
+            expired. On NFS and Lustre, where ``flock`` may be node-local (Lustre
+            ``localflock``, some NFS setups) and two nodes could both take it, ``"lease"`` is
+            the safe choice. ``"auto"`` (default): ``"flock"`` on a local path, ``"lease"`` on
+            an object store. Either way a second writer gets `LogdirInUseError` naming the holder.
+        lease_secs: how long the lease lives unrenewed (default 60 s; at least 1 s): how long a
+            dead writer's logdir stays locked. A writer whose lease was lost (or went unrenewed
+            for two thirds of it) fails its next save with `LeaseLostError` before committing.
+            The lease runs on the wall clock, not on ``clock``.
         storage_options: for an object-store ``directory`` (``s3://bucket/prefix``), the
             client's options (`supervisor.checkpoint.storage.storage_for`: endpoint,
             credentials, ``part_size``...); None: the standard configuration (``AWS_*``
@@ -117,6 +128,8 @@ class CheckpointManager(ManagerCommon):
         opener: Opener | None = None,
         capture: str = "auto",
         copier: Copier | None = None,
+        lock: str = "auto",
+        lease_secs: float | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.directory = check_directory(directory)
@@ -138,9 +151,8 @@ class CheckpointManager(ManagerCommon):
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
-        # On an object store (no flock) the bridge until the lock's kind is an option: a lease.
-        self._lock = OwnershipLock(self.directory) if isinstance(self.storage, LocalStorage) \
-            else Lease(self.storage, self.directory)
+        self.lock, self.lease_secs = check_lock(lock, lease_secs)
+        self._lock: WriterLock | None = None  # taken by open()
         self._writer = BackgroundWriter()
         self._staging = StagingArea()
         self._mutex = threading.Lock()
@@ -170,7 +182,7 @@ class CheckpointManager(ManagerCommon):
         return tuple(self.storage.join(self.directory, n) for n in (kept.names if kept is not None else ()))
 
     def open(self) -> None:
-        """Takes the ownership lock (`LogdirInUseError` if another writer holds it), removes
+        """Takes the writer lock (`LogdirInUseError` if another writer holds it), removes
         what a crashed writer left (temp directories; manifest-less checkpoint prefixes on an
         object store) and recovers retention from the index (`publish.Publisher.open`)."""
         if self._closed:
@@ -181,14 +193,25 @@ class CheckpointManager(ManagerCommon):
             self.storage.makedirs(self.directory)
         except OSError as e:
             raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
-        self._lock.acquire()
+        self._lock = acquire_writer_lock(self.storage, self.directory, kind=self.lock,
+                                         lease_secs=self.lease_secs)
         try:
             index, version = self._read_trusted_index()  # once per open: fixed cost of every session creation
             self._publisher.open(index, self._clock.time(), index_version=version)
         except BaseException:
-            self._lock.release()
+            self._release_lock()
             raise
         self._opened = True
+
+    def check_writer(self) -> None:
+        """Raises `LeaseLostError` when this writer lost the logdir's lease (called right before
+        each commit, so a writer that lost it never commits); a no-op under a flock."""
+        if self._lock is not None:
+            self._lock.check()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:  # kept after release: ``held`` says it was released
+            self._lock.release()
 
     def _read_trusted_index(self) -> tuple[CheckpointState | None, str | None]:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
@@ -219,7 +242,7 @@ class CheckpointManager(ManagerCommon):
             self._writer.close()
         finally:
             self._staging.release()
-            self._lock.release()
+            self._release_lock()
         with self._mutex:
             failure, self._failure = self._failure, None
         if failure is None:
@@ -306,7 +329,8 @@ class CheckpointManager(ManagerCommon):
             return
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
-                                      world_size=distributed.world_size(), storage=self.storage)
+                                      world_size=distributed.world_size(), storage=self.storage,
+                                      before_commit=self.check_writer)
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return
@@ -355,6 +379,9 @@ class CheckpointManager(ManagerCommon):
         failure = CheckpointError(f"{message}: {type(error).__name__}: {error}")
         failure.__cause__ = error
         limit = self.max_consecutive_save_failures
+        if isinstance(error, LeaseLostError):  # never tolerated: every later save would fail too
+            failure, limit = LeaseLostError(f"{message}: {error}"), None
+            failure.__cause__ = error
         with self._mutex:
             self._consecutive_failures += 1
             count = self._consecutive_failures

@@ -162,14 +162,19 @@ class TempCheckpoint:
         return Manifest(step=int(step), wall_time=float(wall_time), torch_version=str(torch.__version__),
                         world_size=int(world_size), files=dict(sorted(records.items())))
 
-    def finalize(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None) -> CommitResult:
+    def finalize(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None,
+                 before_commit: Callable[[], Any] | None = None) -> CommitResult:
         """Seals and commits (`Storage.commit`: the manifest last): the checkpoint exists.
 
+        ``before_commit()`` runs after the seal, right before the commit: the writer's last
+        chance to refuse (a lost lease raises there: nothing is committed).
         On any error the staged directory is removed and the error re-raised; a committed
         checkpoint of the same name is replaced only once the new one is sealed (locally).
         """
         try:
             manifest = self.seal(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
+            if before_commit is not None:
+                before_commit()
             self._writer_storage(opener).commit(self.path, self.final_path, manifest_name=MANIFEST_FILE,
                                                 manifest=manifest.to_json().encode("utf-8"))
         except BaseException:

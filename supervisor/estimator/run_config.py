@@ -69,6 +69,13 @@ class RunConfig:
         log_step_count_steps: log the loss and write ``global_step/sec`` every this many steps.
         task_type: ``"chief"``, ``"worker"``, ``"evaluator"`` or None (see the module docs).
         task_id: this task's index among its type (default 0).
+        lock: how the chief keeps other writers out of ``model_dir`` (SPEC §5.6, §16):
+            ``"auto"`` (default: ``"flock"`` on a local path, ``"lease"`` on an object store),
+            ``"flock"`` (an OS file lock) or ``"lease"`` (a lease renewed every
+            ``lease_secs / 3``; a dead writer's directory is taken over only after it expired).
+            On NFS and Lustre ``flock`` may be node-local: use ``lock="lease"`` there.
+        lease_secs: the lease's lifetime unrenewed (None: 60 s). A chief that lost its lease
+            fails its next save with `LeaseLostError`, before committing anything.
     """
 
     model_dir: str
@@ -80,17 +87,20 @@ class RunConfig:
     log_step_count_steps: int
     task_type: str | None
     task_id: int
+    lock: str
+    lease_secs: float | None
 
     def __init__(self, model_dir: str | os.PathLike, save_checkpoints_secs: Any = _USE_DEFAULT,
                  save_checkpoints_steps: Any = _USE_DEFAULT, save_summary_steps: int = 100,
                  keep_checkpoint_max: int | None = 5, keep_checkpoint_every_n_hours: float = 10000,
                  log_step_count_steps: int = 100, task_type: str | None = None,
-                 task_id: int | None = None) -> None:
+                 task_id: int | None = None, lock: str = "auto", lease_secs: float | None = None) -> None:
         if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
             raise TypeError(f"model_dir must be a non-empty directory path, got {model_dir!r}")
         model_dir = check_logdir("model_dir", model_dir, allow_none=False)  # not a file, nor under one
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
+        lock, lease_secs = v.check_lock(lock, lease_secs)
         fields = {
             "model_dir": os.fspath(model_dir),
             "save_checkpoints_secs": secs,
@@ -102,6 +112,8 @@ class RunConfig:
             "log_step_count_steps": v.check_int("log_step_count_steps", log_step_count_steps, minimum=0),
             "task_type": task_type,
             "task_id": task_id,
+            "lock": lock,
+            "lease_secs": lease_secs,
         }
         for name, value in fields.items():
             object.__setattr__(self, name, value)
