@@ -23,12 +23,17 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir
-from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
-from supervisor.checkpoint.options import check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
-from supervisor.creator import SessionCreator, check_session_fns
+from supervisor.creators import (
+    CheckpointSessionCreator,
+    SessionCreator,
+    ShardedSessionCreator,
+    WorkerSessionCreator,
+    check_session_fns,
+)
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook

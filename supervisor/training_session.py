@@ -27,7 +27,7 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor import distributed
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
-from supervisor.creator import check_session_fns
+from supervisor.creators.base import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from supervisor import distributed
-from supervisor.checkpoint.restore import apply_checkpoint, load_verified
 from supervisor.clock import Clock, resolve_clock
 from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["RestoreDecision", "next_key", "publish_decision", "await_decision"]
+__all__ = ["RestoreDecision", "next_key", "publish_decision", "await_decision", "broadcast_initial_state",
+           "receive_initial_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,41 +106,9 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
         clock.sleep(min(POLL_SECS, max_wait_secs - waited))
 
 
-def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, str | None]:
-    """Runs the chief's ``restore()`` (returns a `Restored` or None) and, in a distributed job,
-    posts the outcome for the other ranks — also when it raises, so they fail at once with the
-    chief's reason instead of waiting ``max_wait_secs``.
-
-    Returns ``(restored, key)``: ``key`` is not None when nothing was restored and the chief
-    ``initialises`` (has an ``init_fn``): the decision is then `initialise_as_chief`'s to post.
-    """
-    if not distributed.is_distributed():
-        return restore(), None
-    key = next_key()
-    try:
-        restored = restore()
-    except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
-        raise
-    if restored is None and initialises:
-        return None, key
-    if restored is None:
-        publish_decision(key, RestoreDecision())
-    else:
-        publish_decision(key, RestoreDecision(restored.path, int(restored.global_step)))
-    return restored, None
-
-
-def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
-    """The chief starts from scratch: runs ``init()`` (the user's ``init_fn``), posts the
-    decision for ``key`` (or ``init``'s error, then re-raises it) and broadcasts its state."""
-    try:
-        init()
-    except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {distributed.rank()}): "
-                                                    f"{type(e).__name__}: {e}"))
-        raise
-    publish_decision(key, RestoreDecision(source=distributed.rank()))
+def broadcast_initial_state(state: TrainingState) -> None:
+    """The chief sends its state after ``init_fn`` to every rank (`receive_initial_state`):
+    one ``broadcast_object_list`` on the default group."""
     import torch.distributed as dist
 
     dist.broadcast_object_list([_shared_state(state)], src=distributed.rank())
@@ -173,30 +141,3 @@ def receive_initial_state(state: TrainingState, source: int) -> None:
     dist.broadcast_object_list(box, src=source)
     TrainingState({name: state[name] for name in box[0]}).load_state_dict(box[0])
     logger.info("rank %d starts from the state of rank %d after its init_fn", distributed.rank(), source)
-
-
-def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trusted_globals: Any = (),
-                 save_rng: bool = True, clock: Clock | None = None) -> Any:
-    """A non-chief rank's restore: waits for the chief's decision and restores exactly that
-    checkpoint (verified again here); returns a `Restored`, or None when the chief started
-    from scratch (after receiving the chief's state when the chief ran an ``init_fn``; this
-    rank runs none).
-
-    Raises:
-        TimeoutError: no decision within ``max_wait_secs``.
-        RuntimeError: the chief failed to restore (its error is quoted).
-    """
-    decision = await_decision(next_key(), max_wait_secs=max_wait_secs, clock=clock)
-    if decision.error is not None:
-        raise RuntimeError(f"rank {distributed.rank()} cannot restore: the chief's restore failed with "
-                           f"{decision.error}")
-    if decision.path is None:
-        if decision.source is not None:
-            receive_initial_state(state, decision.source)
-        else:
-            logger.info("the chief starts from scratch (no init_fn); so does rank %d", distributed.rank())
-        return None
-    loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True)
-    if loaded.step != decision.step:
-        raise RuntimeError(f"{decision.path} holds step {loaded.step}, the chief restored step {decision.step}")
-    return apply_checkpoint(loaded, state, restore_rng=save_rng)
