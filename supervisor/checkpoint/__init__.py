@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
 from supervisor.checkpoint.fileio import fsync_dir
 from supervisor.checkpoint.finished import read_finished
 from supervisor.checkpoint.format import (
@@ -44,14 +45,22 @@ from supervisor.checkpoint.helpers import (
     load_checkpoint,
     restore_partial,
 )
-from supervisor.checkpoint.index import CheckpointState, get_checkpoint_state, latest_checkpoint, read_index
+from supervisor.checkpoint.index import (
+    CheckpointState,
+    get_checkpoint_state,
+    latest_checkpoint,
+    read_index,
+    relative_index,
+    write_index,
+)
 from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.manager_common import PendingSave
-from supervisor.checkpoint.options import check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint.options import check_basename, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.reader import SEPARATOR, CheckpointReader, list_variables, load_variable, resolve_checkpoint
 from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
-from supervisor.checkpoint.restore import VERIFY_MODES, Restored
+from supervisor.checkpoint.restore import VERIFY_MODES, Restored, choose_checkpoint
+from supervisor.checkpoint.safe_globals import check_loadable
 from supervisor.checkpoint.restore import check_checkpoint as verify_checkpoint
 
 __all__ = [
@@ -84,19 +93,26 @@ __all__ = [
     "STATE_FILE",
     "STEP_KEY",
     "VERIFY_MODES",
+    "check_basename",
     "check_capture",
+    "check_loadable",
     "check_trusted_globals",
     "check_writable_directory",
     "checkpoint_name",
+    "choose_checkpoint",
+    "deletable_problem",
     "fsync_dir",
     "list_committed",
     "read_checkpoint",
     "read_finished",
     "read_index",
     "read_manifest",
+    "relative_index",
+    "remove_checkpoint",
     "resolve_checkpoint",
     "step_of",
     "transient_base",
+    "write_index",
 ]
 
 #: Names that moved out of this package (issue 23), still importable from it: name -> module.

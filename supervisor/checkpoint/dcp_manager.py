@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from supervisor import distributed
+from supervisor.distributed import env
 from supervisor._validate import check_choice, check_number
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_io import build_state_dict, choose_checkpoint, restore_sharded
@@ -136,7 +136,7 @@ class ShardedCheckpointManager(ManagerCommon):
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
                  clock: Any = None, capture: str = "auto", copier: Any = None) -> None:
-        self._chief = distributed.rank() == 0
+        self._chief = env.rank() == 0
         inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
@@ -195,9 +195,9 @@ class ShardedCheckpointManager(ManagerCommon):
                 ``wait=True``), or an earlier failure not yet reported.
         """
         step = self._begin_save(step, state, kind="sharded checkpoint manager",
-                                is_open=not self._closed and (self._inner is None or self._inner._opened))
+                                is_open=not self._closed and (self._inner is None or self._inner.is_open))
         background = self.save_mode == "async"
-        if background and self._group is None and distributed.is_initialized():
+        if background and self._group is None and env.is_initialized():
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
         # A save the caller waits for writes the live state (as CheckpointManager): the caller is
         # blocked until the commit, so nothing changes it meanwhile; no staging copy is made.
@@ -241,7 +241,7 @@ class ShardedCheckpointManager(ManagerCommon):
             self.directory, checkpoint_name(self.basename, step), step, self._clock.time(), state_dict, rng,
             key, rank=rank, world_size=size, group=self._group if background else None,
             timeout_secs=self.save_timeout_secs,
-            publish=self._inner._publish if self._inner is not None else None), pending
+            publish=self._inner.publish if self._inner is not None else None), pending
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,
              pending: PendingCopy | None = None) -> None:
@@ -303,7 +303,7 @@ class ShardedCheckpointManager(ManagerCommon):
     def _remove_dropped(self) -> None:
         """Deletes what retention moved aside (the chief), after the save reported done."""
         if self._inner is not None:
-            self._inner._remove_dropped()
+            self._inner.remove_dropped()
 
     def wait(self) -> None:
         """Blocks until no save is in flight (committed or failed on every rank); raises a
@@ -317,7 +317,7 @@ class ShardedCheckpointManager(ManagerCommon):
         """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        if not distributed.is_distributed():
+        if not env.is_distributed():
             choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
         elif self._chief:
             key = restore_channel.next_key()
@@ -331,7 +331,7 @@ class ShardedCheckpointManager(ManagerCommon):
             decision = restore_channel.await_decision(restore_channel.next_key(), max_wait_secs=self.max_wait_secs,
                                                       clock=self._clock)
             if decision.error is not None:
-                raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
+                raise CheckpointError(f"rank {env.rank()} cannot restore: the chief's restore "
                                       f"failed with {decision.error}")
             choice = (decision.path, decision.step) if decision.path is not None else None
         if choice is None:

@@ -161,6 +161,11 @@ class CheckpointManager(ManagerCommon):
         names = self._retention.names if self._retention is not None else ()
         return tuple(os.path.join(self.directory, n) for n in names)
 
+    @property
+    def is_open(self) -> bool:
+        """Whether `open` ran and `close` has not."""
+        return self._opened and not self._closed
+
     def open(self) -> None:
         """Takes the ownership lock (`LogdirInUseError` if another writer holds it), removes
         temp directories a crashed writer left, and recovers retention from the index."""
@@ -268,9 +273,9 @@ class CheckpointManager(ManagerCommon):
         del payload, pending
         if self.save_mode == "sync":
             job()
-            self._remove_dropped()
+            self.remove_dropped()
         else:
-            self._writer.submit(job, after=self._remove_dropped)
+            self._writer.submit(job, after=self.remove_dropped)
             if wait:
                 self._writer.wait()
         if outcome:
@@ -314,7 +319,7 @@ class CheckpointManager(ManagerCommon):
         finally:
             del payload
         try:
-            self._publish(name, timestamp)
+            self.publish(name, timestamp)
         except Exception as e:  # noqa: BLE001
             self._failed(step, f"the checkpoint of step {step} was committed to {path} but the index "
                          f"{os.path.join(self.directory, 'checkpoint')} could not be updated", e, outcome)
@@ -341,8 +346,9 @@ class CheckpointManager(ManagerCommon):
         logger.warning("%s", discarded_message(step, moved))
         return False
 
-    def _publish(self, name: str, timestamp: float) -> None:
-        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6)."""
+    def publish(self, name: str, timestamp: float) -> None:
+        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6):
+        for each commit of this manager, and of the sharded manager's chief."""
         recorded = retention.record(self._retention, name, timestamp)
         write_index(self.directory, retention.to_index(recorded, name))
         self._retention = recorded
@@ -366,11 +372,11 @@ class CheckpointManager(ManagerCommon):
         write_index(self.directory, retention.to_index(result.state, latest))
         self._retention = result.state
         with self._mutex:
-            self._dropped.extend(asides)  # removed by _remove_dropped, after the save is done
+            self._dropped.extend(asides)  # removed by remove_dropped, after the save is done
         if result.delete:
             logger.info("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
 
-    def _remove_dropped(self) -> None:
+    def remove_dropped(self) -> None:
         """Deletes the directories retention moved aside. It runs after the save reported done,
         so neither `wait` nor the next capture waits for the filesystem work (0.2–0.3 s per GiB
         here); a crash meanwhile leaves ``.deleting-`` directories the next `open` removes."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from supervisor import distributed
+from supervisor.distributed import env
 from supervisor.checkpoint.restore import apply_checkpoint, load_verified
 from supervisor.clock import Clock
 from supervisor.distributed.restore import (
@@ -38,7 +38,7 @@ def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, st
     Returns ``(restored, key)``: ``key`` is not None when nothing was restored and the chief
     ``initialises`` (has an ``init_fn``): the decision is then `initialise_as_chief`'s to post.
     """
-    if not distributed.is_distributed():
+    if not env.is_distributed():
         return restore(), None
     key = next_key()
     try:
@@ -61,10 +61,10 @@ def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
     try:
         init()
     except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {distributed.rank()}): "
+        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {env.rank()}): "
                                                     f"{type(e).__name__}: {e}"))
         raise
-    publish_decision(key, RestoreDecision(source=distributed.rank()))
+    publish_decision(key, RestoreDecision(source=env.rank()))
     broadcast_initial_state(state)
 
 
@@ -81,13 +81,13 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
     """
     decision = await_decision(next_key(), max_wait_secs=max_wait_secs, clock=clock)
     if decision.error is not None:
-        raise RuntimeError(f"rank {distributed.rank()} cannot restore: the chief's restore failed with "
+        raise RuntimeError(f"rank {env.rank()} cannot restore: the chief's restore failed with "
                            f"{decision.error}")
     if decision.path is None:
         if decision.source is not None:
             receive_initial_state(state, decision.source)
         else:
-            logger.info("the chief starts from scratch (no init_fn); so does rank %d", distributed.rank())
+            logger.info("the chief starts from scratch (no init_fn); so does rank %d", env.rank())
         return None
     loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True)
     if loaded.step != decision.step:

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any, Callable, Iterable
 
-from supervisor import distributed
+from supervisor.distributed import env
 from supervisor._paths import check_path
 from supervisor._validate import check_bool, check_choice, check_number
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
@@ -68,13 +68,13 @@ class WorkerSessionCreator(SessionCreator):
     def initialise(self, session: Any) -> None:
         """A non-chief rank never runs ``init_fn`` in a distributed job (SPEC §4): its restore
         already received the chief's state when the chief ran one."""
-        if not distributed.is_distributed():
+        if not env.is_distributed():
             super().initialise(session)
         elif self.init_fn is not None:
-            logger.debug("rank %d does not run init_fn: it starts from the chief's state", distributed.rank())
+            logger.debug("rank %d does not run init_fn: it starts from the chief's state", env.rank())
 
     def restore(self, session: Any) -> Restored | None:
-        if distributed.is_distributed():  # §12: wait for the chief's decision, restore exactly that
+        if env.is_distributed():  # §12: wait for the chief's decision, restore exactly that
             return chief_choice.follow_chief(
                 self.state, max_wait_secs=self.max_wait_secs, verify=self.verify,
                 trusted_globals=self.trusted_globals, save_rng=self.save_rng, clock=self._clock)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from supervisor import distributed
+from supervisor.distributed import env
 from supervisor.clock import Clock, resolve_clock
 from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
@@ -65,12 +65,12 @@ class RestoreDecision:
 
 def next_key() -> str:
     """The store key of this process's next session creation (call once per creation)."""
-    return f"supervisor/restore/{distributed.attempt()}/{next(_CREATIONS)}"
+    return f"supervisor/restore/{env.attempt()}/{next(_CREATIONS)}"
 
 
 def publish_decision(key: str, decision: RestoreDecision, store: Any = None) -> None:
     """The chief posts its decision for the creation ``key``."""
-    (store or distributed.default_store()).set(key, decision.to_json())
+    (store or env.default_store()).set(key, decision.to_json())
     logger.debug("posted the restore decision %s under %s", decision, key)
 
 
@@ -80,7 +80,7 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
     Raises:
         TimeoutError: no decision within ``max_wait_secs``; names what it waited for.
     """
-    store = store or distributed.default_store()
+    store = store or env.default_store()
     clock = resolve_clock(clock)
     start = last_log = clock.monotonic()
     while True:
@@ -90,18 +90,18 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
                 return RestoreDecision.from_json(value.decode("utf-8") if isinstance(value, bytes) else value)
         except (RuntimeError, OSError) as e:  # torch's DistNetworkError/DistStoreError are RuntimeErrors
             raise RuntimeError(
-                f"rank {distributed.rank()} lost the process group's store while waiting for the chief's "
+                f"rank {env.rank()} lost the process group's store while waiting for the chief's "
                 f"restore decision (store key {key!r}): its host is gone — the chief (rank 0) under env://, "
                 "torchrun's agent under torchrun; the chief's own error says why") from e
         now = clock.monotonic()
         waited = now - start
         if waited >= max_wait_secs:
             raise TimeoutError(
-                f"rank {distributed.rank()} waited {waited:.0f} s (max_wait_secs={max_wait_secs:g}) for the "
+                f"rank {env.rank()} waited {waited:.0f} s (max_wait_secs={max_wait_secs:g}) for the "
                 f"chief's restore decision (store key {key!r}); the chief (rank 0) has not restored or "
                 "initialised its state yet. Check that it is running and not stuck, or raise max_wait_secs")
         if now - last_log >= 30:
-            logger.info("rank %d still waiting for the chief's restore decision (%.0f s)", distributed.rank(), waited)
+            logger.info("rank %d still waiting for the chief's restore decision (%.0f s)", env.rank(), waited)
             last_log = now
         clock.sleep(min(POLL_SECS, max_wait_secs - waited))
 
@@ -111,7 +111,7 @@ def broadcast_initial_state(state: TrainingState) -> None:
     one ``broadcast_object_list`` on the default group."""
     import torch.distributed as dist
 
-    dist.broadcast_object_list([_shared_state(state)], src=distributed.rank())
+    dist.broadcast_object_list([_shared_state(state)], src=env.rank())
     logger.info("sent the state after init_fn to every rank")
 
 
@@ -140,4 +140,4 @@ def receive_initial_state(state: TrainingState, source: int) -> None:
     box: list[Any] = [None]
     dist.broadcast_object_list(box, src=source)
     TrainingState({name: state[name] for name in box[0]}).load_state_dict(box[0])
-    logger.info("rank %d starts from the state of rank %d after its init_fn", distributed.rank(), source)
+    logger.info("rank %d starts from the state of rank %d after its init_fn", env.rank(), source)
