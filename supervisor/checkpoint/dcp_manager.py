@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from supervisor.distributed import env
+from supervisor import distributed
 from supervisor._validate import check_choice, check_number
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_io import build_state_dict, choose_checkpoint, restore_sharded
@@ -136,7 +136,7 @@ class ShardedCheckpointManager(ManagerCommon):
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
                  clock: Any = None, capture: str = "auto", copier: Any = None) -> None:
-        self._chief = env.rank() == 0
+        self._chief = distributed.rank() == 0
         inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
@@ -197,7 +197,7 @@ class ShardedCheckpointManager(ManagerCommon):
         step = self._begin_save(step, state, kind="sharded checkpoint manager",
                                 is_open=not self._closed and (self._inner is None or self._inner.is_open))
         background = self.save_mode == "async"
-        if background and self._group is None and env.is_initialized():
+        if background and self._group is None and distributed.is_initialized():
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
         # A save the caller waits for writes the live state (as CheckpointManager): the caller is
         # blocked until the commit, so nothing changes it meanwhile; no staging copy is made.
@@ -317,7 +317,7 @@ class ShardedCheckpointManager(ManagerCommon):
         """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        if not env.is_distributed():
+        if not distributed.is_distributed():
             choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
         elif self._chief:
             key = restore_channel.next_key()
@@ -331,7 +331,7 @@ class ShardedCheckpointManager(ManagerCommon):
             decision = restore_channel.await_decision(restore_channel.next_key(), max_wait_secs=self.max_wait_secs,
                                                       clock=self._clock)
             if decision.error is not None:
-                raise CheckpointError(f"rank {env.rank()} cannot restore: the chief's restore "
+                raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
                                       f"failed with {decision.error}")
             choice = (decision.path, decision.step) if decision.path is not None else None
         if choice is None:

@@ -3,7 +3,7 @@
 The creator is the *how*; the `SessionEnvironment` it holds is the *where* (logdir, chief,
 summary writer, checkpoint manager). `MonitoredSession` calls ``creator.create(session)`` at its
 creation and again after every recoverable error. The base `SessionCreator` keeps the state in memory (nothing to restore
-from); the checkpoint engine's creator (``supervisor.checkpoint``) restores from the newest
+from); the checkpoint-backed creators (`supervisor.creators.chief`, ``worker``, ``sharded``) restore from the newest
 verified checkpoint. Both follow SPEC §4's order:
 
 1. restore if there is something to restore from (then ``init_fn`` is not called);

@@ -3,9 +3,10 @@
 Nothing here is a transport of its own: everything runs on ``torch.distributed`` process groups
 (gloo on CPU, NCCL on GPUs) and the store torchrun (or ``init_process_group``) rendezvoused on.
 
-- Detection and roles (env.py, the floor every other one may use): an initialised process group decides ``rank()``/``world_size()``, else
-  torchrun's ``RANK``/``WORLD_SIZE``; the chief is rank 0 unless ``is_chief`` is given. Only the
-  chief writes checkpoints and events.
+- Detection and roles (env.py, which imports nothing of this project: every floor may use it):
+  an initialised process group decides ``rank()``/``world_size()``, else torchrun's
+  ``RANK``/``WORLD_SIZE``; the chief is rank 0 unless ``is_chief`` is given. Only the chief
+  writes checkpoints and events.
 - `init_process_group` / `destroy_process_group`: the torchrun-safe way to join and leave a
   group (a per-attempt ``PrefixStore`` on the agent's store; a barrier before destroying).
 - `CollectiveAgreement` (agreement.py): every rank saves and stops at the same step.
@@ -14,7 +15,6 @@ Nothing here is a transport of its own: everything runs on ``torch.distributed``
 - `wait_for_global_step` (wait.py): workers waiting for the chief's committed progress.
 """
 from __future__ import annotations
-
 
 from supervisor.distributed.env import (
     attempt,

@@ -15,6 +15,9 @@ keep each rank's own position; tensors sent from the CPU, one ``broadcast_object
 default group); the others load it before their first step. So a randomised or file-reading
 ``init_fn`` can never split the ranks, and the wait for it is bounded by ``max_wait_secs``.
 
+This module is the decision's channel (`RestoreDecision` under a store key) and the state
+broadcast; the creators' policy on top of it is `supervisor.creators.chief_choice`.
+
 Keys are ``supervisor/restore/<torchrun attempt>/<creation number>``: every rank creates its
 sessions in the same order, so the n-th creation of each rank reads the chief's n-th decision.
 """
