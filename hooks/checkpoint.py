@@ -18,8 +18,7 @@ import os
 from typing import Any, Iterable
 
 from supervisor._paths import check_path
-from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.options import check_basename
+from supervisor.checkpoint import CheckpointManager, check_basename
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil
 

@@ -11,10 +11,8 @@ __torch_supervisor_package__ = True  # see supervisor/_shadowing.py
 from supervisor.checkpoint import (
     CheckpointManager,
     CheckpointReader,
-    CheckpointSessionCreator,
     CheckpointState,
     PartialRestoreReport,
-    WorkerSessionCreator,
     checkpoints_iterator,
     get_checkpoint_state,
     latest_checkpoint,
@@ -26,7 +24,7 @@ from supervisor.checkpoint import (
 )
 from supervisor.clock import Clock, SystemClock
 from supervisor.coordinator import Coordinator, LooperThread
-from supervisor.creator import Restored, SessionCreator
+from supervisor.creators import CheckpointSessionCreator, Restored, SessionCreator, WorkerSessionCreator
 from supervisor.errors import (
     CheckpointCorruptError,
     CheckpointError,

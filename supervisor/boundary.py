@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from supervisor.agreement import NO_REQUESTS, Agreement, Decision, LocalAgreement, Requests
-from supervisor.checkpoint.safe_globals import check_loadable
+from supervisor.checkpoint import check_loadable
 
 if TYPE_CHECKING:
-    from supervisor.checkpoint.manager import CheckpointManager
-    from supervisor.checkpoint.manager_common import PendingSave
+    from supervisor.checkpoint import CheckpointManager, PendingSave
 
 # Requests, Decision, Agreement and LocalAgreement live in supervisor.agreement; re-exported here,
 # where they were first published.

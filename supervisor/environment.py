@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.summary import SummaryWriterCache
+
 __all__ = ["SessionEnvironment"]
 
 
@@ -44,6 +46,4 @@ class SessionEnvironment:
                 self.checkpoints.close(failed=failed)
         finally:
             if self.owns_summary_writer and self.summary_writer is not None:
-                from supervisor.summary import SummaryWriterCache
-
                 SummaryWriterCache.release(self.summary_writer)

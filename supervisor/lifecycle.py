@@ -28,7 +28,7 @@ from supervisor.summary import SummaryWriterCache
 
 if TYPE_CHECKING:
     from supervisor.boundary import StepBoundary
-    from supervisor.creator import SessionCreator
+    from supervisor.creators.base import SessionCreator
     from supervisor.dispatch import Dispatch
     from supervisor.signals import SignalHandlers
 

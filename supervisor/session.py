@@ -27,7 +27,7 @@ from supervisor.agreement import Agreement
 from supervisor.boundary import StepBoundary
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator
-from supervisor.creator import SessionCreator
+from supervisor.creators.base import SessionCreator
 from supervisor.dispatch import NO_RESULTS, Dispatch, merge_feeds, results_of
 from supervisor.distributed.agreement import CollectiveAgreement
 from supervisor.errors import RecoverableError

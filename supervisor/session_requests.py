@@ -16,7 +16,7 @@ from supervisor._validate import check_bool
 if TYPE_CHECKING:
     from supervisor.boundary import StepBoundary
     from supervisor.coordinator import Coordinator
-    from supervisor.creator import SessionCreator
+    from supervisor.creators.base import SessionCreator
 
 __all__ = ["SessionRequests"]
 

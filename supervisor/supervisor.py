@@ -23,12 +23,17 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir
-from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, WorkerSessionCreator
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, ShardedSessionCreator
-from supervisor.checkpoint.options import check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
-from supervisor.creator import SessionCreator, check_session_fns
+from supervisor.creators import (
+    CheckpointSessionCreator,
+    SessionCreator,
+    ShardedSessionCreator,
+    WorkerSessionCreator,
+    check_session_fns,
+)
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook
@@ -85,36 +90,17 @@ class Supervisor:
     """
 
     def __init__(
-        self,
-        logdir: str | os.PathLike | None,
-        model: Any = None,
-        optimizer: Any = None,
-        *,
-        state: Mapping[str, Any] | None = None,
-        hooks: Iterable[Any] = (),
-        is_chief: bool | None = None,
-        init_fn: Callable[[Any], Any] | None = None,
-        local_init_fn: Callable[[Any], Any] | None = None,
-        ready_fn: Callable[[Any], Any] | None = None,
-        summary_fn: Callable[[Any], Mapping[str, Any]] | None = None,
-        save_model_secs: float = 600,
-        save_summaries_secs: float = 120,
-        checkpoint_basename: str = "model.ckpt",
-        max_to_keep: int | None = 5,
-        keep_checkpoint_every_n_hours: float = 10000.0,
-        stop_grace_secs: float = 120,
-        recovery_wait_secs: float = 30,
-        recoverable_exceptions: Any = (RecoverableError,),
-        max_recoveries: int = 10,
-        save_mode: str = "async",
-        handle_signals: bool = True,
-        trusted_globals: Iterable[Any] = (),
-        clock: Clock | None = None,
-        checkpoint_format: str = "torch",
-        max_wait_secs: float = 7200,
-        capture: str = "auto",
-        lock: str = "auto",
-        lease_secs: float | None = None,
+        self, logdir: str | os.PathLike | None, model: Any = None, optimizer: Any = None, *,
+        state: Mapping[str, Any] | None = None, hooks: Iterable[Any] = (), is_chief: bool | None = None,
+        init_fn: Callable[[Any], Any] | None = None, local_init_fn: Callable[[Any], Any] | None = None,
+        ready_fn: Callable[[Any], Any] | None = None, summary_fn: Callable[[Any], Mapping[str, Any]] | None = None,
+        save_model_secs: float = 600, save_summaries_secs: float = 120, checkpoint_basename: str = "model.ckpt",
+        max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0,
+        stop_grace_secs: float = 120, recovery_wait_secs: float = 30,
+        recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10, save_mode: str = "async",
+        handle_signals: bool = True, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
+        checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
+        lock: str = "auto", lease_secs: float | None = None,
     ) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)

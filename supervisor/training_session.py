@@ -27,7 +27,7 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor import distributed
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
-from supervisor.creator import check_session_fns
+from supervisor.creators.base import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir
@@ -146,37 +146,20 @@ _BUILD_ARGUMENTS = (
 
 
 def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
-    checkpoint_dir: str | os.PathLike | None = None,
-    model: Any = None,
-    optimizer: Any = None,
-    *,
-    state: Mapping[str, Any] | None = None,
-    is_chief: bool | None = None,
-    hooks: Iterable[Any] = (),
-    chief_only_hooks: Iterable[Any] = (),
-    save_checkpoint_secs: Any = _CKPT_SECS,
-    save_checkpoint_steps: Any = _CKPT_STEPS,
-    save_summaries_steps: Any = _SUMMARY_STEPS,
-    save_summaries_secs: Any = _SUMMARY_SECS,
-    log_step_count_steps: int | None = 100,
-    summary_dir: str | os.PathLike | None = None,
-    max_to_keep: int | None = 5,
-    keep_checkpoint_every_n_hours: float = 10000.0,
-    stop_grace_secs: float = 120,
-    max_wait_secs: float = 7200,
-    init_fn: Callable[[Any], Any] | None = None,
-    local_init_fn: Callable[[Any], Any] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None, model: Any = None, optimizer: Any = None, *,
+    state: Mapping[str, Any] | None = None, is_chief: bool | None = None,
+    hooks: Iterable[Any] = (), chief_only_hooks: Iterable[Any] = (),
+    save_checkpoint_secs: Any = _CKPT_SECS, save_checkpoint_steps: Any = _CKPT_STEPS,
+    save_summaries_steps: Any = _SUMMARY_STEPS, save_summaries_secs: Any = _SUMMARY_SECS,
+    log_step_count_steps: int | None = 100, summary_dir: str | os.PathLike | None = None,
+    max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0,
+    stop_grace_secs: float = 120, max_wait_secs: float = 7200,
+    init_fn: Callable[[Any], Any] | None = None, local_init_fn: Callable[[Any], Any] | None = None,
     ready_fn: Callable[[Any], Any] | None = None,
-    recoverable_exceptions: Any = (RecoverableError,),
-    max_recoveries: int = 10,
-    save_mode: str = "async",
-    handle_signals: bool = True,
-    trusted_globals: Iterable[Any] = (),
-    clock: Clock | None = None,
-    checkpoint_format: str = "torch",
-    capture: str = "auto",
-    lock: str = "auto",
-    lease_secs: float | None = None,
+    recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10,
+    save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
+    clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto",
+    lock: str = "auto", lease_secs: float | None = None,
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
@@ -221,36 +204,17 @@ class SingularMonitoredSession(MonitoredSession):
     _recovery_enabled = False
 
     def __init__(
-        self,
-        checkpoint_dir: str | os.PathLike | None = None,
-        model: Any = None,
-        optimizer: Any = None,
-        *,
-        state: Mapping[str, Any] | None = None,
-        hooks: Iterable[Any] = (),
-        chief_only_hooks: Iterable[Any] = (),
-        save_checkpoint_secs: Any = _CKPT_SECS,
-        save_checkpoint_steps: Any = _CKPT_STEPS,
-        save_summaries_steps: Any = _SUMMARY_STEPS,
-        save_summaries_secs: Any = _SUMMARY_SECS,
-        log_step_count_steps: int | None = 100,
-        summary_dir: str | os.PathLike | None = None,
-        max_to_keep: int | None = 5,
-        keep_checkpoint_every_n_hours: float = 10000.0,
-        stop_grace_secs: float = 120,
-        init_fn: Callable[[Any], Any] | None = None,
-        local_init_fn: Callable[[Any], Any] | None = None,
-        ready_fn: Callable[[Any], Any] | None = None,
-        save_mode: str = "async",
-        handle_signals: bool = True,
-        session_creator: Any = None,
-        trusted_globals: Iterable[Any] = (),
-        clock: Clock | None = None,
-        checkpoint_format: str = "torch",
-        max_wait_secs: float = 7200,
-        capture: str = "auto",
-        lock: str = "auto",
-        lease_secs: float | None = None,
+        self, checkpoint_dir: str | os.PathLike | None = None, model: Any = None, optimizer: Any = None, *,
+        state: Mapping[str, Any] | None = None, hooks: Iterable[Any] = (), chief_only_hooks: Iterable[Any] = (),
+        save_checkpoint_secs: Any = _CKPT_SECS, save_checkpoint_steps: Any = _CKPT_STEPS,
+        save_summaries_steps: Any = _SUMMARY_STEPS, save_summaries_secs: Any = _SUMMARY_SECS,
+        log_step_count_steps: int | None = 100, summary_dir: str | os.PathLike | None = None,
+        max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0, stop_grace_secs: float = 120,
+        init_fn: Callable[[Any], Any] | None = None, local_init_fn: Callable[[Any], Any] | None = None,
+        ready_fn: Callable[[Any], Any] | None = None, save_mode: str = "async", handle_signals: bool = True,
+        session_creator: Any = None, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
+        checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
+        lock: str = "auto", lease_secs: float | None = None,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

@@ -2,7 +2,7 @@
 
 - `CheckpointManager` — save (capture now, write in the background), verify-then-fall-back
   restore, retention, ownership lock;
-- `CheckpointSessionCreator` / `WorkerSessionCreator` — restore-or-init for `MonitoredSession`;
+- `PendingSave` — what a capture returns: the step, the path, the committed future;
 - helpers: `latest_checkpoint`, `get_checkpoint_state`, `load_checkpoint`, `restore_partial`,
   `checkpoints_iterator`, `verify_checkpoint`.
 
@@ -11,12 +11,18 @@ fsync), staging.py (capture), writer.py (background thread), serialize.py (the p
 format), temp.py (one temp directory, filled by one or many writers, sealed and renamed once),
 commit.py (write_checkpoint, removal), index.py (the ``checkpoint`` file, an untrusted input),
 retention.py (pure keep/delete rules), verify.py (a checkpoint against its manifest; vanished vs
-corrupt), restore.py (load, fall back), lock.py (ownership), manager.py, creator.py, helpers.py,
+corrupt), restore.py (load, fall back), lock.py (ownership), manager.py, helpers.py,
 dcp.py (``checkpoint_format="dcp"``: sharded, every rank writes).
+
+The session creators moved to `supervisor.creators` (issue 23: this package never imports the
+floors above it); ``supervisor.checkpoint.CheckpointSessionCreator`` and
+``WorkerSessionCreator`` still resolve, through the module ``__getattr__`` below.
 """
 from __future__ import annotations
 
-from supervisor.checkpoint.creator import CheckpointSessionCreator, WorkerSessionCreator
+from typing import Any
+
+from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
 from supervisor.checkpoint.fileio import fsync_dir
 from supervisor.checkpoint.finished import read_finished
 from supervisor.checkpoint.format import (
@@ -39,23 +45,33 @@ from supervisor.checkpoint.helpers import (
     load_checkpoint,
     restore_partial,
 )
-from supervisor.checkpoint.index import CheckpointState, get_checkpoint_state, latest_checkpoint, read_index
+from supervisor.checkpoint.index import (
+    CheckpointState,
+    get_checkpoint_state,
+    latest_checkpoint,
+    read_index,
+    relative_index,
+    write_index,
+)
 from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.manager import CheckpointManager
-from supervisor.checkpoint.options import check_trusted_globals
+from supervisor.checkpoint.manager_common import PendingSave
+from supervisor.checkpoint.options import check_basename, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.reader import SEPARATOR, CheckpointReader, list_variables, load_variable, resolve_checkpoint
 from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
-from supervisor.checkpoint.restore import VERIFY_MODES, Restored
+from supervisor.checkpoint.restore import VERIFY_MODES, Restored, choose_checkpoint
+from supervisor.checkpoint.safe_globals import check_loadable
 from supervisor.checkpoint.restore import check_checkpoint as verify_checkpoint
 
 __all__ = [
     "CheckpointManager",
     "CheckpointReader",
-    "CheckpointSessionCreator",
+    "CheckpointSessionCreator",  # moved: see MOVED
     "CheckpointState",
     "Manifest",
     "PartialRestoreReport",
-    "WorkerSessionCreator",
+    "PendingSave",
+    "WorkerSessionCreator",  # moved: see MOVED
     "checkpoints_iterator",
     "get_checkpoint_state",
     "latest_checkpoint",
@@ -77,15 +93,38 @@ __all__ = [
     "STATE_FILE",
     "STEP_KEY",
     "VERIFY_MODES",
+    "check_basename",
+    "check_capture",
+    "check_loadable",
     "check_trusted_globals",
+    "check_writable_directory",
     "checkpoint_name",
+    "choose_checkpoint",
+    "deletable_problem",
     "fsync_dir",
     "list_committed",
     "read_checkpoint",
     "read_finished",
     "read_index",
     "read_manifest",
+    "relative_index",
+    "remove_checkpoint",
     "resolve_checkpoint",
     "step_of",
     "transient_base",
+    "write_index",
 ]
+
+#: Names that moved out of this package (issue 23), still importable from it: name -> module.
+MOVED = {"CheckpointSessionCreator": "supervisor.creators.chief", "WorkerSessionCreator": "supervisor.creators.worker"}
+
+
+def __getattr__(name: str) -> Any:
+    """The names in `MOVED`, resolved at first use (PEP 562): the session creators stand above
+    this package, which never imports them at import time. The one upward import of
+    ``supervisor/checkpoint``, kept only so that older code importing them from here still works."""
+    if name not in MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from supervisor import creators  # the moved names; never at import time (see the docstring)
+
+    return getattr(creators, name)

@@ -42,6 +42,8 @@ unpickle both unrestricted), so a checkpoint cannot run code on any rank.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from supervisor.checkpoint.dcp_io import (
     DCP_METADATA,
     apply_state_dict,
@@ -51,7 +53,17 @@ from supervisor.checkpoint.dcp_io import (
     restore_sharded,
     save_sharded,
 )
-from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager, ShardedSessionCreator
+from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager
 
 __all__ = ["DCP_METADATA", "ShardedCheckpointManager", "ShardedSessionCreator", "apply_state_dict", "build_state_dict",
            "choose_checkpoint", "load_into", "restore_sharded", "save_sharded"]
+
+
+def __getattr__(name: str) -> Any:
+    """``ShardedSessionCreator``, which moved to `supervisor.creators.sharded` (issue 23), resolved
+    at first use (PEP 562): this package never imports the creators at import time."""
+    if name != "ShardedSessionCreator":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from supervisor.creators import sharded  # the moved name; never at import time
+
+    return sharded.ShardedSessionCreator

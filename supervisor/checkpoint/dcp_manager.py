@@ -1,4 +1,5 @@
-"""`ShardedCheckpointManager` and `ShardedSessionCreator`: ``checkpoint_format="dcp"`` in a session.
+"""`ShardedCheckpointManager`: ``checkpoint_format="dcp"`` in a session (its creator is
+`supervisor.creators.sharded.ShardedSessionCreator`).
 
 Every rank has a manager; each save is a collective (every rank calls ``save`` at the same step,
 which the `CollectiveAgreement` guarantees) through the commit protocol of
@@ -25,7 +26,6 @@ from supervisor.checkpoint.overlap import PendingCopy, check_copier, discarded_m
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon
-from supervisor.checkpoint.creator import ManagedCheckpointCreator
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.clock import resolve_clock
 from supervisor.distributed import restore as restore_channel
@@ -35,7 +35,7 @@ from supervisor.resume import loader_generators
 from supervisor.rng import capture_rng_state
 from supervisor.state import TrainingState
 
-__all__ = ["ShardedCheckpointManager", "ShardedSessionCreator"]
+__all__ = ["ShardedCheckpointManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class ShardedCheckpointManager(ManagerCommon):
                 ``wait=True``), or an earlier failure not yet reported.
         """
         step = self._begin_save(step, state, kind="sharded checkpoint manager",
-                                is_open=not self._closed and (self._inner is None or self._inner._opened))
+                                is_open=not self._closed and (self._inner is None or self._inner.is_open))
         background = self.save_mode == "async"
         if background and self._group is None and distributed.is_initialized():
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
@@ -250,7 +250,7 @@ class ShardedCheckpointManager(ManagerCommon):
             self.directory, checkpoint_name(self.basename, step), step, self._clock.time(), state_dict, rng,
             key, rank=rank, world_size=size, group=self._group if background else None,
             timeout_secs=self.save_timeout_secs,
-            publish=self._inner._publish if self._inner is not None else None,
+            publish=self._inner.publish if self._inner is not None else None,
             before_commit=self._inner.check_writer if self._inner is not None else None), pending
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,
@@ -313,7 +313,7 @@ class ShardedCheckpointManager(ManagerCommon):
     def _remove_dropped(self) -> None:
         """Deletes what retention moved aside (the chief), after the save reported done."""
         if self._inner is not None:
-            self._inner._remove_dropped()
+            self._inner.remove_dropped()
 
     def wait(self) -> None:
         """Blocks until no save is in flight (committed or failed on every rank); raises a
@@ -382,24 +382,3 @@ class ShardedCheckpointManager(ManagerCommon):
     def __repr__(self) -> str:
         return (f"ShardedCheckpointManager({self.directory!r}, basename={self.basename!r}, "
                 f"save_mode={self.save_mode!r})")
-
-
-class ShardedSessionCreator(ManagedCheckpointCreator):
-    """Restore-or-init from a `ShardedCheckpointManager`, on every rank (SPEC §4, §12).
-
-    The chief chooses; every rank (chief or not) loads its shards of that checkpoint. Only the
-    chief writes events; every rank takes part in each save. When the manager has no
-    ``on_error``, a failed background save is routed to the session's ``request_stop``.
-    """
-
-    manager_type = (ShardedCheckpointManager, "ShardedCheckpointManager")
-
-    def __init__(self, state: TrainingState | None, manager: ShardedCheckpointManager, *, is_chief: bool,
-                 init_fn: Any = None, local_init_fn: Any = None, ready_fn: Any = None,
-                 logdir: str | None = None, summary_writer: Any = None) -> None:
-        super().__init__(state, manager, is_chief=is_chief, init_fn=init_fn, local_init_fn=local_init_fn,
-                         ready_fn=ready_fn, logdir=logdir, summary_writer=summary_writer)
-
-    def restore(self, session: Any) -> Restored | None:
-        manager: ShardedCheckpointManager = self._open_manager(session)
-        return manager.restore(self.state)

@@ -181,6 +181,11 @@ class CheckpointManager(ManagerCommon):
         kept = self._publisher.retention
         return tuple(self.storage.join(self.directory, n) for n in (kept.names if kept is not None else ()))
 
+    @property
+    def is_open(self) -> bool:
+        """Whether `open` ran and `close` has not."""
+        return self._opened and not self._closed
+
     def open(self) -> None:
         """Takes the writer lock (`LogdirInUseError` if another writer holds it), removes
         what a crashed writer left (temp directories; manifest-less checkpoint prefixes on an
@@ -290,9 +295,9 @@ class CheckpointManager(ManagerCommon):
         del payload, pending
         if self.save_mode == "sync":
             job()
-            self._remove_dropped()
+            self.remove_dropped()
         else:
-            self._writer.submit(job, after=self._remove_dropped)
+            self._writer.submit(job, after=self.remove_dropped)
             if wait:
                 self._writer.wait()
         if outcome:
@@ -337,7 +342,7 @@ class CheckpointManager(ManagerCommon):
         finally:
             del payload
         try:
-            self._publish(name, timestamp)
+            self.publish(name, timestamp)
         except Exception as e:  # noqa: BLE001
             self._failed(step, f"the checkpoint of step {step} was committed to {path} but the index "
                          f"{self.storage.join(self.directory, INDEX_FILE)} could not be updated", e, outcome)
@@ -364,12 +369,13 @@ class CheckpointManager(ManagerCommon):
         logger.warning("%s", discarded_message(step, moved))
         return False
 
-    def _publish(self, name: str, timestamp: float) -> None:
-        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6);
-        `publish.Publisher.publish`."""
+    def publish(self, name: str, timestamp: float) -> None:
+        """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6):
+        for each commit of this manager, and of the sharded manager's chief
+        (`publish.Publisher.publish`)."""
         self._publisher.publish(name, timestamp)
 
-    def _remove_dropped(self) -> None:
+    def remove_dropped(self) -> None:
         """Deletes what retention dropped, after the save reported done (`publish.Publisher`)."""
         self._publisher.remove_dropped()
 

@@ -24,10 +24,16 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
-from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
-from supervisor.checkpoint.format import step_of
-from supervisor.checkpoint.index import CheckpointState, read_index, relative_index, write_index
-from supervisor.checkpoint.restore import choose_checkpoint
+from supervisor.checkpoint import (
+    CheckpointState,
+    choose_checkpoint,
+    deletable_problem,
+    read_index,
+    relative_index,
+    remove_checkpoint,
+    step_of,
+    write_index,
+)
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
 from supervisor.errors import CheckpointError
 

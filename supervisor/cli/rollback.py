@@ -14,7 +14,7 @@ import argparse
 import os
 from dataclasses import replace
 
-from supervisor.checkpoint.index import CheckpointState, read_index, relative_index, write_index
+from supervisor.checkpoint import CheckpointState, read_index, relative_index, write_index
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, check_one, error, scan_logdir, writer_lock
 from supervisor.cli.prune import drop_from_index
 

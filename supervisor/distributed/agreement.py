@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from supervisor import distributed
+from supervisor.distributed import env
 from supervisor._validate import check_number
 from supervisor.agreement import NO_REQUESTS, Agreement, Decision, Requests, combine, flag_count, merge, write_flags
 from supervisor.distributed import channel as channel_module
@@ -78,7 +78,7 @@ class CollectiveAgreement(Agreement):
                  capture_rng: Any = None, modules: Any = ()) -> None:
         import torch.distributed as dist
 
-        if not distributed.is_initialized():
+        if not env.is_initialized():
             raise RuntimeError("CollectiveAgreement needs an initialised torch.distributed process "
                                "group; call supervisor.distributed.init_process_group() first")
         self.stop_grace_secs = check_number("stop_grace_secs", stop_grace_secs, strictly_positive=True)
@@ -92,8 +92,8 @@ class CollectiveAgreement(Agreement):
         # session creation: made here, it would make non-chief ranks wait for the chief's
         # restore inside new_group, with its timeout instead of max_wait_secs.
         self._group: Any = None
-        self._store = dist.PrefixStore(f"supervisor/agreement/{distributed.attempt()}/{generation}",
-                                       distributed.default_store())
+        self._store = dist.PrefixStore(f"supervisor/agreement/{env.attempt()}/{generation}",
+                                       env.default_store())
         self._watchdog: HangWatchdog | None = None
         self._pending: tuple[Any, torch.Tensor, int] | None = None
         self._buffers = (torch.zeros(flag_count(self.world_size), dtype=torch.int32),

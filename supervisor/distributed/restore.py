@@ -15,6 +15,9 @@ keep each rank's own position; tensors sent from the CPU, one ``broadcast_object
 default group); the others load it before their first step. So a randomised or file-reading
 ``init_fn`` can never split the ranks, and the wait for it is bounded by ``max_wait_secs``.
 
+This module is the decision's channel (`RestoreDecision` under a store key) and the state
+broadcast; the creators' policy on top of it is `supervisor.creators.chief_choice`.
+
 Keys are ``supervisor/restore/<torchrun attempt>/<creation number>``: every rank creates its
 sessions in the same order, so the n-th creation of each rank reads the chief's n-th decision.
 """
@@ -29,13 +32,13 @@ from typing import Any
 
 import torch
 
-from supervisor import distributed
-from supervisor.checkpoint.restore import apply_checkpoint, load_verified
+from supervisor.distributed import env
 from supervisor.clock import Clock, resolve_clock
 from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["RestoreDecision", "next_key", "publish_decision", "await_decision"]
+__all__ = ["RestoreDecision", "next_key", "publish_decision", "await_decision", "broadcast_initial_state",
+           "receive_initial_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +68,12 @@ class RestoreDecision:
 
 def next_key() -> str:
     """The store key of this process's next session creation (call once per creation)."""
-    return f"supervisor/restore/{distributed.attempt()}/{next(_CREATIONS)}"
+    return f"supervisor/restore/{env.attempt()}/{next(_CREATIONS)}"
 
 
 def publish_decision(key: str, decision: RestoreDecision, store: Any = None) -> None:
     """The chief posts its decision for the creation ``key``."""
-    (store or distributed.default_store()).set(key, decision.to_json())
+    (store or env.default_store()).set(key, decision.to_json())
     logger.debug("posted the restore decision %s under %s", decision, key)
 
 
@@ -80,7 +83,7 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
     Raises:
         TimeoutError: no decision within ``max_wait_secs``; names what it waited for.
     """
-    store = store or distributed.default_store()
+    store = store or env.default_store()
     clock = resolve_clock(clock)
     start = last_log = clock.monotonic()
     while True:
@@ -90,60 +93,28 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
                 return RestoreDecision.from_json(value.decode("utf-8") if isinstance(value, bytes) else value)
         except (RuntimeError, OSError) as e:  # torch's DistNetworkError/DistStoreError are RuntimeErrors
             raise RuntimeError(
-                f"rank {distributed.rank()} lost the process group's store while waiting for the chief's "
+                f"rank {env.rank()} lost the process group's store while waiting for the chief's "
                 f"restore decision (store key {key!r}): its host is gone — the chief (rank 0) under env://, "
                 "torchrun's agent under torchrun; the chief's own error says why") from e
         now = clock.monotonic()
         waited = now - start
         if waited >= max_wait_secs:
             raise TimeoutError(
-                f"rank {distributed.rank()} waited {waited:.0f} s (max_wait_secs={max_wait_secs:g}) for the "
+                f"rank {env.rank()} waited {waited:.0f} s (max_wait_secs={max_wait_secs:g}) for the "
                 f"chief's restore decision (store key {key!r}); the chief (rank 0) has not restored or "
                 "initialised its state yet. Check that it is running and not stuck, or raise max_wait_secs")
         if now - last_log >= 30:
-            logger.info("rank %d still waiting for the chief's restore decision (%.0f s)", distributed.rank(), waited)
+            logger.info("rank %d still waiting for the chief's restore decision (%.0f s)", env.rank(), waited)
             last_log = now
         clock.sleep(min(POLL_SECS, max_wait_secs - waited))
 
 
-def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, str | None]:
-    """Runs the chief's ``restore()`` (returns a `Restored` or None) and, in a distributed job,
-    posts the outcome for the other ranks — also when it raises, so they fail at once with the
-    chief's reason instead of waiting ``max_wait_secs``.
-
-    Returns ``(restored, key)``: ``key`` is not None when nothing was restored and the chief
-    ``initialises`` (has an ``init_fn``): the decision is then `initialise_as_chief`'s to post.
-    """
-    if not distributed.is_distributed():
-        return restore(), None
-    key = next_key()
-    try:
-        restored = restore()
-    except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
-        raise
-    if restored is None and initialises:
-        return None, key
-    if restored is None:
-        publish_decision(key, RestoreDecision())
-    else:
-        publish_decision(key, RestoreDecision(restored.path, int(restored.global_step)))
-    return restored, None
-
-
-def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
-    """The chief starts from scratch: runs ``init()`` (the user's ``init_fn``), posts the
-    decision for ``key`` (or ``init``'s error, then re-raises it) and broadcasts its state."""
-    try:
-        init()
-    except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {distributed.rank()}): "
-                                                    f"{type(e).__name__}: {e}"))
-        raise
-    publish_decision(key, RestoreDecision(source=distributed.rank()))
+def broadcast_initial_state(state: TrainingState) -> None:
+    """The chief sends its state after ``init_fn`` to every rank (`receive_initial_state`):
+    one ``broadcast_object_list`` on the default group."""
     import torch.distributed as dist
 
-    dist.broadcast_object_list([_shared_state(state)], src=distributed.rank())
+    dist.broadcast_object_list([_shared_state(state)], src=env.rank())
     logger.info("sent the state after init_fn to every rank")
 
 
@@ -172,31 +143,4 @@ def receive_initial_state(state: TrainingState, source: int) -> None:
     box: list[Any] = [None]
     dist.broadcast_object_list(box, src=source)
     TrainingState({name: state[name] for name in box[0]}).load_state_dict(box[0])
-    logger.info("rank %d starts from the state of rank %d after its init_fn", distributed.rank(), source)
-
-
-def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trusted_globals: Any = (),
-                 save_rng: bool = True, clock: Clock | None = None) -> Any:
-    """A non-chief rank's restore: waits for the chief's decision and restores exactly that
-    checkpoint (verified again here); returns a `Restored`, or None when the chief started
-    from scratch (after receiving the chief's state when the chief ran an ``init_fn``; this
-    rank runs none).
-
-    Raises:
-        TimeoutError: no decision within ``max_wait_secs``.
-        RuntimeError: the chief failed to restore (its error is quoted).
-    """
-    decision = await_decision(next_key(), max_wait_secs=max_wait_secs, clock=clock)
-    if decision.error is not None:
-        raise RuntimeError(f"rank {distributed.rank()} cannot restore: the chief's restore failed with "
-                           f"{decision.error}")
-    if decision.path is None:
-        if decision.source is not None:
-            receive_initial_state(state, decision.source)
-        else:
-            logger.info("the chief starts from scratch (no init_fn); so does rank %d", distributed.rank())
-        return None
-    loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True)
-    if loaded.step != decision.step:
-        raise RuntimeError(f"{decision.path} holds step {loaded.step}, the chief restored step {decision.step}")
-    return apply_checkpoint(loaded, state, restore_rng=save_rng)
+    logger.info("rank %d starts from the state of rank %d after its init_fn", env.rank(), source)

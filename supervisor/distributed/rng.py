@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from supervisor import distributed
+from supervisor.distributed import env
 from supervisor.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["derived_seed", "gather", "restore_for_rank", "states_for_checkpoint"]
@@ -54,9 +54,9 @@ def states_for_checkpoint(own: Any, gathered: Mapping[int, Any] | None = None) -
     this boundary, else only ``own`` (this process's, just captured) under its rank."""
     if gathered is not None:
         states = dict(gathered)
-        states[distributed.rank()] = own  # the same state, captured at the capture itself
+        states[env.rank()] = own  # the same state, captured at the capture itself
         return states
-    return {distributed.rank(): own}
+    return {env.rank(): own}
 
 
 def derived_seed(step: int, rank: int) -> int:

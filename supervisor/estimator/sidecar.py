@@ -46,7 +46,7 @@ from supervisor import _validate as v
 from supervisor._paths import check_logdir, check_watched_directory
 from supervisor.checkpoint import META_KEY, RNG_KEY, STEP_KEY, CheckpointRead, Restored
 from supervisor.clock import Clock
-from supervisor.creator import SessionCreator
+from supervisor.creators.base import SessionCreator
 from supervisor.errors import CheckpointError
 from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats
 from supervisor.estimator.metrics import (

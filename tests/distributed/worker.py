@@ -361,7 +361,7 @@ def dcp_save(logdir: str, kind: str = "dtensor", step: str = "3") -> None:
         manager.open()
     try:
         path = save_sharded(logdir, "model.ckpt", int(step), state, wall_time=time.time(),
-                            publish=manager._publish if manager is not None else None)
+                            publish=manager.publish if manager is not None else None)
     finally:
         if manager is not None:
             manager.close()

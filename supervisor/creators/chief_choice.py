@@ -1,0 +1,95 @@
+"""The chief's choice, followed by every rank (SPEC §4, §12): the creators' side of it.
+
+The chief's creator restores as a single process would and posts what it did (`decide_as_chief`;
+from scratch with an ``init_fn``: `initialise_as_chief`, which runs it and broadcasts the state);
+every other rank's creator waits for that decision and restores exactly that checkpoint
+(`follow_chief`). The decision travels through `supervisor.distributed.restore` (the store key,
+the JSON decision, the state broadcast), which knows no checkpoint format; loading and
+verifying are `supervisor.checkpoint`'s.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from supervisor.distributed import env
+from supervisor.checkpoint.restore import apply_checkpoint, load_verified
+from supervisor.clock import Clock
+from supervisor.distributed.restore import (
+    RestoreDecision,
+    await_decision,
+    broadcast_initial_state,
+    next_key,
+    publish_decision,
+    receive_initial_state,
+)
+from supervisor.state import TrainingState
+
+__all__ = ["decide_as_chief", "initialise_as_chief", "follow_chief"]
+
+logger = logging.getLogger(__name__)
+
+
+def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, str | None]:
+    """Runs the chief's ``restore()`` (returns a `Restored` or None) and, in a distributed job,
+    posts the outcome for the other ranks — also when it raises, so they fail at once with the
+    chief's reason instead of waiting ``max_wait_secs``.
+
+    Returns ``(restored, key)``: ``key`` is not None when nothing was restored and the chief
+    ``initialises`` (has an ``init_fn``): the decision is then `initialise_as_chief`'s to post.
+    """
+    if not env.is_distributed():
+        return restore(), None
+    key = next_key()
+    try:
+        restored = restore()
+    except BaseException as e:
+        publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
+        raise
+    if restored is None and initialises:
+        return None, key
+    if restored is None:
+        publish_decision(key, RestoreDecision())
+    else:
+        publish_decision(key, RestoreDecision(restored.path, int(restored.global_step)))
+    return restored, None
+
+
+def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
+    """The chief starts from scratch: runs ``init()`` (the user's ``init_fn``), posts the
+    decision for ``key`` (or ``init``'s error, then re-raises it) and broadcasts its state."""
+    try:
+        init()
+    except BaseException as e:
+        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {env.rank()}): "
+                                                    f"{type(e).__name__}: {e}"))
+        raise
+    publish_decision(key, RestoreDecision(source=env.rank()))
+    broadcast_initial_state(state)
+
+
+def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trusted_globals: Any = (),
+                 save_rng: bool = True, clock: Clock | None = None) -> Any:
+    """A non-chief rank's restore: waits for the chief's decision and restores exactly that
+    checkpoint (verified again here); returns a `Restored`, or None when the chief started
+    from scratch (after receiving the chief's state when the chief ran an ``init_fn``; this
+    rank runs none).
+
+    Raises:
+        TimeoutError: no decision within ``max_wait_secs``.
+        RuntimeError: the chief failed to restore (its error is quoted).
+    """
+    decision = await_decision(next_key(), max_wait_secs=max_wait_secs, clock=clock)
+    if decision.error is not None:
+        raise RuntimeError(f"rank {env.rank()} cannot restore: the chief's restore failed with "
+                           f"{decision.error}")
+    if decision.path is None:
+        if decision.source is not None:
+            receive_initial_state(state, decision.source)
+        else:
+            logger.info("the chief starts from scratch (no init_fn); so does rank %d", env.rank())
+        return None
+    loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True)
+    if loaded.step != decision.step:
+        raise RuntimeError(f"{decision.path} holds step {loaded.step}, the chief restored step {decision.step}")
+    return apply_checkpoint(loaded, state, restore_rng=save_rng)
