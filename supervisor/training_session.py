@@ -170,12 +170,9 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
     runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
     overlapped when they are on CUDA); SPEC §5.9.
-    ``lock``: how the chief keeps other writers out of ``checkpoint_dir`` (SPEC §5.6, §16):
-    ``"auto"`` (default: ``"flock"`` on a local path, ``"lease"`` on an object store), ``"flock"``
-    or ``"lease"`` (renewed every ``lease_secs / 3``; a dead writer's logdir is taken over only
-    after it expired). On NFS and Lustre ``flock`` may be node-local: use ``lock="lease"`` there.
-    ``lease_secs``: the lease's lifetime unrenewed (default 60 s); a writer that lost its lease
-    fails its next save with `LeaseLostError`, before committing anything."""
+    ``lock`` / ``lease_secs``: the chief's single-writer lock of ``checkpoint_dir`` (SPEC §5.6,
+    §16): ``"auto"`` (flock locally, a lease on an object store), ``"flock"``, or ``"lease"``
+    (the safe choice on NFS/Lustre); see `supervisor.checkpoint.CheckpointManager`."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)

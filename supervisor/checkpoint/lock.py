@@ -204,9 +204,8 @@ def acquire_writer_lock(storage: Storage, directory: str, *, kind: str = "auto",
             process dies). ``"lease"``: a lease renewed every ``lease_secs / 3`` (any storage; on
             NFS and Lustre, whose flock may be node-local, the safe choice). ``"auto"``
             (default): ``"flock"`` on a local path, ``"lease"`` on an object store.
-        lease_secs: how long a lease lives unrenewed (default 60 s): a second writer may take a
-            dead writer's logdir over only after that. Refused with ``kind="flock"``; ignored
-            when ``"auto"`` chooses the flock.
+        lease_secs: how long a lease lives unrenewed (default 60 s; a dead writer's logdir is
+            taken over only after that). Refused with ``kind="flock"``, ignored when "auto" flocks.
         clock: the lease's clock (tests).
 
     Raises:
