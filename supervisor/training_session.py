@@ -175,8 +175,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     (the safe choice on NFS/Lustre); see `supervisor.checkpoint.CheckpointManager`."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
-    check_exception_types(recoverable_exceptions)
-    # Checked before _build opens the summary writer (a thread, a directory) for the session.
+    check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
     v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
     v.check_int("max_recoveries", max_recoveries, minimum=0)
     v.check_bool("handle_signals", handle_signals)
