@@ -35,7 +35,7 @@ import torch
 from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.private_copy import MemoryFile
-from supervisor.checkpoint.restore import safe_torch_load
+from supervisor.checkpoint.safe_globals import safe_torch_load
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 

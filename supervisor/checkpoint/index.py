@@ -25,9 +25,11 @@ import logging
 import os
 import re
 from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
 from supervisor.checkpoint.fileio import NotARegularFileError, atomic_write_text, open_regular_file
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
+from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index",
            "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
@@ -38,6 +40,7 @@ logger = logging.getLogger(__name__)
 _LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(.*?)\s*$")
 _STRING_KEYS = ("model_checkpoint_path", "all_model_checkpoint_paths")
 _FLOAT_KEYS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
+_INDEX_MAX_BYTES = 16 << 20  # a text file of checkpoint names: never this large
 _ANY_CHECKPOINT_NAME = re.compile(r"[^./\\][^/\\]*-\d+")
 
 
@@ -98,17 +101,21 @@ def format_index(state: CheckpointState) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_index(directory: str) -> CheckpointState | None:
+def read_index(directory: str, storage: Storage | None = None) -> CheckpointState | None:
     """The index as written (paths as they are in the file); None when there is no index file.
+    ``storage``: read through it (an object store's ``s3://`` logdir); else the local file.
 
     Raises:
         ValueError: the file exists but cannot be parsed (the message names the file).
         OSError: the file exists but cannot be read.
     """
-    path = os.path.join(directory, INDEX_FILE)
+    path = os.path.join(directory, INDEX_FILE) if storage is None else storage.join(directory, INDEX_FILE)
     try:
-        with open_regular_file(path, "r", encoding="utf-8") as f:  # never blocks on a FIFO or a device
-            text = f.read()
+        if storage is not None:
+            text = storage.read_bytes(path, max_bytes=_INDEX_MAX_BYTES).decode("utf-8")
+        else:
+            with open_regular_file(path, "r", encoding="utf-8") as f:  # never blocks on a FIFO or a device
+                text = f.read()
     except FileNotFoundError:
         return None
     except NotARegularFileError as e:
@@ -151,17 +158,22 @@ def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState |
                    all_model_checkpoint_paths=tuple(absolute(p) for p in state.all_model_checkpoint_paths))
 
 
-def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+def latest_checkpoint(checkpoint_dir: str | os.PathLike, *,
+                      storage_options: Mapping[str, Any] | None = None) -> str | None:
     """The path of the checkpoint the index names, if it exists (committed); else None.
 
     Like TF, this reads the index only and does not verify checksums;
     `supervisor.checkpoints_iterator` yields verified checkpoints only. An index that names
     something other than a checkpoint directly inside ``checkpoint_dir`` gives None, with a
-    WARNING (see `entry_problem`); so does an empty index.
+    WARNING (see `entry_problem`); so does an empty index. ``checkpoint_dir`` may be an
+    ``s3://bucket/prefix`` URL (``storage_options``: the client's options); the URL of the
+    checkpoint is returned then, if its manifest exists.
     """
-    directory = os.path.abspath(os.fspath(checkpoint_dir))
+    scheme, spelled = split_scheme(checkpoint_dir)
+    storage = None if scheme == "file" else storage_for(spelled, storage_options)
+    directory = os.path.abspath(spelled) if storage is None else spelled.rstrip("/")
     try:
-        state = read_index(directory)
+        state = read_index(directory, storage)
     except (ValueError, OSError) as e:
         logger.warning("%s; checkpoint index ignored", e)
         return None
@@ -172,6 +184,9 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
         logger.warning("ignoring the checkpoint index entry model_checkpoint_path %r of %s: %s",
                        state.model_checkpoint_path, directory, problem)
         return None
+    if storage is not None:
+        path = storage.join(directory, name)
+        return path if storage.exists(storage.join(path, MANIFEST_FILE)) else None
     path = os.path.join(directory, name)
     return path if os.path.isfile(os.path.join(path, MANIFEST_FILE)) else None
 
@@ -185,9 +200,11 @@ def entry_problem(directory: str, entry: str, basename: str | None = None) -> tu
     subdirectory, no other directory) and, if it is a symbolic link, it points to a directory
     inside ``directory``.
     """
-    directory = os.path.abspath(directory)
     if not isinstance(entry, str) or not entry or "\0" in entry:
         return None, "it is empty or not a path"
+    if "://" in directory:
+        return _url_entry_problem(directory, entry, basename)
+    directory = os.path.abspath(directory)
     normalized = os.path.normpath(entry)
     if os.path.isabs(normalized):
         parent, name = os.path.split(normalized)
@@ -206,6 +223,22 @@ def entry_problem(directory: str, entry: str, basename: str | None = None) -> tu
         target = os.path.realpath(full)
         if os.path.dirname(target) != os.path.realpath(directory):
             return None, f"it is a symbolic link out of the logdir (to {target})"
+    return name, None
+
+
+def _url_entry_problem(directory: str, entry: str, basename: str | None) -> tuple[str | None, str | None]:
+    """`entry_problem` in an object store's logdir: a name, or the URL of a checkpoint directly
+    under ``directory`` (no links there)."""
+    prefix = directory.rstrip("/") + "/"
+    name = entry[len(prefix):].rstrip("/") if entry.startswith(prefix) else entry
+    if "://" in name:
+        return None, f"it is outside the logdir {directory}"
+    if "/" in name or name in (os.curdir, os.pardir):
+        return None, "it is not directly inside the logdir (no '..' or subdirectories)"
+    if basename is not None and step_of(name, basename) is None:
+        return None, f"it is not a checkpoint name of the form {basename}-<step>"
+    if basename is None and not _ANY_CHECKPOINT_NAME.fullmatch(name):
+        return None, "it is not a checkpoint name of the form <basename>-<step>"
     return name, None
 
 

@@ -11,7 +11,8 @@ import stat as stat_module
 import sys
 from typing import IO, Any, Iterable
 
-from supervisor.checkpoint.fileio import ChecksumWriter, Opener, default_opener, fsync_dir
+from supervisor.checkpoint.fileio import (ChecksumWriter, NotARegularFileError, Opener, default_opener, file_kind,
+                                          fsync_dir)
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
@@ -156,7 +157,8 @@ class LocalStorage:
             if stat_module.S_ISDIR(mode):
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory")
             if not stat_module.S_ISREG(mode):
-                raise OSError(errno.EINVAL, f"{path} is not a regular file")
+                raise NotARegularFileError(f"{path} is not a regular file ({file_kind(mode)}); "
+                                           "refusing to read it")
             if hasattr(os, "set_blocking"):
                 os.set_blocking(fd, True)
             return open(fd, "rb", buffering=0)
@@ -297,7 +299,8 @@ class _LocalSnapshot:
         try:
             st = os.fstat(fd)
             if not stat_module.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, f"{self.directory}: {name} is not a regular file")
+                raise NotARegularFileError(f"{self.directory}: {name} is not a regular file "
+                                           f"({file_kind(st.st_mode)}); refusing to read it")
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
