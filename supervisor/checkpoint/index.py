@@ -158,8 +158,8 @@ def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState |
                    all_model_checkpoint_paths=tuple(absolute(p) for p in state.all_model_checkpoint_paths))
 
 
-def latest_checkpoint(checkpoint_dir: str | os.PathLike, *,
-                      storage_options: Mapping[str, Any] | None = None) -> str | None:
+def latest_checkpoint(checkpoint_dir: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
+                      storage: Storage | None = None) -> str | None:
     """The path of the checkpoint the index names, if it exists (committed); else None.
 
     Like TF, this reads the index only and does not verify checksums;
@@ -167,10 +167,14 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike, *,
     something other than a checkpoint directly inside ``checkpoint_dir`` gives None, with a
     WARNING (see `entry_problem`); so does an empty index. ``checkpoint_dir`` may be an
     ``s3://bucket/prefix`` URL (``storage_options``: the client's options); the URL of the
-    checkpoint is returned then, if its manifest exists.
+    checkpoint is returned then, if its manifest exists (``storage``: that URL's storage, made
+    once by the caller).
     """
     scheme, spelled = split_scheme(checkpoint_dir)
-    storage = None if scheme == "file" else storage_for(spelled, storage_options)
+    if scheme == "file":
+        storage = None
+    elif storage is None:
+        storage = storage_for(spelled, storage_options)
     directory = os.path.abspath(spelled) if storage is None else spelled.rstrip("/")
     try:
         state = read_index(directory, storage)
