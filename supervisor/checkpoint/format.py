@@ -32,7 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from supervisor.checkpoint.storage import LocalStorage, Storage
+from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.storage_base import Storage
 
 __all__ = [
     "FORMAT_NAME",

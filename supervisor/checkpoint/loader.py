@@ -42,7 +42,7 @@ from supervisor.checkpoint.private_copy import PrivateCopy, checksum_stream, cop
 from supervisor.checkpoint.safe_globals import describe_load_error, safe_torch_load
 from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.checkpoint.storage_base import PreconditionFailedError, Snapshot, SnapshotVanishedError
-from supervisor.checkpoint.verify import DCP_METADATA, VERIFY_MODES, check_checkpoint, check_verify
+from supervisor.checkpoint.verify import DCP_METADATA, VERIFY_MODES, check_checkpoint, check_sizes, check_verify
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointVanishedError
 
 __all__ = ["CheckpointRead", "LoadedCheckpoint", "VerifiedFiles", "is_remote", "load_private_copy", "load_verified",
@@ -168,6 +168,11 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
     """
     verify = check_verify(verify)
     storage, path = resolve_storage(path, storage)
+    if not is_remote(storage):
+        # Locally, every listed file is examined by ``stat`` first (metadata only: nothing is
+        # opened before it is known to be a regular file, and a failing one is named with its
+        # errno, e.g. ELOOP/EIO); then the one read below.
+        check_sizes(path)
     files = read_verified_files(storage, path, verify=verify, missing=CheckpointNotFoundError)
     if STATE_FILE not in files.copies:
         files.close()
