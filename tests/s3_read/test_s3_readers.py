@@ -163,3 +163,32 @@ def test_list_and_load_variable_read_one_tensor_by_range(s3_run, local_logdir, c
     bias_bytes = 8 * 4
     assert any(length == bias_bytes for _, _, length in counted["ranges"])  # the tensor: one ranged read
     assert int(load_variable(url, "global_step", storage_options=opts)) == 3
+
+
+def test_verify_reads_each_object_once_and_size_mode_reads_only_the_manifest(s3_run, local_logdir, counted):
+    url, opts = s3_run
+    size = _size(local_logdir, "model.ckpt-1")
+    verify_checkpoint(url + "/model.ckpt-1", storage_options=opts)
+    assert 0 < counted["bytes"] <= size
+    counted["bytes"] = 0
+    verify_checkpoint(url + "/model.ckpt-1", "size", storage_options=opts)
+    assert counted["bytes"] == os.path.getsize(os.path.join(local_logdir, "model.ckpt-1", "MANIFEST.json"))
+
+
+def test_retention_deleting_the_objects_mid_read_is_vanished_not_damage(s3_run, s3_storage, monkeypatch):
+    """On an object store nothing keeps a deleted object's bytes: each ranged read carries
+    If-Match on the ETag listed, so a deletion (or a rewrite) mid-read is "vanished" — a newer
+    checkpoint exists — never a mix of two versions nor "corrupt"."""
+    import supervisor.checkpoint.loader as loader
+    from supervisor.errors import CheckpointVanishedError
+
+    url, opts = s3_run
+    real_open_listed = loader._open_listed
+
+    def open_then_retention(snapshot, path, manifest):
+        real_open_listed(snapshot, path, manifest)
+        s3_storage.remove_tree(path)
+
+    monkeypatch.setattr(loader, "_open_listed", open_then_retention)
+    with pytest.raises(CheckpointVanishedError, match="model.ckpt-2: state.pt was deleted or replaced"):
+        read_checkpoint(url + "/model.ckpt-2", storage_options=opts)
