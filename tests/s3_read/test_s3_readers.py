@@ -192,3 +192,21 @@ def test_retention_deleting_the_objects_mid_read_is_vanished_not_damage(s3_run, 
     monkeypatch.setattr(loader, "_open_listed", open_then_retention)
     with pytest.raises(CheckpointVanishedError, match="model.ckpt-2: state.pt was deleted or replaced"):
         read_checkpoint(url + "/model.ckpt-2", storage_options=opts)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_sharded_checkpoint_is_read_once_from_the_url(s3_server, s3_storage, s3_root, tmp_path, counted):
+    from tests.estimator.sidecar_helpers import weight_of
+    from tests.estimator.test_sidecar_dcp import train_sharded
+
+    logdir = str(tmp_path / "dcp")
+    train_sharded(logdir, steps=4, every=4)
+    url, opts = s3_root + "/dcp", options(s3_server.endpoint)
+    upload(s3_storage, logdir, url)
+    latest = latest_checkpoint(url, storage_options=opts)
+    assert latest == url + "/model.ckpt-4"
+    counted["bytes"] = 0
+    ckpt = read_checkpoint(latest, storage_options=opts)
+    assert ckpt.step == 4 and all(torch.all(t == weight_of(4)) for t in ckpt.payload["model"].values())
+    assert counted["bytes"] == ckpt.bytes_read == _size(logdir, "model.ckpt-4")
+    assert load_checkpoint(latest, storage_options=opts)["global_step"] == 4
