@@ -136,16 +136,18 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
     storage, path = resolve_storage(path, storage, storage_options)
     files = read_verified_files(storage, path, verify=verify, missing=CheckpointVanishedError)
     manifest, bytes_read = files.manifest, files.bytes_read
-    if STATE_FILE in files.copies:
-        copy = files.copies.pop(STATE_FILE)
-        mapped = copy.path is not None  # views of the private copy
-        payload = _load_state(path, manifest, copy, trusted_globals, map_location, mmap=True)
-    else:  # a sharded checkpoint (_open_listed let only those through)
-        mapped = False
-        contents = {name: copy.data for name, copy in files.copies.items()}
-        payload = load_payload(path, manifest.step, contents, trusted_globals=trusted_globals,  # type: ignore[arg-type]
-                               map_location=map_location)
-    files.close()
+    try:
+        if STATE_FILE in files.copies:
+            copy = files.copies.pop(STATE_FILE)
+            mapped = copy.path is not None  # views of the private copy
+            payload = _load_state(path, manifest, copy, trusted_globals, map_location, mmap=True)
+        else:  # a sharded checkpoint (_open_listed let only those through)
+            mapped = False
+            contents = {name: copy.data for name, copy in files.copies.items()}
+            payload = load_payload(path, manifest.step, contents, trusted_globals=trusted_globals,  # type: ignore[arg-type]
+                                   map_location=map_location)
+    finally:
+        files.close()
     return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=mapped,
                           bytes_read=bytes_read, deleted_while_reading=files.deleted_while_reading)
 
