@@ -32,16 +32,17 @@ from typing import Any
 
 import torch
 
-from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.private_copy import MemoryFile
-from supervisor.checkpoint.restore import safe_torch_load
+from supervisor.checkpoint.safe_globals import safe_torch_load
+from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
 __all__ = ["load_payload", "read_metadata", "read_metadata_file", "safe_dcp_load", "safe_file_reader",
            "safe_load_planner"]
 
+_LOCAL = LocalStorage()
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
     ("torch", "Size"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
@@ -94,11 +95,12 @@ def read_metadata(data: bytes | bytearray, where: str) -> Any:
     return metadata
 
 
-def read_metadata_file(path: str) -> Any:
-    """`read_metadata` of the ``.metadata`` file in the checkpoint directory ``path``."""
+def read_metadata_file(path: str, storage: Storage | None = None) -> Any:
+    """`read_metadata` of the ``.metadata`` file in the checkpoint directory ``path`` (read
+    through ``storage``; default: the local one, regular files only)."""
+    storage = storage or _LOCAL
     try:
-        with open_regular_file(os.path.join(path, DCP_METADATA)) as f:
-            data = f.read()
+        data = storage.read_bytes(storage.join(path, DCP_METADATA))
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: {DCP_METADATA} cannot be read ({e})") from e
     return read_metadata(data, path)
@@ -225,19 +227,11 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
             a ``BaseException``: callers catch it).
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     metadata = read_metadata_file(path)  # first: a refused global is raised as is, not wrapped by DCP
-    try:
+    with _unwrapped_errors(path, damage=False):
         dcp.load(state_dict, storage_reader=safe_file_reader(path, metadata),
                  planner=safe_load_planner(path, trusted_globals), no_dist=no_dist)
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps a reader's failure
-        inner = _checkpoint_error_inside(e)
-        if inner is not None:
-            raise inner from None
-        raise
 
 
 def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, trusted_globals: Iterable[Any] = (),
@@ -251,22 +245,14 @@ def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, tru
     """
     # The loader under dcp.load, as torch's own dcp_to_torch_save calls it: dcp.load would fill
     # a copy of the (empty) dict; the planner rebuilds the state dict from the metadata.
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     device = _device(map_location)
     metadata = read_metadata(contents[DCP_METADATA], path)
     state_dict: dict[str, Any] = {}
     reader, planner = _reader(path, contents, metadata), _planner(list(trusted_globals), path)
-    try:
+    with _unwrapped_errors(path, damage=True):
         _load_state_dict(state_dict, storage_reader=reader, planner=planner, no_dist=True)
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps a reader's failure
-        inner = _checkpoint_error_inside(e)
-        if inner is not None:
-            raise inner from None
-        raise CheckpointCorruptError(f"{path}: the sharded checkpoint cannot be loaded ({type(e).__name__}: {e})") from e
     if device is not None:
         state_dict = _to(state_dict, device)
     return {STEP_KEY: step, **state_dict}
@@ -281,6 +267,26 @@ def _device(map_location: Any) -> torch.device | None:
                         f"got {map_location!r}; load it on the CPU (map_location='cpu') and move the model")
     device = torch.device(map_location)
     return None if device.type == "cpu" else device
+
+
+@contextlib.contextmanager
+def _unwrapped_errors(path: str, *, damage: bool) -> Iterator[None]:
+    """Around a DCP load: a `CheckpointError` raised inside it (DCP re-raises every rank's
+    failure as its ``CheckpointException``, a ``BaseException``) comes out as itself; with
+    ``damage`` any other failure is `CheckpointCorruptError` naming ``path``, else re-raised."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps a reader's failure
+        inner = _checkpoint_error_inside(e)
+        if inner is not None:
+            raise inner from None
+        if not damage:
+            raise
+        raise CheckpointCorruptError(f"{path}: the sharded checkpoint cannot be loaded ({type(e).__name__}: {e})") from e
 
 
 def _checkpoint_error_inside(error: BaseException) -> CheckpointError | None:

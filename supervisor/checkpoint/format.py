@@ -32,7 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from supervisor.checkpoint.fileio import open_regular_file
+from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.storage_base import Storage
 
 __all__ = [
     "FORMAT_NAME",
@@ -62,6 +63,9 @@ LOCK_FILE = ".supervisor.lock"
 META_KEY = "__meta__"
 STEP_KEY = "global_step"
 RNG_KEY = "rng"
+
+MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists file names and checksums: never this large
+_LOCAL = LocalStorage()
 
 # Any suffix (SPEC §5.1: ``*.tmp-*``), after a checkpoint-shaped name ``<basename>-<step>``:
 # other writers' temp names (a hand copy, another version) are leftovers too.
@@ -97,20 +101,28 @@ def transient_base(name: str) -> str | None:
     return match.group("name") if match else None
 
 
-def list_committed(directory: str, basename: str) -> list[tuple[int, str]]:
+def list_committed(directory: str, basename: str, storage: Storage | None = None) -> list[tuple[int, str]]:
     """``(step, name)`` of every directory named like a committed checkpoint, by step.
 
-    Whether it verifies is a separate question (restore.py); a crash can only leave temp
-    directories behind, so a missing manifest here means damage, not an interrupted write.
+    Whether it verifies is a separate question (`supervisor.checkpoint.choose`). Locally a crash
+    can only leave temp directories behind, so a missing manifest here means damage, not an
+    interrupted write. On an object store (``storage`` given, not local) a checkpoint exists if
+    and only if its manifest does: a prefix without one (an upload in progress or interrupted)
+    is not listed.
     """
+    storage = storage or _LOCAL
     try:
-        names = os.listdir(directory)
+        names = storage.listdir(directory)
     except FileNotFoundError:
         return []
+    remote = getattr(storage, "scheme", "file") != "file"
     found = []
     for name in names:
         step = step_of(name, basename)
-        if step is not None and os.path.isdir(os.path.join(directory, name)):
+        if step is None:
+            continue
+        path = storage.join(directory, name)
+        if storage.exists(storage.join(path, MANIFEST_FILE)) if remote else storage.isdir(path):
             found.append((step, name))
     return sorted(found)
 
@@ -174,11 +186,12 @@ def _int(value: Any) -> int:
     return value
 
 
-def read_manifest(checkpoint_path: str) -> Manifest:
-    """Reads ``<checkpoint_path>/MANIFEST.json``; `FileNotFoundError`, another `OSError` (e.g.
-    `NotARegularFileError` for a FIFO: never waited on) or `ValueError`."""
-    with open_regular_file(os.path.join(checkpoint_path, MANIFEST_FILE), "r", encoding="utf-8") as f:
-        return Manifest.from_json(f.read())
+def read_manifest(checkpoint_path: str, storage: Storage | None = None) -> Manifest:
+    """Reads ``<checkpoint_path>/MANIFEST.json`` (through ``storage`` if given); `FileNotFoundError`,
+    another `OSError` (e.g. `NotARegularFileError` for a FIFO: never waited on) or `ValueError`."""
+    storage = storage or _LOCAL
+    data = storage.read_bytes(storage.join(checkpoint_path, MANIFEST_FILE), max_bytes=MANIFEST_MAX_BYTES)
+    return Manifest.from_json(data.decode("utf-8"))
 
 
 def make_payload(step: int, entries: Mapping[str, Any], rng: Mapping[int, Any] | None,

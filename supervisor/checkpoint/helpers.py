@@ -15,11 +15,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from supervisor.checkpoint.format import META_KEY, STATE_FILE
+from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY, STATE_FILE
 from supervisor.checkpoint.index import latest_checkpoint
-from supervisor.checkpoint.reading import read_checkpoint
-from supervisor.checkpoint.restore import check_checkpoint, check_verify, load_verified, safe_torch_load
-from supervisor.checkpoint.verify import DCP_METADATA
+from supervisor.checkpoint.loader import is_remote, load_verified, read_checkpoint, resolve_storage, verify_checkpoint
+from supervisor.checkpoint.private_copy import MemoryFile
+from supervisor.checkpoint.safe_globals import safe_torch_load
+from supervisor.checkpoint.storage import Storage, split_scheme
+from supervisor.checkpoint.verify import DCP_METADATA, check_verify
 from supervisor.clock import Clock, resolve_clock
 from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_number
@@ -37,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verify: str = "full",
-                    trusted_globals: Iterable[Any] = ()) -> dict[str, Any]:
+                    trusted_globals: Iterable[Any] = (),
+                    storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Returns the mapping a checkpoint holds (``global_step``, ``rng``, one entry per state name).
 
     ``path`` is a checkpoint directory (verified first, ``verify="full"`` or ``"size"``) or a
@@ -50,6 +53,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     optimizer state keyed by parameter name as DCP saves it. Its tensors go to the CPU or the
     one device ``map_location`` names.
 
+    ``path`` may be an ``s3://bucket/prefix/model.ckpt-N`` URL (``storage_options``: the
+    client's options, e.g. ``{"endpoint_url": ...}``): read once through the object store's
+    ranged reads, verified the same way (a prefix without a manifest is no checkpoint).
+
     Raises:
         ValueError: ``verify`` is not ``"full"`` or ``"size"``.
         CheckpointNotFoundError: nothing at ``path``.
@@ -58,9 +65,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         CheckpointCorruptError: the checkpoint fails verification or cannot be loaded.
         CheckpointError: it needs a global that is not trusted.
     """
-    path = os.fspath(path)
     verify = check_verify(verify)
     trusted_globals = tuple(trusted_globals)
+    storage, path = resolve_storage(path, storage_options=storage_options)
+    if is_remote(storage):
+        return _load_remote(storage, path, map_location, verify, trusted_globals)
     if os.path.isdir(path) and _is_sharded(path):
         return read_checkpoint(path, verify=verify, trusted_globals=trusted_globals,
                                map_location=map_location).payload
@@ -71,6 +80,26 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
     try:
         return safe_torch_load(path, map_location=map_location, trusted_globals=trusted_globals)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise CheckpointCorruptError(f"{path} cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def _load_remote(storage: Storage, path: str, map_location: Any, verify: str,
+                 trusted_globals: tuple[Any, ...]) -> dict[str, Any]:
+    """`load_checkpoint` of an object-store URL: a checkpoint prefix (its manifest exists) through
+    the verified loader, else a single object written by ``torch.save``."""
+    if storage.exists(storage.join(path, MANIFEST_FILE)):
+        return read_checkpoint(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location,
+                               storage=storage).payload
+    try:
+        data = bytearray(storage.read_bytes(path))
+    except (FileNotFoundError, IsADirectoryError):
+        raise CheckpointNotFoundError(f"no checkpoint at {path} (no object, no prefix with a {MANIFEST_FILE})") from None
+    try:
+        with MemoryFile(data, path) as f:
+            return safe_torch_load(f, map_location=map_location, trusted_globals=trusted_globals)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
@@ -185,8 +214,8 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 def checkpoints_iterator(checkpoint_dir: str | os.PathLike, min_interval_secs: float = 0,
                          timeout: float | None = None, timeout_fn: Callable[[], bool] | None = None, *,
-                         verify: str = "full", poll_secs: float = 1.0,
-                         clock: Clock | None = None) -> Iterator[str]:
+                         verify: str = "full", poll_secs: float = 1.0, clock: Clock | None = None,
+                         storage_options: Mapping[str, Any] | None = None) -> Iterator[str]:
     """Yields each new checkpoint path as it appears (TF's ``checkpoints_iterator``).
 
     Waits for the index to name a checkpoint other than the last one yielded, checking every
@@ -195,25 +224,38 @@ def checkpoints_iterator(checkpoint_dir: str | os.PathLike, min_interval_secs: f
     index already names a newer one). At most one checkpoint per ``min_interval_secs``. When
     ``timeout`` seconds pass without a new checkpoint: stop, unless ``timeout_fn()`` returns
     False (then keep waiting). Arguments are checked at the call, before iteration starts.
+
+    ``checkpoint_dir`` may be an ``s3://bucket/prefix`` URL (``storage_options``: the client's
+    options); the checkpoints are then yielded as URLs, verified through the object store.
     """
-    check_watched_directory("checkpoint_dir", checkpoint_dir)
+    if split_scheme(checkpoint_dir)[0] == "file":
+        check_watched_directory("checkpoint_dir", checkpoint_dir)
     check_number("min_interval_secs", min_interval_secs, minimum=0)
     check_number("timeout", timeout, minimum=0, allow_none=True)
     check_callable("timeout_fn", timeout_fn, signature="timeout_fn() -> bool")
     check_number("poll_secs", poll_secs, strictly_positive=True)
-    return _iterate(os.fspath(checkpoint_dir), float(min_interval_secs), timeout, timeout_fn,
+    watched = _Watched(*resolve_storage(checkpoint_dir, storage_options=storage_options))
+    return _iterate(watched, float(min_interval_secs), timeout, timeout_fn,
                     check_verify(verify), float(poll_secs), resolve_clock(clock))
 
 
-def _iterate(directory: str, min_interval_secs: float, timeout: float | None,
+@dataclass(frozen=True)
+class _Watched:
+    """The directory `checkpoints_iterator` watches, with its storage."""
+
+    storage: Storage
+    directory: str
+
+
+def _iterate(watched: _Watched, min_interval_secs: float, timeout: float | None,
              timeout_fn: Callable[[], bool] | None, verify: str, poll_secs: float, clock: Clock) -> Iterator[str]:
     last: str | None = None
     rejected: set[str] = set()
     while True:
-        path = _wait_for_new(directory, last, timeout, poll_secs, clock, verify, rejected)
+        path = _wait_for_new(watched, last, timeout, poll_secs, clock, verify, rejected)
         if path is None:
             if timeout_fn is None:
-                logger.info("timed out waiting for a new checkpoint in %s", directory)
+                logger.info("timed out waiting for a new checkpoint in %s", watched.directory)
                 return
             if timeout_fn():
                 return
@@ -226,14 +268,14 @@ def _iterate(directory: str, min_interval_secs: float, timeout: float | None,
             clock.sleep(remaining)
 
 
-def _wait_for_new(directory: str, last: str | None, timeout: float | None, poll_secs: float,
+def _wait_for_new(watched: _Watched, last: str | None, timeout: float | None, poll_secs: float,
                   clock: Clock, verify: str, rejected: set[str]) -> str | None:
     deadline = None if timeout is None else clock.monotonic() + timeout
     while True:
-        path = latest_checkpoint(directory)
+        path = latest_checkpoint(watched.directory, storage=watched.storage)
         if path is not None and path != last and path not in rejected:
             try:
-                check_checkpoint(path, verify)
+                verify_checkpoint(path, verify, storage=watched.storage)
                 return path
             except CheckpointVanishedError:
                 continue  # deleted by retention meanwhile: the index already names a newer one

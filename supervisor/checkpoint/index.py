@@ -28,6 +28,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
 
 from supervisor.checkpoint.fileio import NotARegularFileError
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 _LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(.*?)\s*$")
 _STRING_KEYS = ("model_checkpoint_path", "all_model_checkpoint_paths")
 _FLOAT_KEYS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
+_INDEX_MAX_BYTES = 16 << 20  # a text file of checkpoint names: never this large
 _ANY_CHECKPOINT_NAME = re.compile(r"[^./\\][^/\\]*-\d+")
 
 
@@ -182,17 +184,26 @@ def get_checkpoint_state(checkpoint_dir: str | os.PathLike) -> CheckpointState |
                    all_model_checkpoint_paths=tuple(absolute(p) for p in state.all_model_checkpoint_paths))
 
 
-def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+def latest_checkpoint(checkpoint_dir: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
+                      storage: Storage | None = None) -> str | None:
     """The path of the checkpoint the index names, if it exists (committed); else None.
 
     Like TF, this reads the index only and does not verify checksums;
     `supervisor.checkpoints_iterator` yields verified checkpoints only. An index that names
     something other than a checkpoint directly inside ``checkpoint_dir`` gives None, with a
-    WARNING (see `entry_problem`); so does an empty index.
+    WARNING (see `entry_problem`); so does an empty index. ``checkpoint_dir`` may be an
+    ``s3://bucket/prefix`` URL (``storage_options``: the client's options); the URL of the
+    checkpoint is returned then, if its manifest exists (``storage``: that URL's storage, made
+    once by the caller).
     """
-    directory = os.path.abspath(os.fspath(checkpoint_dir))
+    scheme, spelled = split_scheme(checkpoint_dir)
+    if scheme == "file":
+        storage = None
+    elif storage is None:
+        storage = storage_for(spelled, storage_options)
+    directory = os.path.abspath(spelled) if storage is None else spelled.rstrip("/")
     try:
-        state = read_index(directory)
+        state = read_index(directory, storage)
     except (ValueError, OSError) as e:
         logger.warning("%s; checkpoint index ignored", e)
         return None
@@ -203,6 +214,9 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
         logger.warning("ignoring the checkpoint index entry model_checkpoint_path %r of %s: %s",
                        state.model_checkpoint_path, directory, problem)
         return None
+    if storage is not None:
+        path = storage.join(directory, name)
+        return path if storage.exists(storage.join(path, MANIFEST_FILE)) else None
     path = os.path.join(directory, name)
     return path if os.path.isfile(os.path.join(path, MANIFEST_FILE)) else None
 

@@ -356,7 +356,8 @@ class _LocalSnapshot:
         try:
             st = os.fstat(fd)
             if not stat_module.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, f"{self.directory}: {name} is not a regular file")
+                raise NotARegularFileError(f"{self.directory}: {name} is not a regular file "
+                                           f"({file_kind(st.st_mode)}); refusing to read it")
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)

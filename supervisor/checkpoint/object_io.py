@@ -190,16 +190,22 @@ class ObjectSnapshot:
         self.directory = directory
         if not listing:
             raise SnapshotVanishedError(errno.ENOENT, f"{directory} does not exist (deleted before it could be read)")
+        self.listing = listing
         self.files: dict[str, ObjectReader] = {}
         self.sizes: dict[str, int] = {}
         for name in names:
-            if "/" in name or name in ("", ".", ".."):
-                raise ValueError(f"{directory}: {name!r} is not a file name of the directory")
-            if name not in listing:
-                raise FileNotFoundError(errno.ENOENT, f"{directory}: {name} is missing", name)
-            info = listing[name]
-            self.files[name] = ObjectReader(storage, info.path, info.size, info.version)
-            self.sizes[name] = info.size
+            self.open(name)
+
+    def open(self, name: str) -> None:
+        """Adds a reader of ``name`` at the version the listing saw (a reader that read the
+        manifest first opens the files it lists: all from the same listing)."""
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"{self.directory}: {name!r} is not a file name of the directory")
+        if name not in self.listing:
+            raise FileNotFoundError(errno.ENOENT, f"{self.directory}: {name} is missing", name)
+        info = self.listing[name]
+        self.files[name] = ObjectReader(self.storage, info.path, info.size, info.version)
+        self.sizes[name] = info.size
 
     def vanished(self) -> bool:
         return not self.storage.isdir(self.directory)

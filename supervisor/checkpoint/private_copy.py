@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from supervisor.checkpoint.fileio import crc32, crc32_combine
+from supervisor.checkpoint.storage_base import PreconditionFailedError
 from supervisor.errors import CheckpointCorruptError
 
 try:
@@ -40,7 +41,7 @@ try:
 except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["MemoryFile", "PrivateCopy", "available_memory_bytes", "read_private_copy"]
+__all__ = ["MemoryFile", "PrivateCopy", "available_memory_bytes", "checksum_stream", "copy_file", "read_private_copy"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,91 @@ def read_private_copy(fd: int, size: int, where: str, *, checksum: bool = True,
     return _buffer_copy(fd, size, where, checksum)
 
 
+def copy_file(file: Any, size: int, where: str, *, checksum: bool = True, in_buffer: bool = False) -> PrivateCopy:
+    """`read_private_copy` of an open binary reader of a `Snapshot` (``Storage.open_snapshot``):
+    a local file (``io.FileIO``) by its descriptor, on parallel threads; any other reader (an
+    object store's ranged reads) read in order, ``_CHUNK_BYTES`` a request, into the same kinds
+    of copy, its CRC-32 computed on the way. Bytes read: ``size``, once."""
+    if isinstance(file, io.FileIO):
+        return read_private_copy(file.fileno(), size, where, checksum=checksum, in_buffer=in_buffer)
+    check_fits(size, where)
+    memfd = None
+    if _MEMFD and size > 0 and not in_buffer:
+        memfd = os.memfd_create("supervisor-checkpoint", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
+    try:
+        if memfd is not None:
+            os.ftruncate(memfd, size)
+            _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
+        target = bytearray(min(size, _CHUNK_BYTES)) if memfd is not None else _allocate(size, where)
+        crc = _stream_into(file, target, memfd, size, where, checksum)
+        if memfd is None:
+            return PrivateCopy(size, crc if checksum else None, data=target)
+        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
+        return PrivateCopy(size, crc if checksum else None, memfd=memfd)
+    except BaseException:
+        if memfd is not None:
+            os.close(memfd)
+        raise
+
+
+def _stream_into(file: Any, target: bytearray, memfd: int | None, size: int, where: str, checksum: bool) -> int:
+    """Reads ``size`` bytes of ``file`` in order: into ``target`` whole, or through ``target``
+    (one chunk) into ``memfd``; returns their CRC-32."""
+    crc, done = 0, 0
+    view = memoryview(target)
+    try:
+        while done < size:
+            chunk = view[:min(len(view), size - done)] if memfd is not None else view[done:done + _CHUNK_BYTES]
+            try:
+                n = file.readinto(chunk)
+                if memfd is not None and n and os.pwrite(memfd, chunk[:n], done) != n:
+                    raise OSError(errno.EIO, "short write into a memory file")
+            except OSError as e:
+                if isinstance(e, (FileNotFoundError, PreconditionFailedError)):
+                    raise  # the object was deleted or replaced meanwhile: the caller decides
+                raise CheckpointCorruptError(f"{where} cannot be read ({e})") from e
+            if not n:
+                raise CheckpointCorruptError(f"{where} ended after {done} of {size} bytes (truncated while "
+                                             "being read)")
+            if checksum:
+                crc = crc32(chunk[:n], crc)
+            done += n
+    finally:
+        view.release()
+    return crc
+
+
+def checksum_stream(file: Any, size: int, where: str) -> int:
+    """The CRC-32 of ``size`` bytes of an open binary reader, read once in order and kept
+    nowhere (verification without loading). Raises as `copy_file`."""
+    buffer = bytearray(min(size, _CHUNK_BYTES))
+    crc, done = 0, 0
+    with memoryview(buffer) as view:
+        while done < size:
+            chunk = view[:min(len(view), size - done)]
+            try:
+                n = file.readinto(chunk)
+            except (FileNotFoundError, PreconditionFailedError):
+                raise
+            except OSError as e:
+                raise CheckpointCorruptError(f"{where} cannot be read ({e})") from e
+            if not n:
+                raise CheckpointCorruptError(f"{where} ended after {done} of {size} bytes (truncated while "
+                                             "being read)")
+            crc = crc32(chunk[:n], crc)
+            done += n
+    return crc
+
+
+def _allocate(size: int, where: str) -> bytearray:
+    try:
+        return bytearray(size)
+    except MemoryError:
+        raise CheckpointCorruptError(f"{where} has {size} bytes, more than the memory available to read it "
+                                     "into (a sparse or damaged file, or a checkpoint too large to read on this "
+                                     "machine)") from None
+
+
 def _memfd_copy(fd: int, size: int, where: str, checksum: bool) -> PrivateCopy:
     flags = os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0)
     memfd = os.memfd_create("supervisor-checkpoint", flags)
@@ -179,12 +265,7 @@ def _copy_ranges(fd: int, memfd: int, size: int, where: str, checksum: bool) -> 
 
 
 def _buffer_copy(fd: int, size: int, where: str, checksum: bool) -> PrivateCopy:
-    try:
-        buffer = bytearray(size)
-    except MemoryError:
-        raise CheckpointCorruptError(f"{where} has {size} bytes, more than the memory available to read it "
-                                     "into (a sparse or damaged file, or a checkpoint too large to read on this "
-                                     "machine)") from None
+    buffer = _allocate(size, where)
     view = memoryview(buffer)
     crc = 0
     done = 0

@@ -41,6 +41,16 @@ also compares checksums, which reads the whole file).
 
 ``supervisor.load_checkpoint(path)`` keeps its §5.8 meaning (the whole saved mapping, verified);
 TF's ``tf.train.load_checkpoint`` object is `CheckpointReader` here.
+
+Object stores (``s3://bucket/prefix``, ``storage_options=``): nothing is mapped there, and one
+tensor never costs the whole object. ``torch.load(map_location="meta")`` reads only the zip's
+central directory, the pickle and each record's local header (ranged ``GetObject`` requests
+with ``If-Match`` on the ETag listed, so every byte comes from one version): the names, shapes
+and dtypes, and each tensor's offset in the object (``_checkpoint_offset``, which torch sets for
+meta loads). `CheckpointReader.get_tensor` then reads exactly that tensor's bytes with one
+ranged request. (torch.save's zip format allows this because its records are stored, not
+compressed; a safetensors file would give the same offsets from its JSON header.) Sharded
+checkpoints on object stores are read whole with `supervisor.load_checkpoint`.
 """
 from __future__ import annotations
 
@@ -55,7 +65,11 @@ import torch
 
 from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY, STATE_FILE, read_manifest
 from supervisor.checkpoint.index import latest_checkpoint
-from supervisor.checkpoint.restore import VERIFY_MODES, check_checkpoint, safe_torch_load
+from supervisor.checkpoint.loader import is_remote, resolve_storage, verify_checkpoint
+from supervisor.checkpoint.ranged import RangedFile, resolve_remote
+from supervisor.checkpoint.safe_globals import safe_torch_load
+from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.verify import VERIFY_MODES, check_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 
 __all__ = ["CheckpointReader", "VariableInfo", "list_variables", "load_variable", "resolve_checkpoint"]
@@ -77,13 +91,16 @@ class VariableInfo:
     nbytes: int
 
 
-def resolve_checkpoint(ckpt: str | os.PathLike) -> str:
-    """The checkpoint directory or file ``ckpt`` designates (see the module docstring).
+def resolve_checkpoint(ckpt: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> str:
+    """The checkpoint directory or file ``ckpt`` designates (see the module docstring); for an
+    object-store URL, the URL of the checkpoint prefix or object.
 
     Raises:
         CheckpointNotFoundError: nothing at ``ckpt``, or a directory holding no checkpoint.
     """
-    path = os.fspath(ckpt)
+    storage, path = resolve_storage(ckpt, storage_options=storage_options)
+    if is_remote(storage):
+        return resolve_remote(storage, path.rstrip("/"))
     if os.path.isfile(path):
         return path
     if not os.path.isdir(path):
@@ -125,11 +142,17 @@ class CheckpointReader:
         CheckpointError: the file needs a global that is not trusted.
     """
 
-    def __init__(self, ckpt: str | os.PathLike, *, verify: str = "size", trusted_globals: Iterable[Any] = ()) -> None:
+    def __init__(self, ckpt: str | os.PathLike, *, verify: str = "size", trusted_globals: Iterable[Any] = (),
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
-        self.path = resolve_checkpoint(ckpt)
+        self.path = resolve_checkpoint(ckpt, storage_options=storage_options)
         self.step: int | None = None
+        self._ranged: RangedFile | None = None
+        storage, _ = resolve_storage(self.path, storage_options=storage_options)
+        if is_remote(storage):
+            self._open_remote(storage, verify, tuple(trusted_globals))
+            return
         file_path = self.path
         if os.path.isdir(self.path):
             self.step = check_checkpoint(self.path, verify).step
@@ -145,6 +168,25 @@ class CheckpointReader:
             raise CheckpointCorruptError(f"{file_path} cannot be read ({type(e).__name__}: {e})") from e
         self._variables: dict[str, Any] | None = dict(_flatten(payload))
         self._file_path, self._file_size = file_path, _size_of(file_path)
+
+    def _open_remote(self, storage: Storage, verify: str, trusted_globals: tuple[Any, ...]) -> None:
+        directory, name = storage.dirname(self.path), storage.basename(self.path)
+        if storage.exists(storage.join(self.path, MANIFEST_FILE)):
+            manifest = verify_checkpoint(self.path, verify, storage=storage)
+            if STATE_FILE not in manifest.files:
+                raise CheckpointError(f"{self.path} is a sharded checkpoint on an object store: read it whole with "
+                                      "supervisor.load_checkpoint(url, storage_options=...)")
+            self.step, directory, name = manifest.step, self.path, STATE_FILE
+        self._ranged = RangedFile(storage, directory, name)
+        try:
+            payload = self._ranged.load_structure(trusted_globals, self.step)
+        except CheckpointError:
+            self._ranged.close()
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+            self._ranged.close()
+            raise CheckpointCorruptError(f"{self._ranged.where} cannot be read ({type(e).__name__}: {e})") from e
+        self._variables = dict(_flatten(payload))
 
     @property
     def _vars(self) -> dict[str, Any]:
@@ -188,6 +230,8 @@ class CheckpointReader:
             raise KeyError(_missing_message(self.path, name, self._vars)) from None
         if isinstance(value, _DcpEntry):
             return value.load(self.path)
+        if self._ranged is not None and isinstance(value, torch.Tensor):
+            return self._ranged.tensor(value)
         if isinstance(value, torch.Tensor) and _size_of(self._file_path) != self._file_size:
             raise CheckpointCorruptError(f"{self._file_path} changed size since it was opened (truncated or "
                                          "rewritten); its tensors can no longer be read: open it again")
@@ -196,6 +240,9 @@ class CheckpointReader:
     def close(self) -> None:
         """Drops the mapping (tensors returned by `get_tensor` are copies and stay valid)."""
         self._variables = None
+        if self._ranged is not None:
+            self._ranged.close()
+            self._ranged = None
 
     def __enter__(self) -> CheckpointReader:
         return self
@@ -207,22 +254,25 @@ class CheckpointReader:
         return f"CheckpointReader({self.path!r}, step={self.step})"
 
 
-def list_variables(ckpt: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]]:
+def list_variables(ckpt: str | os.PathLike, *,
+                   storage_options: Mapping[str, Any] | None = None) -> list[tuple[str, tuple[int, ...]]]:
     """``[(name, shape)]`` of every variable in ``ckpt`` (TF's ``tf.train.list_variables``),
     sorted by name as TF sorts them, read without loading tensor data.
     (`CheckpointReader.variables` keeps the saved order.)"""
-    with CheckpointReader(ckpt) as reader:
+    with CheckpointReader(ckpt, storage_options=storage_options) as reader:
         return sorted((v.name, v.shape) for v in reader.variables())
 
 
-def load_variable(ckpt: str | os.PathLike, name: str) -> torch.Tensor:
+def load_variable(ckpt: str | os.PathLike, name: str, *,
+                  storage_options: Mapping[str, Any] | None = None) -> torch.Tensor:
     """The one variable ``name`` of ``ckpt`` (TF's ``tf.train.load_variable``), e.g.
-    ``load_variable(logdir, "global_step")``; only that entry's bytes are read.
+    ``load_variable(logdir, "global_step")``; only that entry's bytes are read (on an object
+    store: ranged reads, see the module docstring).
 
     Raises:
         KeyError: ``ckpt`` has no variable ``name``.
     """
-    with CheckpointReader(ckpt) as reader:
+    with CheckpointReader(ckpt, storage_options=storage_options) as reader:
         return reader.get_tensor(name)
 
 

@@ -12,6 +12,10 @@ Two things live here:
   ``ndarray`` subclasses still need ``trusted_globals``.
 - `describe_untrusted`: for a checkpoint that still needs globals, the full list at once with
   the state entries each one is used in, read statically from the pickle (nothing is built).
+
+`safe_torch_load` is the one ``torch.load`` of the runtime (always ``weights_only=True``, the
+allowlist above plus ``trusted_globals``), and `describe_load_error` words a failed load without
+ever repeating torch's advice to load unsafely.
 """
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 import numpy as np
+import torch
 
 from supervisor.errors import CheckpointError
 
-__all__ = ["NUMPY_SAFE_GLOBALS", "allowed_globals", "check_loadable", "describe_untrusted", "global_name",
-           "untrusted_message"]
+__all__ = ["NUMPY_SAFE_GLOBALS", "allowed_globals", "check_loadable", "describe_load_error", "describe_untrusted",
+           "global_name", "safe_torch_load", "untrusted_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -255,3 +260,55 @@ def _skeleton(value: Any) -> Any:
     if type(value) in (list, tuple):
         return type(value)(_skeleton(v) for v in value)
     return value
+
+
+# ---------------------------------------------------------------- the one torch.load
+def safe_torch_load(file_path: Any, *, map_location: Any = "cpu", trusted_globals: Iterable[Any] = (),
+                    step: int | None = None, mmap: bool = False, shown_as: str | None = None) -> Any:
+    """``torch.load(file_path, weights_only=True)`` with ``trusted_globals`` allowlisted.
+    ``shown_as`` names the file in messages (a private copy's ``/proc/self/fd/N`` path means
+    nothing to the user).
+
+    Raises:
+        CheckpointError: the file needs another global; names it and the opt-in.
+        Exception: whatever ``torch.load`` raises for a damaged file.
+    """
+    trusted_globals = list(trusted_globals)
+    try:
+        with torch.serialization.safe_globals(allowed_globals(trusted_globals)):
+            return torch.load(file_path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        # Every missing global at once, with the state entries using it.
+        missing = describe_untrusted(file_path, e, trusted_globals)
+        if not missing:
+            raise
+        # torch's message advises unsafe loading: never chained, never repeated
+        raise CheckpointError(untrusted_message(shown_as or file_path, step, missing)) from None
+
+
+def describe_load_error(error: Exception, *, is_zip: bool = True) -> str:
+    """A load error in words that never repeat torch's advice to load unsafely (``is_zip``:
+    whether the file starts like the zip archive ``torch.save`` writes)."""
+    if isinstance(error, pickle.UnpicklingError):
+        reason = _unpickler_reason(str(error))
+        zip_note = "" if is_zip else "; it is not a zip archive as torch.save writes"
+        return (f"torch.load(weights_only=True) refused it ({reason}){zip_note}: the file needs globals or "
+                "pickle operations that are not allowed (a file crafted to run code looks like this), or it "
+                "is damaged. torch-supervisor never unpickles unsafely")
+    return _strip_unsafe_advice(f"{type(error).__name__}: {error}")
+
+
+_ADVICE = re.compile(r"[^.\n]*weights_only[`'\s]*(?:set to|=)\s*`?False[^.\n]*\.?", re.IGNORECASE)
+
+
+def _strip_unsafe_advice(text: str) -> str:
+    return _ADVICE.sub("", text).strip()
+
+
+def _unpickler_reason(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    core = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation",
+                                                           "Please file an issue"))
+            and "weights_only" not in line]
+    core = [line.replace("WeightsUnpickler error:", "").strip() for line in core]
+    return _strip_unsafe_advice("; ".join(c for c in core if c)) or "an unsupported pickle"

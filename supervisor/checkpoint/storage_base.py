@@ -83,6 +83,11 @@ class Snapshot(Protocol):
     files: Mapping[str, IO[bytes]]  # name -> a binary reader (readinto, read, seek)
     sizes: Mapping[str, int]  # name -> its size when the snapshot was taken
 
+    def open(self, name: str) -> None:
+        """Adds ``name`` of the same directory to `files`/`sizes` (a reader opens the manifest
+        first, then the files it lists, all in one snapshot); ``FileNotFoundError`` when it is
+        missing, `SnapshotVanishedError` when the directory is gone."""
+
     def vanished(self) -> bool:
         """Whether the directory was deleted or moved aside since the snapshot was taken."""
 

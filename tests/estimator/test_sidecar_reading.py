@@ -9,7 +9,7 @@ import zlib
 import pytest
 import torch
 
-import supervisor.checkpoint.reading as reading
+import supervisor.checkpoint.loader as loader
 from supervisor.checkpoint.fileio import format_checksum
 from supervisor.checkpoint.reading import CheckpointVanishedError, read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
@@ -53,16 +53,15 @@ def test_retention_deleting_after_the_files_are_open_cannot_pull_bytes_away(trai
     """The core property: once opened, the checkpoint is read whole even if retention renames
     it aside and deletes it (POSIX keeps an open file's inode)."""
     path = trainer.save(5)
-    real_open_listed = reading._open_listed
+    real_open_listed = loader._open_listed
 
-    def open_then_retention(dir_fd, p, manifest):
-        fds = real_open_listed(dir_fd, p, manifest)
+    def open_then_retention(snapshot, p, manifest):
+        real_open_listed(snapshot, p, manifest)
         aside = p + ".deleting-" + "0" * 32
         os.rename(p, aside)
         shutil.rmtree(aside)
-        return fds
 
-    monkeypatch.setattr(reading, "_open_listed", open_then_retention)
+    monkeypatch.setattr(loader, "_open_listed", open_then_retention)
     ckpt = read_checkpoint(path)
     assert not os.path.exists(path)
     assert ckpt.step == 5 and ckpt.deleted_while_reading
@@ -71,16 +70,16 @@ def test_retention_deleting_after_the_files_are_open_cannot_pull_bytes_away(trai
 
 def test_deleted_after_the_directory_opened_but_before_its_files_is_vanished(trainer, monkeypatch):
     path = trainer.save(5)
-    real_open_in = reading._open_in
+    real_open_in = loader._open_in
 
-    def retention_first(dir_fd, p, name):
+    def retention_first(snapshot, p, name):
         if name == "state.pt":  # the manifest was read; retention deletes the rest now
             aside = p + ".deleting-" + "1" * 32
             os.rename(p, aside)
             shutil.rmtree(aside)
-        return real_open_in(dir_fd, p, name)
+        return real_open_in(snapshot, p, name)
 
-    monkeypatch.setattr(reading, "_open_in", retention_first)
+    monkeypatch.setattr(loader, "_open_in", retention_first)
     with pytest.raises(CheckpointVanishedError, match="deleted while being opened"):
         read_checkpoint(path)
 
