@@ -185,10 +185,9 @@ def test_sharded_checkpoints_on_an_object_store_are_refused_with_the_fix(logdir)
 
 def test_a_save_whose_upload_fails_mid_write_fails_cleanly_and_the_next_one_commits(s3_server, logdir, s3_storage,
                                                                                     caplog):
-    """The server answers 503 to everything while ``state.pt`` is being written in parts: the
-    error raised by the upload never reaches torch's zip writer (it would abort the process), the
-    save fails with the policy's CheckpointError, nothing is committed, and once the server is
-    back the next save commits."""
+    """The server answers 503 to everything once ``state.pt``'s first part is on its way: the
+    save fails with the policy's error naming the failed upload (not the clean-up's own failure),
+    nothing is committed, and once the server is back the next save commits."""
     from tests.s3_fixtures import FaultProxy
 
     with FaultProxy(s3_server.port) as proxy:
