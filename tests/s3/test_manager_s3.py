@@ -140,6 +140,7 @@ def test_resaving_a_committed_step_replaces_it(logdir, make_manager, caplog):
     assert _manifest(manager.storage, f"{logdir}/model.ckpt-4")["files"]["state.pt"]["bytes"] == len(data)
 
 
+@pytest.mark.slow
 def test_a_writer_killed_before_the_manifest_leaves_no_checkpoint_and_the_next_writer_cleans_up(
         s3_server, logdir, s3_storage, make_manager, caplog):
     s3_storage.write_atomic(f"{logdir}/notes/readme.txt", b"a user's object under the logdir")
