@@ -183,8 +183,14 @@ class TempCheckpoint:
         return CommitResult(self.final_path, manifest, time.perf_counter() - self._start)
 
     def discard(self) -> None:
-        """Removes the staged directory (nothing committed is touched)."""
-        self.storage.discard(self.path)
+        """Removes the staged directory (nothing committed is touched). Best effort: it runs
+        while another error is being raised (which must not be replaced), so what cannot be
+        removed is logged and left to the next writer opening the logdir."""
+        try:
+            self.storage.discard(self.path)
+        except OSError as e:
+            logger.warning("could not remove the unfinished checkpoint %s (%s); the next writer opening the "
+                           "logdir removes it", self.path, e)
 
 
 def remove_tree(path: str, storage: Storage | None = None) -> None:

@@ -140,6 +140,7 @@ def test_resaving_a_committed_step_replaces_it(logdir, make_manager, caplog):
     assert _manifest(manager.storage, f"{logdir}/model.ckpt-4")["files"]["state.pt"]["bytes"] == len(data)
 
 
+@pytest.mark.slow
 def test_a_writer_killed_before_the_manifest_leaves_no_checkpoint_and_the_next_writer_cleans_up(
         s3_server, logdir, s3_storage, make_manager, caplog):
     s3_storage.write_atomic(f"{logdir}/notes/readme.txt", b"a user's object under the logdir")
@@ -181,3 +182,40 @@ def test_sharded_checkpoints_on_an_object_store_are_refused_with_the_fix(logdir)
 
     with pytest.raises(ValueError, match=r"checkpoint_format='dcp' needs a local.*use checkpoint_format='torch'"):
         ShardedCheckpointManager(logdir)
+
+
+def test_a_save_whose_upload_fails_mid_write_fails_cleanly_and_the_next_one_commits(s3_server, logdir, s3_storage,
+                                                                                    caplog):
+    """The server answers 503 to everything once ``state.pt``'s first part is on its way: the
+    save fails with the policy's error naming the failed upload (not the clean-up's own failure),
+    nothing is committed, and once the server is back the next save commits."""
+    from tests.s3_fixtures import FaultProxy
+
+    with FaultProxy(s3_server.port) as proxy:
+        manager = CheckpointManager(logdir, save_mode="sync", max_consecutive_save_failures=2,
+                                    storage_options={**options(proxy.endpoint), "part_size": 5 << 20})
+        manager.open()
+        try:
+            torch.manual_seed(0)
+            state = TrainingState.from_arguments(model=torch.nn.Linear(1200, 1200))  # 5.5 MiB: two parts
+            real_call = manager.storage.call
+
+            def call(method, path, **kwargs):  # the server goes away once the first part is on its way
+                if method == "upload_part":
+                    proxy.fail_all = True
+                return real_call(method, path, **kwargs)
+
+            manager.storage.call = call
+            with caplog.at_level(logging.WARNING, logger="supervisor.checkpoint"):
+                manager.save(1, state)  # tolerated (1 of 2): logged, not raised
+            manager.storage.call = real_call
+            failure = [r.getMessage() for r in caplog.records if "saving the checkpoint of step 1" in r.getMessage()]
+            assert len(failure) == 1 and "upload_part answered 503 SlowDown" in failure[0], failure
+            proxy.fail_all = False
+            assert proxy.failed > 0
+            assert not s3_storage.exists(f"{logdir}/model.ckpt-1/MANIFEST.json")
+            manager.save(2, state)
+            assert _manifest(s3_storage, f"{logdir}/model.ckpt-2")["step"] == 2
+            assert manager.checkpoints == (f"{logdir}/model.ckpt-2",)
+        finally:
+            manager.close(failed=True)
