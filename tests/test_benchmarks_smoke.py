@@ -2,7 +2,9 @@
 not asserted here: they belong to ``benchmarks/``, not to a test on a shared machine)."""
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
 import re
 import shutil
 
@@ -108,3 +110,36 @@ def test_step_overhead_instruction_counts(capsys):
         assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \((deterministic|NOT deterministic.*)\) +\d\.\d{4}x  "
                          r"(ok|MISSES TARGET)$", line), line
     assert "run() of a no-op step, 0 hooks:" in out
+
+
+def test_benchmarks_import_each_other_without_a_circle():
+    """Every ``benchmarks.*`` import, function-level ones included, points one way: what two
+    benchmarks share lives in a third module (``_step_loops``, ``_ddp_loops``, ``_callgrind``,
+    ``_ranks``), and ``--instructions`` dispatches from the timing script to the callgrind one."""
+    root = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    graph = {path.stem: _benchmark_imports(path) for path in root.glob("*.py")}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join(path[path.index(module):] + (module,))}"
+        if module not in done:
+            for imported in graph.get(module, ()):
+                visit(imported, path + (module,))
+            done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert "step_instructions" in graph["step_overhead"] and "distributed_instructions" in graph["distributed"]
+
+
+def _benchmark_imports(path: pathlib.Path) -> set[str]:
+    """The ``benchmarks`` modules that ``path`` imports, anywhere in the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("benchmarks."))
+    return found
