@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.rank, args.port, args.n, args.warmup)
-        return None
+        _callgrind.exit_worker()
     why = _callgrind.available()
     if why is not None:
         print(f"instruction counts not available: {why}")

@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--annotate", action="store_true", help="break down each variant that misses by function")
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.n, args.warmup)
+        worker(args.n, args.warmup)
+        _callgrind.exit_worker()
     why = _callgrind.available()
     if why is not None:
         print(f"instruction counts not available: {why}")

@@ -211,7 +211,7 @@ def run(args: argparse.Namespace, pinned: int | None) -> None:
         rounds = 2 if args.quick else min(args.loop_rounds, 7)
         steps = 200 if args.quick else args.steps
         print(f"pinned to CPU {pinned} (the timing ratios)" if pinned is not None else "not pinned")
-        return step_instructions.main(["--n", str(args.n), "--warmup", "20" if args.quick else "100",
+        return step_instructions.main(["--n", str(args.n), "--warmup", "5" if args.quick else "100",
                              "--loop-rounds", str(rounds), "--steps", str(steps),
                              *(["--annotate"] if args.annotate else [])])
     rounds, n_noop = (2, 2_000) if args.quick else (args.rounds, 50_000)

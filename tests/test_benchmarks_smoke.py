@@ -103,7 +103,7 @@ def test_step_overhead_instruction_counts(capsys):
     run-to-run difference, and the ratio judged against the target."""
     from benchmarks.step_overhead import main as step_overhead
 
-    step_overhead(["--instructions", "--quick", "--n", "20"])
+    step_overhead(["--instructions", "--quick", "--n", "5"])
     out = capsys.readouterr().out.split("instructions per steady-state step", 1)[1]
     for row in ("MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services"):
         (line,) = [x for x in out.splitlines() if x.strip().startswith(row)]
