@@ -31,7 +31,7 @@ DCP_FIGURES = ("ours: async save() stall", "ours: save to commit", "DCP async_sa
 
 @pytest.mark.slow
 def test_checkpoint_benchmark_quick(capsys, tmp_path):
-    rows = main(["--quick", "--dir", str(tmp_path)])
+    rows = main(["--quick", "--repeats", "2", "--dir", str(tmp_path)])
     out = capsys.readouterr().out
     table = out.split("\nfigure", 1)[1]
     for name in ROWS + DCP_ROWS:
