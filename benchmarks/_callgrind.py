@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import torch
 
@@ -168,3 +168,12 @@ def deterministic(a: float, b: float) -> str:
 
 def print_marks(labels: list[str]) -> None:
     print(MARKER + json.dumps(labels), flush=True)
+
+
+def exit_worker() -> NoReturn:
+    """Ends a worker process once its work is done, without Python's finalization: under
+    callgrind that teardown (every module, tensor and thread state) runs instrumented, ~8 s of
+    CPU per worker that no mark counts. Callgrind still writes its final dump at exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -17,19 +17,19 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import torch.distributed as dist
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _callgrind  # noqa: E402
+from benchmarks._ddp_loops import LOOPS, Rank, init_rank, rank_main  # noqa: E402
 from benchmarks._ranks import free_port, run_ranks, spread  # noqa: E402
-from benchmarks.distributed import LOOPS, Rank, _init, _rank_main  # noqa: E402
 
 TARGET = 1.05
 
 
 def worker(rank: int, port: int, n: int, warmup: int) -> None:
-    import torch.distributed as dist
-
-    _init(rank, port)
+    init_rank(rank, port)
     ranks = Rank()
     marks: list[str] = []
     _callgrind.start()
@@ -99,7 +99,7 @@ def _table(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 
 def report_timing(rounds: int, steps: int) -> None:
-    times = run_ranks(_rank_main, rounds, steps)
+    times = run_ranks(rank_main, rounds, steps)
     print(f"timing (2 ranks native, {rounds} interleaved rounds x {steps} steps; typical step = per-step median "
           "within the round), ratio over bare, median (min-max):")
     for loop in LOOPS:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.rank, args.port, args.n, args.warmup)
-        return None
+        _callgrind.exit_worker()
     why = _callgrind.available()
     if why is not None:
         print(f"instruction counts not available: {why}")

@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -49,8 +47,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import step_instructions  # noqa: E402
+from benchmarks._step_loops import report_loops, session_factories, settled, tiny_model  # noqa: E402
+from benchmarks.hook_costs import measure_hook_costs  # noqa: E402
 from supervisor import Hook, MonitoredSession  # noqa: E402
-
 
 
 class NoOverrides(Hook):
@@ -91,95 +91,11 @@ def us_per_call(n: int, fn: Callable[..., object], *args: object) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-def settled(session: object) -> object:
-    """Waits for the checkpoint saved at session creation: it is not per-step overhead."""
-    manager = getattr(session, "checkpoint_manager", None)
-    if manager is not None:
-        manager.wait()
-    return session
-
-
 def noop_run_cost(hooks: list[Hook], n: int) -> Callable[[], float]:
     def measure() -> float:
         with MonitoredSession(hooks=hooks) as s:
             return us_per_call(n, s.run, lambda: None)
     return measure
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(16, 32), torch.randn(16, 1)
-
-    def train_step(batch):
-        xb, yb = batch
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(xb), yb)
-        loss.backward()
-        opt.step()
-        return {"loss": loss.detach()}
-
-    return model, opt, (x, y), train_step
-
-
-def bare_loop(n: int) -> Callable[[], tuple[float, float]]:
-    """(wall seconds, this process's CPU seconds) of ``n`` bare steps."""
-    def measure() -> tuple[float, float]:
-        _, _, batch, train_step = tiny_model()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        for _ in range(n):
-            train_step(batch)
-        return time.perf_counter() - start, time.process_time() - cpu_start
-    return measure
-
-
-def session_loop(n: int, make_session: Callable[..., object]) -> Callable[[], tuple[float, float]]:
-    """As `bare_loop`, inside the session ``make_session`` makes. ``time.process_time`` counts
-    every thread of this process — the runtime's background threads included — and nothing of
-    other processes, so its ratio is the whole-loop cost with a shared machine's noise removed."""
-    def measure() -> tuple[float, float]:
-        model, opt, batch, train_step = tiny_model()
-        with make_session(model, opt) as s:
-            settled(s)
-            start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(n):
-                s.run(train_step, batch)
-            return time.perf_counter() - start, time.process_time() - cpu_start
-    return measure
-
-
-def monitored_session(model, opt):
-    from supervisor import SessionCreator, TrainingState
-    return MonitoredSession(SessionCreator(TrainingState.from_arguments(model=model, optimizer=opt)))
-
-
-def training_session(logdir: str) -> Callable[..., object]:
-    def make(model, opt):
-        from supervisor import MonitoredTrainingSession
-        shutil.rmtree(logdir, ignore_errors=True)
-        return MonitoredTrainingSession(logdir, model, opt, handle_signals=False)
-    return make
-
-
-def training_session_no_default_hooks(logdir: str) -> Callable[..., object]:
-    """MonitoredTrainingSession with the same checkpoint directory but none of its default
-    hooks (no step counter, no summary saver, no periodic checkpoint saver): the gap between
-    this row and the default-hooks row is what those hooks cost in a whole loop."""
-    def make(model, opt):
-        from supervisor import MonitoredTrainingSession
-        shutil.rmtree(logdir, ignore_errors=True)
-        return MonitoredTrainingSession(logdir, model, opt, handle_signals=False, log_step_count_steps=None,
-                                        save_summaries_steps=None, save_checkpoint_secs=None)
-    return make
-
-
-def supervisor_session(logdir: str) -> Callable[..., object]:
-    def make(model, opt):
-        from supervisor import Supervisor
-        shutil.rmtree(logdir, ignore_errors=True)
-        return Supervisor(logdir, model, opt, handle_signals=False).managed_session()
-    return make
 
 
 def ignite_loop(n: int) -> Callable[[], tuple[float, float]] | None:
@@ -208,69 +124,6 @@ def report_noop(rounds: int, n: int) -> dict[str, float]:
     for name, us in results.items():
         print(f"  {name:<40s} {us:7.2f} us/step  {'ok' if us <= 5 else 'MISSES TARGET'}")
     return results
-
-
-def measure_bracketed(rounds: int, bare: Callable[[], tuple[float, float]],
-                      variants: dict[str, Callable[[], tuple[float, float]]]
-                      ) -> tuple[list[float], dict[str, list[tuple[float, float, float]]]]:
-    """Each round runs every variant between two runs of ``bare`` (bare, v1, bare, v2, …, bare;
-    the variants' order rotates each round). Every run returns (wall seconds, CPU seconds). A
-    variant's ratio in a round is its time over the mean of the two bare runs around it: this
-    machine's speed drifts, and the bare runs next to a variant saw the speed closest to its own.
-    Returns every bare run's wall time, and per variant and round (wall seconds, wall ratio,
-    CPU ratio)."""
-    bares: list[float] = []
-    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(rounds):
-        gc.collect()
-        before = bare()
-        bares.append(before[0])
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            gc.collect()
-            wall, cpu = variants[name]()
-            gc.collect()
-            after = bare()
-            bares.append(after[0])
-            results[name].append((wall, wall / ((before[0] + after[0]) / 2), cpu / ((before[1] + after[1]) / 2)))
-            before = after
-    return bares, results
-
-
-def report_loops(rounds: int, n: int, sessions: dict[str, Callable[..., object]],
-                 others: dict[str, Callable[[], tuple[float, float]]]) -> dict[str, float]:
-    variants = {name: session_loop(n, make) for name, make in sessions.items()}
-    variants.update(others)
-    bare, results = measure_bracketed(rounds, bare_loop(n), variants)
-    print(f"tiny CPU model, {n} steps; each round runs every variant between two bare loops; ratio = "
-          f"median (min-max) over {rounds} rounds of (variant / mean of the two bare loops around "
-          "it), target <= 1.03x:")
-    print(f"  {'bare loop':<52s} {statistics.median(bare) / n * 1e6:8.1f} us/step (median run; "
-          f"{min(bare) / n * 1e6:.1f}-{max(bare) / n * 1e6:.1f})")
-    ratios = {}
-    for name in [*sessions, *others]:
-        per_round = [r[1] for r in results[name]]
-        ratios[name] = statistics.median(per_round)
-        verdict = ("ok" if ratios[name] <= 1.03 else "MISSES TARGET") if name in sessions else "(reference)"
-        print(f"  {name:<52s} {statistics.median(r[0] for r in results[name]) / n * 1e6:8.1f} us/step  "
-              f"{ratios[name]:.3f}x ({min(per_round):.3f}-{max(per_round):.3f})  {verdict}")
-    print("  all rounds pooled (the variant's total time over the total of the bare loops' means "
-          "around it: every round's bursts count, none is dropped):")
-    for name in [*sessions, *others]:
-        pooled = sum(r[0] for r in results[name]) / sum(r[0] / r[1] for r in results[name])
-        ratios[f"{name} (pooled)"] = pooled
-        verdict = ("ok" if pooled <= 1.03 else "MISSES TARGET") if name in sessions else "(reference)"
-        print(f"  {name:<52s} {pooled:.3f}x  {verdict}")
-    print("  the same loops in CPU time of this process (time.process_time: the runtime's threads "
-          "included, other processes' load excluded), ratio per round, median (min-max):")
-    for name in sessions:
-        per_round = [r[2] for r in results[name]]
-        ratio = statistics.median(per_round)
-        ratios[f"{name} (cpu)"] = ratio
-        print(f"  {name:<52s} {ratio:.3f}x ({min(per_round):.3f}-{max(per_round):.3f})  "
-              f"{'ok' if ratio <= 1.03 else 'MISSES TARGET'}")
-    ratios["_bare_step_us"] = min(bare) / n * 1e6
-    return ratios
 
 
 def overhead_us(n: int, make_session: Callable[..., object] | None) -> Callable[[], float]:
@@ -306,8 +159,6 @@ def report_additive_estimate(rounds: int, n: int, bare_step_us: float,
 
 
 def report_hook_costs(n: int, rounds: int) -> None:
-    from benchmarks.hook_costs import measure_hook_costs
-
     print("built-in hooks, us per non-triggering step over the no-hook baseline (target <= 2 us):")
     for name, us in measure_hook_costs(n_steps=n, rounds=rounds):
         print(f"  {name:<40s} {us:7.2f}")
@@ -357,12 +208,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace, pinned: int | None) -> None:
     if args.instructions:
-        from benchmarks.step_instructions import main as instructions
-
         rounds = 2 if args.quick else min(args.loop_rounds, 7)
         steps = 200 if args.quick else args.steps
         print(f"pinned to CPU {pinned} (the timing ratios)" if pinned is not None else "not pinned")
-        return instructions(["--n", str(args.n), "--warmup", "20" if args.quick else "100",
+        return step_instructions.main(["--n", str(args.n), "--warmup", "5" if args.quick else "100",
                              "--loop-rounds", str(rounds), "--steps", str(steps),
                              *(["--annotate"] if args.annotate else [])])
     rounds, n_noop = (2, 2_000) if args.quick else (args.rounds, 50_000)
@@ -375,13 +224,7 @@ def run(args: argparse.Namespace, pinned: int | None) -> None:
     report_hook_costs(n_noop // 2, rounds)
     print()
     with tempfile.TemporaryDirectory() as tmp:
-        sessions = {
-            "MonitoredSession, no hooks": monitored_session,
-            "MonitoredTrainingSession, default hooks": training_session(os.path.join(tmp, "mts")),
-            "MonitoredTrainingSession, no default hooks": training_session_no_default_hooks(
-                os.path.join(tmp, "mts-bare")),
-            "Supervisor.managed_session(), default services": supervisor_session(os.path.join(tmp, "sv")),
-        }
+        sessions = session_factories(tmp)
         ignite = ignite_loop(n_model)
         others = {"pytorch-ignite Engine": ignite} if ignite is not None else {}
         ratios = report_loops(loop_rounds, n_model, sessions, others)

@@ -2,7 +2,9 @@
 not asserted here: they belong to ``benchmarks/``, not to a test on a shared machine)."""
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
 import re
 import shutil
 
@@ -29,7 +31,7 @@ DCP_FIGURES = ("ours: async save() stall", "ours: save to commit", "DCP async_sa
 
 @pytest.mark.slow
 def test_checkpoint_benchmark_quick(capsys, tmp_path):
-    rows = main(["--quick", "--dir", str(tmp_path)])
+    rows = main(["--quick", "--repeats", "2", "--dir", str(tmp_path)])
     out = capsys.readouterr().out
     table = out.split("\nfigure", 1)[1]
     for name in ROWS + DCP_ROWS:
@@ -101,10 +103,43 @@ def test_step_overhead_instruction_counts(capsys):
     run-to-run difference, and the ratio judged against the target."""
     from benchmarks.step_overhead import main as step_overhead
 
-    step_overhead(["--instructions", "--quick", "--n", "20"])
+    step_overhead(["--instructions", "--quick", "--n", "5"])
     out = capsys.readouterr().out.split("instructions per steady-state step", 1)[1]
     for row in ("MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services"):
         (line,) = [x for x in out.splitlines() if x.strip().startswith(row)]
         assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \((deterministic|NOT deterministic.*)\) +\d\.\d{4}x  "
                          r"(ok|MISSES TARGET)$", line), line
     assert "run() of a no-op step, 0 hooks:" in out
+
+
+def test_benchmarks_import_each_other_without_a_circle():
+    """Every ``benchmarks.*`` import, function-level ones included, points one way: what two
+    benchmarks share lives in a third module (``_step_loops``, ``_ddp_loops``, ``_callgrind``,
+    ``_ranks``), and ``--instructions`` dispatches from the timing script to the callgrind one."""
+    root = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    graph = {path.stem: _benchmark_imports(path) for path in root.glob("*.py")}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join(path[path.index(module):] + (module,))}"
+        if module not in done:
+            for imported in graph.get(module, ()):
+                visit(imported, path + (module,))
+            done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert "step_instructions" in graph["step_overhead"] and "distributed_instructions" in graph["distributed"]
+
+
+def _benchmark_imports(path: pathlib.Path) -> set[str]:
+    """The ``benchmarks`` modules that ``path`` imports, anywhere in the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("benchmarks."))
+    return found

@@ -12,11 +12,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
+# One intra-op thread, as the other subprocess tests: a tiny model gains nothing from a second
+# one, and on a busy 2-core machine its spin-waits cost the run several times its CPU.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_example(name, *args, timeout=240):
     result = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
-                            capture_output=True, text=True, timeout=timeout)
+                            capture_output=True, text=True, timeout=timeout, env=ENV)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 

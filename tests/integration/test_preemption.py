@@ -14,12 +14,13 @@ import supervisor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "examples", "quickstart.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model: a second intra-op thread only spin-waits
 
 
 def start_trainer(logdir, steps, *extra):
     return subprocess.Popen([sys.executable, QUICKSTART, "--logdir", logdir, "--steps", str(steps),
                              "--save-secs", "0.2", "--summary-secs", "0.05", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
 
 
 def wait_for_checkpoint(logdir, proc, min_step=1, timeout_secs=120):

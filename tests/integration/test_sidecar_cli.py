@@ -99,7 +99,8 @@ def test_add_parser_and_run_follow_the_cli_contract(finished_run, capsys):
 def test_sidecar_example_trainer_and_evaluator_as_two_processes(tmp_path):
     logdir = str(tmp_path / "run")
     result = subprocess.run([sys.executable, EXAMPLE, "--logdir", logdir, "--steps", "120", "--save-steps", "40",
-                             "--timeout", "120"], capture_output=True, text=True, timeout=240)
+                             "--timeout", "120"], capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model: one intra-op thread
     assert result.returncode == 0, result.stdout + result.stderr
     assert "trainer: stopped at step 120" in result.stdout
     assert "evaluator: stopped (finished)" in result.stdout  # exited by itself after the final checkpoint
