@@ -169,6 +169,12 @@ class ObjectReader(io.RawIOBase):
         self._position = base + offset
         return self._position
 
+    def read_at(self, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of the version listed (fewer at the end), with one
+        ranged ``GetObject``; leaves the position alone, so threads may call it at once."""
+        length = min(length, self.size - start)
+        return self.storage.read_range(self.path, start, length, if_match=self.etag) if length > 0 else b""
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         wanted = min(view.nbytes, self.size - self._position)
