@@ -150,6 +150,7 @@ class ShardedCheckpointManager(ManagerCommon):
             raise ValueError(f"checkpoint_format='dcp' needs a local or shared-filesystem directory, not "
                              f"{inner.directory!r}; use checkpoint_format='torch' on an object store")
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
+        self.storage = inner.storage  # the logdir's Storage (finished mark, index reads)
         self.lock, self.lease_secs = inner.lock, inner.lease_secs
         self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))

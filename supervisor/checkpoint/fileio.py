@@ -34,6 +34,7 @@ __all__ = [
     "CRC32_IMPLEMENTATION",
     "ChecksumWriter",
     "NotARegularFileError",
+    "available_memory_bytes",
     "Opener",
     "checksum_file",
     "crc32",
@@ -363,3 +364,15 @@ def fsync_dir(path: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the system can give without swapping (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

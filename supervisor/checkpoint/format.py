@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.local_storage import LocalStorage, deleting_name
 from supervisor.checkpoint.storage_base import Storage
 
 __all__ = [
@@ -84,10 +84,6 @@ def step_of(name: str, basename: str) -> int | None:
 
 def temp_name(name: str) -> str:
     return f"{name}.tmp-{os.urandom(16).hex()}"
-
-
-def deleting_name(name: str) -> str:
-    return f"{name}.deleting-{os.urandom(16).hex()}"
 
 
 def is_transient(name: str) -> bool:

@@ -48,14 +48,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     Loading is always ``weights_only``; ``trusted_globals`` allowlists extra classes/functions.
 
     A sharded checkpoint (``checkpoint_format="dcp"``) comes back in the same shape, every
-    tensor whole (the shards of all ranks reassembled, as `supervisor.checkpoint.dcp.load_into`
-    loads them): read once and verified from open files (`supervisor.checkpoint.reading`), its
-    optimizer state keyed by parameter name as DCP saves it. Its tensors go to the CPU or the
-    one device ``map_location`` names.
+    tensor whole (all ranks' shards reassembled, read once and verified), its optimizer state
+    keyed by parameter name as DCP saves it, on the CPU or the device ``map_location`` names.
 
     ``path`` may be an ``s3://bucket/prefix/model.ckpt-N`` URL (``storage_options``: the
-    client's options, e.g. ``{"endpoint_url": ...}``): read once through the object store's
-    ranged reads, verified the same way (a prefix without a manifest is no checkpoint).
+    client's options): read once by ranged reads, verified the same way.
 
     Raises:
         ValueError: ``verify`` is not ``"full"`` or ``"size"``.
@@ -70,12 +67,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     storage, path = resolve_storage(path, storage_options=storage_options)
     if is_remote(storage):
         return _load_remote(storage, path, map_location, verify, trusted_globals)
-    if os.path.isdir(path) and _is_sharded(path):
-        return read_checkpoint(path, verify=verify, trusted_globals=trusted_globals,
-                               map_location=map_location).payload
     if os.path.isdir(path):
-        return load_verified(path, verify=verify, trusted_globals=trusted_globals,
-                             map_location=map_location).payload
+        load = read_checkpoint if _is_sharded(path) else load_verified
+        return load(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location).payload
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
     try:

@@ -13,7 +13,7 @@ from typing import IO, Any, Iterable
 
 from supervisor.checkpoint.fileio import (ChecksumWriter, NotARegularFileError, Opener, checksum_file, default_opener,
                                           file_kind, fsync_dir)
-from supervisor.checkpoint import format as checkpoint_format  # format imports this module: names looked up at call time
+from supervisor.checkpoint.local_snapshot import LocalSnapshot
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
@@ -46,6 +46,12 @@ class _LocalWriter(ChecksumWriter):
             if not self._synced:
                 _remove_quietly(self.path)
 
+
+
+def deleting_name(name: str) -> str:
+    """The name a directory is moved aside to before it is deleted (``format.is_transient``
+    knows it: a crash mid-delete leaves a name the next writer removes)."""
+    return f"{name}.deleting-{os.urandom(16).hex()}"
 
 class LocalStorage:
     """Today's POSIX behaviour: files fsynced, then their directory; ``os.replace`` for atomic
@@ -168,7 +174,7 @@ class LocalStorage:
             os.close(fd)
             raise
 
-    def open_snapshot(self, directory: str, names: Iterable[str]) -> _LocalSnapshot:
+    def open_snapshot(self, directory: str, names: Iterable[str]) -> LocalSnapshot:
         """Opens ``directory`` (``O_DIRECTORY``) and then, relative to that descriptor, every
         name (regular files only, ``O_NONBLOCK`` + ``fstat``), before anything is read.
 
@@ -182,7 +188,7 @@ class LocalStorage:
         except FileNotFoundError:
             raise SnapshotVanishedError(errno.ENOENT, f"{directory} does not exist (deleted before it could "
                                         "be read)") from None
-        snapshot = _LocalSnapshot(directory, dir_fd)
+        snapshot = LocalSnapshot(directory, dir_fd)
         try:
             for name in names:
                 snapshot.open(name)
@@ -277,7 +283,7 @@ class LocalStorage:
     def uncommit(self, final: str) -> str | None:
         """Renames the committed ``final`` to ``<final>.deleting-<hex>`` (atomic: a reader finds
         the whole checkpoint or nothing) and returns that name; None when ``final`` is gone."""
-        aside = os.path.join(os.path.dirname(final), checkpoint_format.deleting_name(os.path.basename(final)))
+        aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
         try:
             os.rename(final, aside)
         except FileNotFoundError:
@@ -329,64 +335,10 @@ def rename_into_place(tmp: str, final: str) -> None:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
             raise
     logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
-    aside = os.path.join(os.path.dirname(final), checkpoint_format.deleting_name(os.path.basename(final)))
+    aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
     os.rename(final, aside)
     os.rename(tmp, final)
     LocalStorage().remove_tree(aside)
-
-
-class _LocalSnapshot:
-    """Open descriptors of one directory's files (see `LocalStorage.open_snapshot`)."""
-
-    def __init__(self, directory: str, dir_fd: int) -> None:
-        self.directory = directory
-        self._dir_fd: int | None = dir_fd
-        self.files: dict[str, IO[bytes]] = {}
-        self.sizes: dict[str, int] = {}
-
-    def open(self, name: str) -> None:
-        if os.path.basename(name) != name or name in ("", os.curdir, os.pardir):
-            raise ValueError(f"{self.directory}: {name!r} is not a file name of the directory")
-        try:
-            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            if self.vanished():
-                raise SnapshotVanishedError(errno.ENOENT, f"{self.directory}: deleted while being opened") from None
-            raise FileNotFoundError(errno.ENOENT, f"{self.directory}: {name} is missing", name) from None
-        try:
-            st = os.fstat(fd)
-            if not stat_module.S_ISREG(st.st_mode):
-                raise NotARegularFileError(f"{self.directory}: {name} is not a regular file "
-                                           f"({file_kind(st.st_mode)}); refusing to read it")
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.files[name] = open(fd, "rb", buffering=0)
-        self.sizes[name] = st.st_size
-
-    def vanished(self) -> bool:
-        if self._dir_fd is None:
-            raise ValueError(f"the snapshot of {self.directory} is closed")
-        try:
-            here = os.stat(self.directory)
-        except FileNotFoundError:
-            return True
-        mine = os.fstat(self._dir_fd)
-        return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino) or mine.st_nlink == 0
-
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
-
-    def __enter__(self) -> _LocalSnapshot:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _info(path: str, st: os.stat_result) -> ObjectInfo:

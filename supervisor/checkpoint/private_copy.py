@@ -32,7 +32,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from supervisor.checkpoint.fileio import crc32, crc32_combine
+from supervisor.checkpoint.fileio import available_memory_bytes, crc32, crc32_combine
 from supervisor.checkpoint.memory_file import MemoryFile
 from supervisor.checkpoint.storage_base import PreconditionFailedError
 from supervisor.errors import CheckpointCorruptError
@@ -346,18 +346,6 @@ def _buffer_copy(fd: int, size: int, where: str, checksum: bool) -> PrivateCopy:
     finally:
         view.release()
     return PrivateCopy(size, crc if checksum else None, data=buffer)
-
-
-def available_memory_bytes() -> int | None:
-    """The memory the system can give without swapping (``MemAvailable``), or None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def check_fits(size: int, where: str) -> None:

@@ -111,7 +111,7 @@ def resolve_checkpoint(ckpt: str | os.PathLike, *, storage_options: Mapping[str,
     if latest is not None:
         return latest
     sealed = []
-    for name in os.listdir(path):
+    for name in storage.listdir(path):
         try:
             sealed.append((read_manifest(os.path.join(path, name)).step, name))
         except (OSError, ValueError):
