@@ -1,0 +1,336 @@
+"""Checkpoints on an object store (SPEC §14, §16): the engine against DCP's fsspec storage and
+``torch.save`` + one upload, on a real S3-compatible server on loopback, in one run.
+
+A ``moto`` S3 server (`benchmarks._s3_server`) is started on a free loopback port and a bucket
+created. For each size of ``--sizes`` (a model + Adam state: the parameters and Adam's two
+moments total the size; default ``64M,1G``; ``smoke``: 8 MiB, for CI), ``--rounds`` interleaved
+rounds (default 3) time, on the same state and server, in this order:
+
+- **ours, save to commit**: ``CheckpointManager("s3://bucket/run", storage_options=...)``,
+  ``open()`` untimed, then ``save(step, state, wait=True)`` (serialisation, CRC-32 while
+  uploading, multipart parts in parallel, the manifest last with a create-only write, the index);
+- **DCP save**: ``dcp.save({"model": ..., "optim": ...}, storage_writer=FsspecWriter(url,
+  **storage_options))`` with DCP's defaults (one file per rank, ``thread_count=1``; see
+  ``--dcp-thread-count``); its ``.metadata`` is written to a temp name and renamed (on S3: copy,
+  then delete), as DCP does;
+- **torch.save + upload**: ``torch.save`` of the same dict to a ``BytesIO``, then one
+  ``fs.pipe`` (s3fs: multipart in 50 MiB parts, 10 in parallel, above 100 MiB);
+- **ours, verified restore**: a fresh ``CheckpointManager(..., verify="full")``, ``open()``,
+  ``restore(state)`` into the live model and optimizer (sizes and checksums verified), ``close()``;
+- **DCP load** into the same dict, in place, with ``FsspecReader`` (verifies nothing);
+- **download + torch.load**: one ``fs.cat_file``, then ``torch.load(weights_only=True)``.
+
+Everything written is deleted between rounds (untimed), so every save goes to an empty prefix.
+One untimed warm-up round on a tiny state first opens every client's connections.
+
+Printed: each figure as median (min–max) seconds and the MB/s (10^6 bytes of tensors per second)
+of its median; then the ratios of medians, ours/DCP for save and restore with the §14 target
+(≤ 1.0×, "ok" or "MISSES TARGET") and ours/torch.save+upload for each (information).
+
+The server is pure Python and shares the machine's cores with the client: its own time is a
+large part of every figure, and the same for every side, so the ratios are what this measures,
+not what a real object store would sustain.
+
+Until the engine accepts ``s3://`` logdirs, the ours rows print ``ours: not available (<error>)``
+and the run goes on.
+
+Run: ``python benchmarks/object_store.py [--sizes 64M,1G] [--rounds 3] [--dcp-thread-count 1]``
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import os
+import statistics
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import s3fs
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._ranks import spread  # noqa: E402
+from benchmarks._s3_server import S3Server  # noqa: E402
+from supervisor import TrainingState  # noqa: E402
+from supervisor.checkpoint import CheckpointManager  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+MB = 1e6
+SMOKE_BYTES = 8 * MiB
+_WIDTH = 1024  # columns of every parameter
+_LAYERS = 8
+
+OURS_SAVE, DCP_SAVE, PLAIN_SAVE = "ours: save to commit", "DCP save (FsspecWriter)", "torch.save + fs.pipe"
+OURS_LOAD, DCP_LOAD, PLAIN_LOAD = "ours: verified restore", "DCP load (FsspecReader)", "fs.cat_file + torch.load"
+FIGURES = (OURS_SAVE, DCP_SAVE, PLAIN_SAVE, OURS_LOAD, DCP_LOAD, PLAIN_LOAD)
+COMPARISONS = (  # (row, ours, theirs, target; None: information)
+    ("ours/DCP: save to commit", OURS_SAVE, DCP_SAVE, 1.0),
+    ("ours/DCP: verified restore", OURS_LOAD, DCP_LOAD, 1.0),
+    ("ours/torch.save+upload: save", OURS_SAVE, PLAIN_SAVE, None),
+    ("ours/download+torch.load: restore", OURS_LOAD, PLAIN_LOAD, None),
+)
+
+
+@dataclass(frozen=True)
+class Size:
+    """A state to measure: parameters and Adam's two moments totalling about ``nbytes``."""
+
+    label: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One ratio of medians; ``ratio`` is None when a side failed or is not available."""
+
+    name: str
+    ratio: float | None
+    target: float | None
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio is None:
+            return f"n/a ({self.note})"
+        if self.target is None:
+            return "(info)"
+        return "ok" if self.ratio <= self.target else "MISSES TARGET"
+
+
+def parse_sizes(text: str) -> list[Size]:
+    """``"64M,1G,smoke"`` -> sizes. ``NM``/``NG``: a model + Adam state of N MiB/GiB; ``smoke``: 8 MiB."""
+    sizes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if item == "smoke":
+            sizes.append(Size("smoke (8 MiB)", SMOKE_BYTES))
+            continue
+        unit = {"M": MiB, "G": GiB}.get(item[-1:].upper())
+        try:
+            nbytes = int(float(item[:-1]) * unit) if unit else 0
+        except ValueError:
+            nbytes = 0
+        if nbytes < MiB:
+            raise ValueError(f"--sizes: {item!r} is not NM, NG (at least 1M) or smoke; e.g. --sizes 64M,1G")
+        sizes.append(Size(f"{item[:-1]} {'MiB' if unit == MiB else 'GiB'}", nbytes))
+    if not sizes:
+        raise ValueError(f"--sizes: {text!r} names no size; e.g. --sizes 64M,1G or --sizes smoke")
+    return sizes
+
+
+def build(nbytes: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A model of ``_LAYERS`` float32 ``rows x _WIDTH`` weights whose parameters and Adam's
+    ``exp_avg``/``exp_avg_sq`` total about ``nbytes``, after one Adam step (so its state exists)."""
+    rows = max(1, nbytes // 3 // _LAYERS // (_WIDTH * 4))
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.weights = nn.ParameterList(nn.Parameter(torch.empty(rows, _WIDTH).uniform_(-1, 1)) for _ in range(_LAYERS))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    tensors = list(model.state_dict().values())
+    tensors += [t for per_param in optimizer.state.values() for t in per_param.values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _failure_as_figure(measure: Callable[[], float]) -> float | str:
+    try:
+        return measure()
+    except Exception as e:  # noqa: BLE001 - a failure is the figure
+        return f"FAILED: {type(e).__name__}: {e}"[:300]
+
+
+class Round:
+    """The six figures of one round, on one state, one server and the prefix ``root``.
+
+    ``unavailable``: why ours cannot run (set by its first failure; later rounds skip it)."""
+
+    def __init__(self, root: str, options: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 dcp_thread_count: int = 1, unavailable: str | None = None) -> None:
+        self.options, self.model, self.optimizer = options, model, optimizer
+        self.state = TrainingState.from_arguments(model=model, optimizer=optimizer)
+        self.ours_url, self.dcp_url, self.plain_url = f"{root}/run", f"{root}/dcp", f"{root}/plain.pt"
+        self.fs = fsspec.filesystem("s3", **options)  # what DCP's url_to_fs(**options) gets too (cached)
+        self._cleaner = fsspec.filesystem("s3", **options, use_listings_cache=False)
+        self.dcp_thread_count = dcp_thread_count
+        self.unavailable = unavailable
+
+    def user_sd(self) -> dict[str, Any]:
+        """What a DCP or torch.save user passes, built inside the timed window as their call builds
+        it (ours builds the same inside ``save``/``restore``)."""
+        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+
+    def run(self, step: int, figures: dict[str, list[float | str]]) -> None:
+        try:
+            figures[OURS_SAVE].append(self._ours(lambda: self._ours_save(step)))
+            figures[DCP_SAVE].append(_failure_as_figure(lambda: _timed(self._dcp_save)))
+            figures[PLAIN_SAVE].append(_failure_as_figure(lambda: _timed(self._plain_save)))
+            figures[OURS_LOAD].append(self._ours(lambda: _timed(lambda: self._ours_restore(step))))
+            figures[DCP_LOAD].append(_failure_as_figure(lambda: _timed(self._dcp_load)))
+            figures[PLAIN_LOAD].append(_failure_as_figure(lambda: _timed(self._plain_load)))
+        finally:
+            self.clean()
+
+    def _ours(self, measure: Callable[[], float]) -> float | str:
+        if self.unavailable is None:
+            try:
+                return measure()
+            except Exception as e:  # noqa: BLE001 - reported, the other sides still run
+                self.unavailable = f"ours: not available ({type(e).__name__}: {e})"[:300]
+        return self.unavailable
+
+    def _ours_save(self, step: int) -> float:
+        manager = CheckpointManager(self.ours_url, storage_options=self.options, max_to_keep=None)
+        manager.open()  # takes the lease, reads the index: once per job, not per save
+        try:
+            return _timed(lambda: manager.save(step, self.state, wait=True))
+        finally:
+            manager.close()
+
+    def _ours_restore(self, step: int) -> None:
+        fresh = CheckpointManager(self.ours_url, storage_options=self.options, max_to_keep=None, verify="full")
+        fresh.open()
+        try:
+            restored = fresh.restore(self.state)
+        finally:
+            fresh.close()
+        if restored is None or restored.global_step != step:
+            raise RuntimeError(f"restored {restored!r} from {self.ours_url}, expected step {step}")
+
+    def _dcp_save(self) -> None:
+        writer = FsspecWriter(self.dcp_url, thread_count=self.dcp_thread_count, **self.options)
+        dcp.save(self.user_sd(), storage_writer=writer)
+
+    def _dcp_load(self) -> None:
+        dcp.load(self.user_sd(), storage_reader=FsspecReader(self.dcp_url, **self.options))
+
+    def _plain_save(self) -> None:
+        buffer = io.BytesIO()
+        torch.save(self.user_sd(), buffer)
+        self.fs.pipe(self.plain_url, buffer.getvalue())
+
+    def _plain_load(self) -> None:
+        torch.load(io.BytesIO(self.fs.cat_file(self.plain_url)), weights_only=True)
+
+    def clean(self) -> None:
+        """Deletes everything the round wrote (untimed)."""
+        for url in (self.ours_url, self.dcp_url, self.plain_url):
+            try:
+                self._cleaner.rm(url, recursive=True)
+            except FileNotFoundError:
+                pass
+
+
+def measure(root: str, options: dict[str, Any], size: Size, rounds: int, *, dcp_thread_count: int,
+            unavailable: str | None) -> tuple[int, str, dict[str, list[float | str]], str | None]:
+    """The state's byte count and description, every figure of ``size`` over ``rounds``
+    interleaved rounds, and why ours is unavailable (None when it ran)."""
+    model, optimizer = build(size.nbytes)
+    nbytes = state_bytes(model, optimizer)
+    tensors = len(model.state_dict()) + sum(len(s) for s in optimizer.state.values())
+    figures: dict[str, list[float | str]] = {name: [] for name in FIGURES}
+    one_round = Round(root, options, model, optimizer, dcp_thread_count=dcp_thread_count, unavailable=unavailable)
+    for step in range(1, rounds + 1):
+        one_round.run(step, figures)
+    header = (f"{size.label} model + Adam ({tensors} tensors, {nbytes / MiB:.1f} MiB), {rounds} rounds, "
+              "seconds as median (min-max), MB/s of the median:")
+    return nbytes, header, figures, one_round.unavailable
+
+
+def _median(values: list[float | str]) -> float | None:
+    numbers = [v for v in values if isinstance(v, float)]
+    return statistics.median(numbers) if numbers and len(numbers) == len(values) else None
+
+
+def report(label: str, header: str, nbytes: int, figures: dict[str, list[float | str]]) -> list[Comparison]:
+    """Prints every figure of one size and its ratios; returns the ratios."""
+    print(f"  {header}")
+    for name in FIGURES:
+        values, middle = figures[name], _median(figures[name])
+        if middle is None:
+            shown = next(v for v in values if isinstance(v, str))
+        else:
+            shown = f"{spread([float(v) for v in values])} s  {nbytes / MB / middle:8.1f} MB/s"
+        print(f"    {name:<28s} {shown}")
+    results = []
+    for row, ours, theirs, target in COMPARISONS:
+        mine, other = _median(figures[ours]), _median(figures[theirs])
+        if mine is None or other is None:
+            failed = figures[ours] if mine is None else figures[theirs]
+            note = next(v for v in failed if isinstance(v, str))
+            results.append(Comparison(f"{row} @ {label}", None, target, note))
+        else:
+            results.append(Comparison(f"{row} @ {label}", mine / other, target))
+    return results
+
+
+def print_table(results: list[Comparison]) -> None:
+    print("\nratio of medians (SPEC 14: save to commit and verified restore <= 1.0x DCP's fsspec writer/reader):")
+    for r in results:
+        figure = "" if r.ratio is None else f"{r.ratio:7.3f}x  "
+        bound = "" if r.target is None or r.ratio is None else f"target <= {r.target:g}x  "
+        print(f"  {r.name:<48s} {figure}{bound}{r.verdict}")
+
+
+def main(argv: list[str] | None = None) -> list[Comparison]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64M,1G", help="model + Adam states: NM, NG or smoke (8 MiB); "
+                        "comma-separated (default 64M,1G)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (default 3)")
+    parser.add_argument("--dcp-thread-count", type=int, default=1, help="FsspecWriter(thread_count=...) "
+                        "(default 1, DCP's own default)")
+    args = parser.parse_args(argv)
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.rounds < 1 or args.dcp_thread_count < 1:
+        parser.error(f"--rounds and --dcp-thread-count must be at least 1, got {args.rounds} and "
+                     f"{args.dcp_thread_count}")
+    with S3Server() as server, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        return _run(server, sizes, args)
+
+
+def _run(server: S3Server, sizes: list[Size], args: argparse.Namespace) -> list[Comparison]:
+    root = server.create_bucket(f"bench-{uuid.uuid4().hex[:12]}")
+    options = server.storage_options()
+    print(f"moto S3 server on {server.endpoint} (loopback, pure Python), torch {torch.__version__}, "
+          f"s3fs {s3fs.__version__}, DCP FsspecWriter thread_count={args.dcp_thread_count}")
+    warm = Round(root, options, *build(MiB))  # every client's first connections, untimed
+    warm.run(0, {name: [] for name in FIGURES})
+    unavailable = warm.unavailable
+    results: list[Comparison] = []
+    for size in sizes:
+        nbytes, header, figures, unavailable = measure(root, options, size, args.rounds,
+                                                       dcp_thread_count=args.dcp_thread_count, unavailable=unavailable)
+        results.extend(report(size.label, header, nbytes, figures))
+    print_table(results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
