@@ -8,7 +8,8 @@ Usage::
         fs = fsspec.filesystem("s3", **server.storage_options())
         server.create_bucket("bench")
 
-It runs this file as a script (``python benchmarks/_s3_server.py HOST PORT``), which serves
+It runs this file as a script (``python benchmarks/_s3_server.py HOST PORT [PARENT_PID]``; it
+exits when PARENT_PID does, so a killed benchmark leaves no server behind), which serves
 moto's application with its writes serialised (`SerialWrites`, the same wrapper as the tests'
 ``tests/storage/moto_serial.py``): moto 5.2.1 checks ``If-None-Match``/``If-Match`` and then
 stores the object in two unlocked steps on a threaded server, so two racing conditional writes
@@ -86,8 +87,8 @@ class S3Server:
         # Its log goes to a file, never a pipe: werkzeug logs every request, and a full pipe
         # would block the server.
         self._stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.host, str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=self._stderr)
+        self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.host, str(self.port),
+                                         str(os.getpid())], stdout=subprocess.DEVNULL, stderr=self._stderr)
         deadline = time.monotonic() + self.timeout_secs
         while True:
             try:
@@ -134,11 +135,23 @@ class S3Server:
         self.stop()
 
 
+def _exit_with(parent_pid: int) -> None:
+    """Ends this server when the process that started it is gone (killed by a timeout, say),
+    so no server outlives its benchmark or test."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(0)
+
+
 def main(argv: list[str]) -> None:
+    """``HOST PORT [PARENT_PID]``: serves until killed (or until PARENT_PID is gone)."""
+    # moto is needed by the server only: imported here, in its own process
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import run_simple
 
     host, port = argv[0], int(argv[1])
+    if len(argv) > 2:
+        threading.Thread(target=_exit_with, args=(int(argv[2]),), name="exit-with-parent", daemon=True).start()
     run_simple(host, port, SerialWrites(DomainDispatcherApplication(create_backend_app)), threaded=True)
 
 
