@@ -292,7 +292,7 @@ def print_table(results: list[Comparison]) -> None:
     for r in results:
         figure = "" if r.ratio is None else f"{r.ratio:7.3f}x  "
         bound = "" if r.target is None or r.ratio is None else f"target <= {r.target:g}x  "
-        print(f"  {r.name:<48s} {figure}{bound}{r.verdict}")
+        print(f"  {r.name:<52s} {figure}{bound}{r.verdict}")
 
 
 def main(argv: list[str] | None = None) -> list[Comparison]:
