@@ -10,22 +10,25 @@ rounds (default 3) time, on the same state and server, in this order:
   ``open()`` untimed, then ``save(step, state, wait=True)`` (serialisation, CRC-32 while
   uploading, multipart parts in parallel, the manifest last with a create-only write, the index);
 - **DCP save**: ``dcp.save({"model": ..., "optim": ...}, storage_writer=FsspecWriter(url,
-  **storage_options))`` with DCP's defaults (one file per rank, ``thread_count=1``; see
-  ``--dcp-thread-count``); its ``.metadata`` is written to a temp name and renamed (on S3: copy,
-  then delete), as DCP does;
+  thread_count=N, **storage_options))``, single process, no process group, once for each N of
+  ``--dcp-thread-counts`` (default ``1,8``: DCP's default, and as many threads as ours uploads
+  parts in parallel — DCP then writes one file per thread); its ``.metadata`` is written to a
+  temp name and renamed (on S3: copy, then delete), as DCP does;
 - **torch.save + upload**: ``torch.save`` of the same dict to a ``BytesIO``, then one
   ``fs.pipe`` (s3fs: multipart in 50 MiB parts, 10 in parallel, above 100 MiB);
 - **ours, verified restore**: a fresh ``CheckpointManager(..., verify="full")``, ``open()``,
   ``restore(state)`` into the live model and optimizer (sizes and checksums verified), ``close()``;
-- **DCP load** into the same dict, in place, with ``FsspecReader`` (verifies nothing);
+- **DCP load** of each DCP save into the same dict, in place, with ``FsspecReader`` (verifies
+  nothing);
 - **download + torch.load**: one ``fs.cat_file``, then ``torch.load(weights_only=True)``.
 
 Everything written is deleted between rounds (untimed), so every save goes to an empty prefix.
 One untimed warm-up round on a tiny state first opens every client's connections.
 
 Printed: each figure as median (min–max) seconds and the MB/s (10^6 bytes of tensors per second)
-of its median; then the ratios of medians, ours/DCP for save and restore with the §14 target
-(≤ 1.0×, "ok" or "MISSES TARGET") and ours/torch.save+upload for each (information).
+of its median; then the ratios of medians: ours/DCP for save and restore, against each DCP
+setting, with the §14 target (≤ 1.0×, "ok" or "MISSES TARGET"), and ours/torch.save+upload
+for each (information).
 
 The server is pure Python and shares the machine's cores with the client: its own time is a
 large part of every figure, and the same for every side, so the ratios are what this measures,
@@ -34,7 +37,7 @@ not what a real object store would sustain.
 Until the engine accepts ``s3://`` logdirs, the ours rows print ``ours: not available (<error>)``
 and the run goes on.
 
-Run: ``python benchmarks/object_store.py [--sizes 64M,1G] [--rounds 3] [--dcp-thread-count 1]``
+Run: ``python benchmarks/object_store.py [--sizes 64M,1G] [--rounds 3] [--dcp-thread-counts 1,8]``
 """
 from __future__ import annotations
 
@@ -64,6 +67,7 @@ from benchmarks._ranks import spread  # noqa: E402
 from benchmarks._s3_server import S3Server  # noqa: E402
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
+from supervisor.checkpoint.object_store import DEFAULT_MAX_CONCURRENCY, DEFAULT_PART_SIZE  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 MB = 1e6
@@ -71,15 +75,35 @@ SMOKE_BYTES = 8 * MiB
 _WIDTH = 1024  # columns of every parameter
 _LAYERS = 8
 
-OURS_SAVE, DCP_SAVE, PLAIN_SAVE = "ours: save to commit", "DCP save (FsspecWriter)", "torch.save + fs.pipe"
-OURS_LOAD, DCP_LOAD, PLAIN_LOAD = "ours: verified restore", "DCP load (FsspecReader)", "fs.cat_file + torch.load"
-FIGURES = (OURS_SAVE, DCP_SAVE, PLAIN_SAVE, OURS_LOAD, DCP_LOAD, PLAIN_LOAD)
-COMPARISONS = (  # (row, ours, theirs, target; None: information)
-    ("ours/DCP: save to commit", OURS_SAVE, DCP_SAVE, 1.0),
-    ("ours/DCP: verified restore", OURS_LOAD, DCP_LOAD, 1.0),
-    ("ours/torch.save+upload: save", OURS_SAVE, PLAIN_SAVE, None),
-    ("ours/download+torch.load: restore", OURS_LOAD, PLAIN_LOAD, None),
-)
+OURS_SAVE, PLAIN_SAVE = "ours: save to commit", "torch.save + fs.pipe"
+OURS_LOAD, PLAIN_LOAD = "ours: verified restore", "fs.cat_file + torch.load"
+
+
+def dcp_save_name(threads: int) -> str:
+    return f"DCP save (FsspecWriter, {threads} thread{'s' if threads > 1 else ''})"
+
+
+def dcp_load_name(threads: int) -> str:
+    return f"DCP load (FsspecReader, {threads}-thread save)"
+
+
+def figure_names(dcp_threads: tuple[int, ...]) -> tuple[str, ...]:
+    """Every figure of a round, in the order they are measured."""
+    return (OURS_SAVE, *map(dcp_save_name, dcp_threads), PLAIN_SAVE,
+            OURS_LOAD, *map(dcp_load_name, dcp_threads), PLAIN_LOAD)
+
+
+def comparisons(dcp_threads: tuple[int, ...]) -> list[tuple[str, str, str, float | None]]:
+    """``(row, ours, theirs, target)`` of every ratio (target None: information). Ours is judged
+    against each DCP writer setting measured: its default (1 thread) and a tuned one."""
+    rows: list[tuple[str, str, str, float | None]] = []
+    for threads in dcp_threads:
+        rows.append((f"ours/DCP({threads}): save to commit", OURS_SAVE, dcp_save_name(threads), 1.0))
+    for threads in dcp_threads:
+        rows.append((f"ours/DCP({threads}): verified restore", OURS_LOAD, dcp_load_name(threads), 1.0))
+    rows.append(("ours/torch.save+upload: save", OURS_SAVE, PLAIN_SAVE, None))
+    rows.append(("ours/download+torch.load: restore", OURS_LOAD, PLAIN_LOAD, None))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -169,13 +193,13 @@ class Round:
     ``unavailable``: why ours cannot run (set by its first failure; later rounds skip it)."""
 
     def __init__(self, root: str, options: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                 dcp_thread_count: int = 1, unavailable: str | None = None) -> None:
+                 dcp_threads: tuple[int, ...] = (1,), unavailable: str | None = None) -> None:
         self.options, self.model, self.optimizer = options, model, optimizer
         self.state = TrainingState.from_arguments(model=model, optimizer=optimizer)
-        self.ours_url, self.dcp_url, self.plain_url = f"{root}/run", f"{root}/dcp", f"{root}/plain.pt"
+        self.ours_url, self.plain_url = f"{root}/run", f"{root}/plain.pt"
+        self.dcp_urls = {threads: f"{root}/dcp-{threads}" for threads in dcp_threads}
         self.fs = fsspec.filesystem("s3", **options)  # what DCP's url_to_fs(**options) gets too (cached)
         self._cleaner = fsspec.filesystem("s3", **options, use_listings_cache=False)
-        self.dcp_thread_count = dcp_thread_count
         self.unavailable = unavailable
 
     def user_sd(self) -> dict[str, Any]:
@@ -186,10 +210,12 @@ class Round:
     def run(self, step: int, figures: dict[str, list[float | str]]) -> None:
         try:
             figures[OURS_SAVE].append(self._ours(lambda: self._ours_save(step)))
-            figures[DCP_SAVE].append(_failure_as_figure(lambda: _timed(self._dcp_save)))
+            for threads in self.dcp_urls:
+                figures[dcp_save_name(threads)].append(_failure_as_figure(lambda: _timed(lambda: self._dcp_save(threads))))
             figures[PLAIN_SAVE].append(_failure_as_figure(lambda: _timed(self._plain_save)))
             figures[OURS_LOAD].append(self._ours(lambda: _timed(lambda: self._ours_restore(step))))
-            figures[DCP_LOAD].append(_failure_as_figure(lambda: _timed(self._dcp_load)))
+            for threads in self.dcp_urls:
+                figures[dcp_load_name(threads)].append(_failure_as_figure(lambda: _timed(lambda: self._dcp_load(threads))))
             figures[PLAIN_LOAD].append(_failure_as_figure(lambda: _timed(self._plain_load)))
         finally:
             self.clean()
@@ -220,12 +246,12 @@ class Round:
         if restored is None or restored.global_step != step:
             raise RuntimeError(f"restored {restored!r} from {self.ours_url}, expected step {step}")
 
-    def _dcp_save(self) -> None:
-        writer = FsspecWriter(self.dcp_url, thread_count=self.dcp_thread_count, **self.options)
+    def _dcp_save(self, threads: int) -> None:
+        writer = FsspecWriter(self.dcp_urls[threads], thread_count=threads, **self.options)
         dcp.save(self.user_sd(), storage_writer=writer)
 
-    def _dcp_load(self) -> None:
-        dcp.load(self.user_sd(), storage_reader=FsspecReader(self.dcp_url, **self.options))
+    def _dcp_load(self, threads: int) -> None:
+        dcp.load(self.user_sd(), storage_reader=FsspecReader(self.dcp_urls[threads], **self.options))
 
     def _plain_save(self) -> None:
         buffer = io.BytesIO()
@@ -237,22 +263,22 @@ class Round:
 
     def clean(self) -> None:
         """Deletes everything the round wrote (untimed)."""
-        for url in (self.ours_url, self.dcp_url, self.plain_url):
+        for url in (self.ours_url, *self.dcp_urls.values(), self.plain_url):
             try:
                 self._cleaner.rm(url, recursive=True)
             except FileNotFoundError:
                 pass
 
 
-def measure(root: str, options: dict[str, Any], size: Size, rounds: int, *, dcp_thread_count: int,
+def measure(root: str, options: dict[str, Any], size: Size, rounds: int, *, dcp_threads: tuple[int, ...],
             unavailable: str | None) -> tuple[int, str, dict[str, list[float | str]], str | None]:
     """The state's byte count and description, every figure of ``size`` over ``rounds``
     interleaved rounds, and why ours is unavailable (None when it ran)."""
     model, optimizer = build(size.nbytes)
     nbytes = state_bytes(model, optimizer)
     tensors = len(model.state_dict()) + sum(len(s) for s in optimizer.state.values())
-    figures: dict[str, list[float | str]] = {name: [] for name in FIGURES}
-    one_round = Round(root, options, model, optimizer, dcp_thread_count=dcp_thread_count, unavailable=unavailable)
+    figures: dict[str, list[float | str]] = {name: [] for name in figure_names(dcp_threads)}
+    one_round = Round(root, options, model, optimizer, dcp_threads=dcp_threads, unavailable=unavailable)
     for step in range(1, rounds + 1):
         one_round.run(step, figures)
     header = (f"{size.label} model + Adam ({tensors} tensors, {nbytes / MiB:.1f} MiB), {rounds} rounds, "
@@ -265,18 +291,19 @@ def _median(values: list[float | str]) -> float | None:
     return statistics.median(numbers) if numbers and len(numbers) == len(values) else None
 
 
-def report(label: str, header: str, nbytes: int, figures: dict[str, list[float | str]]) -> list[Comparison]:
+def report(label: str, header: str, nbytes: int, figures: dict[str, list[float | str]],
+           rows: list[tuple[str, str, str, float | None]]) -> list[Comparison]:
     """Prints every figure of one size and its ratios; returns the ratios."""
     print(f"  {header}")
-    for name in FIGURES:
+    for name in figures:
         values, middle = figures[name], _median(figures[name])
         if middle is None:
             shown = next(v for v in values if isinstance(v, str))
         else:
             shown = f"{spread([float(v) for v in values])} s  {nbytes / MB / middle:8.1f} MB/s"
-        print(f"    {name:<28s} {shown}")
+        print(f"    {name:<42s} {shown}")
     results = []
-    for row, ours, theirs, target in COMPARISONS:
+    for row, ours, theirs, target in rows:
         mine, other = _median(figures[ours]), _median(figures[theirs])
         if mine is None or other is None:
             failed = figures[ours] if mine is None else figures[theirs]
@@ -295,21 +322,31 @@ def print_table(results: list[Comparison]) -> None:
         print(f"  {r.name:<52s} {figure}{bound}{r.verdict}")
 
 
+def parse_threads(text: str) -> tuple[int, ...]:
+    """``"1,8"`` -> ``(1, 8)``: the DCP writer settings measured, each a positive thread count."""
+    try:
+        threads = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        threads = ()
+    if not threads or min(threads) < 1 or len(set(threads)) != len(threads):
+        raise ValueError(f"--dcp-thread-counts: {text!r} is not a list of distinct positive integers; e.g. 1,8")
+    return threads
+
+
 def main(argv: list[str] | None = None) -> list[Comparison]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64M,1G", help="model + Adam states: NM, NG or smoke (8 MiB); "
                         "comma-separated (default 64M,1G)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (default 3)")
-    parser.add_argument("--dcp-thread-count", type=int, default=1, help="FsspecWriter(thread_count=...) "
-                        "(default 1, DCP's own default)")
+    parser.add_argument("--dcp-thread-counts", default="1,8", help="DCP sides measured, one per "
+                        "FsspecWriter(thread_count=N) (default 1,8: DCP's default and ours's upload concurrency)")
     args = parser.parse_args(argv)
     try:
-        sizes = parse_sizes(args.sizes)
+        sizes, args.dcp_threads = parse_sizes(args.sizes), parse_threads(args.dcp_thread_counts)
     except ValueError as e:
         parser.error(str(e))
-    if args.rounds < 1 or args.dcp_thread_count < 1:
-        parser.error(f"--rounds and --dcp-thread-count must be at least 1, got {args.rounds} and "
-                     f"{args.dcp_thread_count}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     with S3Server() as server, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         return _run(server, sizes, args)
@@ -319,15 +356,16 @@ def _run(server: S3Server, sizes: list[Size], args: argparse.Namespace) -> list[
     root = server.create_bucket(f"bench-{uuid.uuid4().hex[:12]}")
     options = server.storage_options()
     print(f"moto S3 server on {server.endpoint} (loopback, pure Python), torch {torch.__version__}, "
-          f"s3fs {s3fs.__version__}, DCP FsspecWriter thread_count={args.dcp_thread_count}")
-    warm = Round(root, options, *build(MiB))  # every client's first connections, untimed
-    warm.run(0, {name: [] for name in FIGURES})
+          f"s3fs {s3fs.__version__}; ours uploads {DEFAULT_MAX_CONCURRENCY} parts of "
+          f"{DEFAULT_PART_SIZE // MiB} MiB in parallel")
+    warm = Round(root, options, *build(MiB), dcp_threads=args.dcp_threads)  # first connections, untimed
+    warm.run(0, {name: [] for name in figure_names(args.dcp_threads)})
     unavailable = warm.unavailable
     results: list[Comparison] = []
     for size in sizes:
         nbytes, header, figures, unavailable = measure(root, options, size, args.rounds,
-                                                       dcp_thread_count=args.dcp_thread_count, unavailable=unavailable)
-        results.extend(report(size.label, header, nbytes, figures))
+                                                       dcp_threads=args.dcp_threads, unavailable=unavailable)
+        results.extend(report(size.label, header, nbytes, figures, comparisons(args.dcp_threads)))
     print_table(results)
     return results
 
