@@ -190,17 +190,18 @@ def _failure_as_figure(measure: Callable[[], float]) -> float | str:
 class Round:
     """The six figures of one round, on one state, one server and the prefix ``root``.
 
-    ``unavailable``: why ours cannot run (set by its first failure; later rounds skip it)."""
+    ``unavailable``: ``{figure: why}`` for ours's save or restore where it failed once (later
+    rounds skip it; a restore needs a save, so a failed save stops both)."""
 
     def __init__(self, root: str, options: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                 dcp_threads: tuple[int, ...] = (1,), unavailable: str | None = None) -> None:
+                 dcp_threads: tuple[int, ...] = (1,), unavailable: dict[str, str] | None = None) -> None:
         self.options, self.model, self.optimizer = options, model, optimizer
         self.state = TrainingState.from_arguments(model=model, optimizer=optimizer)
         self.ours_url, self.plain_url = f"{root}/run", f"{root}/plain.pt"
         self.dcp_urls = {threads: f"{root}/dcp-{threads}" for threads in dcp_threads}
         self.fs = fsspec.filesystem("s3", **options)  # what DCP's url_to_fs(**options) gets too (cached)
         self._cleaner = fsspec.filesystem("s3", **options, use_listings_cache=False)
-        self.unavailable = unavailable
+        self.unavailable = dict(unavailable or {})
 
     def user_sd(self) -> dict[str, Any]:
         """What a DCP or torch.save user passes, built inside the timed window as their call builds
@@ -209,24 +210,25 @@ class Round:
 
     def run(self, step: int, figures: dict[str, list[float | str]]) -> None:
         try:
-            figures[OURS_SAVE].append(self._ours(lambda: self._ours_save(step)))
+            figures[OURS_SAVE].append(self._ours(OURS_SAVE, lambda: self._ours_save(step)))
             for threads in self.dcp_urls:
                 figures[dcp_save_name(threads)].append(_failure_as_figure(lambda: _timed(lambda: self._dcp_save(threads))))
             figures[PLAIN_SAVE].append(_failure_as_figure(lambda: _timed(self._plain_save)))
-            figures[OURS_LOAD].append(self._ours(lambda: _timed(lambda: self._ours_restore(step))))
+            figures[OURS_LOAD].append(self._ours(OURS_LOAD, lambda: _timed(lambda: self._ours_restore(step))))
             for threads in self.dcp_urls:
                 figures[dcp_load_name(threads)].append(_failure_as_figure(lambda: _timed(lambda: self._dcp_load(threads))))
             figures[PLAIN_LOAD].append(_failure_as_figure(lambda: _timed(self._plain_load)))
         finally:
             self.clean()
 
-    def _ours(self, measure: Callable[[], float]) -> float | str:
-        if self.unavailable is None:
+    def _ours(self, figure: str, measure: Callable[[], float]) -> float | str:
+        why = self.unavailable.get(figure) or self.unavailable.get(OURS_SAVE)
+        if why is None:
             try:
                 return measure()
             except Exception as e:  # noqa: BLE001 - reported, the other sides still run
-                self.unavailable = f"ours: not available ({type(e).__name__}: {e})"[:300]
-        return self.unavailable
+                why = self.unavailable[figure] = f"ours: not available ({type(e).__name__}: {e})"[:300]
+        return why
 
     def _ours_save(self, step: int) -> float:
         manager = CheckpointManager(self.ours_url, storage_options=self.options, max_to_keep=None)
@@ -271,9 +273,9 @@ class Round:
 
 
 def measure(root: str, options: dict[str, Any], size: Size, rounds: int, *, dcp_threads: tuple[int, ...],
-            unavailable: str | None) -> tuple[int, str, dict[str, list[float | str]], str | None]:
+            unavailable: dict[str, str]) -> tuple[int, str, dict[str, list[float | str]], dict[str, str]]:
     """The state's byte count and description, every figure of ``size`` over ``rounds``
-    interleaved rounds, and why ours is unavailable (None when it ran)."""
+    interleaved rounds, and why ours's save or restore is unavailable (`Round.unavailable`)."""
     model, optimizer = build(size.nbytes)
     nbytes = state_bytes(model, optimizer)
     tensors = len(model.state_dict()) + sum(len(s) for s in optimizer.state.values())
