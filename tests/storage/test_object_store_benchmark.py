@@ -33,8 +33,13 @@ def _needs_the_extra() -> None:
 
 
 def _run(args: list[str], timeout_secs: float) -> subprocess.CompletedProcess:
-    """Runs ``args`` in its own process group, killed whole (server included) on a timeout."""
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    """Runs ``args`` in its own process group, killed whole (server included) on a timeout.
+
+    Without the ``AWS_*`` variables (the suite's server fixture sets them for the session): the
+    benchmark reaches its server through ``storage_options`` alone, so every client it drives
+    (ours for save and for restore, DCP's, s3fs's) must use them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
         out, err = process.communicate(timeout=timeout_secs)
