@@ -185,9 +185,10 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _failure_as_figure(measure: Callable[[], float]) -> float | str:
+def _timed_or_failure(fn: Callable[[], object]) -> float | str:
+    """The seconds ``fn`` took, or its failure as the figure."""
     try:
-        return measure()
+        return _timed(fn)
     except Exception as e:  # noqa: BLE001 - a failure is the figure
         return f"FAILED: {type(e).__name__}: {e}"[:300]
 
@@ -217,12 +218,12 @@ class Round:
         try:
             figures[OURS_SAVE].append(self._ours(OURS_SAVE, lambda: self._ours_save(step)))
             for threads in self.dcp_urls:
-                figures[dcp_save_name(threads)].append(_failure_as_figure(lambda: _timed(lambda: self._dcp_save(threads))))
-            figures[PLAIN_SAVE].append(_failure_as_figure(lambda: _timed(self._plain_save)))
+                figures[dcp_save_name(threads)].append(_timed_or_failure(lambda: self._dcp_save(threads)))
+            figures[PLAIN_SAVE].append(_timed_or_failure(self._plain_save))
             figures[OURS_LOAD].append(self._ours(OURS_LOAD, lambda: _timed(lambda: self._ours_restore(step))))
             for threads in self.dcp_urls:
-                figures[dcp_load_name(threads)].append(_failure_as_figure(lambda: _timed(lambda: self._dcp_load(threads))))
-            figures[PLAIN_LOAD].append(_failure_as_figure(lambda: _timed(self._plain_load)))
+                figures[dcp_load_name(threads)].append(_timed_or_failure(lambda: self._dcp_load(threads)))
+            figures[PLAIN_LOAD].append(_timed_or_failure(self._plain_load))
         finally:
             self.clean()
 

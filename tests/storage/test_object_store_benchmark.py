@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BENCHMARK = os.path.join(ROOT, "benchmarks", "object_store.py")
 OURS = ("ours: save to commit", "ours: verified restore")
 THEIRS = ("DCP save (FsspecWriter, 1 thread)", "DCP save (FsspecWriter, 8 threads)", "torch.save + fs.pipe",
-          "DCP load (FsspecReader, 1-thread save)", "DCP load (FsspecReader, 8-thread save)", "fs.cat_file + torch.load")
+          "DCP load (FsspecReader, 1-thread save)", "DCP load (FsspecReader, 8-thread save)",
+          "fs.cat_file + torch.load")
 RATIOS = {"ours/DCP(1): save to commit": "target", "ours/DCP(8): save to commit": "target",
           "ours/DCP(1): verified restore": "target", "ours/DCP(8): verified restore": "target",
           "ours/torch.save+upload: save": "info", "ours/download+torch.load: restore": "info"}
@@ -87,7 +88,8 @@ def test_smoke_run_prints_every_figure_and_ratio():
     (["--sizes", "512K"], "--sizes: '512K' is not NM, NG (at least 1M) or smoke"),
     (["--sizes", ","], "--sizes: ',' names no size; e.g. --sizes 64M,1G or --sizes smoke"),
     (["--rounds", "0"], "--rounds must be at least 1, got 0"),
-    (["--dcp-thread-counts", "1,0"], "--dcp-thread-counts: '1,0' is not a list of distinct positive integers; e.g. 1,8"),
+    (["--dcp-thread-counts", "1,0"],
+     "--dcp-thread-counts: '1,0' is not a list of distinct positive integers; e.g. 1,8"),
 ])
 def test_bad_arguments_are_refused_before_any_server_starts(argv, message, capsys, monkeypatch):
     from benchmarks import object_store
