@@ -37,7 +37,12 @@ ratios lean towards 1), and the absolute MB/s say nothing about a real object st
 cost is not S3's: ``CompleteMultipartUpload`` copies the parts into one object in Python
 (1.4 s for 8 parts of 8 MiB against 2.2 s for one 64 MiB ``PutObject``, measured on a loaded
 2-core machine), so sides that upload in parts — ours above 8 MiB, DCP's one-thread file above
-50 MiB — pay more here than they would on S3.
+50 MiB — pay more here than they would on S3. Worse for readers: moto answers a ranged
+``GetObject`` by copying the whole object (``FakeKey.value``) and slicing it, so each range
+costs the server the object's size. A reader of 8 MiB ranges (ours) pays O(size²): at 1 GiB
+that is 128 copies of 1 GiB, and DCP's per-tensor reads of its one-thread file pay the same
+way, while ``fs.cat_file`` (one request) does not. Restore ratios at 1 GiB on moto therefore
+overstate what S3 would show; at 64 MiB the effect is small.
 
 Until the engine accepts ``s3://`` logdirs, the ours rows print ``ours: not available (<error>)``
 and the run goes on.
