@@ -158,7 +158,19 @@ def restore_partial(checkpoint_path: str | os.PathLike, target: torch.nn.Module,
     source = _entry(load_checkpoint(checkpoint_path, trusted_globals=trusted_globals), entry, checkpoint_path)
     own = module.state_dict()
     source = strip_wrapper_prefixes(source, own.keys())
-    includes, excludes = _patterns("include", include), _patterns("exclude", exclude)
+    selected, skipped = _select(source, own, _patterns("include", include), _patterns("exclude", exclude))
+    misfits = {k: why for k, why in skipped.items() if not why.endswith("include") and "exclude" not in why}
+    if strict and misfits:
+        raise CheckpointError(f"restore_partial(strict=True) from {os.fspath(checkpoint_path)}: keys do not "
+                              f"fit the target: {misfits}; nothing was loaded")
+    module.load_state_dict(selected, strict=False)
+    missing = tuple(k for k in own if k not in selected and k not in source)
+    return PartialRestoreReport(tuple(selected), skipped, missing)
+
+
+def _select(source: Mapping[str, Any], own: Mapping[str, Any], includes: Any,
+            excludes: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The entries of ``source`` that `restore_partial` loads, and why each other one is skipped."""
     selected: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for key, value in source.items():
@@ -172,13 +184,7 @@ def restore_partial(checkpoint_path: str | os.PathLike, target: torch.nn.Module,
             skipped[key] = f"shape {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the target"
         else:
             selected[key] = value
-    misfits = {k: why for k, why in skipped.items() if not why.endswith("include") and "exclude" not in why}
-    if strict and misfits:
-        raise CheckpointError(f"restore_partial(strict=True) from {os.fspath(checkpoint_path)}: keys do not "
-                              f"fit the target: {misfits}; nothing was loaded")
-    module.load_state_dict(selected, strict=False)
-    missing = tuple(k for k in own if k not in selected and k not in source)
-    return PartialRestoreReport(tuple(selected), skipped, missing)
+    return selected, skipped
 
 
 def _entry(payload: Any, entry: str, path: Any) -> Mapping[str, Any]:

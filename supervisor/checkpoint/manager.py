@@ -26,10 +26,9 @@ from supervisor._validate import check_bool, check_callable, check_choice, check
 from supervisor.checkpoint.commit import write_checkpoint
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_payload
-from supervisor.checkpoint.index import CheckpointState, read_index, trusted_index
-from supervisor.checkpoint.lease import LeaseLostError
 from supervisor.checkpoint.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.publish import Publisher
+from supervisor.checkpoint.save_failures import failure_verdict
 from supervisor.checkpoint.storage import Storage
 from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
@@ -88,13 +87,10 @@ class CheckpointManager(ManagerCommon):
             place during the copy (outside ``optimizer.step()``) is discarded with a WARNING.
         copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
             side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
-        lock: how this writer keeps others out of the logdir (SPEC §5.6, §16). ``"flock"``: an
-            OS file lock, released by the kernel when the process dies. ``"lease"``: a lease
-            file renewed every ``lease_secs / 3``; a second writer may take over only after it
-            expired. On NFS and Lustre, where ``flock`` may be node-local (Lustre
-            ``localflock``, some NFS setups) and two nodes could both take it, ``"lease"`` is
-            the safe choice. ``"auto"`` (default): ``"flock"`` on a local path, ``"lease"`` on
-            an object store. Either way a second writer gets `LogdirInUseError` naming the holder.
+        lock: how this writer keeps others out of the logdir (SPEC §5.6, §16): ``"flock"`` (an
+            OS file lock), ``"lease"`` (renewed every ``lease_secs / 3``; taken over only after it
+            expired: the safe choice on NFS/Lustre, where ``flock`` may be node-local), ``"auto"``
+            (default: flock locally, a lease on an object store). A second writer gets `LogdirInUseError`.
         lease_secs: how long the lease lives unrenewed (default 60 s; at least 1 s): how long a
             dead writer's logdir stays locked. A writer whose lease was lost (or went unrenewed
             for two thirds of it) fails its next save with `LeaseLostError` before committing.
@@ -112,25 +108,12 @@ class CheckpointManager(ManagerCommon):
     """
 
     def __init__(
-        self,
-        directory: str | os.PathLike,
-        *,
-        basename: str = "model.ckpt",
-        max_to_keep: int | None = 5,
-        keep_checkpoint_every_n_hours: float | None = 10000.0,
-        save_mode: str = "async",
-        verify: str = "full",
-        max_consecutive_save_failures: int | None = None,
-        trusted_globals: Iterable[Any] = (),
-        save_rng: bool = True,
-        clock: Clock | None = None,
-        on_error: Callable[[CheckpointError], Any] | None = None,
-        opener: Opener | None = None,
-        capture: str = "auto",
-        copier: Copier | None = None,
-        lock: str = "auto",
-        lease_secs: float | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        self, directory: str | os.PathLike, *, basename: str = "model.ckpt", max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float | None = 10000.0, save_mode: str = "async", verify: str = "full",
+        max_consecutive_save_failures: int | None = None, trusted_globals: Iterable[Any] = (),
+        save_rng: bool = True, clock: Clock | None = None, on_error: Callable[[CheckpointError], Any] | None = None,
+        opener: Opener | None = None, capture: str = "auto", copier: Copier | None = None, lock: str = "auto",
+        lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.directory = check_directory(directory)
         self.basename = check_basename(basename)
@@ -201,7 +184,7 @@ class CheckpointManager(ManagerCommon):
         self._lock = acquire_writer_lock(self.storage, self.directory, kind=self.lock,
                                          lease_secs=self.lease_secs)
         try:
-            index, version = self._read_trusted_index()  # once per open: fixed cost of every session creation
+            index, version = self._publisher.read_trusted_index()  # once per open: fixed cost of every session creation
             self._publisher.open(index, self._clock.time(), index_version=version)
         except BaseException:
             self._release_lock()
@@ -217,19 +200,6 @@ class CheckpointManager(ManagerCommon):
     def _release_lock(self) -> None:
         if self._lock is not None:  # kept after release: ``held`` says it was released
             self._lock.release()
-
-    def _read_trusted_index(self) -> tuple[CheckpointState | None, str | None]:
-        """The index with only entries that name checkpoints of this logdir (`trusted_index`
-        warns about each other entry), None when there is none or it cannot be read; and the
-        version of the index file it read (what the next index write must still find)."""
-        try:
-            index = read_index(self.directory, storage=self.storage)
-        except (ValueError, OSError) as e:
-            logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
-            return None, self._publisher.index_version_now()
-        if index is None:
-            return None, None
-        return trusted_index(index, self.directory, self.basename, warn=True)[0], index.version
 
     def close(self, *, failed: bool = False) -> None:
         """Finishes the save in flight, stops the writer thread and releases the lock.
@@ -380,30 +350,22 @@ class CheckpointManager(ManagerCommon):
         self._publisher.remove_dropped()
 
     def _failed(self, step: int, message: str, error: Exception, outcome: list[CheckpointError] | None) -> None:
-        """Applies the failure policy: tolerate (WARNING), or report the fatal failure to the
-        waiting caller (``outcome``), else to ``on_error``, else at the next call."""
-        failure = CheckpointError(f"{message}: {type(error).__name__}: {error}")
-        failure.__cause__ = error
-        limit = self.max_consecutive_save_failures
-        if isinstance(error, LeaseLostError):  # never tolerated: every later save would fail too
-            failure, limit = LeaseLostError(f"{message}: {error}"), None
-            failure.__cause__ = error
+        """Applies the failure policy (`save_failures.failure_verdict`): tolerate (WARNING), or
+        report the fatal failure to the waiting caller (``outcome``), else to ``on_error``,
+        else at the next call."""
         with self._mutex:
             self._consecutive_failures += 1
             count = self._consecutive_failures
             self._last_saved_step = self._last_committed_step
-        if limit is not None and count < limit:
+        limit = self.max_consecutive_save_failures
+        failure, tolerated = failure_verdict(message, error, in_a_row=count, limit=limit)
+        if tolerated:
             logger.warning("%s; the committed checkpoints are intact and training goes on "
                            "(%d of max_consecutive_save_failures=%d failures in a row)", failure, count, limit)
-            return
-        if limit is not None:
-            failure = CheckpointError(f"{failure} ({count} saves in a row failed; "
-                                      f"max_consecutive_save_failures={limit})")
-            failure.__cause__ = error
-        if outcome is not None:
+        elif outcome is not None:
             outcome.append(failure)
-            return
-        self._deliver_failure(failure)
+        else:
+            self._deliver_failure(failure)
 
     # ---------------------------------------------------------------- restoring
     def restore(self, state: TrainingState) -> Restored | None:

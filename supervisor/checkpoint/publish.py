@@ -25,7 +25,7 @@ from typing import Iterable
 from supervisor.checkpoint import retention
 from supervisor.checkpoint.commit import clean_transient, move_aside, recover_interrupted_replacements
 from supervisor.checkpoint.format import INDEX_FILE
-from supervisor.checkpoint.index import CheckpointState, replace_index
+from supervisor.checkpoint.index import CheckpointState, read_index, replace_index, trusted_index
 from supervisor.checkpoint.storage import PreconditionFailedError, Storage
 from supervisor.checkpoint.temp import remove_tree
 
@@ -69,6 +69,19 @@ class Publisher:
             gone = [p for p in index.all_model_checkpoint_paths if p not in present]
             if gone:
                 logger.info("the checkpoint index lists %s, which no longer exist(s); forgetting them", gone)
+
+    def read_trusted_index(self) -> tuple[CheckpointState | None, str | None]:
+        """The index with only entries that name checkpoints of this logdir (`trusted_index`
+        warns about each other entry), None when there is none or it cannot be read; and the
+        version of the index file it read (what the next index write must still find)."""
+        try:
+            index = read_index(self.directory, storage=self.storage)
+        except (ValueError, OSError) as e:
+            logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
+            return None, self.index_version_now()
+        if index is None:
+            return None, None
+        return trusted_index(index, self.directory, self.basename, warn=True)[0], index.version
 
     def index_version_now(self) -> str | None:
         """The version of the index file as it is now (for an index that could not be read:
