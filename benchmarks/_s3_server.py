@@ -11,7 +11,7 @@ Usage::
 It runs this file as a script (``python benchmarks/_s3_server.py HOST PORT [PARENT_PID]``; it
 exits when PARENT_PID does, so a killed benchmark leaves no server behind), which serves
 moto's application with its writes serialised (`SerialWrites`, the same wrapper as the tests'
-``tests/storage/moto_serial.py``): moto 5.2.1 checks ``If-None-Match``/``If-Match`` and then
+the tests' fixtures, tests/s3_fixtures.py): moto 5.2.1 checks ``If-None-Match``/``If-Match`` and then
 stores the object in two unlocked steps on a threaded server, so two racing conditional writes
 could both pass, which real S3 never allows. The benchmark has a single writer, so this changes
 no figure; it keeps the server the tests trust. This module lives under ``benchmarks/`` (not

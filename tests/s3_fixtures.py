@@ -10,17 +10,14 @@ import http.client
 import http.server
 import os
 import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 import uuid
 from typing import Iterator
 
 import fsspec.asyn
 import pytest
 
+from benchmarks._s3_server import S3Server
 from supervisor.checkpoint.storage import LocalStorage, storage_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,33 +33,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class MotoServer:
-    """``moto``'s S3 server in a subprocess on a free loopback port (see moto_serial.py)."""
+class MotoServer(S3Server):
+    """``moto``'s S3 server in a subprocess on a free loopback port: the benchmarks' launcher
+    (`benchmarks._s3_server.S3Server`: writes serialised, the server exits with its starter)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> MotoServer:
-        self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "storage", "moto_serial.py"), "127.0.0.1",
-                                         str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + SERVER_START_SECS
-        while True:
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1).close()
-                return self
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the moto server did not answer on {self.endpoint} within "
-                                       f"{SERVER_START_SECS} s") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        super().__init__(timeout_secs=SERVER_START_SECS)
 
 
 def options(endpoint: str, **config: object) -> dict:
