@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from supervisor.checkpoint.local_storage import LocalStorage
-from supervisor.checkpoint.storage_base import Storage
+from supervisor.checkpoint.storage_base import Storage, deleting_name  # (defined there: local_storage needs it)
 
 __all__ = [
     "FORMAT_NAME",
@@ -84,10 +84,6 @@ def step_of(name: str, basename: str) -> int | None:
 
 def temp_name(name: str) -> str:
     return f"{name}.tmp-{os.urandom(16).hex()}"
-
-
-def deleting_name(name: str) -> str:
-    return f"{name}.deleting-{os.urandom(16).hex()}"
 
 
 def is_transient(name: str) -> bool:

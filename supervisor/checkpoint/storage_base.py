@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import errno
+import os
 from dataclasses import dataclass
 from typing import IO, Any, Iterable, Mapping, Protocol, runtime_checkable
 
 __all__ = ["ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError",
-           "Storage", "StorageWriter"]
+           "Storage", "StorageWriter", "deleting_name"]
 
 
 class PreconditionFailedError(OSError):
@@ -133,3 +134,8 @@ class Storage(Protocol):
     def checksum(self, path: str) -> tuple[int, str]: ...
     def rename(self, src: str, dst: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
+
+
+def deleting_name(name: str) -> str:
+    """The name a checkpoint is renamed to while it is deleted (``<name>.deleting-<random>``)."""
+    return f"{name}.deleting-{os.urandom(16).hex()}"

@@ -65,7 +65,7 @@ class ManagedCheckpointCreator(SessionCreator):
             manager.on_error = session.request_stop
         self._session = session
         if self.is_chief:
-            clear_finished(manager.directory)
+            clear_finished(manager.directory, storage=getattr(manager, "storage", None))  # its client (§16)
         return manager
 
     def shutdown(self, *, failed: bool) -> None:
@@ -73,8 +73,9 @@ class ManagedCheckpointCreator(SessionCreator):
         # -- finished mark (chief): a clean end that no signal caused (a preempted run resumes).
         session = getattr(self, "_session", None)
         if self.is_chief and not failed and session is not None and not session.preempted:
-            mark_finished(self.checkpoints.directory, step=session.global_step,
-                          checkpoint=latest_checkpoint(self.checkpoints.directory))
+            directory, storage = self.checkpoints.directory, getattr(self.checkpoints, "storage", None)
+            mark_finished(directory, step=session.global_step, storage=storage,
+                          checkpoint=latest_checkpoint(directory, storage=storage))
 
 
 class CheckpointSessionCreator(ManagedCheckpointCreator):
