@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
-from supervisor._paths import check_logdir, check_storage, is_url
+from supervisor._paths import check_logdir, is_url
 from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.clock import Clock, resolve_clock
@@ -119,7 +119,7 @@ class Supervisor:
             basename=checkpoint_basename, max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
             trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
-            storage_options=check_storage("logdir", self._logdir, storage_options))
+            storage_options=dict(storage_options) if storage_options else None)  # checked by check_logdir
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)

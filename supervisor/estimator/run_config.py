@@ -24,7 +24,7 @@ from typing import Any
 
 from supervisor import _validate as v
 from supervisor import distributed
-from supervisor._paths import check_logdir, check_storage
+from supervisor._paths import check_logdir
 
 __all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max"]
 
@@ -119,7 +119,7 @@ class RunConfig:
             "task_id": task_id,
             "lock": lock,
             "lease_secs": lease_secs,
-            "storage_options": check_storage("model_dir", model_dir, storage_options),
+            "storage_options": dict(storage_options) if storage_options else None,  # checked by check_logdir
         }
         for name, value in fields.items():
             object.__setattr__(self, name, value)

@@ -24,16 +24,16 @@ def _quickstart(url, endpoint, steps, cwd):
 
 def test_quickstart_on_s3_trains_and_resumes(s3_server, s3_root, s3_storage, tmp_path):
     url = s3_root + "/quickstart"
-    first = _quickstart(url, s3_server.endpoint, 300, tmp_path)
+    first = _quickstart(url, s3_server.endpoint, 150, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert f"starting from step 0 in {url}; training to step 300" in first.stdout
-    assert "stopped at step 300" in first.stdout
+    assert f"starting from step 0 in {url}; training to step 150" in first.stdout
+    assert "stopped at step 150" in first.stdout
 
-    second = _quickstart(url, s3_server.endpoint, 600, tmp_path)
+    second = _quickstart(url, s3_server.endpoint, 300, tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming at step 300 in {url}; training to step 600" in second.stdout
-    assert "stopped at step 600" in second.stdout
+    assert f"resuming at step 150 in {url}; training to step 300" in second.stdout
+    assert "stopped at step 300" in second.stdout
     names = s3_storage.listdir(url)
-    assert {"checkpoint", "model.ckpt-600"} <= set(names)
+    assert {"checkpoint", "model.ckpt-300"} <= set(names)
     assert any(n.startswith("events.out.tfevents.") for n in names)
     assert os.listdir(tmp_path) == []  # nothing local: no ./s3:/... directory
