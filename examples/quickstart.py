@@ -9,6 +9,10 @@ checkpoint with the same weights, optimizer state, RNG and data position.
     python examples/quickstart.py --steps 3000         # resumes at 1500, trains to 3000
     python examples/quickstart.py                      # already at 1500: says how to go on
     tensorboard --logdir runs/quickstart               # loss, accuracy, global_step/sec
+    python examples/quickstart.py --logdir s3://bucket/run   # an object store (pip install "torch-supervisor[s3]")
+
+An ``s3://`` logdir is configured the standard way, by the ``AWS_*`` environment
+(``AWS_ENDPOINT_URL`` for a local S3-compatible server: see the README, "Logdirs beyond one disk").
 
 ``--steps`` is the global step to reach, not a number of steps to add, so rerunning the same
 command after a preemption finishes the same run. On SIGTERM (or Ctrl-C) the run stops at the

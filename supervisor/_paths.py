@@ -7,13 +7,21 @@ or do harm later — a path that is a file, a path that cannot be created (under
 without write permission on its nearest existing ancestor), and a checkpoint directory itself
 (``runs/x/model.ckpt-2``: training there would start from scratch and write a new run inside a
 sealed checkpoint). Nothing is created here.
+
+An object-store URL (``s3://bucket/prefix``, SPEC §16) is returned as given, never made absolute
+or looked up on the local disk: `check_logdir` checks its scheme and client instead (an unknown
+scheme is a `ValueError` naming it, a missing optional client an `ImportError` naming the pip
+extra) and builds no connection; the first request says what else is wrong (credentials,
+bucket). ``storage_options`` (the object-store client's options) are refused for a local path.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
-__all__ = ["check_directory", "check_logdir", "check_path", "check_watched_directory"]
+from supervisor.checkpoint.storage import split_scheme, storage_for
+
+__all__ = ["check_directory", "check_logdir", "check_path", "check_storage", "check_watched_directory", "is_url"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
@@ -30,11 +38,37 @@ def check_path(name: str, value: Any, *, allow_none: bool = False, hint: str = "
     return path
 
 
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``."""
+    return split_scheme(path)[0] != "file"
+
+
+def check_storage(name: str, path: str | None, storage_options: Any) -> dict[str, Any] | None:
+    """The client options of ``path`` (None when there are none), checked at construction: for
+    a URL its scheme is known and its client installed (`storage_for` builds the client, which
+    connects nowhere yet); for a local path no ``storage_options`` may be given."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError(f"storage_options must be a dict of the object-store client's options "
+                        f"(e.g. {{'endpoint_url': ...}}) or None, got {storage_options!r}")
+    if path is None or not is_url(path):
+        if storage_options:
+            where = f"the local path {path!r}" if path is not None else "no directory"
+            raise ValueError(f"storage_options={dict(storage_options)!r} were given with {name}={path!r}, "
+                             f"{where}: they configure the client of an object-store URL (s3://bucket/prefix) "
+                             "only; drop them or pass a URL")
+        return None
+    try:
+        storage_for(path, storage_options)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from e
+    return dict(storage_options) if storage_options else None
+
+
 def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | None:
     """`check_path`, then `ValueError` for a path that exists and is not a directory (it need not
     exist yet: it is created on first use)."""
     path = check_path(name, value, allow_none=allow_none)
-    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+    if path is not None and not is_url(path) and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
                          "if missing) or remove that file")
     return path
@@ -55,12 +89,19 @@ def check_watched_directory(name: str, value: Any) -> str:
 
 
 def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bool = True,
-                 hint: str = "") -> str | None:
+                 hint: str = "", storage_options: Mapping[str, Any] | None = None) -> str | None:
     """`check_path`, then refuses a file, a checkpoint directory and (``writable``) a path that
-    cannot be created or written, with `ValueError` (see the module docstring)."""
+    cannot be created or written, with `ValueError`; a URL gets `check_storage` instead (see
+    the module docstring)."""
     path = check_path(name, value, allow_none=allow_none, hint=hint)
+    check_storage(name, path, storage_options)
     if path is None:
         return None
+    if is_url(path):  # as the checkpoint manager spells it: no trailing "/"
+        scheme, rest = path.split("://", 1)
+        if not rest.strip("/"):
+            raise ValueError(f"{name} {path!r} names no bucket; use {scheme}://<bucket>/<prefix>")
+        return path.rstrip("/")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; choose another path")
     marker = next((f for f in _CHECKPOINT_FILES if os.path.isfile(os.path.join(path, f))), None)

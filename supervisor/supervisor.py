@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
-from supervisor._paths import check_logdir
+from supervisor._paths import check_logdir, is_url
 from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.clock import Clock, resolve_clock
@@ -87,6 +87,10 @@ class Supervisor:
             use ``lock="lease"`` there.
         lease_secs: the lease's lifetime unrenewed (default 60 s). A writer that lost its lease
             fails its next save with `LeaseLostError`, before committing anything.
+        storage_options: the object-store client's options when ``logdir`` is a URL
+            (``s3://bucket/prefix``, SPEC §16), e.g. ``{"endpoint_url": ...}``; None (default)
+            configures it the standard way (``AWS_*`` environment, ``~/.aws``, ``FSSPEC_S3_*``).
+            Used by the checkpoint manager, its lease and the summary writer.
     """
 
     def __init__(
@@ -100,10 +104,11 @@ class Supervisor:
         recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10, save_mode: str = "async",
         handle_signals: bool = True, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
-        lock: str = "auto", lease_secs: float | None = None,
+        lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
-        self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT)
+        self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
+                                    storage_options=storage_options)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
         self._hooks = v.check_hooks("hooks", hooks)
         self._init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -113,7 +118,8 @@ class Supervisor:
         self._checkpoint_options = check_checkpoint_options(
             basename=checkpoint_basename, max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
-            trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs)
+            trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
+            storage_options=dict(storage_options) if storage_options else None)  # checked by check_logdir
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -278,8 +284,10 @@ class _ManagedSession:
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
                              save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
-                             lock: Any = "auto", lease_secs: Any = None) -> dict[str, Any]:
-    """Validates the checkpoint arguments the front doors share, at their construction."""
+                             lock: Any = "auto", lease_secs: Any = None,
+                             storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validates the checkpoint arguments the front doors share, at their construction
+    (``storage_options``: already checked with `supervisor._paths.check_storage`)."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
     lock, lease_secs = v.check_lock(lock, lease_secs)
@@ -293,6 +301,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
         "trusted_globals": check_trusted_globals(trusted_globals),
         "capture": check_capture(capture),
+        "storage_options": storage_options,
     }
 
 
@@ -306,32 +315,38 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
                          checkpoint_format: str = "torch", **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
     (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
-    ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12)."""
+    ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12).
+    ``checkpoint_options["storage_options"]`` go to each of the two directories that is a URL."""
+    options = dict(checkpoint_options or {})
+    storage_options = options.pop("storage_options", None)
     writer = None
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         for directory, argument in ((checkpoint_dir, "checkpoint_dir"), (summary_dir, "summary_dir")):
             if directory is not None:
                 check_writable_directory(directory, argument=argument)
     if summary_dir is not None and is_chief:
-        writer = SummaryWriterCache.acquire(summary_dir)
+        writer = SummaryWriterCache.acquire(summary_dir, _options_for(summary_dir, storage_options))
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
-        creator.environment.owns_summary_writer = writer is not None
-        return creator
-    if checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
+    elif checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
         sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,
-                                           **(checkpoint_options or {}))  # save_mode too (async by default)
+                                           **options)  # save_mode too (async by default)
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)
     elif is_chief:
-        manager = CheckpointManager(checkpoint_dir, clock=clock, **(checkpoint_options or {}))
+        manager = CheckpointManager(checkpoint_dir, clock=clock, storage_options=_options_for(
+            checkpoint_dir, storage_options), **options)
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:
         # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
                                        recovery_wait_secs=recovery_wait_secs, clock=clock,
-                                       logdir=checkpoint_dir,
-                                       trusted_globals=(checkpoint_options or {}).get("trusted_globals", ()),
+                                       logdir=checkpoint_dir, trusted_globals=options.get("trusted_globals", ()),
                                        **init_fns)
     creator.environment.owns_summary_writer = writer is not None
     return creator
+
+
+def _options_for(directory: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The client options of ``directory``: ``storage_options`` for a URL, none for a local path."""
+    return storage_options if is_url(directory) else None

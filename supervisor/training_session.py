@@ -30,7 +30,7 @@ from supervisor.errors import RecoverableError
 from supervisor.creators.base import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
-from supervisor._paths import check_logdir
+from supervisor._paths import check_logdir, check_storage, is_url
 from supervisor._shadowing import import_builtin_hooks
 from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
 
@@ -75,10 +75,12 @@ def _build(
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
     summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
+    storage_options = _check_storage_options(checkpoint_dir, summary_dir, storage_options)
     training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
     user_hooks = v.check_hooks("hooks", hooks)
     chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
@@ -88,7 +90,7 @@ def _build(
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture,
-                                       lock=lock, lease_secs=lease_secs)
+                                       lock=lock, lease_secs=lease_secs, storage_options=storage_options)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -102,6 +104,17 @@ def _build(
         ckpt_secs=ckpt_secs, ckpt_steps=ckpt_steps, writes_summaries=writes_summaries, log_steps=log_steps,
         summary_secs=summary_secs, summary_steps=summary_steps, chief_hooks=chief_hooks,
         user_hooks=user_hooks, clock=clock)
+
+
+def _check_storage_options(checkpoint_dir: str | None, summary_dir: str | None,
+                           storage_options: Any) -> dict[str, Any] | None:
+    """``storage_options`` configure the client of whichever directory is a URL (both, when both
+    are); given with two local directories they are a `ValueError` (`check_storage`)."""
+    urls = [(name, d) for name, d in (("checkpoint_dir", checkpoint_dir), ("summary_dir", summary_dir))
+            if d is not None and is_url(d)]
+    for name, url in urls or [("checkpoint_dir", checkpoint_dir)]:
+        checked = check_storage(name, url, storage_options)
+    return checked
 
 
 def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, checkpoint_format: str,
@@ -141,7 +154,7 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format", "capture", "lock", "lease_secs",
+    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options",
 )
 
 
@@ -159,7 +172,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10,
     save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto",
-    lock: str = "auto", lease_secs: float | None = None,
+    lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
@@ -170,9 +183,9 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
     runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
     overlapped when they are on CUDA); SPEC §5.9.
-    ``lock`` / ``lease_secs``: the chief's single-writer lock of ``checkpoint_dir`` (SPEC §5.6,
-    §16): ``"auto"`` (flock locally, a lease on an object store), ``"flock"``, or ``"lease"``
-    (the safe choice on NFS/Lustre); see `supervisor.checkpoint.CheckpointManager`."""
+    ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an
+    object store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
+    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``)."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
@@ -192,9 +205,9 @@ class SingularMonitoredSession(MonitoredSession):
 
     Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
-    ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock`` and ``lease_secs`` as
-    `MonitoredTrainingSession` (a sharded job's non-chief ranks still run a session each: they
-    write their shards).
+    ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock``, ``lease_secs`` and
+    ``storage_options`` as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
+    a session each: they write their shards).
     """
 
     _recovery_enabled = False
@@ -210,7 +223,7 @@ class SingularMonitoredSession(MonitoredSession):
         ready_fn: Callable[[Any], Any] | None = None, save_mode: str = "async", handle_signals: bool = True,
         session_creator: Any = None, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
-        lock: str = "auto", lease_secs: float | None = None,
+        lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

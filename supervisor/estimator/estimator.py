@@ -32,6 +32,7 @@ from supervisor.checkpoint import (
     read_checkpoint,
     read_manifest,
 )
+from supervisor.checkpoint.storage import storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.export_writer import write_export
@@ -70,7 +71,8 @@ class Estimator:
             ``compute()`` returning a dict gives ``name/key`` metrics.
         example_input: a tensor or tuple of positional arguments; exports then include a
             ``torch.export`` program.
-        config: a `RunConfig` (default: ``RunConfig(model_dir)``).
+        config: a `RunConfig` (default: ``RunConfig(model_dir)``); an object-store ``model_dir``
+            takes its client options there (``RunConfig(model_dir, storage_options=...)``).
         clock: injectable clock (throttling, export timestamps, the training session).
     """
 
@@ -135,7 +137,7 @@ class Estimator:
 
     def latest_checkpoint(self) -> str | None:
         """The newest committed checkpoint the index names, or None."""
-        return latest_checkpoint(self.model_dir)
+        return latest_checkpoint(self.model_dir, storage_options=self._config.storage_options)
 
     # ------------------------------------------------------------------ train
     def train(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
@@ -217,7 +219,7 @@ class Estimator:
     def checkpoint_step(self, checkpoint_path: str | None = None) -> int | None:
         """The step of ``checkpoint_path`` (default: the latest checkpoint; None if none)."""
         path = checkpoint_path or self.latest_checkpoint()
-        return None if path is None else read_manifest(path).step
+        return None if path is None else read_manifest(path, storage_for(path, self._config.storage_options)).step
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,

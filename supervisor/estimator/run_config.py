@@ -76,6 +76,9 @@ class RunConfig:
             On NFS and Lustre ``flock`` may be node-local: use ``lock="lease"`` there.
         lease_secs: the lease's lifetime unrenewed (None: 60 s). A chief that lost its lease
             fails its next save with `LeaseLostError`, before committing anything.
+        storage_options: the object-store client's options when ``model_dir`` is a URL
+            (``s3://bucket/prefix``, SPEC §16); None: the ``AWS_*`` environment, ``~/.aws``.
+            Left out of ``repr`` and equality (they may hold credentials).
     """
 
     model_dir: str
@@ -89,15 +92,17 @@ class RunConfig:
     task_id: int
     lock: str
     lease_secs: float | None
+    storage_options: dict[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __init__(self, model_dir: str | os.PathLike, save_checkpoints_secs: Any = _USE_DEFAULT,
                  save_checkpoints_steps: Any = _USE_DEFAULT, save_summary_steps: int = 100,
                  keep_checkpoint_max: int | None = 5, keep_checkpoint_every_n_hours: float = 10000,
                  log_step_count_steps: int = 100, task_type: str | None = None,
-                 task_id: int | None = None, lock: str = "auto", lease_secs: float | None = None) -> None:
+                 task_id: int | None = None, lock: str = "auto", lease_secs: float | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
             raise TypeError(f"model_dir must be a non-empty directory path, got {model_dir!r}")
-        model_dir = check_logdir("model_dir", model_dir, allow_none=False)  # not a file, nor under one
+        model_dir = check_logdir("model_dir", model_dir, allow_none=False, storage_options=storage_options)
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
         lock, lease_secs = v.check_lock(lock, lease_secs)
@@ -114,6 +119,7 @@ class RunConfig:
             "task_id": task_id,
             "lock": lock,
             "lease_secs": lease_secs,
+            "storage_options": dict(storage_options) if storage_options else None,  # checked by check_logdir
         }
         for name, value in fields.items():
             object.__setattr__(self, name, value)

@@ -36,7 +36,7 @@ def training_session(config: RunConfig, model: Any, optimizer: Any, state: Mappi
         save_summaries_steps=config.save_summary_steps or None, save_summaries_secs=None,
         log_step_count_steps=config.log_step_count_steps or None, max_to_keep=config.keep_checkpoint_max,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours, lock=config.lock,
-        lease_secs=config.lease_secs, clock=clock)
+        lease_secs=config.lease_secs, storage_options=config.storage_options, clock=clock)
     session_box.append(session)
     return session
 
