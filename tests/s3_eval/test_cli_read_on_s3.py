@@ -113,3 +113,36 @@ def _count_reads(monkeypatch, under: str = "") -> dict:
             return out
         monkeypatch.setattr(ObjectStoreStorage, name, counted)
     return count
+
+
+EVAL_FACTORY = '''
+import torch
+
+def model():
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 8))
+
+def data():
+    torch.manual_seed(0)
+    return [torch.randn(2, 256)]
+
+def eval_step(model, batch):
+    return {"mean": model(batch).mean()}
+'''
+
+
+def test_evaluate_on_a_url_evaluates_the_run_and_exits_at_the_finished_mark(s3_server, s3_storage, run_url, tmp_path):
+    from supervisor.checkpoint.finished import mark_finished
+    from supervisor.events import read_scalars
+
+    (tmp_path / "evalfactory.py").write_text(EVAL_FACTORY)
+    factory = str(tmp_path / "evalfactory.py")
+    mark_finished(run_url, step=3, checkpoint=run_url + "/model.ckpt-3", storage=s3_storage)
+    done = cli(s3_server.endpoint, "evaluate", run_url, "--model", factory + ":model", "--data", factory + ":data",
+               "--eval-step", factory + ":eval_step", "--poll-secs", "0.1", "--timeout", "60", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "step 3: mean = " in done.stdout and "stopped (finished): 1 evaluated" in done.stdout
+    assert sorted(read_scalars(run_url + "/eval", options(s3_server.endpoint))) == [3]
+    bucket = run_url.split("/")[2]
+    wrong = cli(s3_server.endpoint, "evaluate", f"s3://{bucket}-typo/run", "--model", factory + ":model",
+                "--data", factory + ":data")
+    assert wrong.returncode == 2 and f"s3://{bucket}-typo/run" in wrong.stderr, wrong.stderr
