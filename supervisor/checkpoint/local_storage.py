@@ -13,7 +13,7 @@ from typing import IO, Any, Iterable
 
 from supervisor.checkpoint.fileio import (ChecksumWriter, NotARegularFileError, Opener, checksum_file, default_opener,
                                           file_kind, fsync_dir)
-import supervisor.checkpoint.format as checkpoint_format  # a module: format imports this one at its top
+from supervisor.checkpoint import format as checkpoint_format  # format imports this module: names looked up at call time
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
