@@ -30,7 +30,8 @@ def _steps(storage, url: str) -> list[int]:
     return [step for step, _ in list_committed(url, "model.ckpt", storage)]
 
 
-def test_rollback_points_the_index_back_and_discards_newer(s3_server, s3_storage, run_url):
+def test_rollback_points_the_index_back_and_discards_newer(s3_server, s3_storage, run_url, capsys):
+    opts = ["--storage-options", json.dumps(options(s3_server.endpoint))]
     done = cli(s3_server.endpoint, "rollback", run_url, "2")
     assert done.returncode == 0, done.stderr
     assert "now points at model.ckpt-2" in done.stdout and "newer checkpoints kept: model.ckpt-3, model.ckpt-4" \
@@ -38,20 +39,20 @@ def test_rollback_points_the_index_back_and_discards_newer(s3_server, s3_storage
     assert read_index(run_url, s3_storage).model_checkpoint_path == "model.ckpt-2"
     assert supervisor.latest_checkpoint(run_url, storage_options=options(s3_server.endpoint)) == \
         run_url + "/model.ckpt-2"
-    done = cli(s3_server.endpoint, "rollback", "--discard-newer", run_url, "3")
-    assert done.returncode == 0, done.stderr
-    assert "deleted model.ckpt-4" in done.stdout
+    assert main(["rollback", "--discard-newer", run_url, "3", *opts]) == 0
+    assert "deleted model.ckpt-4" in capsys.readouterr().out
     assert _steps(s3_storage, run_url) == [1, 2, 3]
     assert "model.ckpt-4" not in read_index(run_url, s3_storage).all_model_checkpoint_paths
-    missing = cli(s3_server.endpoint, "rollback", run_url, "9")
-    assert missing.returncode == 1 and "no checkpoint of step 9" in missing.stderr
+    assert main(["rollback", run_url, "9", *opts]) == 1
+    assert "no checkpoint of step 9" in capsys.readouterr().err
 
 
-def test_prune_keeps_the_newest_and_deletes_only_committed_prefixes(s3_server, s3_storage, run_url):
+def test_prune_keeps_the_newest_and_deletes_only_committed_prefixes(s3_server, s3_storage, run_url, capsys):
     stray = run_url + "/notes/readme.txt"
     s3_storage.write_atomic(stray, b"mine")
-    dry = cli(s3_server.endpoint, "prune", run_url, "--keep", "2", "--dry-run")
-    assert dry.returncode == 0 and "would delete 2: model.ckpt-1, model.ckpt-2" in dry.stdout, dry.stderr
+    assert main(["prune", run_url, "--keep", "2", "--dry-run", "--storage-options",
+                 json.dumps(options(s3_server.endpoint))]) == 0
+    assert "would delete 2: model.ckpt-1, model.ckpt-2" in capsys.readouterr().out
     assert _steps(s3_storage, run_url) == [1, 2, 3, 4]
     done = cli(s3_server.endpoint, "prune", run_url, "--keep", "2")
     assert done.returncode == 0, done.stderr
