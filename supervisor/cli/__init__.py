@@ -58,7 +58,9 @@ def build_parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict
     """The top-level parser and the subcommand modules by name (an ImportError for a missing one)."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Look at and repair a torch-supervisor log directory.",
-        epilog="Exit codes: 0 ok, 1 problem found (or refused: a writer holds the lock), 2 usage error.")
+        epilog="Paths may be s3://bucket/prefix URLs: the client is configured by the environment (AWS_ENDPOINT_URL, "
+               "AWS_ACCESS_KEY_ID..., ~/.aws, FSSPEC_S3_*) or a subcommand's --storage-options JSON. "
+               "Exit codes: 0 ok, 1 problem found (or refused: a writer holds the lock or lease), 2 usage error.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages to stderr")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     modules = {name: _load(name) for name in SUBCOMMANDS}

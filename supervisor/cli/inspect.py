@@ -17,11 +17,10 @@ import fnmatch
 import os
 import stat
 
-from supervisor.checkpoint import CheckpointReader, get_checkpoint_state, resolve_checkpoint
+from supervisor.checkpoint import CheckpointReader, get_checkpoint_state, read_index, resolve_checkpoint
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, error, format_bytes, print_json, summary, table
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._remote import UrlProblem, add_storage_options, connect, is_url, names_in_index
-from supervisor.checkpoint import read_index
 from supervisor.errors import CheckpointError
 
 __all__ = ["add_parser", "run"]

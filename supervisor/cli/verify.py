@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from supervisor.checkpoint import read_index
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, check_one, error, \
     format_bytes, index_membership, print_json, scan_logdir, summary, table
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._remote import (UrlProblem, add_storage_options, check_url, connect, is_checkpoint, is_url,
                                     missing, names_in_index, scan)
-from supervisor.checkpoint import read_index
 
 __all__ = ["add_parser", "run"]
 
