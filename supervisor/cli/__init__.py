@@ -16,6 +16,10 @@ wanted, a parent of log directories — the message names what to pass). Output 
 reader (``ls --json | head -2``) ends the command quietly with status 141 (128 + SIGPIPE, what a
 shell reports for a Unix tool in the same place), without a traceback.
 
+Object stores: every PATH/LOGDIR may be an ``s3://bucket/prefix`` URL, the client configured by
+the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``..., ``~/.aws``, ``FSSPEC_S3_*``) or
+by ``--storage-options JSON`` (`supervisor.cli._remote`).
+
 Adding a subcommand: a module ``supervisor/cli/<name>.py`` defining ``add_parser(subparsers)
 -> None`` (which adds the parser named ``<name>``) and ``run(args) -> int`` (the exit code), and
 its name in `SUBCOMMANDS`. Only ``ls``/``verify``/``inspect`` read; ``rollback``/``prune`` take the
@@ -31,6 +35,7 @@ from types import ModuleType
 from typing import Sequence
 
 from supervisor.cli._common import EXIT_BROKEN_PIPE, EXIT_USAGE, output_cut_short
+from supervisor.cli._remote import is_url, options_for_local
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "EXIT_BROKEN_PIPE"]
 
@@ -53,7 +58,9 @@ def build_parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict
     """The top-level parser and the subcommand modules by name (an ImportError for a missing one)."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Look at and repair a torch-supervisor log directory.",
-        epilog="Exit codes: 0 ok, 1 problem found (or refused: a writer holds the lock), 2 usage error.")
+        epilog="Paths may be s3://bucket/prefix URLs: the client is configured by the environment (AWS_ENDPOINT_URL, "
+               "AWS_ACCESS_KEY_ID..., ~/.aws, FSSPEC_S3_*) or a subcommand's --storage-options JSON. "
+               "Exit codes: 0 ok, 1 problem found (or refused: a writer holds the lock or lease), 2 usage error.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages to stderr")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     modules = {name: _load(name) for name in SUBCOMMANDS}
@@ -75,6 +82,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if isinstance(module, ImportError):
         print(f"error: the {args.command!r} subcommand is not available: {module}", file=sys.stderr)
         return EXIT_USAGE
+    misplaced = _misplaced_options(args)
+    if misplaced:
+        print(f"error: {misplaced}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         code = int(module.run(args))
         sys.stdout.flush()  # a pipe closed early fails here at the latest, not at interpreter exit
@@ -82,3 +93,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return output_cut_short()
     return code
 
+
+
+def _misplaced_options(args: argparse.Namespace) -> str | None:
+    """The usage error for ``--storage-options`` with a local path (None otherwise)."""
+    for attribute in ("logdir", "path", "checkpoint"):
+        target = getattr(args, attribute, None)
+        if isinstance(target, str):
+            return None if is_url(target) else options_for_local(target, args)
+    return None

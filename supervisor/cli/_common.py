@@ -28,7 +28,8 @@ from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one",
            "writer_lock", "writer_note", "Refused", "format_bytes", "format_age", "table", "print_json", "error",
-           "index_membership", "help_text", "summary", "EXIT_BROKEN_PIPE", "output_cut_short"]
+           "index_membership", "help_text", "summary", "EXIT_BROKEN_PIPE", "output_cut_short", "basename_from_index",
+           "step_in", "DEFAULT_BASENAME"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + getattr(signal, "SIGPIPE", 13)  # what a shell reports for a tool cut short by `| head`
@@ -75,7 +76,7 @@ def scan_logdir(logdir: str, *, basename: str | None = None, verify: str = "full
         index = read_index(logdir)
     except (ValueError, OSError) as e:
         problem = str(e)
-    basename = basename or _basename_from_index(index) or DEFAULT_BASENAME
+    basename = basename or basename_from_index(index) or DEFAULT_BASENAME
     paths: dict[str, None] = {}
     for _, name in list_committed(logdir, basename):
         paths[os.path.abspath(os.path.join(logdir, name))] = None
@@ -125,7 +126,7 @@ def check_one(path: str, *, basename: str | None = None, verify: str = "full", i
     """Verifies one checkpoint directory and describes it (a missing one is not verified)."""
     path = os.path.abspath(path)
     name = os.path.basename(path)
-    step = _step(name, basename)
+    step = step_in(name, basename)
     if not os.path.isdir(path):
         where = "listed in the index but " if in_index or indexed else ""
         return CheckpointRow(step, path, name, False, f"{where}does not exist", indexed, in_index, index_time, 0)
@@ -158,17 +159,19 @@ def index_membership(path: str) -> tuple[bool, bool, float | None, str | None]:
     stamps = index.all_model_checkpoint_timestamps
     where = listed.index(path) if path in listed else None
     stamp = stamps[where] if where is not None and where < len(stamps) else None
-    return absolute(index.model_checkpoint_path) == path, where is not None, stamp, _basename_from_index(index)
+    return absolute(index.model_checkpoint_path) == path, where is not None, stamp, basename_from_index(index)
 
 
-def _basename_from_index(index: CheckpointState | None) -> str | None:
+def basename_from_index(index: CheckpointState | None) -> str | None:
+    """The run's checkpoint basename, from the index's ``model_checkpoint_path`` (None without)."""
     if index is None:
         return None
     match = NAME_WITH_STEP.match(os.path.basename(os.path.normpath(index.model_checkpoint_path)))
     return match.group("base") if match else None
 
 
-def _step(name: str, basename: str | None) -> int | None:
+def step_in(name: str, basename: str | None) -> int | None:
+    """The step of the checkpoint named ``name`` (``<basename>-<step>``; any ``<name>-<step>``)."""
     if basename is not None and (step := step_of(name, basename)) is not None:
         return step
     match = NAME_WITH_STEP.match(name)

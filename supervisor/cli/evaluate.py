@@ -11,6 +11,10 @@ every evaluation); ``--eval-step`` a function ``eval_step(model, batch) -> {name
 (default: ``model(batch)``). A name is ``package.module:function`` (imported; the current
 directory is on the path) or ``path/to/file.py:function``.
 
+``LOGDIR`` may be an ``s3://bucket/prefix`` URL (the client configured by the ``AWS_*``
+environment or ``--storage-options JSON``); the events then go to ``LOGDIR/eval`` on the object
+store, one new object per evaluation. A missing bucket is a usage error (exit code 2).
+
 It never creates ``LOGDIR``: one that does not exist yet is waited for (a trainer started at
 the same time creates it), and it says on stderr what it waits for — the first checkpoint in
 which directory — so a mistyped path does not wait in silence (``--timeout`` bounds the wait).
@@ -40,6 +44,7 @@ from typing import Any, Callable, Mapping
 from supervisor.checkpoint import read_index
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, help_text, output_cut_short
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._remote import UrlProblem, add_storage_options, connect, is_checkpoint, is_url
 from supervisor.errors import SupervisorError
 
 __all__ = ["add_parser", "run", "load_object"]
@@ -81,6 +86,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop after SECS without a new checkpoint (default: wait forever)")
     p.add_argument("--poll-secs", type=float, default=1.0, metavar="SECS",
                    help="how often to look for a new checkpoint (default: 1)")
+    add_storage_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,7 +130,8 @@ def _build(args: argparse.Namespace) -> Any:
     evaluator = SidecarEvaluator(parts["model"], parts["data"], args.logdir, steps=args.steps,
                                  max_evaluations=args.max_evaluations, metrics=parts.get("metrics"),
                                  eval_step=parts.get("eval_step"), log_dir=args.log_dir, name=args.name,
-                                 timeout=args.timeout, poll_secs=args.poll_secs)
+                                 timeout=args.timeout, poll_secs=args.poll_secs,
+                                 storage_options=args.storage_options if is_url(args.logdir) else None)
     if waiting:
         print(waiting, file=sys.stderr, flush=True)
     return evaluator
@@ -148,6 +155,8 @@ def _factory_parts(args: argparse.Namespace) -> dict[str, Any]:
 def _check_directories(args: argparse.Namespace) -> str | None:
     """Refuses a ``LOGDIR`` or ``--log-dir`` that cannot be (or become) the directory it names;
     returns the line saying what the evaluator waits for when ``LOGDIR`` has no checkpoint yet."""
+    if is_url(args.logdir):
+        return _check_url(args)
     found = path_kind(args.logdir)
     wrong = advice(found, "evaluate", accepts=("logdir",))
     if wrong:
@@ -169,6 +178,28 @@ def _check_directories(args: argparse.Namespace) -> str | None:
     if _no_checkpoint_yet(found.path):
         return (f"waiting for the first checkpoint in {found.path} (none committed yet; stop with Ctrl-C, or "
                 "pass --timeout SECS)")
+    return None
+
+
+def _check_url(args: argparse.Namespace) -> str | None:
+    """`_check_directories` for an ``s3://`` LOGDIR: a missing bucket never appears (a trainer
+    does not create buckets), a missing prefix is waited for."""
+    url = args.logdir.rstrip("/")
+    try:
+        storage = connect(url, args)
+    except UrlProblem as e:
+        raise UsageError(f"LOGDIR {e}") from None
+    if is_checkpoint(storage, url):
+        raise UsageError(f"LOGDIR {url} is a checkpoint, not a log directory; run `evaluate {storage.dirname(url)}`")
+    try:
+        names = storage.listdir(url)
+    except FileNotFoundError as e:
+        raise UsageError(f"LOGDIR {url} can never exist: {e.strerror or e}") from None
+    except OSError as e:
+        raise UsageError(f"LOGDIR {url} cannot be listed: {e}") from None
+    if not names or "checkpoint" not in names:
+        return (f"waiting for the first checkpoint in {url} (none committed yet; stop with Ctrl-C, or pass "
+                "--timeout SECS)")
     return None
 
 

@@ -17,9 +17,10 @@ import fnmatch
 import os
 import stat
 
-from supervisor.checkpoint import CheckpointReader, get_checkpoint_state, resolve_checkpoint
+from supervisor.checkpoint import CheckpointReader, get_checkpoint_state, read_index, resolve_checkpoint
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, error, format_bytes, print_json, summary, table
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._remote import UrlProblem, add_storage_options, connect, is_url, names_in_index
 from supervisor.errors import CheckpointError
 
 __all__ = ["add_parser", "run"]
@@ -31,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, a log directory or a .pt file")
     p.add_argument("--json", action="store_true", help="one JSON object for the checkpoint, for scripts")
     p.add_argument("--filter", metavar="GLOB", default=None, help="only variables matching GLOB, e.g. 'model/*'")
+    add_storage_options(p)
 
 
 # The first bytes of what torch.save writes: a zip archive (the default since torch 1.6), or
@@ -39,6 +41,8 @@ _TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80")
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.checkpoint):
+        return _run_url(args)
     found = path_kind(args.checkpoint)
     wrong = advice(found, "inspect", accepts=("logdir", "checkpoint", "file", "checkpoint file"))
     if wrong is None and found.kind == "checkpoint file" and _not_torch_save(found.path):
@@ -58,12 +62,40 @@ def run(args: argparse.Namespace) -> int:
                         "reason": str(e), "indexed": False, "variables": [], "bytes": 0})
         error(str(e))
         return EXIT_PROBLEM
+    return _show(args, path, step, variables, _indexed(path), "size" if os.path.isdir(path) else None)
+
+
+def _run_url(args: argparse.Namespace) -> int:
+    """``inspect s3://...``: the manifest and the pickled structure by range reads, no tensor data."""
+    url = args.checkpoint.rstrip("/")
+    try:
+        storage = connect(url, args)
+        with CheckpointReader(url, storage_options=args.storage_options) as reader:
+            path, step, variables = reader.path, reader.step, reader.variables()
+    except UrlProblem as e:
+        error(str(e))
+        return e.code
+    except (CheckpointError, OSError) as e:
+        if args.json:
+            print_json({"step": None, "path": url, "verified": False, "reason": str(e), "indexed": False,
+                        "variables": [], "bytes": 0})
+        error(f"{url}: {e}" if url not in str(e) else str(e))
+        return EXIT_PROBLEM
+    try:
+        named, _ = names_in_index(storage.dirname(path), read_index(storage.dirname(path), storage))
+    except (ValueError, OSError):
+        named = None
+    return _show(args, path, step, variables, named == storage.basename(path), "size")
+
+
+def _show(args: argparse.Namespace, path: str, step: int | None, variables: list, indexed: bool,
+          verification: str | None) -> int:
     if args.filter:
         variables = [v for v in variables if fnmatch.fnmatchcase(v.name, args.filter)]
     total = sum(v.nbytes for v in variables)
     if args.json:
-        print_json({"step": step, "path": path, "verified": True, "reason": None, "indexed": _indexed(path),
-                    "verification": "size" if os.path.isdir(path) else None, "bytes": total,
+        print_json({"step": step, "path": path, "verified": True, "reason": None, "indexed": indexed,
+                    "verification": verification, "bytes": total,
                     "variables": [{"name": v.name, "shape": list(v.shape), "dtype": _dtype(v.dtype),
                                    "bytes": v.nbytes} for v in variables]})
         return EXIT_OK

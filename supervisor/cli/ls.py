@@ -15,6 +15,7 @@ import argparse
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
     print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
 
 __all__ = ["add_parser", "run", "render"]
 
@@ -26,9 +27,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums (fast on huge states)")
     p.add_argument("--basename", default=None, help="checkpoint name prefix (default: from the index, else model.ckpt)")
+    add_storage_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.logdir):
+        return _run_url(args)
     found = path_kind(args.logdir)
     wrong = advice(found, "ls", accepts=("logdir",))
     if wrong:
@@ -40,17 +44,35 @@ def run(args: argparse.Namespace) -> int:
         error(f"{args.logdir} is not a directory: it does not exist")
         return EXIT_PROBLEM
     listing = scan_logdir(args.logdir, basename=args.basename, verify="size" if args.quick else "full")
+    return _show(listing, args)
+
+
+def _run_url(args: argparse.Namespace) -> int:
+    """``ls s3://bucket/prefix``: the same listing, read from the object store."""
+    try:
+        storage, url = open_logdir(args.logdir, args, "ls")
+    except UrlProblem as e:
+        if args.json and e.code == EXIT_PROBLEM:
+            print_json([])
+        error(str(e))
+        return e.code
+    listing = scan(storage, url, basename=args.basename, verify="size" if args.quick else "full")
+    return _show(listing, args, lease_note(storage, url))
+
+
+def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -> int:
     if args.json:
         print_json([row.to_json() for row in listing.rows])
         if listing.index_problem:
             error(listing.index_problem)
     else:
-        print(render(listing))
+        print(render(listing, note))
     return EXIT_PROBLEM if listing.problems else EXIT_OK
 
 
-def render(listing: Listing) -> str:
-    """The human listing: a summary line, aligned columns, a legend."""
+def render(listing: Listing, note: str | None = None) -> str:
+    """The human listing: a summary line, aligned columns, a legend (``note``: who writes the
+    logdir; looked up for a local path)."""
     rows = listing.rows
     failing = sum(not r.verified for r in rows)
     named = listing.index.model_checkpoint_path if listing.index is not None else None
@@ -58,7 +80,7 @@ def render(listing: Listing) -> str:
     summary += f", {failing} failing verification" if failing else ""
     summary += f"; the index points at {named}" if named else "; no index"
     lines = [summary]
-    note = writer_note(listing.logdir)
+    note = note if note is not None or is_url(listing.logdir) else writer_note(listing.logdir)
     if note:
         lines.append(f"{note} (checkpoints may appear or be deleted while you look)")
     if listing.index_problem:

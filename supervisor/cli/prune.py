@@ -34,7 +34,9 @@ from supervisor.checkpoint import (
     step_of,
     write_index,
 )
+from supervisor.checkpoint.storage import Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
+from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_lock, open_logdir, relative_url_index
 from supervisor.errors import CheckpointError
 
 __all__ = ["add_parser", "run", "Plan", "plan", "drop_from_index"]
@@ -48,6 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("logdir", metavar="LOGDIR")
     p.add_argument("--keep", metavar="N", type=_positive, required=True, help="how many checkpoints to keep (>= 1)")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted; delete nothing")
+    add_storage_options(p)
 
 
 def _positive(text: str) -> int:
@@ -57,6 +60,8 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.logdir):
+        return _run_url(args)
     if not os.path.isdir(args.logdir):
         error(f"{args.logdir} is not a directory")
         return EXIT_PROBLEM
@@ -65,6 +70,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         with writer_lock(args.logdir):
             return _prune(args)
+    except Refused as e:
+        error(str(e))
+        return EXIT_PROBLEM
+
+
+def _run_url(args: argparse.Namespace) -> int:
+    """``prune s3://...``: the same rule, under the logdir's lease (a live one refuses it)."""
+    try:
+        storage, url = open_logdir(args.logdir, args, "prune")
+        if args.dry_run:
+            return _prune(args, url, storage)
+        with lease_lock(storage, url):
+            return _prune(args, url, storage)
+    except UrlProblem as e:
+        error(str(e))
+        return e.code
     except Refused as e:
         error(str(e))
         return EXIT_PROBLEM
@@ -81,12 +102,13 @@ class Plan:
     missing: list[str] = field(default_factory=list)
 
 
-def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protected: tuple[str, ...] = ()) -> Plan:
+def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protected: tuple[str, ...] = (),
+         storage: Storage | None = None) -> Plan:
     """Keeps the ``keep`` highest-step committed checkpoints the (relative) index lists, its
     ``model_checkpoint_path`` and ``protected``; deletes the other committed ones."""
     committed, left_alone, missing = [], [], []
     for name in dict.fromkeys(index.all_model_checkpoint_paths):
-        problem = deletable_problem(logdir, name, basename)
+        problem = deletable_problem(logdir, name, basename, storage)
         if problem is None:
             committed.append(name)
         elif problem == _MISSING:
@@ -99,11 +121,11 @@ def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protecte
 
 
 def drop_from_index(logdir: str, index: CheckpointState, names: list[str], *, basename: str | None = None,
-                    forget: list[str] = ()) -> int:
+                    forget: list[str] = (), storage: Storage | None = None) -> int:
     """Rewrites the index without ``names`` and ``forget`` (atomically), then deletes ``names``;
     returns how many could not be deleted. A name that is not a committed checkpoint
     (`deletable_problem`) is neither deleted nor dropped from the index."""
-    refused = {n: p for n in names if (p := deletable_problem(logdir, n, basename)) not in (None, _MISSING)}
+    refused = {n: p for n in names if (p := deletable_problem(logdir, n, basename, storage)) not in (None, _MISSING)}
     for name, problem in refused.items():
         print(f"left alone {name}: {problem}")
     names = [n for n in names if n not in refused]
@@ -111,11 +133,12 @@ def drop_from_index(logdir: str, index: CheckpointState, names: list[str], *, ba
     keep = [(p, t) for p, t in _with_times(index) if p not in dropped]
     timed = len(index.all_model_checkpoint_timestamps) == len(index.all_model_checkpoint_paths)
     write_index(logdir, replace(index, all_model_checkpoint_paths=tuple(p for p, _ in keep),
-                                all_model_checkpoint_timestamps=tuple(t for _, t in keep) if timed else ()))
+                                all_model_checkpoint_timestamps=tuple(t for _, t in keep) if timed else ()), storage)
     failures = 0
     for name in names:
         try:
-            removed = remove_checkpoint(os.path.join(logdir, name), basename)
+            path = os.path.join(logdir, name) if storage is None else storage.join(logdir, name)
+            removed = remove_checkpoint(path, basename, storage)
         except OSError as e:
             error(f"could not delete {name}: {e}")
             failures += 1
@@ -137,19 +160,20 @@ def _basename_of(index: CheckpointState) -> str | None:
     return match.group("base") if match else None
 
 
-def _restore_choice(logdir: str, basename: str) -> tuple[str, ...]:
+def _restore_choice(logdir: str, basename: str, storage: Storage | None = None) -> tuple[str, ...]:
     """The name of the checkpoint a restart would restore (verified in full), if any."""
     try:
-        choice = choose_checkpoint(logdir, basename, verify="full")
+        choice = choose_checkpoint(logdir, basename, verify="full", storage=storage)
     except CheckpointError as e:
         print(f"no checkpoint of {logdir} verifies ({e}); nothing restorable to protect")
         return ()
     return (os.path.basename(choice[0]),) if choice else ()
 
 
-def _prune(args: argparse.Namespace) -> int:
+def _prune(args: argparse.Namespace, logdir: str | None = None, storage: Storage | None = None) -> int:
+    logdir = args.logdir if logdir is None else logdir
     try:
-        index = read_index(args.logdir)
+        index = read_index(logdir, storage)
     except (ValueError, OSError) as e:
         error(f"{e}; prune only deletes checkpoints a readable index lists, so it deletes nothing")
         return EXIT_PROBLEM
@@ -162,8 +186,8 @@ def _prune(args: argparse.Namespace) -> int:
               "checkpoint of the form <basename>-<step>, so prune cannot tell this run's checkpoints; it "
               "deletes nothing (fix the index, e.g. with `rollback`)")
         return EXIT_PROBLEM
-    index = relative_index(index, os.path.abspath(args.logdir))
-    todo = plan(args.logdir, index, args.keep, basename, _restore_choice(args.logdir, basename))
+    index = relative_index(index, os.path.abspath(logdir)) if storage is None else relative_url_index(logdir, index)
+    todo = plan(logdir, index, args.keep, basename, _restore_choice(logdir, basename, storage), storage)
     print(f"keeping {len(todo.kept)}: {', '.join(todo.kept) or 'none'}")
     for name, problem in todo.left_alone:
         print(f"left alone {name} (listed in the index, but {problem.removeprefix('it ')})")
@@ -173,10 +197,10 @@ def _prune(args: argparse.Namespace) -> int:
     if not todo.deleted:
         print("nothing to delete")
         if todo.missing and not args.dry_run:
-            drop_from_index(args.logdir, index, [], basename=basename, forget=todo.missing)
+            drop_from_index(logdir, index, [], basename=basename, forget=todo.missing, storage=storage)
         return EXIT_OK
     if args.dry_run:
         print(f"would delete {len(todo.deleted)}: {', '.join(todo.deleted)} (dry run: nothing deleted)")
         return EXIT_OK
-    failed = drop_from_index(args.logdir, index, todo.deleted, basename=basename, forget=todo.missing)
+    failed = drop_from_index(logdir, index, todo.deleted, basename=basename, forget=todo.missing, storage=storage)
     return EXIT_PROBLEM if failed else EXIT_OK

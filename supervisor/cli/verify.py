@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from supervisor.checkpoint import read_index
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, check_one, error, \
     format_bytes, index_membership, print_json, scan_logdir, summary, table
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._remote import (UrlProblem, add_storage_options, check_url, connect, is_checkpoint, is_url,
+                                    missing, names_in_index, scan)
 
 __all__ = ["add_parser", "run"]
 
@@ -25,10 +28,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", metavar="PATH", help="a checkpoint directory or a log directory")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums")
+    add_storage_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
     mode = "size" if args.quick else "full"
+    if is_url(args.path):
+        try:
+            rows, problem = _url_rows(args, mode)
+        except UrlProblem as e:
+            error(str(e))
+            return e.code
+        return _report(args, rows, problem, mode)
     path = os.path.abspath(args.path)
     found = path_kind(path)
     wrong = advice(found, "verify", accepts=("checkpoint", "logdir"))
@@ -45,6 +56,29 @@ def run(args: argparse.Namespace) -> int:
         rows, problem = listing.rows, listing.index_problem
         if not rows:
             problem = problem or f"{args.path} holds no checkpoint"
+    return _report(args, rows, problem, mode)
+
+
+def _url_rows(args: argparse.Namespace, mode: str) -> tuple[list[CheckpointRow], str | None]:
+    """The rows of ``verify s3://...``: one checkpoint (each object read once, checked while
+    read) or every checkpoint of a log directory."""
+    url = args.path.rstrip("/")
+    storage = connect(url, args)
+    if is_checkpoint(storage, url):
+        logdir, name = storage.dirname(url), storage.basename(url)
+        try:
+            named, listed = names_in_index(logdir, read_index(logdir, storage))
+        except (ValueError, OSError):
+            named, listed = None, []
+        return [check_url(storage, logdir, name, verify=mode, indexed=name == named, in_index=name in listed)], None
+    gone = missing(storage, url)
+    if gone:
+        return [CheckpointRow(None, url, storage.basename(url), False, "does not exist", False, False, None, 0)], gone
+    listing = scan(storage, url, verify=mode)
+    return listing.rows, listing.index_problem or (None if listing.rows else f"{args.path} holds no checkpoint")
+
+
+def _report(args: argparse.Namespace, rows: list[CheckpointRow], problem: str | None, mode: str) -> int:
     if args.json:
         print_json([r.to_json() for r in rows])
     else:

@@ -48,10 +48,12 @@ from supervisor._paths import check_watched_directory
 from supervisor._validate import check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint import VERIFY_MODES, CheckpointRead, check_trusted_globals, latest_checkpoint
 from supervisor.checkpoint import read_checkpoint, read_finished
+from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointCorruptError, CheckpointVanishedError
 
-__all__ = ["EvaluationLoop", "EvaluationResult", "EvaluationStats", "StopReason", "evaluation_loop"]
+__all__ = ["EvaluationLoop", "EvaluationResult", "EvaluationStats", "StopReason", "evaluation_loop",
+           "watched_directory"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +129,9 @@ class EvaluationLoop:
         trusted_globals: extra globals ``torch.load(weights_only=True)`` may load.
         map_location: where loaded tensors go (default ``"cpu"``).
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
+        storage_options: for an ``s3://bucket/prefix`` ``checkpoint_dir``, the object-store
+            client's options (None: the standard configuration, ``AWS_*``/``AWS_ENDPOINT_URL``
+            in the environment, ``~/.aws``, ``FSSPEC_S3_*``); refused for a local path.
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike, evaluate_fn: Callable[[CheckpointRead], Any], *,
@@ -135,8 +140,10 @@ class EvaluationLoop:
                  throttle_secs: float = 0, max_evaluations: int | None = None,
                  max_steps: int | None = None, skip_step: Callable[[int], bool] | None = None,
                  poll_secs: float = 1.0, verify: str = "full", trusted_globals: Iterable[Any] = (),
-                 map_location: Any = "cpu", clock: Clock | None = None) -> None:
-        self.checkpoint_dir = os.path.abspath(check_watched_directory("checkpoint_dir", checkpoint_dir))
+                 map_location: Any = "cpu", clock: Clock | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.checkpoint_dir, self._storage = watched_directory("checkpoint_dir", checkpoint_dir, storage_options)
+        self._on = {} if self._storage is None else {"storage": self._storage}  # the URL's storage, made once
         self.evaluate_fn = check_callable("evaluate_fn", evaluate_fn, allow_none=False,
                                           signature="evaluate_fn(checkpoint) -> metrics")
         self.min_interval_secs = check_number("min_interval_secs", min_interval_secs, minimum=0)
@@ -198,7 +205,7 @@ class EvaluationLoop:
         wall_time = self._clock.time()
         try:
             checkpoint = read_checkpoint(path, verify=self.verify, trusted_globals=self.trusted_globals,
-                                         map_location=self.map_location)
+                                         map_location=self.map_location, **self._on)
         except CheckpointVanishedError:
             self.stats.vanished += 1
             logger.info("skipping %s: it was deleted before it could be read (a newer checkpoint "
@@ -238,7 +245,7 @@ class EvaluationLoop:
                 path = self._new_checkpoint()
                 if path is not None:
                     return path
-                if read_finished(self.checkpoint_dir) is not None:
+                if read_finished(self.checkpoint_dir, **self._on) is not None:
                     # The mark is written after the final checkpoint is published: a look at the
                     # index now cannot miss it, even if it was committed since the look above.
                     path = self._new_checkpoint()
@@ -258,7 +265,7 @@ class EvaluationLoop:
                 return None
 
     def _new_checkpoint(self) -> str | None:
-        path = latest_checkpoint(self.checkpoint_dir)
+        path = latest_checkpoint(self.checkpoint_dir, **self._on)
         if path is None or path in self._seen:
             return None
         step = _step_hint(path)
@@ -280,6 +287,29 @@ class EvaluationLoop:
         self.stop_reason = reason
         logger.info("evaluation loop over %s ends (%s) after %d evaluation(s)", self.checkpoint_dir,
                     reason, self.stats.evaluated)
+
+
+def watched_directory(name: str, value: Any,
+                      storage_options: Mapping[str, Any] | None = None) -> tuple[str, Storage | None]:
+    """The directory a reader follows and its storage: ``(absolute path, None)`` for a local
+    path (`supervisor._paths.check_watched_directory`: it need not exist yet), ``(url, storage)``
+    for an object-store URL (``s3://bucket/prefix``, never made absolute; no trailing ``/``).
+
+    Raises:
+        ValueError: a local path that is (or is under) a file, ``storage_options`` for a local
+            path, an unknown URL scheme (each message names ``name`` and the value).
+        ImportError: the URL's client is not installed (the message names the pip extra).
+    """
+    if isinstance(value, (str, os.PathLike)) and split_scheme(value)[0] != "file":
+        url = os.fspath(value).rstrip("/")
+        try:
+            return url, storage_for(url, storage_options)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+    if storage_options:
+        raise ValueError(f"{name} {value!r} is a local path, but storage_options={dict(storage_options)!r} were "
+                         "given; they apply to object-store URLs only (s3://bucket/prefix)")
+    return os.path.abspath(check_watched_directory(name, value)), None
 
 
 def evaluation_loop(checkpoint_dir: str | os.PathLike, evaluate_fn: Callable[[CheckpointRead], Any],

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Protocol
 import torch
 
 from supervisor.checkpoint import fsync_dir
+from supervisor.checkpoint.storage import split_scheme
 from supervisor.clock import Clock
 from supervisor.estimator.export_files import (
     PROGRAM_FILE,
@@ -45,7 +46,16 @@ def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path:
                  eval_result: Mapping[str, Any] | None) -> str:
     """Exports ``checkpoint_path`` into a new ``<export_dir_base>/<timestamp>/``; returns it.
     ``estimator`` gives the model copy with the checkpoint's weights, the example input and the
-    clock (the export's version); the process's RNG states are restored afterwards."""
+    clock (the export's version); the process's RNG states are restored afterwards.
+
+    Raises:
+        ValueError: ``export_dir_base`` is an object-store URL (``s3://...``): exports are
+            written to a local or shared filesystem only for now (export there, then upload the
+            directory); refused before anything is written, never a local ``s3:`` directory.
+    """
+    if split_scheme(export_dir_base)[0] != "file":
+        raise ValueError(f"export_dir_base {export_dir_base!r} is an object-store URL; exports are written to a "
+                         "local or shared filesystem path only (for now): export to a local directory and upload it")
     os.makedirs(export_dir_base, exist_ok=True)
     remove_crashed_exports(export_dir_base)
     final = new_version_dir(export_dir_base, int(estimator.clock.time()))

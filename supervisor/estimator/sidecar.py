@@ -43,12 +43,13 @@ from typing import Any, Callable
 import torch
 
 from supervisor import _validate as v
-from supervisor._paths import check_logdir, check_watched_directory
+from supervisor._paths import check_logdir
 from supervisor.checkpoint import META_KEY, RNG_KEY, STEP_KEY, CheckpointRead, Restored
 from supervisor.clock import Clock
 from supervisor.creators.base import SessionCreator
 from supervisor.errors import CheckpointError
-from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats
+from supervisor.checkpoint.storage import split_scheme
+from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats, watched_directory
 from supervisor.estimator.metrics import (
     EvalEventsFile,
     MeanAggregator,
@@ -65,14 +66,18 @@ logger = logging.getLogger(__name__)
 
 
 def eval_dir_for(checkpoint_dir: str | os.PathLike, name: str | None = None) -> str:
-    """``checkpoint_dir/eval`` or ``checkpoint_dir/eval_<name>`` (TF's layout)."""
-    return os.path.join(os.fspath(checkpoint_dir), "eval" if not name else f"eval_{name}")
+    """``checkpoint_dir/eval`` or ``checkpoint_dir/eval_<name>`` (TF's layout; ``/`` inside an
+    ``s3://`` URL)."""
+    leaf = "eval" if not name else f"eval_{name}"
+    if split_scheme(checkpoint_dir)[0] != "file":
+        return f"{os.fspath(checkpoint_dir).rstrip('/')}/{leaf}"
+    return os.path.join(os.fspath(checkpoint_dir), leaf)
 
 
-def evaluated_steps(log_dir: str | os.PathLike) -> set[int]:
+def evaluated_steps(log_dir: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> set[int]:
     """The steps that have scalar events in ``log_dir``'s event files (`read_eval_events`: regular
-    files only, never blocking on a FIFO); empty when there are none."""
-    return set(read_eval_events(log_dir))
+    files only, never blocking on a FIFO; a URL's objects); empty when there are none."""
+    return set(read_eval_events(log_dir, storage_options))
 
 
 class SidecarEvaluator:
@@ -95,6 +100,11 @@ class SidecarEvaluator:
             wait forever, look every second).
         verify: ``"full"`` or ``"size"``; trusted_globals: as `CheckpointManager`.
         clock: injectable clock.
+        storage_options: for an ``s3://bucket/prefix`` ``checkpoint_dir`` (and ``log_dir``), the
+            object-store client's options (None: the standard ``AWS_*`` configuration). On a URL
+            the evaluator follows the index there, reads each checkpoint once (verified while
+            read), writes each evaluation's events as a new object under ``log_dir`` (default
+            ``<url>/eval``) and ends at the trainer's finished mark, as on a local path.
     """
 
     def __init__(self, model: torch.nn.Module, data: Any, checkpoint_dir: str | os.PathLike, *,
@@ -104,12 +114,14 @@ class SidecarEvaluator:
                  log_dir: str | os.PathLike | None = None, name: str | None = None,
                  timeout: float | None = None, timeout_fn: Callable[[], bool] | None = None,
                  min_interval_secs: float = 0, poll_secs: float = 1.0, verify: str = "full",
-                 trusted_globals: Iterable[Any] = (), clock: Clock | None = None) -> None:
+                 trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         if not isinstance(unwrap_module(model), torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.data = _check_data(data)
-        self.checkpoint_dir = os.path.abspath(check_watched_directory("checkpoint_dir", checkpoint_dir))
+        self.checkpoint_dir, _ = watched_directory("checkpoint_dir", checkpoint_dir, storage_options)
+        self.storage_options = storage_options
         self.steps = v.check_int("steps", steps, minimum=1, allow_none=True)
         self.hooks = v.check_hooks("hooks", hooks)
         self.metrics = check_metric_objects(metrics)
@@ -118,18 +130,18 @@ class SidecarEvaluator:
             raise ValueError(f"name must be a non-empty string without {os.sep!r} (the eval directory is "
                              f"eval_<name>), got {name!r}")
         self.name = name
-        log_dir = check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)")
-        self.log_dir = os.path.abspath(log_dir) if log_dir is not None else eval_dir_for(self.checkpoint_dir, name)
-        if os.path.abspath(self.log_dir) == self.checkpoint_dir:
+        self.log_dir = _eval_log_dir(log_dir, self.checkpoint_dir, name, storage_options)
+        if self.log_dir == self.checkpoint_dir:
             raise ValueError(f"log_dir must not be the trainer's checkpoint_dir {self.checkpoint_dir} (the "
                              "evaluator never writes into the trainer's files); leave it None for "
                              f"{eval_dir_for(self.checkpoint_dir, name)}")
         self._loop = EvaluationLoop(
             self.checkpoint_dir, self._evaluate, max_evaluations=max_evaluations, timeout=timeout,
             timeout_fn=timeout_fn, min_interval_secs=min_interval_secs, poll_secs=poll_secs,
-            skip_step=self._already_evaluated, verify=verify, trusted_globals=trusted_globals, clock=clock)
+            skip_step=self._already_evaluated, verify=verify, trusted_globals=trusted_globals, clock=clock,
+            storage_options=storage_options)
         self.max_evaluations = self._loop.max_evaluations
-        self._events = EvalEventsFile(self.log_dir)
+        self._events = EvalEventsFile(self.log_dir, self._log_options())
         self._done_before: set[int] = set()
 
     @property
@@ -153,11 +165,14 @@ class SidecarEvaluator:
 
     def evaluations(self) -> Iterator[EvaluationResult]:
         """`start`, one evaluation at a time: yields each result as soon as it is written."""
-        self._done_before = evaluated_steps(self.log_dir)
+        self._done_before = evaluated_steps(self.log_dir, self._log_options())
         if self._done_before:
             logger.info("%s already holds metrics of %d step(s) (up to %d); they are not evaluated again",
                         self.log_dir, len(self._done_before), max(self._done_before))
         yield from self._loop
+
+    def _log_options(self) -> Mapping[str, Any] | None:
+        return self.storage_options if split_scheme(self.log_dir)[0] != "file" else None
 
     def _already_evaluated(self, step: int) -> bool:
         return step in self._done_before
@@ -190,6 +205,17 @@ class SidecarEvaluator:
         if not isinstance(data, Iterable):
             raise TypeError(f"data() must return an iterable of batches, got {type(data).__name__}")
         return data
+
+
+def _eval_log_dir(log_dir: Any, checkpoint_dir: str, name: str | None,
+                  storage_options: Mapping[str, Any] | None) -> str:
+    """Where the evaluator's events go: ``log_dir`` (a local path, checked, made absolute; or a
+    URL on the checkpoint_dir's object store, same ``storage_options``) or `eval_dir_for`."""
+    if log_dir is None:
+        return eval_dir_for(checkpoint_dir, name)
+    if isinstance(log_dir, (str, os.PathLike)) and split_scheme(log_dir)[0] != "file":
+        return watched_directory("log_dir", log_dir, storage_options)[0]
+    return os.path.abspath(check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)"))
 
 
 def model_entry(payload: Mapping[str, Any], where: str, fix: str,
