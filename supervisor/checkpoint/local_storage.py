@@ -13,7 +13,7 @@ from typing import IO, Any, Iterable
 
 from supervisor.checkpoint.fileio import (ChecksumWriter, NotARegularFileError, Opener, checksum_file, default_opener,
                                           file_kind, fsync_dir)
-from supervisor.checkpoint.format import deleting_name
+from supervisor.checkpoint import format as checkpoint_format  # format imports this module: names looked up at call time
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
@@ -277,7 +277,7 @@ class LocalStorage:
     def uncommit(self, final: str) -> str | None:
         """Renames the committed ``final`` to ``<final>.deleting-<hex>`` (atomic: a reader finds
         the whole checkpoint or nothing) and returns that name; None when ``final`` is gone."""
-        aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
+        aside = os.path.join(os.path.dirname(final), checkpoint_format.deleting_name(os.path.basename(final)))
         try:
             os.rename(final, aside)
         except FileNotFoundError:
@@ -329,7 +329,7 @@ def rename_into_place(tmp: str, final: str) -> None:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
             raise
     logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
-    aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
+    aside = os.path.join(os.path.dirname(final), checkpoint_format.deleting_name(os.path.basename(final)))
     os.rename(final, aside)
     os.rename(tmp, final)
     LocalStorage().remove_tree(aside)

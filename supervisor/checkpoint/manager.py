@@ -418,7 +418,7 @@ class CheckpointManager(ManagerCommon):
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
         loaded = find_and_load(self.directory, self.basename, verify=self.verify,
-                               trusted_globals=self.trusted_globals)
+                               trusted_globals=self.trusted_globals, storage=self.storage)
         if loaded is None:
             return None
         restored = apply_checkpoint(loaded, state, restore_rng=self.save_rng)
