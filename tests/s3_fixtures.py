@@ -158,7 +158,8 @@ class FaultProxy:
                     self.send_header("Connection", "close")
                     self.end_headers()
                     self.close_connection = True
-                    self.wfile.write(payload)
+                    if self.command != "HEAD":  # a HEAD answer has no body (S3's 503 to a HEAD neither)
+                        self.wfile.write(payload)
                     return
                 self._forward(body)
 
@@ -172,7 +173,9 @@ class FaultProxy:
                 for k, v in response.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD answer has no body but the object's length (what stat reports).
+                head_length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", head_length or str(len(data)))
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.close_connection = True
