@@ -9,6 +9,7 @@ refused on every retry, then the server back."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, latest_checkpoint  # noqa: E402
+from supervisor.checkpoint.lease import LeaseLostError  # noqa: E402
 from supervisor.errors import CheckpointError  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 from tests.s3_faults.outage import OutageProxy  # noqa: E402
@@ -125,3 +127,27 @@ def test_a_store_that_does_not_come_back_fails_the_save_naming_the_url_and_keeps
         manager.close(failed=True)
     assert latest_checkpoint(logdir, storage=s3_storage) == f"{logdir}/model.ckpt-1"
     assert s3_storage.list_files(f"{logdir}/model.ckpt-1") == ["MANIFEST.json", "state.pt"]
+
+
+def test_an_outage_over_a_lease_renewal_stops_the_writer_even_after_the_store_is_back(proxy, s3_root, s3_storage):
+    """SPEC §16: a writer whose renewal fails stops before its next commit. One failed renewal
+    (its bounded retries spent) is enough, even though the store is back long before the lease
+    would have expired: never tolerated by ``max_consecutive_save_failures`` (every later save
+    would fail too); the committed checkpoints stay."""
+    logdir = s3_root + "/run"
+    manager = CheckpointManager(logdir, storage_options=options(proxy.endpoint), save_mode="sync",
+                                max_consecutive_save_failures=3, lease_secs=3)  # renewed every second
+    manager.open()
+    try:
+        state = _state()
+        manager.save(1, state)
+        proxy.stop()
+        time.sleep(2.5)  # spans at least one renewal
+        proxy.restart()
+        _bump(state)
+        with pytest.raises(LeaseLostError, match=r"renewing it failed"):
+            manager.save(2, state)
+    finally:
+        manager.close(failed=True)
+    assert latest_checkpoint(logdir, storage=s3_storage) == f"{logdir}/model.ckpt-1"
+    assert not s3_storage.exists(f"{logdir}/model.ckpt-2/MANIFEST.json")
