@@ -57,8 +57,9 @@ def test_torchrun_job_on_an_s3_logdir_survives_a_sigkilled_rank_bit_exact_with_a
                      "--out", reference)
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
+    path = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     sidecar = subprocess.Popen([sys.executable, os.path.join(HERE, "s3_sidecar.py"), url], cwd=ROOT,
-                               env={**os.environ, **env, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")},
+                               env={**os.environ, **env, "PYTHONPATH": path},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         resumed = str(tmp_path / "resumed.pt")
