@@ -134,7 +134,8 @@ class FaultProxy:
                     self.send_header("Connection", "close")
                     self.end_headers()
                     self.close_connection = True
-                    self.wfile.write(payload)
+                    if self.command != "HEAD":  # a HEAD answer has no body (S3's 503 to a HEAD neither)
+                        self.wfile.write(payload)
                     return
                 self._forward(body)
 

@@ -185,8 +185,13 @@ def clean_transient(directory: str, storage: Storage | None = None, basename: st
     ``*.tmp-*`` / ``*.deleting-*`` entries and index temp files (locally), and — on an object
     store, where a checkpoint is written in place (``storage.stages_in_place``) — every
     ``<basename>-<step>`` prefix without a ``MANIFEST.json`` (an upload that never committed, or
-    a deletion that stopped after the manifest). Call it only as the logdir's one writer."""
+    a deletion that stopped after the manifest) and every unfinished multipart upload under such a
+    prefix (a writer killed mid-upload; `ObjectStoreStorage.abort_uploads`). Call it only as the
+    logdir's one writer."""
     storage = _storage(directory, storage)
+    abort_uploads = getattr(storage, "abort_uploads", None)  # object stores: unfinished multipart uploads
+    if abort_uploads is not None:
+        abort_uploads(directory, lambda name: entry_problem(directory, name, basename)[1] is None)
     try:
         names = storage.listdir(directory)
     except FileNotFoundError:

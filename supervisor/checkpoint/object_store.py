@@ -42,7 +42,7 @@ import logging
 import os
 import posixpath
 import time
-from typing import IO, Any, Iterable, Mapping
+from typing import IO, Any, Callable, Iterable, Mapping
 
 import fsspec
 import fsspec.asyn
@@ -53,6 +53,7 @@ from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
 from supervisor.checkpoint.object_errors import ConflictError, translate_error
 from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot
+from supervisor.checkpoint.object_uploads import abort_uploads
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
 __all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS"]
@@ -291,6 +292,10 @@ class ObjectStoreStorage:
                 continue
             for error in response.get("Errors", ()):
                 logger.warning("could not remove s3://%s/%s: %s", bucket, error.get("Key"), error.get("Message"))
+
+    def abort_uploads(self, path: str, accept: Callable[[str], bool]) -> list[str]:
+        """Aborts the unfinished multipart uploads under ``path/`` (`object_uploads.abort_uploads`)."""
+        return abort_uploads(self, path, accept)
 
     # ------------------------------------------------------------ the directory commit
     def stage(self, directory: str, name: str) -> str:
