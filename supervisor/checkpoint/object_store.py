@@ -70,6 +70,9 @@ def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[st
     """``S3FileSystem`` keyword arguments: this module's defaults (see the module docstring),
     overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
     user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and "endpoint_url" not in user:  # explicit: fsspec caches clients by their arguments,
+        user["endpoint_url"] = endpoint          # and one made before the variable was set would stay
     config = dict(user.get("config_kwargs") or {})
     if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
         config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})

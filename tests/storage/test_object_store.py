@@ -154,3 +154,15 @@ def test_the_server_going_away_mid_upload_is_a_clean_error_not_a_hang(s3_server)
         assert "state.pt" in str(failed.value)
     finally:
         server.stop()
+
+
+def test_the_endpoint_in_the_environment_counts_when_the_storage_is_made(monkeypatch):
+    """A client made before ``AWS_ENDPOINT_URL_S3`` was set is not reused after (fsspec caches
+    clients by their arguments; the endpoint is passed explicitly so the cache key follows it)."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    before = storage_for("s3://bucket/run")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    after = storage_for("s3://bucket/run")
+    assert after.fs is not before.fs
+    assert after.fs.client_kwargs.get("endpoint_url", after.fs.endpoint_url) == "http://127.0.0.1:9"
