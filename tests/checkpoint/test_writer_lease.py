@@ -158,7 +158,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_when_its_lease_expires
         assert message is not None
         assert f"pid {writer.pid} on host {HOST}" in message and "in use by another writer" in message
         first_expiry = _expiry(message)
-        assert time.time() < first_expiry <= time.time() + 4.0
+        assert time.time() < first_expiry <= time.time() + 4.0 + 0.05  # the message rounds to 0.1 s
         if where.endpoint == "-":  # a flock writer (what "auto" is locally) is refused by the lease too
             for kind in ("flock", "auto"):
                 refused = _refusal(where, lock=kind)
