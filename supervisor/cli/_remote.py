@@ -22,14 +22,15 @@ import argparse
 import contextlib
 import json
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from supervisor.checkpoint import CheckpointState, MANIFEST_FILE, list_committed, read_index, verify_checkpoint
 from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import acquire_writer_lock
 from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
-from supervisor.cli._common import DEFAULT_BASENAME, CheckpointRow, Listing, Refused, basename_from_index, step_in
+from supervisor.cli._common import (DEFAULT_BASENAME, EXIT_PROBLEM, CheckpointRow, Listing, Refused,
+                                    basename_from_index, error, step_in)
 from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["is_url", "add_storage_options", "connect", "UrlProblem", "missing", "scan", "check_url", "lease_note",
@@ -206,3 +207,21 @@ def lease_lock(storage: Storage, url: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def mutate_url(args: argparse.Namespace, verb: str, change: Callable[[Storage, str], int], *,
+               locked: bool = True) -> int:
+    """``rollback``/``prune`` on an ``s3://`` logdir: ``change(storage, url)`` under the logdir's
+    lease (``locked``; a live writer's lease refuses it), errors printed with their exit code."""
+    try:
+        storage, url = open_logdir(args.logdir, args, verb)
+        if not locked:
+            return change(storage, url)
+        with lease_lock(storage, url):
+            return change(storage, url)
+    except UrlProblem as e:
+        error(str(e))
+        return e.code
+    except Refused as e:
+        error(str(e))
+        return EXIT_PROBLEM

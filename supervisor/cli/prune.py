@@ -36,7 +36,7 @@ from supervisor.checkpoint import (
 )
 from supervisor.checkpoint.storage import Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
-from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_lock, open_logdir, relative_url_index
+from supervisor.cli._remote import add_storage_options, is_url, mutate_url, relative_url_index
 from supervisor.errors import CheckpointError
 
 __all__ = ["add_parser", "run", "Plan", "plan", "drop_from_index"]
@@ -77,18 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_url(args: argparse.Namespace) -> int:
     """``prune s3://...``: the same rule, under the logdir's lease (a live one refuses it)."""
-    try:
-        storage, url = open_logdir(args.logdir, args, "prune")
-        if args.dry_run:
-            return _prune(args, url, storage)
-        with lease_lock(storage, url):
-            return _prune(args, url, storage)
-    except UrlProblem as e:
-        error(str(e))
-        return e.code
-    except Refused as e:
-        error(str(e))
-        return EXIT_PROBLEM
+    return mutate_url(args, "prune", lambda storage, url: _prune(args, url, storage), locked=not args.dry_run)
 
 
 @dataclass(frozen=True)

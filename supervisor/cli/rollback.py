@@ -18,7 +18,7 @@ from supervisor.checkpoint import CheckpointState, read_index, relative_index, w
 from supervisor.checkpoint.storage import Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, CheckpointRow, Listing, Refused, check_one, error, \
     scan_logdir, writer_lock
-from supervisor.cli._remote import (UrlProblem, add_storage_options, check_url, is_url, lease_lock, open_logdir,
+from supervisor.cli._remote import (add_storage_options, check_url, is_url, mutate_url,
                                     relative_url_index, scan)
 from supervisor.cli.prune import drop_from_index
 
@@ -58,16 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_url(args: argparse.Namespace) -> int:
     """``rollback s3://...``: the same, under the logdir's lease (a live one refuses it)."""
-    try:
-        storage, url = open_logdir(args.logdir, args, "rollback")
-        with lease_lock(storage, url):
-            return _rollback(args, url, storage)
-    except UrlProblem as e:
-        error(str(e))
-        return e.code
-    except Refused as e:
-        error(str(e))
-        return EXIT_PROBLEM
+    return mutate_url(args, "rollback", lambda storage, url: _rollback(args, url, storage))
 
 
 def _present(listing: Listing, logdir: str, storage: Storage | None) -> list[CheckpointRow]:
