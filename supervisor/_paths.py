@@ -19,23 +19,13 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from supervisor._validate import check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
 from supervisor.checkpoint.storage import split_scheme, storage_for
 
 __all__ = ["check_directory", "check_logdir", "check_path", "check_storage", "check_watched_directory", "is_url"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
-
-
-def check_path(name: str, value: Any, *, allow_none: bool = False, hint: str = "") -> str | None:
-    """``value`` as a ``str`` path; `TypeError` unless it is a non-empty ``str``/``os.PathLike``
-    (or None, with ``allow_none``). ``hint`` is appended to the message, e.g. what None means."""
-    if value is None and allow_none:
-        return None
-    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(path, str) or not path:
-        raise TypeError(f"{name} must be a directory path{' or None' if allow_none else ''}{hint}, got {value!r}")
-    return path
 
 
 def is_url(path: str) -> bool:
@@ -71,20 +61,6 @@ def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | 
     if path is not None and not is_url(path) and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
                          "if missing) or remove that file")
-    return path
-
-
-def check_watched_directory(name: str, value: Any) -> str:
-    """`check_path` for a directory a reader waits on (it need not exist yet): `ValueError` for a
-    file, or a path under a file (which could never appear)."""
-    path = check_path(name, value)
-    ancestor = os.path.abspath(path)
-    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
-        ancestor = os.path.dirname(ancestor)
-    if os.path.exists(ancestor) and not os.path.isdir(ancestor):
-        where = "is a file" if ancestor == os.path.abspath(path) else f"is under {ancestor!r}, which is a file"
-        raise ValueError(f"{name} {path!r} {where}, not a directory; pass the trainer's log directory "
-                         "(the one holding the checkpoint index)")
     return path
 
 

@@ -3,11 +3,14 @@ the fix, e.g. ``max_to_keep must be a positive integer or None, got 0``."""
 from __future__ import annotations
 
 import math
+import os
 import numbers
 from typing import Any, Callable, Iterable
 
 __all__ = [
     "check_bool",
+    "check_path",
+    "check_watched_directory",
     "check_callable",
     "check_choice",
     "check_int",
@@ -174,3 +177,29 @@ def _error(value: Any, message: str) -> Exception:
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return ValueError(message)
     return TypeError(message)
+
+
+# ---------------------------------------------------------------- local directory paths
+def check_path(name: str, value: Any, *, allow_none: bool = False, hint: str = "") -> str | None:
+    """``value`` as a ``str`` path; `TypeError` unless it is a non-empty ``str``/``os.PathLike``
+    (or None, with ``allow_none``). ``hint`` is appended to the message, e.g. what None means."""
+    if value is None and allow_none:
+        return None
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"{name} must be a directory path{' or None' if allow_none else ''}{hint}, got {value!r}")
+    return path
+
+
+def check_watched_directory(name: str, value: Any) -> str:
+    """`check_path` for a directory a reader waits on (it need not exist yet): `ValueError` for a
+    file, or a path under a file (which could never appear)."""
+    path = check_path(name, value)
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    if os.path.exists(ancestor) and not os.path.isdir(ancestor):
+        where = "is a file" if ancestor == os.path.abspath(path) else f"is under {ancestor!r}, which is a file"
+        raise ValueError(f"{name} {path!r} {where}, not a directory; pass the trainer's log directory "
+                         "(the one holding the checkpoint index)")
+    return path

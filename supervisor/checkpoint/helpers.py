@@ -23,7 +23,7 @@ from supervisor.checkpoint.safe_globals import safe_torch_load
 from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.checkpoint.verify import DCP_METADATA, check_verify
 from supervisor.clock import Clock, resolve_clock
-from supervisor._paths import check_watched_directory
+from supervisor._validate import check_watched_directory
 from supervisor._validate import check_callable, check_number
 from supervisor.errors import (
     CheckpointCorruptError,

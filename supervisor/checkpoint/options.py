@@ -6,7 +6,7 @@ import errno
 import os
 from typing import Any, Callable, Iterable, Mapping
 
-from supervisor._paths import check_path
+from supervisor._validate import check_path
 from supervisor.checkpoint.storage import LocalStorage, Storage, split_scheme, storage_for
 from supervisor.errors import CheckpointError
 
