@@ -38,10 +38,11 @@ from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.export_writer import write_export
 from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn
 from supervisor.estimator.isolation import preserved_rng
+from supervisor.estimator.locations import is_url, options_for
 from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
 from supervisor.estimator.run_config import RunConfig
 from supervisor.estimator.session_factory import training_session
-from supervisor.estimator.sidecar import evaluate_batches, model_entry
+from supervisor.estimator.sidecar import eval_dir_for, evaluate_batches, model_entry
 from supervisor.estimator.specs import (
     validate_eval_name,
     validate_hooks,
@@ -133,7 +134,7 @@ class Estimator:
 
     def eval_dir(self, name: str | None = None) -> str:
         """Where evaluation ``name`` writes its events: ``model_dir/eval`` or ``eval_<name>``."""
-        return os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
+        return eval_dir_for(self.model_dir, name)
 
     def latest_checkpoint(self) -> str | None:
         """The newest committed checkpoint the index names, or None."""
@@ -206,7 +207,7 @@ class Estimator:
         latest = self.latest_checkpoint()
         try:
             in_checkpoint = latest is not None and any(
-                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(latest))
+                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(latest, self._options(latest)))
         except Exception:  # noqa: BLE001 - unreadable: the restore reports it (or falls back)
             in_checkpoint = latest is not None and batches.fast_forward
         if in_checkpoint or (latest is None and batches.fast_forward):
@@ -219,7 +220,7 @@ class Estimator:
     def checkpoint_step(self, checkpoint_path: str | None = None) -> int | None:
         """The step of ``checkpoint_path`` (default: the latest checkpoint; None if none)."""
         path = checkpoint_path or self.latest_checkpoint()
-        return None if path is None else read_manifest(path, storage_for(path, self._config.storage_options)).step
+        return None if path is None else read_manifest(path, storage_for(path, self._options(path))).step
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
@@ -237,7 +238,8 @@ class Estimator:
         v.check_positive_or_none("steps", steps)
         validate_eval_name(name)
         hooks = validate_hooks(hooks)
-        checkpoint = read_checkpoint(self._checkpoint_or_latest(checkpoint_path, "evaluate"))
+        path = self._checkpoint_or_latest(checkpoint_path, "evaluate")
+        checkpoint = read_checkpoint(path, storage_options=self._options(path))
         return self.evaluate_checkpoint(checkpoint, input_fn, steps=steps, name=name, hooks=hooks)
 
     def evaluate_checkpoint(self, checkpoint: CheckpointRead, input_fn: Callable[[], Iterable[Any]], *,
@@ -251,7 +253,9 @@ class Estimator:
                 metrics=self._metrics, hooks=hooks, global_step=step, path=checkpoint.path)
         metrics["global_step"] = step
         directory = self.eval_dir(name)
-        events = self._event_files.setdefault(directory, EvalEventsFile(directory))
+        events = self._event_files.get(directory)
+        if events is None:
+            events = self._event_files[directory] = EvalEventsFile(directory, self._options(directory))
         events.write({k: val for k, val in metrics.items() if k != "global_step"}, step)
         logger.info("Saving dict for global step %d: %s", step,
                     ", ".join(f"{k} = {val:.6g}" for k, val in sorted(metrics.items()) if k != "global_step"))
@@ -264,7 +268,7 @@ class Estimator:
         if not isinstance(checkpoint, CheckpointRead):
             if self._eval_copy is not None and self._copy_holds == os.fspath(checkpoint):
                 return self._eval_copy, self._copy_step  # e.g. exporting what was just evaluated
-            checkpoint = read_checkpoint(checkpoint)
+            checkpoint = read_checkpoint(checkpoint, storage_options=self._options(checkpoint))
         payload, checkpoint_path = checkpoint.payload, checkpoint.path
         self._copy_holds = None
         if self._eval_copy is None:
@@ -299,12 +303,14 @@ class Estimator:
     def get_variable_names(self) -> list[str]:
         """The names of the latest checkpoint's values (``model/fc.weight``,
         ``optimizer/state/0/exp_avg``, ``global_step``), read without loading the tensors."""
-        return variable_names(self._checkpoint_or_latest(None, "get_variable_names"))
+        path = self._checkpoint_or_latest(None, "get_variable_names")
+        return variable_names(path, self._options(path))
 
     def get_variable_value(self, name: str) -> Any:
         """One value of the latest checkpoint by its `get_variable_names` name; only that
         tensor's bytes are read (memory-mapped load)."""
-        return variable_value(self._checkpoint_or_latest(None, "get_variable_value"), name)
+        path = self._checkpoint_or_latest(None, "get_variable_value")
+        return variable_value(path, name, self._options(path))
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
                eval_result: Mapping[str, Any] | None = None) -> str:
@@ -314,9 +320,14 @@ class Estimator:
         return write_export(self, os.fspath(export_dir_base), path, eval_result)
 
     # ------------------------------------------------------------------ helpers
+    def _options(self, path: str | os.PathLike) -> dict[str, Any] | None:
+        """The `RunConfig`'s ``storage_options`` for a URL ``path``; None for a local one."""
+        return options_for(path, self._config.storage_options)
+
     def _checkpoint_or_latest(self, checkpoint_path: str | None, action: str) -> str:
         if checkpoint_path is not None:
-            if not os.path.isdir(os.fspath(checkpoint_path)):
+            # a URL is checked by its reader (no manifest: CheckpointNotFoundError)
+            if not is_url(checkpoint_path) and not os.path.isdir(os.fspath(checkpoint_path)):
                 raise CheckpointNotFoundError(f"{action}: no checkpoint at {os.fspath(checkpoint_path)}")
             return os.fspath(checkpoint_path)
         path = self.latest_checkpoint()
@@ -361,7 +372,12 @@ def _resolve_config(model_dir: Any, config: Any) -> RunConfig:
         if model_dir is None:
             raise ValueError("Estimator needs a model_dir: pass model_dir= or config=RunConfig(model_dir)")
         return RunConfig(model_dir)
-    if model_dir is not None and os.path.abspath(os.fspath(model_dir)) != os.path.abspath(config.model_dir):
+    if model_dir is not None and _same_dir(os.fspath(model_dir)) != _same_dir(config.model_dir):
         raise ValueError(f"model_dir={os.fspath(model_dir)!r} and config.model_dir={config.model_dir!r} differ; "
                          "pass one of them, or the same directory to both")
     return config
+
+
+def _same_dir(path: str) -> str:
+    """``path`` spelled for comparison: a URL without its trailing ``/``, a local path absolute."""
+    return path.rstrip("/") if is_url(path) else os.path.abspath(path)
