@@ -115,6 +115,11 @@ class Estimator:
         return self._config.model_dir
 
     @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """The object-store client's options of ``model_dir`` (the `RunConfig`'s)."""
+        return self._config.storage_options
+
+    @property
     def clock(self) -> Clock:
         return self._clock
 
@@ -313,11 +318,16 @@ class Estimator:
         return variable_value(path, name, self._options(path))
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
-               eval_result: Mapping[str, Any] | None = None) -> str:
+               eval_result: Mapping[str, Any] | None = None,
+               storage_options: Mapping[str, Any] | None = None) -> str:
         """Writes ``<export_dir_base>/<timestamp>/`` (weights, eval result, and a ``torch.export``
-        program when ``example_input`` is set) and returns its path (see `exporters`)."""
+        program when ``example_input`` is set) and returns its path (see `exporters`).
+        ``export_dir_base`` may be an ``s3://`` URL; its client's options are ``storage_options``,
+        else the `RunConfig`'s (those of ``model_dir``'s object store)."""
         path = self._checkpoint_or_latest(checkpoint_path, "export")
-        return write_export(self, os.fspath(export_dir_base), path, eval_result)
+        base = os.fspath(export_dir_base)
+        options = storage_options if storage_options is not None else self._options(base)
+        return write_export(self, base, path, eval_result, options)
 
     # ------------------------------------------------------------------ helpers
     def _options(self, path: str | os.PathLike) -> dict[str, Any] | None:
