@@ -1,0 +1,96 @@
+"""Exports to an ``s3://`` base (SPEC §10.3, §16; issue 24 item 1) against a real moto server: the
+files are uploaded, the manifest last; an export exists if and only if its manifest does
+(listings, garbage collection and the exporters see complete versions only); what an interrupted
+export leaves is removed by the next export with a WARNING; an export is read back from the URL."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from supervisor.checkpoint import MANIFEST_FILE
+from supervisor.estimator import LatestExporter
+from supervisor.estimator.exporters import list_exports, open_export_file, read_export_file
+from tests.estimator.estimator_toy import X, endless, make_estimator
+from tests.s3_estimator.test_estimator_on_s3 import s3_estimator
+from tests.s3_fixtures import options
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_export_from_a_local_model_dir_to_s3_reads_back_from_the_url(s3_server, s3_root, s3_storage, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    opts = options(s3_server.endpoint)
+    est = make_estimator(tmp_path / "run", example_input=X[:2])
+    est.train(endless(), max_steps=5)
+    base = s3_root + "/exports"
+    path = est.export(base, eval_result={"loss": 0.5, "global_step": 5}, storage_options=opts)
+    assert path.startswith(base + "/") and path.rsplit("/", 1)[1].isdigit()
+    assert list_exports(base, opts) == [(path.rsplit("/", 1)[1], path)]
+    names = s3_storage.listdir(path)
+    assert MANIFEST_FILE in names and {"eval_result.json", "model.pt", "model.pt2"} <= set(names)
+    manifest = json.loads(s3_storage.read_bytes(s3_storage.join(path, MANIFEST_FILE)))
+    assert sorted(manifest["files"]) == sorted(n for n in names if n != MANIFEST_FILE)
+    for name, record in manifest["files"].items():  # the manifest vouches for every object
+        assert record["size"] == s3_storage.stat(s3_storage.join(path, name)).size
+    # read back from the URL: the weights, the program, the record
+    weights = torch.load(open_export_file(path, "model.pt", opts), weights_only=True)
+    live = est.load_model_copy(est.latest_checkpoint())[0]
+    assert all(torch.equal(weights[k], v) for k, v in live.state_dict().items())
+    program = torch.export.load(open_export_file(path, "model.pt2", opts))
+    assert torch.allclose(program.module()(X[:3]), live(X[:3]))
+    record = json.loads(read_export_file(path, "eval_result.json", opts))
+    assert record["global_step"] == 5 and record["metrics"] == {"loss": 0.5}
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no local "s3:" directory, nothing staged left
+
+
+def plant_interrupted_export(storage, base, version):
+    """What a writer killed before its manifest leaves: the data objects of a version."""
+    for name in ("model.pt", "eval_result.json"):
+        storage.write_atomic(storage.join(base, str(version), name), b"partial")
+    return storage.join(base, str(version))
+
+
+def test_interrupted_exports_are_ignored_then_removed_and_gc_keeps_the_newest(s3_server, s3_root, s3_storage,
+                                                                              tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    url, opts = s3_root + "/run", options(s3_server.endpoint)
+    est = s3_estimator(url, opts)
+    est.train(endless(), max_steps=5)
+    base = url + "/export/latest"
+    crashed = plant_interrupted_export(s3_storage, base, 4_000_000_000)
+    s3_storage.write_atomic(s3_storage.join(base, "notes", "readme.txt"), b"not an export")
+    assert list_exports(base, opts) == []  # no manifest: not an export
+    exporter = LatestExporter("latest", exports_to_keep=2)
+    paths = []
+    with caplog.at_level(logging.WARNING, logger="supervisor.estimator"):
+        for loss in (0.3, 0.2, 0.1):
+            paths.append(exporter.export(est, base, est.latest_checkpoint(), {"loss": loss, "global_step": 5},
+                                         False))
+    assert any(crashed in r.getMessage() and "interrupted" in r.getMessage() for r in caplog.records)
+    assert s3_storage.listdir(crashed) == []  # every object of the crashed version is gone
+    assert [p for _, p in list_exports(base, opts)] == paths[-2:]  # the garbage collection kept the newest
+    assert s3_storage.listdir(paths[0]) == []  # the oldest deleted whole, manifest first
+    assert s3_storage.listdir(base) == sorted([p.rsplit("/", 1)[1] for p in paths[-2:]] + ["notes"])
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_failed_upload_leaves_no_export(s3_server, s3_root, s3_storage, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url, opts = s3_root + "/run", options(s3_server.endpoint)
+    est = s3_estimator(url, opts)
+    est.train(endless(), max_steps=5)
+    base = url + "/export/x"
+
+    def refuse(*args, **kwargs):
+        raise OSError("the manifest write failed")
+
+    monkeypatch.setattr(type(s3_storage), "commit", refuse)
+    with pytest.raises(OSError, match="manifest write failed"):
+        est.export(base)
+    monkeypatch.undo()
+    assert list_exports(base, opts) == [] and s3_storage.list_files(base) == []  # its objects removed
