@@ -61,7 +61,7 @@ def remove_crashed_exports(export_dir_base: str | os.PathLike, storage_options: 
     the version prefixes without a manifest (a WARNING each)."""
     store = _store(export_dir_base, storage_options)
     if store is not None:
-        return remove_object_leftovers(store, os.fspath(export_dir_base).rstrip("/"))
+        return remove_object_leftovers(store, os.fspath(export_dir_base).rstrip("/"))[0]
     export_dir_base = os.fspath(export_dir_base)
     try:
         names = os.listdir(export_dir_base)

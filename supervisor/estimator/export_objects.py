@@ -9,7 +9,8 @@ uploads), then ``<base>/<version>/MANIFEST.json`` is written **last** with a cre
   versions only;
 - a version prefix without a manifest (a writer killed mid-upload, or mid-deletion) is removed,
   with a WARNING, by the next export into that base and by each exporter's first call in a
-  process (unfinished multipart uploads under it are aborted too);
+  process (which also aborts the unfinished multipart uploads a killed writer leaves: the
+  store bills their parts until then);
 - the garbage collection deletes only complete versions whose manifest is an export manifest
   (``"format": "torch-supervisor-export"``): the manifest first (from then on it is not an
   export), then the objects.
@@ -43,9 +44,11 @@ _CHUNK_BYTES = 8 << 20
 
 def upload_export(storage: Storage, local_dir: str, base: str, version: int) -> str:
     """Uploads every file of ``local_dir`` to ``<base>/<version>/``, then its manifest last
-    (create-only); returns the export's URL. On any error the version's objects are removed
-    (best effort) and the error is raised: no export appears."""
-    final = storage.stage(base, str(version))  # refuses a committed version; clears a crashed one
+    (create-only: `ObjectExistsError` if that version exists); returns the export's URL. On any
+    error the version's objects are removed (best effort) and the error is raised: no export
+    appears. ``version``: one above every version listed (`next_version`), so no object of a
+    complete export is ever overwritten."""
+    final = storage.join(base, str(version))
     try:
         files = {name: _upload_file(storage, os.path.join(local_dir, name), storage.join(final, name))
                  for name in sorted(os.listdir(local_dir))}
@@ -91,10 +94,12 @@ def list_object_exports(storage: Storage, base: str) -> list[tuple[str, str]]:
     return [(name, storage.join(base, name)) for name in sorted(_versions(storage, base)[1], key=int)]
 
 
-def remove_object_leftovers(storage: Storage, base: str) -> list[str]:
+def remove_object_leftovers(storage: Storage, base: str, *,
+                            abort_uploads: bool = True) -> tuple[list[str], list[tuple[str, str]]]:
     """Removes, with a WARNING each, the version prefixes under ``base`` that hold no manifest
-    (an export or a deletion interrupted) and aborts unfinished multipart uploads under them;
-    returns their URLs."""
+    (an export or a deletion interrupted) and (``abort_uploads``) aborts the unfinished
+    multipart uploads of versions without one. Returns the URLs removed and the complete
+    exports, as `list_object_exports` (one listing serves both)."""
     present, complete = _versions(storage, base)
     removed = []
     for name in sorted(present - complete, key=int):
@@ -102,10 +107,10 @@ def remove_object_leftovers(storage: Storage, base: str) -> list[str]:
         logger.warning("removing %s, left behind by an interrupted export or deletion (no %s)", path, MANIFEST_FILE)
         storage.remove_tree(path)
         removed.append(path)
-    abort_uploads = getattr(storage, "abort_uploads", None)  # object stores: unfinished multipart uploads
-    if abort_uploads is not None:
-        abort_uploads(base, lambda name: name.isdigit() and name not in complete)
-    return removed
+    abort = getattr(storage, "abort_uploads", None) if abort_uploads else None  # the parts of a killed upload
+    if abort is not None:
+        abort(base, lambda name: name.isdigit() and name not in complete)
+    return removed, [(name, storage.join(base, name)) for name in sorted(complete, key=int)]
 
 
 def delete_object_export(storage: Storage, path: str) -> bool:

@@ -30,7 +30,7 @@ from supervisor.estimator.export_files import (
     next_version,
     remove_crashed_exports,
 )
-from supervisor.estimator.export_objects import list_object_exports, remove_object_leftovers, upload_export
+from supervisor.estimator.export_objects import remove_object_leftovers, upload_export
 from supervisor.estimator.isolation import preserved_rng
 from supervisor.estimator.locations import is_url
 
@@ -89,8 +89,8 @@ def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path:
 def _write_to_store(estimator: ExportSource, base: str, checkpoint_path: str,
                     eval_result: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None) -> str:
     storage = storage_for(base, storage_options)
-    remove_object_leftovers(storage, base)
-    version = next_version(int(estimator.clock.time()), list_object_exports(storage, base))
+    _, exports = remove_object_leftovers(storage, base, abort_uploads=False)  # the exporters' first call aborts
+    version = next_version(int(estimator.clock.time()), exports)
     with tempfile.TemporaryDirectory(prefix="supervisor-export-") as local:
         step = _write_files(estimator, local, checkpoint_path, eval_result)
         final = upload_export(storage, local, base, version)

@@ -17,8 +17,8 @@ from tests.s3_fixtures import options
 pytestmark = pytest.mark.timeout(120)
 
 
-def s3_estimator(url, opts, **kwargs):
-    config = RunConfig(url, save_checkpoints_steps=5, log_step_count_steps=0, save_summary_steps=0,
+def s3_estimator(url, opts, *, save_steps=5, **kwargs):
+    config = RunConfig(url, save_checkpoints_steps=save_steps, log_step_count_steps=0, save_summary_steps=0,
                        storage_options=opts)
     return make_estimator(url, config=config, **kwargs)
 

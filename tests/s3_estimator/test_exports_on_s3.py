@@ -65,17 +65,17 @@ def test_interrupted_exports_are_ignored_then_removed_and_gc_keeps_the_newest(s3
     crashed = plant_interrupted_export(s3_storage, base, 4_000_000_000)
     s3_storage.write_atomic(s3_storage.join(base, "notes", "readme.txt"), b"not an export")
     assert list_exports(base, opts) == []  # no manifest: not an export
-    exporter = LatestExporter("latest", exports_to_keep=2)
+    exporter = LatestExporter("latest", exports_to_keep=1)
     paths = []
     with caplog.at_level(logging.WARNING, logger="supervisor.estimator"):
-        for loss in (0.3, 0.2, 0.1):
+        for loss in (0.3, 0.2):
             paths.append(exporter.export(est, base, est.latest_checkpoint(), {"loss": loss, "global_step": 5},
                                          False))
     assert any(crashed in r.getMessage() and "interrupted" in r.getMessage() for r in caplog.records)
     assert s3_storage.listdir(crashed) == []  # every object of the crashed version is gone
-    assert [p for _, p in list_exports(base, opts)] == paths[-2:]  # the garbage collection kept the newest
-    assert s3_storage.listdir(paths[0]) == []  # the oldest deleted whole, manifest first
-    assert s3_storage.listdir(base) == sorted([p.rsplit("/", 1)[1] for p in paths[-2:]] + ["notes"])
+    assert [p for _, p in list_exports(base, opts)] == paths[-1:]  # the garbage collection kept the newest
+    assert s3_storage.listdir(paths[0]) == []  # the older one deleted whole, manifest first
+    assert s3_storage.listdir(base) == sorted([paths[-1].rsplit("/", 1)[1], "notes"])  # not an export: kept
     assert sorted(os.listdir(tmp_path)) == []
 
 
