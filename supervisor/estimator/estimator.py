@@ -36,11 +36,11 @@ from supervisor.checkpoint.storage import storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.export_writer import write_export
-from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn
+from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn, log_input_end
 from supervisor.estimator.isolation import preserved_rng
 from supervisor.estimator.locations import is_url, options_for
 from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
-from supervisor.estimator.run_config import RunConfig
+from supervisor.estimator.run_config import RunConfig, resolve_config
 from supervisor.estimator.session_factory import training_session
 from supervisor.estimator.sidecar import eval_dir_for, evaluate_batches, model_entry
 from supervisor.estimator.specs import (
@@ -50,6 +50,7 @@ from supervisor.estimator.specs import (
     validate_saving_listeners,
 )
 from supervisor.estimator.variables import variable_names, variable_value
+from supervisor.estimator.warm_start import WarmStartSettings, check_warm_start, warm_start_fn
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
 __all__ = ["Estimator", "preserved_rng"]
@@ -75,6 +76,9 @@ class Estimator:
         config: a `RunConfig` (default: ``RunConfig(model_dir)``); an object-store ``model_dir``
             takes its client options there (``RunConfig(model_dir, storage_options=...)``).
         clock: injectable clock (throttling, export timestamps, the training session).
+        warm_start_from: a checkpoint, log directory or URL, or `WarmStartSettings`: the model
+            starts from its weights when ``model_dir`` holds no checkpoint yet
+            (`supervisor.estimator.warm_start`).
     """
 
     def __init__(self, model_dir: str | os.PathLike | None = None, *, model: torch.nn.Module,
@@ -83,8 +87,9 @@ class Estimator:
                  eval_step: Callable[[torch.nn.Module, Any], Any] | None = None,
                  predict_step: Callable[[torch.nn.Module, Any], Any] | None = None,
                  metrics: Mapping[str, Any] | None = None, example_input: Any = None,
-                 config: RunConfig | None = None, clock: Clock | None = None) -> None:
-        self._config = _resolve_config(model_dir, config)
+                 config: RunConfig | None = None, clock: Clock | None = None,
+                 warm_start_from: str | os.PathLike | WarmStartSettings | None = None) -> None:
+        self._config = resolve_config(model_dir, config)
         if not isinstance(unwrap_module(model), torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {model!r}")
         TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)  # validates
@@ -99,6 +104,7 @@ class Estimator:
                             f"{type(example_input).__name__}")
         self.example_input = example_input
         self._clock = resolve_clock(clock)
+        self._warm_start = check_warm_start(warm_start_from)
         self._eval_copy: torch.nn.Module | None = None
         self._copy_holds: str | None = None  # the checkpoint whose weights the copy holds
         self._copy_step = 0
@@ -167,13 +173,14 @@ class Estimator:
                                        repeat=steps is not None or max_steps is not None)
         state = self._state_with_input(user_state, batches)
         with training_session(self._config, self._model, self._optimizer, state, clock=self._clock, steps=steps,
-                              max_steps=max_steps, hooks=hooks, listeners=listeners) as session:
+                              max_steps=max_steps, hooks=hooks, listeners=listeners,
+                              init_fn=self._warm_start_fn()) as session:
             target = max_steps if max_steps is not None else (
                 None if steps is None else session.global_step + steps)
             while not session.should_stop():
                 batch = batches.next_batch()
                 if batch is END:
-                    _log_input_end(batches, session.global_step, target, steps, max_steps)
+                    log_input_end(batches, session.global_step, target, steps, max_steps)
                     raise StopIteration  # the session's clean end (data exhausted)
                 session.run(self._train_step, batch)
         return self
@@ -330,6 +337,11 @@ class Estimator:
         return write_export(self, base, path, eval_result, options)
 
     # ------------------------------------------------------------------ helpers
+    def _warm_start_fn(self) -> Callable[[Any], None] | None:
+        if self._warm_start is None:
+            return None
+        return warm_start_fn(self._warm_start, unwrap_module(self._model), self._config.storage_options)
+
     def _options(self, path: str | os.PathLike) -> dict[str, Any] | None:
         """The `RunConfig`'s ``storage_options`` for a URL ``path``; None for a local one."""
         return options_for(path, self._config.storage_options)
@@ -347,19 +359,6 @@ class Estimator:
         return path
 
 
-def _log_input_end(batches: TrainingInput, step: int, target: int | None, steps: int | None,
-                   max_steps: int | None) -> None:
-    kind = type(batches.source).__name__
-    if target is not None and step < target:
-        limit = f"max_steps={max_steps}" if max_steps is not None else f"steps={steps} (step {target})"
-        logger.warning("training ends at step %d, before %s: the training input (a one-shot %s returned by "
-                       "input_fn) ran out; return a re-iterable (a DataLoader, a list) to train for several "
-                       "epochs, or an endless iterator", step, limit, kind)
-    else:
-        logger.info("training ends at step %d: the training input (%s) ran out%s", step, kind,
-                    " after one epoch (no steps/max_steps: one pass over the data)" if batches.reiterable else "")
-
-
 def _split_examples(out: Any) -> Iterator[Any]:
     if isinstance(out, torch.Tensor):
         yield from out.unbind(0)
@@ -373,21 +372,3 @@ def _split_examples(out: Any) -> Iterator[Any]:
             yield {k: val[i] for k, val in values.items()}
     else:
         raise TypeError(f"predict_step must return a tensor or a dict of tensors, got {type(out).__name__}")
-
-
-def _resolve_config(model_dir: Any, config: Any) -> RunConfig:
-    if config is not None and not isinstance(config, RunConfig):
-        raise TypeError(f"config must be a supervisor.estimator.RunConfig or None, got {config!r}")
-    if config is None:
-        if model_dir is None:
-            raise ValueError("Estimator needs a model_dir: pass model_dir= or config=RunConfig(model_dir)")
-        return RunConfig(model_dir)
-    if model_dir is not None and _same_dir(os.fspath(model_dir)) != _same_dir(config.model_dir):
-        raise ValueError(f"model_dir={os.fspath(model_dir)!r} and config.model_dir={config.model_dir!r} differ; "
-                         "pass one of them, or the same directory to both")
-    return config
-
-
-def _same_dir(path: str) -> str:
-    """``path`` spelled for comparison: a URL without its trailing ``/``, a local path absolute."""
-    return path.rstrip("/") if is_url(path) else os.path.abspath(path)
