@@ -22,6 +22,15 @@ and every export, deletes such leftovers: ``.deleting-`` ones always, temps when
 this host and their process is gone (a temp of a live process — another exporter still writing
 — or of another host, which this one cannot check, is left alone). Versions are the export's
 Unix time in seconds, bumped past the newest existing one, so they always sort in export order.
+
+On an object store (``model_dir`` or ``export_dir_base`` an ``s3://`` URL; SPEC §16) there is no
+rename: the files are uploaded to ``<base>/<version>/`` and its ``MANIFEST.json`` is written last,
+create-only, as for checkpoints; an export exists if and only if its manifest does, a version
+without one (a killed export) is removed with a WARNING by the next export or exporter, and the
+garbage collection deletes a version's manifest first (`supervisor.estimator.export_objects`).
+The exporters use the estimator's ``RunConfig(storage_options=...)``; `Estimator.export` also
+takes ``storage_options=`` for a base on another store. Read an export back from a URL with
+`open_export_file` (``torch.load(open_export_file(url, "model.pt", opts), weights_only=True)``).
 ``train_and_evaluate`` calls each exporter after each evaluation with
 ``export_path = model_dir/export/<name>``.
 
