@@ -15,8 +15,7 @@ from supervisor.checkpoint import MANIFEST_FILE
 from supervisor.estimator import LatestExporter
 from supervisor.estimator.exporters import list_exports, open_export_file, read_export_file
 from tests.estimator.estimator_toy import X, endless, make_estimator
-from tests.s3_estimator.test_estimator_on_s3 import s3_estimator
-from tests.s3_fixtures import options
+from tests.s3_estimator.helpers import options
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,14 +56,13 @@ def plant_interrupted_export(storage, base, version):
 
 def test_interrupted_exports_are_ignored_then_removed_and_gc_keeps_the_newest(s3_server, s3_root, s3_storage,
                                                                               tmp_path, monkeypatch, caplog):
-    monkeypatch.chdir(tmp_path)
-    url, opts = s3_root + "/run", options(s3_server.endpoint)
-    est = s3_estimator(url, opts)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)  # the standard configuration, no options
+    est = make_estimator(tmp_path / "run")
     est.train(endless(), max_steps=5)
-    base = url + "/export/latest"
+    base = s3_root + "/export/latest"
     crashed = plant_interrupted_export(s3_storage, base, 4_000_000_000)
     s3_storage.write_atomic(s3_storage.join(base, "notes", "readme.txt"), b"not an export")
-    assert list_exports(base, opts) == []  # no manifest: not an export
+    assert list_exports(base) == []  # no manifest: not an export
     exporter = LatestExporter("latest", exports_to_keep=1)
     paths = []
     with caplog.at_level(logging.WARNING, logger="supervisor.estimator"):
@@ -73,24 +71,24 @@ def test_interrupted_exports_are_ignored_then_removed_and_gc_keeps_the_newest(s3
                                          False))
     assert any(crashed in r.getMessage() and "interrupted" in r.getMessage() for r in caplog.records)
     assert s3_storage.listdir(crashed) == []  # every object of the crashed version is gone
-    assert [p for _, p in list_exports(base, opts)] == paths[-1:]  # the garbage collection kept the newest
+    assert [p for _, p in list_exports(base)] == paths[-1:]  # the garbage collection kept the newest
     assert s3_storage.listdir(paths[0]) == []  # the older one deleted whole, manifest first
     assert s3_storage.listdir(base) == sorted([paths[-1].rsplit("/", 1)[1], "notes"])  # not an export: kept
-    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_a_failed_upload_leaves_no_export(s3_server, s3_root, s3_storage, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    url, opts = s3_root + "/run", options(s3_server.endpoint)
-    est = s3_estimator(url, opts)
+    opts = options(s3_server.endpoint)
+    est = make_estimator(tmp_path / "run")
     est.train(endless(), max_steps=5)
-    base = url + "/export/x"
+    base = s3_root + "/export/x"
 
     def refuse(*args, **kwargs):
         raise OSError("the manifest write failed")
 
     monkeypatch.setattr(type(s3_storage), "commit", refuse)
     with pytest.raises(OSError, match="manifest write failed"):
-        est.export(base)
+        est.export(base, storage_options=opts)
     monkeypatch.undo()
     assert list_exports(base, opts) == [] and s3_storage.list_files(base) == []  # its objects removed
+    with pytest.raises(ValueError, match="storage_options were given for the local export_dir_base"):
+        est.export(tmp_path / "local", storage_options=opts)
