@@ -1,12 +1,16 @@
 """Exports to an ``s3://`` base (SPEC §10.3, §16; issue 24 item 1) against a real moto server: the
 files are uploaded, the manifest last; an export exists if and only if its manifest does
 (listings, garbage collection and the exporters see complete versions only); what an interrupted
-export leaves is removed by the next export with a WARNING; an export is read back from the URL."""
+export leaves (a writer SIGKILLed before its manifest) is removed by the next export with a WARNING;
+an export is read back from the URL."""
 from __future__ import annotations
 
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +22,9 @@ from tests.estimator.estimator_toy import X, endless, make_estimator
 from tests.s3_estimator.helpers import options
 
 pytestmark = pytest.mark.timeout(120)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def test_export_from_a_local_model_dir_to_s3_reads_back_from_the_url(s3_server, s3_root, s3_storage, tmp_path,
@@ -47,30 +54,34 @@ def test_export_from_a_local_model_dir_to_s3_reads_back_from_the_url(s3_server, 
     assert sorted(os.listdir(tmp_path)) == ["run"]  # no local "s3:" directory, nothing staged left
 
 
-def plant_interrupted_export(storage, base, version):
-    """What a writer killed before its manifest leaves: the data objects of a version."""
-    for name in ("model.pt", "eval_result.json"):
-        storage.write_atomic(storage.join(base, str(version), name), b"partial")
-    return storage.join(base, str(version))
+def killed_export(model_dir, base, endpoint):
+    """Runs an export from ``model_dir`` to ``base`` in a child process SIGKILLed between its last
+    data object and its manifest."""
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, PYTHONPATH=ROOT)
+    child = subprocess.run([sys.executable, os.path.join(HERE, "kill_export.py"), str(model_dir), base], env=env,
+                           capture_output=True, text=True, timeout=90)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
 
 
-def test_interrupted_exports_are_ignored_then_removed_and_gc_keeps_the_newest(s3_server, s3_root, s3_storage,
-                                                                              tmp_path, monkeypatch, caplog):
+def test_a_killed_export_is_ignored_then_removed_and_gc_keeps_the_newest(s3_server, s3_root, s3_storage,
+                                                                         tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)  # the standard configuration, no options
     est = make_estimator(tmp_path / "run")
     est.train(endless(), max_steps=5)
     base = s3_root + "/export/latest"
-    crashed = plant_interrupted_export(s3_storage, base, 4_000_000_000)
+    killed_export(tmp_path / "run", base, s3_server.endpoint)
+    (crashed,) = [s3_storage.join(base, name) for name in s3_storage.listdir(base)]
+    assert "model.pt" in s3_storage.listdir(crashed) and MANIFEST_FILE not in s3_storage.listdir(crashed)
     s3_storage.write_atomic(s3_storage.join(base, "notes", "readme.txt"), b"not an export")
     assert list_exports(base) == []  # no manifest: not an export
     exporter = LatestExporter("latest", exports_to_keep=1)
-    paths = []
     with caplog.at_level(logging.WARNING, logger="supervisor.estimator"):
-        for loss in (0.3, 0.2):
-            paths.append(exporter.export(est, base, est.latest_checkpoint(), {"loss": loss, "global_step": 5},
-                                         False))
+        paths = [exporter.export(est, base, est.latest_checkpoint(), {"loss": 0.3, "global_step": 5}, False)]
     assert any(crashed in r.getMessage() and "interrupted" in r.getMessage() for r in caplog.records)
-    assert s3_storage.listdir(crashed) == []  # every object of the crashed version is gone
+    assert list_exports(base) == [(paths[0].rsplit("/", 1)[1], paths[0])]  # the crashed one removed, not listed
+    manifest = json.loads(s3_storage.read_bytes(s3_storage.join(paths[0], MANIFEST_FILE)))
+    assert sorted([*manifest["files"], MANIFEST_FILE]) == sorted(s3_storage.listdir(paths[0]))  # nothing stale
+    paths.append(exporter.export(est, base, est.latest_checkpoint(), {"loss": 0.2, "global_step": 5}, False))
     assert [p for _, p in list_exports(base)] == paths[-1:]  # the garbage collection kept the newest
     assert s3_storage.listdir(paths[0]) == []  # the older one deleted whole, manifest first
     assert s3_storage.listdir(base) == sorted([paths[-1].rsplit("/", 1)[1], "notes"])  # not an export: kept
