@@ -104,8 +104,7 @@ class Evaluator:
         results = []
         for exporter in exporters:
             path = exporter.export(self._estimator, join(self._estimator.model_dir, "export", exporter.name),
-                                   checkpoint_path,
-                                   metrics, final)
+                                   checkpoint_path, metrics, final)
             if path is not None:
                 self._exported[exporter.name] = checkpoint_path
             results.append(path)
