@@ -129,8 +129,8 @@ class PartialRestoreReport:
 
 def restore_partial(checkpoint_path: str | os.PathLike, target: torch.nn.Module,
                     include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None,
-                    strict: bool = False, *, entry: str = "model",
-                    trusted_globals: Iterable[Any] = ()) -> PartialRestoreReport:
+                    strict: bool = False, *, entry: str = "model", trusted_globals: Iterable[Any] = (),
+                    storage_options: Mapping[str, Any] | None = None) -> PartialRestoreReport:
     """Loads the matching keys of a checkpoint's ``entry`` (default ``"model"``) into ``target``.
 
     Meant for ``init_fn`` (warm start). A key is loaded when it matches ``include`` (glob
@@ -147,7 +147,7 @@ def restore_partial(checkpoint_path: str | os.PathLike, target: torch.nn.Module,
 
     Args:
         strict: raise instead of skipping when a selected key is missing from the target or has
-            another shape (nothing is loaded then).
+            another shape (nothing is loaded then). ``storage_options``: for a URL checkpoint.
 
     Raises:
         CheckpointError: the entry does not exist; or ``strict`` and keys did not fit.
@@ -155,7 +155,8 @@ def restore_partial(checkpoint_path: str | os.PathLike, target: torch.nn.Module,
     module = unwrap_module(target)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"target must be a torch.nn.Module, got {type(target).__name__}")
-    source = _entry(load_checkpoint(checkpoint_path, trusted_globals=trusted_globals), entry, checkpoint_path)
+    payload = load_checkpoint(checkpoint_path, trusted_globals=trusted_globals, storage_options=storage_options)
+    source = _entry(payload, entry, checkpoint_path)
     own = module.state_dict()
     source = strip_wrapper_prefixes(source, own.keys())
     selected, skipped = _select(source, own, _patterns("include", include), _patterns("exclude", exclude))

@@ -20,6 +20,7 @@ from supervisor.estimator.run_config import RunConfig, TaskType
 from supervisor.estimator.sidecar import SidecarEvaluator
 from supervisor.estimator.specs import EvalSpec, TrainSpec
 from supervisor.estimator.training import train_and_evaluate
+from supervisor.estimator.warm_start import WarmStartSettings
 
 __all__ = [
     "BestExporter",
@@ -34,5 +35,6 @@ __all__ = [
     "SidecarEvaluator",
     "TaskType",
     "TrainSpec",
+    "WarmStartSettings",
     "train_and_evaluate",
 ]

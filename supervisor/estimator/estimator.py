@@ -36,12 +36,13 @@ from supervisor.checkpoint.storage import storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.export_writer import write_export
-from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn
+from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn, log_input_end
 from supervisor.estimator.isolation import preserved_rng
+from supervisor.estimator.locations import is_url, options_for
 from supervisor.estimator.metrics import EvalEventsFile, check_metric_objects
-from supervisor.estimator.run_config import RunConfig
+from supervisor.estimator.run_config import RunConfig, resolve_config
 from supervisor.estimator.session_factory import training_session
-from supervisor.estimator.sidecar import evaluate_batches, model_entry
+from supervisor.estimator.sidecar import eval_dir_for, evaluate_batches, model_entry
 from supervisor.estimator.specs import (
     validate_eval_name,
     validate_hooks,
@@ -49,6 +50,7 @@ from supervisor.estimator.specs import (
     validate_saving_listeners,
 )
 from supervisor.estimator.variables import variable_names, variable_value
+from supervisor.estimator.warm_start import WarmStartSettings, check_warm_start, warm_start_fn
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
 __all__ = ["Estimator", "preserved_rng"]
@@ -74,6 +76,9 @@ class Estimator:
         config: a `RunConfig` (default: ``RunConfig(model_dir)``); an object-store ``model_dir``
             takes its client options there (``RunConfig(model_dir, storage_options=...)``).
         clock: injectable clock (throttling, export timestamps, the training session).
+        warm_start_from: a checkpoint, log directory or URL, or `WarmStartSettings`: the model
+            starts from its weights when ``model_dir`` holds no checkpoint yet
+            (`supervisor.estimator.warm_start`).
     """
 
     def __init__(self, model_dir: str | os.PathLike | None = None, *, model: torch.nn.Module,
@@ -82,8 +87,9 @@ class Estimator:
                  eval_step: Callable[[torch.nn.Module, Any], Any] | None = None,
                  predict_step: Callable[[torch.nn.Module, Any], Any] | None = None,
                  metrics: Mapping[str, Any] | None = None, example_input: Any = None,
-                 config: RunConfig | None = None, clock: Clock | None = None) -> None:
-        self._config = _resolve_config(model_dir, config)
+                 config: RunConfig | None = None, clock: Clock | None = None,
+                 warm_start_from: str | os.PathLike | WarmStartSettings | None = None) -> None:
+        self._config = resolve_config(model_dir, config)
         if not isinstance(unwrap_module(model), torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {model!r}")
         TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)  # validates
@@ -98,6 +104,7 @@ class Estimator:
                             f"{type(example_input).__name__}")
         self.example_input = example_input
         self._clock = resolve_clock(clock)
+        self._warm_start = check_warm_start(warm_start_from)
         self._eval_copy: torch.nn.Module | None = None
         self._copy_holds: str | None = None  # the checkpoint whose weights the copy holds
         self._copy_step = 0
@@ -112,6 +119,11 @@ class Estimator:
     @property
     def model_dir(self) -> str:
         return self._config.model_dir
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """The object-store client's options of ``model_dir`` (the `RunConfig`'s)."""
+        return self._config.storage_options
 
     @property
     def clock(self) -> Clock:
@@ -133,7 +145,7 @@ class Estimator:
 
     def eval_dir(self, name: str | None = None) -> str:
         """Where evaluation ``name`` writes its events: ``model_dir/eval`` or ``eval_<name>``."""
-        return os.path.join(self.model_dir, "eval" if not name else f"eval_{name}")
+        return eval_dir_for(self.model_dir, name)
 
     def latest_checkpoint(self) -> str | None:
         """The newest committed checkpoint the index names, or None."""
@@ -161,13 +173,14 @@ class Estimator:
                                        repeat=steps is not None or max_steps is not None)
         state = self._state_with_input(user_state, batches)
         with training_session(self._config, self._model, self._optimizer, state, clock=self._clock, steps=steps,
-                              max_steps=max_steps, hooks=hooks, listeners=listeners) as session:
+                              max_steps=max_steps, hooks=hooks, listeners=listeners,
+                              init_fn=self._warm_start_fn()) as session:
             target = max_steps if max_steps is not None else (
                 None if steps is None else session.global_step + steps)
             while not session.should_stop():
                 batch = batches.next_batch()
                 if batch is END:
-                    _log_input_end(batches, session.global_step, target, steps, max_steps)
+                    log_input_end(batches, session.global_step, target, steps, max_steps)
                     raise StopIteration  # the session's clean end (data exhausted)
                 session.run(self._train_step, batch)
         return self
@@ -206,7 +219,7 @@ class Estimator:
         latest = self.latest_checkpoint()
         try:
             in_checkpoint = latest is not None and any(
-                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(latest))
+                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(latest, self._options(latest)))
         except Exception:  # noqa: BLE001 - unreadable: the restore reports it (or falls back)
             in_checkpoint = latest is not None and batches.fast_forward
         if in_checkpoint or (latest is None and batches.fast_forward):
@@ -219,7 +232,7 @@ class Estimator:
     def checkpoint_step(self, checkpoint_path: str | None = None) -> int | None:
         """The step of ``checkpoint_path`` (default: the latest checkpoint; None if none)."""
         path = checkpoint_path or self.latest_checkpoint()
-        return None if path is None else read_manifest(path, storage_for(path, self._config.storage_options)).step
+        return None if path is None else read_manifest(path, storage_for(path, self._options(path))).step
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
@@ -237,7 +250,8 @@ class Estimator:
         v.check_positive_or_none("steps", steps)
         validate_eval_name(name)
         hooks = validate_hooks(hooks)
-        checkpoint = read_checkpoint(self._checkpoint_or_latest(checkpoint_path, "evaluate"))
+        path = self._checkpoint_or_latest(checkpoint_path, "evaluate")
+        checkpoint = read_checkpoint(path, storage_options=self._options(path))
         return self.evaluate_checkpoint(checkpoint, input_fn, steps=steps, name=name, hooks=hooks)
 
     def evaluate_checkpoint(self, checkpoint: CheckpointRead, input_fn: Callable[[], Iterable[Any]], *,
@@ -251,7 +265,9 @@ class Estimator:
                 metrics=self._metrics, hooks=hooks, global_step=step, path=checkpoint.path)
         metrics["global_step"] = step
         directory = self.eval_dir(name)
-        events = self._event_files.setdefault(directory, EvalEventsFile(directory))
+        events = self._event_files.get(directory)
+        if events is None:
+            events = self._event_files[directory] = EvalEventsFile(directory, self._options(directory))
         events.write({k: val for k, val in metrics.items() if k != "global_step"}, step)
         logger.info("Saving dict for global step %d: %s", step,
                     ", ".join(f"{k} = {val:.6g}" for k, val in sorted(metrics.items()) if k != "global_step"))
@@ -264,7 +280,7 @@ class Estimator:
         if not isinstance(checkpoint, CheckpointRead):
             if self._eval_copy is not None and self._copy_holds == os.fspath(checkpoint):
                 return self._eval_copy, self._copy_step  # e.g. exporting what was just evaluated
-            checkpoint = read_checkpoint(checkpoint)
+            checkpoint = read_checkpoint(checkpoint, storage_options=self._options(checkpoint))
         payload, checkpoint_path = checkpoint.payload, checkpoint.path
         self._copy_holds = None
         if self._eval_copy is None:
@@ -299,24 +315,41 @@ class Estimator:
     def get_variable_names(self) -> list[str]:
         """The names of the latest checkpoint's values (``model/fc.weight``,
         ``optimizer/state/0/exp_avg``, ``global_step``), read without loading the tensors."""
-        return variable_names(self._checkpoint_or_latest(None, "get_variable_names"))
+        path = self._checkpoint_or_latest(None, "get_variable_names")
+        return variable_names(path, self._options(path))
 
     def get_variable_value(self, name: str) -> Any:
         """One value of the latest checkpoint by its `get_variable_names` name; only that
         tensor's bytes are read (memory-mapped load)."""
-        return variable_value(self._checkpoint_or_latest(None, "get_variable_value"), name)
+        path = self._checkpoint_or_latest(None, "get_variable_value")
+        return variable_value(path, name, self._options(path))
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
-               eval_result: Mapping[str, Any] | None = None) -> str:
+               eval_result: Mapping[str, Any] | None = None,
+               storage_options: Mapping[str, Any] | None = None) -> str:
         """Writes ``<export_dir_base>/<timestamp>/`` (weights, eval result, and a ``torch.export``
-        program when ``example_input`` is set) and returns its path (see `exporters`)."""
+        program when ``example_input`` is set) and returns its path (see `exporters`).
+        ``export_dir_base`` may be an ``s3://`` URL; its client's options are ``storage_options``,
+        else the `RunConfig`'s (those of ``model_dir``'s object store)."""
         path = self._checkpoint_or_latest(checkpoint_path, "export")
-        return write_export(self, os.fspath(export_dir_base), path, eval_result)
+        base = os.fspath(export_dir_base)
+        options = storage_options if storage_options is not None else self._options(base)
+        return write_export(self, base, path, eval_result, options)
 
     # ------------------------------------------------------------------ helpers
+    def _warm_start_fn(self) -> Callable[[Any], None] | None:
+        if self._warm_start is None:
+            return None
+        return warm_start_fn(self._warm_start, unwrap_module(self._model), self._config.storage_options)
+
+    def _options(self, path: str | os.PathLike) -> dict[str, Any] | None:
+        """The `RunConfig`'s ``storage_options`` for a URL ``path``; None for a local one."""
+        return options_for(path, self._config.storage_options)
+
     def _checkpoint_or_latest(self, checkpoint_path: str | None, action: str) -> str:
         if checkpoint_path is not None:
-            if not os.path.isdir(os.fspath(checkpoint_path)):
+            # a URL is checked by its reader (no manifest: CheckpointNotFoundError)
+            if not is_url(checkpoint_path) and not os.path.isdir(os.fspath(checkpoint_path)):
                 raise CheckpointNotFoundError(f"{action}: no checkpoint at {os.fspath(checkpoint_path)}")
             return os.fspath(checkpoint_path)
         path = self.latest_checkpoint()
@@ -324,19 +357,6 @@ class Estimator:
             raise CheckpointNotFoundError(f"Could not find trained model in model_dir: {self.model_dir}; "
                                           f"train first or pass checkpoint_path= to {action}")
         return path
-
-
-def _log_input_end(batches: TrainingInput, step: int, target: int | None, steps: int | None,
-                   max_steps: int | None) -> None:
-    kind = type(batches.source).__name__
-    if target is not None and step < target:
-        limit = f"max_steps={max_steps}" if max_steps is not None else f"steps={steps} (step {target})"
-        logger.warning("training ends at step %d, before %s: the training input (a one-shot %s returned by "
-                       "input_fn) ran out; return a re-iterable (a DataLoader, a list) to train for several "
-                       "epochs, or an endless iterator", step, limit, kind)
-    else:
-        logger.info("training ends at step %d: the training input (%s) ran out%s", step, kind,
-                    " after one epoch (no steps/max_steps: one pass over the data)" if batches.reiterable else "")
 
 
 def _split_examples(out: Any) -> Iterator[Any]:
@@ -352,16 +372,3 @@ def _split_examples(out: Any) -> Iterator[Any]:
             yield {k: val[i] for k, val in values.items()}
     else:
         raise TypeError(f"predict_step must return a tensor or a dict of tensors, got {type(out).__name__}")
-
-
-def _resolve_config(model_dir: Any, config: Any) -> RunConfig:
-    if config is not None and not isinstance(config, RunConfig):
-        raise TypeError(f"config must be a supervisor.estimator.RunConfig or None, got {config!r}")
-    if config is None:
-        if model_dir is None:
-            raise ValueError("Estimator needs a model_dir: pass model_dir= or config=RunConfig(model_dir)")
-        return RunConfig(model_dir)
-    if model_dir is not None and os.path.abspath(os.fspath(model_dir)) != os.path.abspath(config.model_dir):
-        raise ValueError(f"model_dir={os.fspath(model_dir)!r} and config.model_dir={config.model_dir!r} differ; "
-                         "pass one of them, or the same directory to both")
-    return config

@@ -1,5 +1,10 @@
-"""Writing one export directory (the layout: `supervisor.estimator.exporters`): the files go into
-a hidden temporary sibling, are fsynced, and the directory is renamed into place."""
+"""Writing one export directory (the layout: `supervisor.estimator.exporters`).
+
+Locally the files go into a hidden temporary sibling, are fsynced, and the directory is renamed
+into place. On an object store (``export_dir_base`` an ``s3://`` URL) the files are written into
+a local temporary directory (``tempfile``: ``$TMPDIR``), uploaded to ``<base>/<version>/``, and
+the version's manifest is written last, create-only (`supervisor.estimator.export_objects`).
+"""
 from __future__ import annotations
 
 import json
@@ -8,12 +13,13 @@ import os
 import shutil
 import socket
 import stat
+import tempfile
 from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
 from supervisor.checkpoint import fsync_dir
-from supervisor.checkpoint.storage import split_scheme
+from supervisor.checkpoint.storage import storage_for
 from supervisor.clock import Clock
 from supervisor.estimator.export_files import (
     PROGRAM_FILE,
@@ -21,9 +27,12 @@ from supervisor.estimator.export_files import (
     SAFETENSORS_FILE,
     WEIGHTS_FILE,
     new_version_dir,
+    next_version,
     remove_crashed_exports,
 )
+from supervisor.estimator.export_objects import remove_object_leftovers, upload_export
 from supervisor.estimator.isolation import preserved_rng
+from supervisor.estimator.locations import is_url
 
 __all__ = ["ExportSource", "write_export", "export_program"]
 
@@ -43,19 +52,22 @@ class ExportSource(Protocol):
 
 
 def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path: str,
-                 eval_result: Mapping[str, Any] | None) -> str:
+                 eval_result: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None = None) -> str:
     """Exports ``checkpoint_path`` into a new ``<export_dir_base>/<timestamp>/``; returns it.
     ``estimator`` gives the model copy with the checkpoint's weights, the example input and the
     clock (the export's version); the process's RNG states are restored afterwards.
+    ``export_dir_base`` may be an object-store URL (``s3://bucket/prefix``; ``storage_options``:
+    its client's options): the export then exists once its manifest is written, last.
 
     Raises:
-        ValueError: ``export_dir_base`` is an object-store URL (``s3://...``): exports are
-            written to a local or shared filesystem only for now (export there, then upload the
-            directory); refused before anything is written, never a local ``s3:`` directory.
+        ValueError: ``storage_options`` for a local ``export_dir_base``, or an unknown URL scheme.
+        ImportError: an ``s3://`` base without the ``[s3]`` extra.
     """
-    if split_scheme(export_dir_base)[0] != "file":
-        raise ValueError(f"export_dir_base {export_dir_base!r} is an object-store URL; exports are written to a "
-                         "local or shared filesystem path only (for now): export to a local directory and upload it")
+    if is_url(export_dir_base):
+        return _write_to_store(estimator, export_dir_base.rstrip("/"), checkpoint_path, eval_result, storage_options)
+    if storage_options:
+        raise ValueError(f"storage_options were given for the local export_dir_base {export_dir_base!r}; they "
+                         "apply to object-store URLs only (s3://...)")
     os.makedirs(export_dir_base, exist_ok=True)
     remove_crashed_exports(export_dir_base)
     final = new_version_dir(export_dir_base, int(estimator.clock.time()))
@@ -63,17 +75,7 @@ def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path:
                                         f"{os.urandom(8).hex()}")
     os.makedirs(tmp)
     try:
-        with preserved_rng():
-            model, step = estimator.load_model_copy(checkpoint_path)
-            _save_file(os.path.join(tmp, WEIGHTS_FILE), lambda f: torch.save(model.state_dict(), f))
-            _save_safetensors(model, os.path.join(tmp, SAFETENSORS_FILE), step,
-                              mode=stat.S_IMODE(os.stat(os.path.join(tmp, WEIGHTS_FILE)).st_mode))
-            if estimator.example_input is not None:
-                program = export_program(model, estimator.example_input)
-                _save_file(os.path.join(tmp, PROGRAM_FILE), lambda f: torch.export.save(program, f))
-        record = {"global_step": step, "checkpoint_path": checkpoint_path,
-                  "metrics": {k: v for k, v in (eval_result or {}).items() if k != "global_step"}}
-        _save_file(os.path.join(tmp, RESULT_FILE), lambda f: f.write(json.dumps(record, indent=2).encode()))
+        step = _write_files(estimator, tmp, checkpoint_path, eval_result)
         fsync_dir(tmp)
         os.rename(tmp, final)
         fsync_dir(export_dir_base)
@@ -82,6 +84,35 @@ def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path:
         raise
     logger.info("exported the checkpoint of step %d to %s", step, final)
     return final
+
+
+def _write_to_store(estimator: ExportSource, base: str, checkpoint_path: str,
+                    eval_result: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None) -> str:
+    storage = storage_for(base, storage_options)
+    _, exports = remove_object_leftovers(storage, base, abort_uploads=False)  # the exporters' first call aborts
+    version = next_version(int(estimator.clock.time()), exports)
+    with tempfile.TemporaryDirectory(prefix="supervisor-export-") as local:
+        step = _write_files(estimator, local, checkpoint_path, eval_result)
+        final = upload_export(storage, local, base, version)
+    logger.info("exported the checkpoint of step %d to %s", step, final)
+    return final
+
+
+def _write_files(estimator: ExportSource, directory: str, checkpoint_path: str,
+                 eval_result: Mapping[str, Any] | None) -> int:
+    """Writes the export's files into the existing local ``directory``; returns the step."""
+    with preserved_rng():
+        model, step = estimator.load_model_copy(checkpoint_path)
+        _save_file(os.path.join(directory, WEIGHTS_FILE), lambda f: torch.save(model.state_dict(), f))
+        _save_safetensors(model, os.path.join(directory, SAFETENSORS_FILE), step,
+                          mode=stat.S_IMODE(os.stat(os.path.join(directory, WEIGHTS_FILE)).st_mode))
+        if estimator.example_input is not None:
+            program = export_program(model, estimator.example_input)
+            _save_file(os.path.join(directory, PROGRAM_FILE), lambda f: torch.export.save(program, f))
+    record = {"global_step": step, "checkpoint_path": checkpoint_path,
+              "metrics": {k: v for k, v in (eval_result or {}).items() if k != "global_step"}}
+    _save_file(os.path.join(directory, RESULT_FILE), lambda f: f.write(json.dumps(record, indent=2).encode()))
+    return step
 
 
 def export_program(model: torch.nn.Module, example_input: Any) -> Any:

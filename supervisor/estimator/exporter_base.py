@@ -9,7 +9,10 @@ import os
 import shutil
 from typing import Any, Mapping, Protocol
 
+from supervisor.checkpoint.storage import storage_for
 from supervisor.estimator.export_files import list_exports, remove_crashed_exports
+from supervisor.estimator.export_objects import delete_object_export
+from supervisor.estimator.locations import is_url, options_for
 
 __all__ = ["Exporter", "ExportTarget"]
 
@@ -17,11 +20,14 @@ logger = logging.getLogger(__name__)
 
 
 class ExportTarget(Protocol):
-    """What an `Exporter` uses of an `Estimator`: where it trains, where evaluations write, and
-    its `export`."""
+    """What an `Exporter` uses of an `Estimator`: where it trains (and that object store's
+    client options), where evaluations write, and its `export`."""
 
     @property
     def model_dir(self) -> str: ...
+
+    @property
+    def storage_options(self) -> Mapping[str, Any] | None: ...
 
     def eval_dir(self, name: str | None = None) -> str: ...
 
@@ -35,6 +41,10 @@ class Exporter:
     Args:
         name: the exporter's directory name under ``model_dir/export`` (one path component).
         exports_to_keep: how many exports to keep (None: all); older ones are deleted.
+
+    On an ``s3://`` ``model_dir`` the exports go to ``model_dir/export/<name>`` on the same
+    object store, with the estimator's client options (``RunConfig(storage_options=...)``):
+    an exporter takes no options of its own.
     """
 
     def __init__(self, name: str, exports_to_keep: int | None = 5) -> None:
@@ -51,21 +61,28 @@ class Exporter:
         """Exports (or not) the evaluated checkpoint; returns the export's path or None."""
         raise NotImplementedError
 
-    def remove_leftovers(self, export_path: str) -> None:
+    def remove_leftovers(self, export_path: str, storage_options: Mapping[str, Any] | None = None) -> None:
         """`remove_crashed_exports` on the first call for ``export_path`` in this process (each
-        export does it again), so a killed export's leftovers go even when nothing is exported."""
+        export does it again), so a killed export's leftovers go even when nothing is exported.
+        ``storage_options``: the client's options when ``export_path`` is a URL."""
         if export_path not in self._tidied:
-            remove_crashed_exports(export_path)
+            remove_crashed_exports(export_path, options_for(export_path, storage_options))
             self._tidied.add(export_path)
 
     def _export_and_collect(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                             eval_result: Mapping[str, Any]) -> str:
         path = estimator.export(export_path, checkpoint_path, eval_result=eval_result)
-        self._garbage_collect(export_path)
+        self._garbage_collect(export_path, estimator.storage_options)
         return path
 
-    def _garbage_collect(self, export_path: str) -> None:
+    def _garbage_collect(self, export_path: str, storage_options: Mapping[str, Any] | None) -> None:
         if self._exports_to_keep is None:
+            return
+        if is_url(export_path):
+            storage = storage_for(export_path, storage_options)
+            for _, path in list_exports(export_path, storage_options)[:-self._exports_to_keep]:
+                if delete_object_export(storage, path):
+                    logger.info("deleted the old export %s (exports_to_keep=%d)", path, self._exports_to_keep)
             return
         for _, path in list_exports(export_path)[:-self._exports_to_keep]:
             aside = os.path.join(export_path, f".{os.path.basename(path)}.deleting-{os.urandom(8).hex()}")

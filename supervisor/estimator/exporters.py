@@ -22,6 +22,15 @@ and every export, deletes such leftovers: ``.deleting-`` ones always, temps when
 this host and their process is gone (a temp of a live process — another exporter still writing
 — or of another host, which this one cannot check, is left alone). Versions are the export's
 Unix time in seconds, bumped past the newest existing one, so they always sort in export order.
+
+On an object store (``model_dir`` or ``export_dir_base`` an ``s3://`` URL; SPEC §16) there is no
+rename: the files are uploaded to ``<base>/<version>/`` and its ``MANIFEST.json`` is written last,
+create-only, as for checkpoints; an export exists if and only if its manifest does, a version
+without one (a killed export) is removed with a WARNING by the next export or exporter, and the
+garbage collection deletes a version's manifest first (`supervisor.estimator.export_objects`).
+The exporters use the estimator's ``RunConfig(storage_options=...)``; `Estimator.export` also
+takes ``storage_options=`` for a base on another store. Read an export back from a URL with
+`open_export_file` (``torch.load(open_export_file(url, "model.pt", opts), weights_only=True)``).
 ``train_and_evaluate`` calls each exporter after each evaluation with
 ``export_path = model_dir/export/<name>``.
 
@@ -48,14 +57,17 @@ from supervisor.estimator.export_files import (
     checkpoint_of_step,
     exported_results,
     list_exports,
+    open_export_file,
+    read_export_file,
     remove_crashed_exports,
 )
 from supervisor.estimator.export_writer import export_program, write_export
 from supervisor.estimator.exporter_base import Exporter, ExportTarget
+from supervisor.estimator.locations import options_for
 from supervisor.estimator.metrics import read_eval_events
 
 __all__ = ["Exporter", "ExportTarget", "LatestExporter", "BestExporter", "FinalExporter", "write_export",
-           "export_program", "list_exports", "remove_crashed_exports",
+           "export_program", "list_exports", "remove_crashed_exports", "open_export_file", "read_export_file",
            "WEIGHTS_FILE", "PROGRAM_FILE", "RESULT_FILE", "SAFETENSORS_FILE"]
 
 logger = logging.getLogger(__name__)
@@ -80,7 +92,7 @@ class FinalExporter(Exporter):
 
     def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
-        self.remove_leftovers(export_path)
+        self.remove_leftovers(export_path, estimator.storage_options)
         if not is_the_final_export:
             return None
         return estimator.export(export_path, checkpoint_path, eval_result=eval_result)
@@ -134,7 +146,7 @@ class BestExporter(Exporter):
 
     def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
-        self.remove_leftovers(export_path)
+        self.remove_leftovers(export_path, estimator.storage_options)
         current = dict(eval_result)
         if not self._loaded:
             self._recover(estimator, export_path, current)
@@ -150,9 +162,11 @@ class BestExporter(Exporter):
     def _recover(self, estimator: ExportTarget, export_path: str, current: dict[str, Any]) -> None:
         """Sets the best so far after a (re)start, exporting a better evaluation that has none."""
         eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
-        evaluations = {step: dict(metrics, global_step=step) for step, metrics in read_eval_events(eval_dir).items()
+        options = estimator.storage_options
+        evaluations = {step: dict(metrics, global_step=step)
+                       for step, metrics in read_eval_events(eval_dir, options_for(eval_dir, options)).items()
                        if step != current.get("global_step")}
-        exported, unknown = exported_results(export_path, evaluations)
+        exported, unknown = exported_results(export_path, evaluations, options_for(export_path, options))
         self._best = self._best_of(exported)
         done = {result.get("global_step") for result in exported}
         missing = self._best_of([r for step, r in evaluations.items() if step not in done])
@@ -167,7 +181,8 @@ class BestExporter(Exporter):
 
     def _export_missing(self, estimator: ExportTarget, export_path: str, missing: dict[str, Any],
                         unknown: bool) -> None:
-        checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"])
+        checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"],
+                                        options_for(estimator.model_dir, estimator.storage_options))
         if checkpoint is not None:
             logger.info("%s: exporting the best evaluation so far (%s), which has no export (one killed "
                         "midway, or a new exporter)", self.name, missing)

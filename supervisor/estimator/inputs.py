@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["INPUT_ENTRY", "END", "TrainingInput", "call_input_fn"]
+__all__ = ["INPUT_ENTRY", "END", "TrainingInput", "call_input_fn", "log_input_end"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,3 +148,17 @@ def _set_epoch(source: Any, epoch: int) -> None:
                 not any(s is sampler for s in seen):
             sampler.set_epoch(epoch)
             seen.append(sampler)
+
+
+def log_input_end(batches: TrainingInput, step: int, target: int | None, steps: int | None,
+                  max_steps: int | None) -> None:
+    """Logs why training ends at ``step``: the input ran out (a WARNING before the limit)."""
+    kind = type(batches.source).__name__
+    if target is not None and step < target:
+        limit = f"max_steps={max_steps}" if max_steps is not None else f"steps={steps} (step {target})"
+        logger.warning("training ends at step %d, before %s: the training input (a one-shot %s returned by "
+                       "input_fn) ran out; return a re-iterable (a DataLoader, a list) to train for several "
+                       "epochs, or an endless iterator", step, limit, kind)
+    else:
+        logger.info("training ends at step %d: the training input (%s) ran out%s", step, kind,
+                    " after one epoch (no steps/max_steps: one pass over the data)" if batches.reiterable else "")

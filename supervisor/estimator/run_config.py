@@ -24,9 +24,9 @@ from typing import Any
 
 from supervisor import _validate as v
 from supervisor import distributed
-from supervisor._paths import check_logdir
+from supervisor._paths import check_logdir, is_url
 
-__all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max"]
+__all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max", "resolve_config"]
 
 TASK_TYPE_ENV = "SUPERVISOR_TASK_TYPE"
 TASK_ID_ENV = "SUPERVISOR_TASK_ID"
@@ -194,3 +194,23 @@ def _env_task_id(text: str) -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"${TASK_ID_ENV} must be a non-negative integer, got {text!r}") from None
+
+
+def resolve_config(model_dir: Any, config: Any) -> RunConfig:
+    """The `Estimator`'s config: ``config``, or ``RunConfig(model_dir)``; both given must name
+    the same directory."""
+    if config is not None and not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a supervisor.estimator.RunConfig or None, got {config!r}")
+    if config is None:
+        if model_dir is None:
+            raise ValueError("Estimator needs a model_dir: pass model_dir= or config=RunConfig(model_dir)")
+        return RunConfig(model_dir)
+    if model_dir is not None and _same_dir(os.fspath(model_dir)) != _same_dir(config.model_dir):
+        raise ValueError(f"model_dir={os.fspath(model_dir)!r} and config.model_dir={config.model_dir!r} differ; "
+                         "pass one of them, or the same directory to both")
+    return config
+
+
+def _same_dir(path: str) -> str:
+    """``path`` spelled for comparison: a URL without its trailing ``/``, a local path absolute."""
+    return path.rstrip("/") if is_url(path) else os.path.abspath(path)

@@ -9,7 +9,7 @@ step counter and summary hooks.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import hooks as builtin
 
@@ -23,9 +23,10 @@ __all__ = ["training_session"]
 
 def training_session(config: RunConfig, model: Any, optimizer: Any, state: Mapping[str, Any] | None, *,
                      clock: Clock, steps: int | None, max_steps: int | None, hooks: tuple[Any, ...],
-                     listeners: tuple[Any, ...]) -> MonitoredSession:
+                     listeners: tuple[Any, ...], init_fn: Callable[[Any], Any] | None = None) -> MonitoredSession:
     """A `MonitoredTrainingSession` on ``config.model_dir`` training ``model``/``optimizer``/
-    ``state`` with TF's hooks (see the module docstring)."""
+    ``state`` with TF's hooks (see the module docstring); ``init_fn`` runs when nothing was
+    restored (the warm start)."""
     chief_hooks = _chief_hooks(config, clock, listeners)  # first: it refuses listeners without saves
     session_box: list[MonitoredSession] = []
     session = MonitoredTrainingSession(
@@ -36,7 +37,7 @@ def training_session(config: RunConfig, model: Any, optimizer: Any, state: Mappi
         save_summaries_steps=config.save_summary_steps or None, save_summaries_secs=None,
         log_step_count_steps=config.log_step_count_steps or None, max_to_keep=config.keep_checkpoint_max,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours, lock=config.lock,
-        lease_secs=config.lease_secs, storage_options=config.storage_options, clock=clock)
+        lease_secs=config.lease_secs, storage_options=config.storage_options, clock=clock, init_fn=init_fn)
     session_box.append(session)
     return session
 

@@ -33,8 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hooks.checkpoint import CheckpointSaverListener
 
@@ -42,7 +41,8 @@ from supervisor.checkpoint import CheckpointRead, checkpoint_name, read_checkpoi
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
 from supervisor.estimator.evaluation import EvaluationLoop, StopReason
-from supervisor.estimator.exporters import RESULT_FILE, BestExporter, list_exports
+from supervisor.estimator.exporters import RESULT_FILE, BestExporter, list_exports, read_export_file
+from supervisor.estimator.locations import join, options_for
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.sidecar import evaluated_steps
 from supervisor.estimator.specs import EvalSpec, TrainSpec
@@ -78,7 +78,8 @@ class Evaluator:
         ``final`` or its step reaches ``max_training_steps``."""
         spec = self._spec
         if not isinstance(checkpoint, CheckpointRead):
-            checkpoint = read_checkpoint(checkpoint)
+            checkpoint = read_checkpoint(checkpoint, storage_options=options_for(
+                checkpoint, self._estimator.storage_options))
         checkpoint_path = checkpoint.path
         metrics = self._estimator.evaluate_checkpoint(checkpoint, spec.input_fn, steps=spec.steps,
                                                       name=spec.name, hooks=spec.hooks)
@@ -100,11 +101,10 @@ class Evaluator:
         return self._export(result.metrics, result.checkpoint_path, final, exporters)
 
     def _export(self, metrics: dict[str, Any], checkpoint_path: str, final: bool, exporters: Any) -> tuple:
-        base = os.path.join(self._estimator.model_dir, "export")
         results = []
         for exporter in exporters:
-            path = exporter.export(self._estimator, os.path.join(base, exporter.name), checkpoint_path,
-                                   metrics, final)
+            path = exporter.export(self._estimator, join(self._estimator.model_dir, "export", exporter.name),
+                                   checkpoint_path, metrics, final)
             if path is not None:
                 self._exported[exporter.name] = checkpoint_path
             results.append(path)
@@ -174,7 +174,7 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
 
     def _evaluate(self, session: Any, step: int, *, final: bool) -> None:
         manager = session.checkpoint_manager
-        path = os.path.join(manager.directory, checkpoint_name(manager.basename, step))
+        path = join(manager.directory, checkpoint_name(manager.basename, step))
         self.evaluate_path(path, step, final=final)
 
     def evaluate_path(self, path: str, step: int, *, final: bool) -> None:
@@ -225,7 +225,8 @@ def _run_local(estimator: Estimator, train_spec: TrainSpec,
                 "frequency is determined based on RunConfig arguments: save_checkpoints_steps %s or "
                 "save_checkpoints_secs %s.", config.save_checkpoints_steps, config.save_checkpoints_secs)
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
-    recorded = read_scalars(estimator.eval_dir(eval_spec.name))  # the record of what was evaluated
+    eval_dir = estimator.eval_dir(eval_spec.name)
+    recorded = read_scalars(eval_dir, options_for(eval_dir, estimator.storage_options))  # what was evaluated
     start_path = estimator.latest_checkpoint()
     start_step = None if start_path is None else estimator.checkpoint_step(start_path)
     listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs, start_step=start_step or 0,
@@ -254,8 +255,9 @@ def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfte
         listener.evaluate_path(path, step, final=final)
         return listener.result
     result = EvalResult(dict(metrics, global_step=step), path)
-    pending = [e for e in eval_spec.exporters if step not in exported_steps(
-        os.path.join(estimator.model_dir, "export", e.name))]
+    options = options_for(estimator.model_dir, estimator.storage_options)
+    pending = [e for e in eval_spec.exporters
+               if step not in exported_steps(join(estimator.model_dir, "export", e.name), options)]
     if not pending:
         logger.info("the checkpoint of step %d this run starts from was evaluated and exported before", step)
         return dataclasses.replace(result, export_results=tuple(None for _ in eval_spec.exporters))
@@ -266,14 +268,14 @@ def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfte
     return dataclasses.replace(result, export_results=tuple(by_name.get(e.name) for e in eval_spec.exporters))
 
 
-def exported_steps(export_path: str) -> set[int]:
+def exported_steps(export_path: str, storage_options: Mapping[str, Any] | None = None) -> set[int]:
     """The checkpoint steps of the complete exports under ``export_path`` (from their
-    ``eval_result.json``; an unreadable record counts as no export)."""
+    ``eval_result.json``; an unreadable record counts as no export); ``storage_options`` for a
+    URL."""
     steps = set()
-    for _, path in list_exports(export_path):
+    for _, path in list_exports(export_path, storage_options):
         try:
-            with open(os.path.join(path, RESULT_FILE), encoding="utf-8") as f:
-                steps.add(int(json.load(f)["global_step"]))
+            steps.add(int(json.loads(read_export_file(path, RESULT_FILE, storage_options))["global_step"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return steps
@@ -288,8 +290,10 @@ def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,
     last evaluated checkpoint is the final one: exporters that did not export it get it as final.
     """
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
-    done_before = evaluated_steps(estimator.eval_dir(eval_spec.name))
+    eval_dir = estimator.eval_dir(eval_spec.name)
+    done_before = evaluated_steps(eval_dir, options_for(eval_dir, estimator.storage_options))
     loop = EvaluationLoop(estimator.model_dir, evaluator.evaluate_and_export,
+                          storage_options=options_for(estimator.model_dir, estimator.storage_options),
                           start_delay_secs=eval_spec.start_delay_secs, throttle_secs=eval_spec.throttle_secs,
                           max_steps=train_spec.max_steps, skip_step=done_before.__contains__,
                           clock=estimator.clock)

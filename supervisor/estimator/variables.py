@@ -9,7 +9,7 @@ which the reader also lists, are not among them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from supervisor.checkpoint import RNG_KEY, SEPARATOR, CheckpointReader
 
@@ -20,19 +20,19 @@ def _is_variable(name: str) -> bool:
     return name != RNG_KEY and not name.startswith(RNG_KEY + SEPARATOR)
 
 
-def variable_names(checkpoint_path: str) -> list[str]:
-    """Every variable name of the checkpoint, in the saved order."""
-    with CheckpointReader(checkpoint_path) as reader:
+def variable_names(checkpoint_path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Every variable name of the checkpoint (a path or URL), in the saved order."""
+    with CheckpointReader(checkpoint_path, storage_options=storage_options) as reader:
         return [v.name for v in reader.variables() if _is_variable(v.name)]
 
 
-def variable_value(checkpoint_path: str, name: str) -> Any:
+def variable_value(checkpoint_path: str, name: str, storage_options: Mapping[str, Any] | None = None) -> Any:
     """The value named ``name``: a tensor in memory (a number as a 0-dim tensor).
 
     Raises:
         KeyError: ``name`` is not a variable, or names a group of them (e.g. ``"model"``).
     """
-    with CheckpointReader(checkpoint_path) as reader:
+    with CheckpointReader(checkpoint_path, storage_options=storage_options) as reader:
         if _is_variable(name) and reader.has_tensor(name):
             return reader.get_tensor(name)
         names = [v.name for v in reader.variables() if _is_variable(v.name)]
