@@ -43,7 +43,7 @@ class MotoServer(S3Server):
 
 def options(endpoint: str, **config: object) -> dict:
     return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
-            "config_kwargs": {**TEST_CONFIG, **config}, "skip_instance_cache": True}
+            "config_kwargs": {**TEST_CONFIG, **config}, "skip_instance_cache": False}
 
 
 @pytest.fixture(scope="session")
