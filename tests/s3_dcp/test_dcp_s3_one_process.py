@@ -1,0 +1,155 @@
+"""``checkpoint_format="dcp"`` on an ``s3://`` logdir in one process (issue 24 item 5, SPEC §12,
+§16), against the real moto server: the same commit protocol as the local sharded path in
+object-store form — the shards uploaded (checksummed while written, never read back), DCP's
+``.metadata``, then ``MANIFEST.json`` last and create-only, then the index with ``If-Match``,
+then retention; the readers (restore, verify, inspect, load_variable) on the URL. The 2-rank
+jobs are in test_dcp_s3_ranks.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
+
+import torch  # noqa: E402
+
+from supervisor import TrainingState  # noqa: E402
+from supervisor.checkpoint import list_variables, load_variable, read_checkpoint, verify_checkpoint  # noqa: E402
+from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into  # noqa: E402
+from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
+from supervisor.errors import CheckpointError  # noqa: E402
+from tests.s3_fixtures import options  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:torch.distributed is disabled"),
+              pytest.mark.filterwarnings("ignore:.*single process")]
+
+
+def _state(seed: int) -> TrainingState:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(3, 64)).sum().backward()
+    optimizer.step()  # Adam's state exists: it is saved and restored too
+    return TrainingState.from_arguments(model=model, optimizer=optimizer)
+
+
+def _values(state: TrainingState) -> dict[str, torch.Tensor]:
+    out = {f"model/{k}": v.clone() for k, v in state["model"].state_dict().items()}
+    for i, s in state["optimizer"].state_dict()["state"].items():
+        out.update({f"optimizer/{i}/{k}": v.clone() for k, v in s.items()})
+    return out
+
+
+@pytest.fixture
+def logdir(s3_root) -> str:
+    return s3_root + "/runs/sharded"
+
+
+@pytest.fixture
+def opts(s3_server) -> dict:
+    return options(s3_server.endpoint)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Bytes the object store's reads return, per object path."""
+    count: dict[str, int] = {}
+    real_range, real_versioned = ObjectStoreStorage.read_range, ObjectStoreStorage.read_versioned
+
+    def read_range(self, path, start, length, **kwargs):
+        data = real_range(self, path, start, length, **kwargs)
+        count[path] = count.get(path, 0) + len(data)
+        return data
+
+    def read_versioned(self, path, **kwargs):
+        data, info = real_versioned(self, path, **kwargs)
+        count[path] = count.get(path, 0) + len(data)
+        return data, info
+
+    monkeypatch.setattr(ObjectStoreStorage, "read_range", read_range)
+    monkeypatch.setattr(ObjectStoreStorage, "read_versioned", read_versioned)
+    return count
+
+
+def _manager(logdir: str, opts: dict, **kwargs) -> ShardedCheckpointManager:
+    manager = ShardedCheckpointManager(logdir, storage_options=opts, **kwargs)
+    manager.open()
+    return manager
+
+
+def test_a_sharded_save_commits_manifest_last_reads_nothing_back_and_restores(logdir, opts, s3_storage, counted):
+    state = _state(0)
+    manager = _manager(logdir, opts, max_to_keep=2)
+    try:
+        for step in (1, 2, 3):
+            path = manager.save(step, state, wait=True)
+        assert path == f"{logdir}/model.ckpt-3"
+    finally:
+        manager.close()
+    # No object of a checkpoint was read while saving: every checksum was computed while uploading.
+    assert not [p for p in counted if "/model.ckpt-" in p], counted
+    manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
+    assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "rng-0.pt"]
+    assert sorted(s3_storage.list_files(path)) == sorted([*manifest["files"], "MANIFEST.json"])
+    listed = s3_storage.list_objects(path)
+    assert {n: listed[n].size for n in manifest["files"]} == {n: r["bytes"] for n, r in manifest["files"].items()}
+    assert verify_checkpoint(path, storage_options=opts).step == 3  # every CRC-32 recorded matches
+    assert [n for n in s3_storage.listdir(logdir) if n.startswith("model.ckpt-")] == ["model.ckpt-2", "model.ckpt-3"]
+
+    fresh = _state(7)
+    restorer = _manager(logdir, opts)
+    try:
+        restored = restorer.restore(fresh)
+    finally:
+        restorer.close()
+    assert (restored.global_step, restored.path) == (3, path)
+    expected, got = _values(state), _values(fresh)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_verify_inspect_and_the_evaluators_read_touch_each_byte_at_most_once(logdir, opts, s3_storage, counted):
+    state = _state(1)
+    manager = _manager(logdir, opts)
+    try:
+        path = manager.save(5, state, wait=True)
+    finally:
+        manager.close()
+    manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
+    size = sum(r["bytes"] for r in manifest["files"].values()) + len(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
+    counted.clear()
+    verify_checkpoint(path, storage_options=opts)
+    assert sum(counted.values()) <= size and all(n <= size for n in counted.values()), counted
+    counted.clear()
+    read = read_checkpoint(path, storage_options=opts)
+    assert read.step == 5 and sum(counted.values()) == read.bytes_read == size
+    assert torch.equal(read.payload["model"]["2.bias"], state["model"].state_dict()["2.bias"])
+
+    names = dict(list_variables(logdir, storage_options=opts))
+    assert names["model/0.weight"] == (256, 64) and names["global_step"] == ()
+    counted.clear()
+    bias = load_variable(path, "model/2.bias", storage_options=opts)
+    assert torch.equal(bias, state["model"].state_dict()["2.bias"])
+    shards = sum(n for p, n in counted.items() if p.endswith(".distcp"))
+    assert 0 < shards < manifest["files"]["__0_0.distcp"]["bytes"] / 10, counted  # that tensor's bytes, by range
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    assert load_into(path, model, storage_options=opts) == 5
+    assert torch.equal(model[0].weight, state["model"][0].weight)
+
+
+def test_a_refused_index_write_fails_the_save_loudly_and_deletes_nothing(logdir, opts, s3_storage):
+    state = _state(2)
+    manager = _manager(logdir, opts, max_to_keep=1, save_mode="sync")
+    try:
+        manager.save(1, state)
+        other = b'model_checkpoint_path: "model.ckpt-1"\nall_model_checkpoint_paths: "model.ckpt-1"\n'
+        s3_storage.write_atomic(f"{logdir}/checkpoint", other)  # another writer moved the index
+        with pytest.raises(CheckpointError, match=r"model.ckpt-2.*publishing it failed.*PreconditionFailed"):
+            manager.save(2, state)
+    finally:
+        manager.close(failed=True)
+    assert s3_storage.read_bytes(f"{logdir}/checkpoint") == other  # never overwritten
+    for name in ("model.ckpt-1", "model.ckpt-2"):  # retention (max_to_keep=1) deleted nothing
+        assert s3_storage.exists(f"{logdir}/{name}/MANIFEST.json"), name
