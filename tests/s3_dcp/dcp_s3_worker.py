@@ -18,7 +18,8 @@ from tests.distributed.worker import emit, full_state, scenario, sharded, train_
 @scenario
 def dcp_s3_session(url: str, last_step: str, options: str, kind: str = "fsdp2") -> None:
     """A sharded model through MonitoredTrainingSession(checkpoint_format="dcp",
-    checkpoint_dir=url) until ``last_step``, saving every 2 steps. With
+    checkpoint_dir=url) until ``last_step``, saving every 2 steps; any world size (a restore
+    reshards). With
     ``SUPERVISOR_TEST_KILL_SEAL_AT=N`` the chief is SIGKILLed at step N's commit once every rank's
     shards are uploaded and the manifest is sealed, before it is written."""
     import hooks
@@ -32,10 +33,11 @@ def dcp_s3_session(url: str, last_step: str, options: str, kind: str = "fsdp2") 
                                   save_checkpoint_steps=2, log_step_count_steps=None, save_summaries_steps=None,
                                   stop_grace_secs=20, max_wait_secs=60, storage_options=json.loads(options)) as s:
         start = s.global_step
+        restored = full_state(model)  # what every rank restored (a collective: every rank, same point)
         while not s.should_stop():
             s.run(lambda: train_sharded_step(model, optimizer, s.global_step))
         end = s.global_step
-    emit({"start": start, "end": end, "full": full_state(model), "draw": torch.rand(1).item()})
+    emit({"start": start, "restored": restored, "end": end, "full": full_state(model), "draw": torch.rand(1).item()})
 
 
 def _kill_chief_before_the_manifest(step: int) -> None:
@@ -54,23 +56,6 @@ def _kill_chief_before_the_manifest(step: int) -> None:
 
     kill_at = step
     temp.TempCheckpoint.seal = dying_seal  # type: ignore[method-assign]
-
-
-@scenario
-def dcp_s3_restore(url: str, options: str, kind: str = "fsdp2") -> None:
-    """Every rank restores the checkpoint the chief chose from ``url`` into a differently
-    initialised model (resharding to this world size) through the manager of every front door."""
-    from supervisor import TrainingState
-    from supervisor.checkpoint.dcp import ShardedCheckpointManager
-
-    model, optimizer = sharded(7, kind)  # other initial values: all must come from the checkpoint
-    manager = ShardedCheckpointManager(url, storage_options=json.loads(options), max_wait_secs=60)
-    manager.open()
-    try:
-        restored = manager.restore(TrainingState.from_arguments(model=model, optimizer=optimizer))
-    finally:
-        manager.close()
-    emit({"path": restored.path, "step": restored.global_step, "full": full_state(model)})
 
 
 main = worker.main
