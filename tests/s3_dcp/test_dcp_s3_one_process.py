@@ -153,3 +153,32 @@ def test_a_refused_index_write_fails_the_save_loudly_and_deletes_nothing(logdir,
     assert s3_storage.read_bytes(f"{logdir}/checkpoint") == other  # never overwritten
     for name in ("model.ckpt-1", "model.ckpt-2"):  # retention (max_to_keep=1) deleted nothing
         assert s3_storage.exists(f"{logdir}/{name}/MANIFEST.json"), name
+
+
+def test_ls_verify_and_inspect_on_the_command_line(logdir, opts, s3_storage, counted, capsys):
+    from supervisor.cli import main
+
+    state = _state(3)
+    manager = _manager(logdir, opts)
+    try:
+        manager.save(4, state, wait=True)
+        manager.save(8, state, wait=True)
+    finally:
+        manager.close()
+    argv_opts = ["--storage-options", json.dumps(opts)]
+    assert main(["ls", "--json", logdir, *argv_opts]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["verified"], r["indexed"]) for r in rows] == [(4, True, False), (8, True, True)]
+    counted.clear()
+    assert main(["verify", "--json", f"{logdir}/model.ckpt-4", *argv_opts]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    manifest = s3_storage.stat(f"{logdir}/model.ckpt-4/MANIFEST.json").size
+    read = sum(n for p, n in counted.items() if p.startswith(f"{logdir}/model.ckpt-4/"))
+    assert row["verified"] and 0 < read <= row["bytes"] + manifest  # each object once: <= 1.0x (the index aside)
+    counted.clear()
+    assert main(["inspect", "--json", logdir, *argv_opts]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["step"] == 8 and shown["indexed"] and shown["path"] == f"{logdir}/model.ckpt-8"
+    names = {v["name"]: v for v in shown["variables"]}
+    assert names["model/0.weight"]["shape"] == [256, 64] and names["model/0.weight"]["bytes"] == 256 * 64 * 4
+    assert not [p for p in counted if p.endswith(".distcp")], counted  # names and shapes from .metadata alone
