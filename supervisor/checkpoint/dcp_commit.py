@@ -4,13 +4,18 @@
 thread (a synchronous save) or on the checkpoint writer's background thread (an asynchronous
 one; `stage` copied the state into CPU buffers first, on the training thread). Either way:
 
-1. the chief creates ``<name>.tmp-<hex>/`` and posts its path; the other ranks wait for it;
-2. every rank runs ``dcp.save`` into it (its ``__<rank>_*.distcp`` shards, fsynced; the
-   chief's DCP coordinator also writes ``.metadata``), writes ``rng-<rank>.pt`` and posts the
-   size and CRC-32 of each file it wrote;
+1. the chief stages the checkpoint (`TempCheckpoint.create`: locally ``<name>.tmp-<hex>/``; on
+   an object store the checkpoint's own prefix, cleared of a crashed writer's leftovers) and
+   posts its path; the other ranks wait for it;
+2. every rank runs ``dcp.save`` into it (its ``__<rank>_*.distcp`` shards; the chief's DCP
+   coordinator also writes ``.metadata``), writes ``rng-<rank>.pt`` and posts the size and
+   CRC-32 of each file it wrote — locally fsynced by DCP and checksummed from the page cache;
+   on an object store uploaded through the logdir's `Storage`
+   (`supervisor.checkpoint.dcp_storage.StorageDcpWriter`), checksummed while uploading;
 3. the chief waits for every rank's records — or the first failure — then seals the manifest
-   naming every file, renames, publishes (index, retention) and posts its verdict; the other
-   ranks wait for the verdict, so every rank reports the same outcome.
+   naming every file, checks its lease, commits (locally: manifest, rename; on an object store:
+   ``MANIFEST.json`` written last, create-only), publishes (index, retention) and posts its
+   verdict; the other ranks wait for the verdict, so every rank reports the same outcome.
 
 The small messages (path, records, verdict) travel through the process group's store, never
 a collective on the default group: from a background thread that would race the training
@@ -18,7 +23,8 @@ thread's collectives (DDP's, the agreement's). ``dcp.save``'s own collectives (p
 final metadata gather) run on ``group``: a gloo group of the manager's own for background
 saves, the default group for saves on the training thread. Until the chief has every rank's
 records nothing is sealed, so a crash or a SIGKILL at any point leaves only the temp directory
-(removed when a writer next opens the logdir), never a published incomplete checkpoint.
+or a manifest-less prefix (removed, with a WARNING, when a writer next opens the logdir), never
+a published incomplete checkpoint.
 
 Store keys are ``supervisor/dcp/<torchrun attempt>/<save number>/...``: every rank numbers its
 saves in the same order (`next_save_key`, called on the training thread), as they are
