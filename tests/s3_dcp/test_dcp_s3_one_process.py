@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import list_variables, load_variable, read_checkpoint, verify_checkpoint  # noqa: E402
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into  # noqa: E402
+from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into, restore_sharded  # noqa: E402
 from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
 from supervisor.errors import CheckpointError  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
@@ -51,15 +51,22 @@ def opts(s3_server) -> dict:
     return options(s3_server.endpoint)
 
 
+class Reads(dict):
+    """Bytes the object store's reads returned, per object path; `requests`: each (path, length)."""
+
+    requests: list[tuple[str, int]]
+
+
 @pytest.fixture
 def counted(monkeypatch):
-    """Bytes the object store's reads return, per object path."""
-    count: dict[str, int] = {}
+    count = Reads()
+    count.requests = []
     real_range, real_versioned = ObjectStoreStorage.read_range, ObjectStoreStorage.read_versioned
 
     def read_range(self, path, start, length, **kwargs):
         data = real_range(self, path, start, length, **kwargs)
         count[path] = count.get(path, 0) + len(data)
+        count.requests.append((path, len(data)))
         return data
 
     def read_versioned(self, path, **kwargs):
@@ -89,6 +96,7 @@ def test_a_sharded_save_commits_manifest_last_reads_nothing_back_and_restores(lo
         manager.close()
     # No object of a checkpoint was read while saving: every checksum was computed while uploading.
     assert not [p for p in counted if "/model.ckpt-" in p], counted
+    counted.clear()
     manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
     assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "rng-0.pt"]
     assert sorted(s3_storage.list_files(path)) == sorted([*manifest["files"], "MANIFEST.json"])
@@ -104,6 +112,11 @@ def test_a_sharded_save_commits_manifest_last_reads_nothing_back_and_restores(lo
     finally:
         restorer.close()
     assert (restored.global_step, restored.path) == (3, path)
+    # The load alone (the chief verified before): the shard's items coalesced into one request.
+    counted.requests.clear()
+    restore_sharded(path, _state(8), step=3, storage=restorer.storage)
+    shard = [n for p, n in counted.requests if p.endswith("__0_0.distcp")]
+    assert shard == [manifest["files"]["__0_0.distcp"]["bytes"]], counted.requests
     expected, got = _values(state), _values(fresh)
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
@@ -182,3 +195,15 @@ def test_ls_verify_and_inspect_on_the_command_line(logdir, opts, s3_storage, cou
     names = {v["name"]: v for v in shown["variables"]}
     assert names["model/0.weight"]["shape"] == [256, 64] and names["model/0.weight"]["bytes"] == 256 * 64 * 4
     assert not [p for p in counted if p.endswith(".distcp")], counted  # names and shapes from .metadata alone
+
+
+def test_the_ranges_a_restore_reads_are_coalesced_per_file():
+    from types import SimpleNamespace as Info
+
+    from supervisor.checkpoint.dcp_storage import COALESCE_GAP, wanted_ranges
+
+    infos = [Info(relative_path="__0_0.distcp", offset=o, length=n) for o, n in ((100, 50), (0, 100), (400, 10))]
+    infos += [Info(relative_path="__1_0.distcp", offset=0, length=10),
+              Info(relative_path="__1_0.distcp", offset=10 + COALESCE_GAP + 1, length=5)]
+    assert wanted_ranges(infos) == {"__0_0.distcp": [(0, 410)],
+                                    "__1_0.distcp": [(0, 10), (11 + COALESCE_GAP, 16 + COALESCE_GAP)]}
