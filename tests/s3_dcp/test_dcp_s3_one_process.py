@@ -207,3 +207,24 @@ def test_the_ranges_a_restore_reads_are_coalesced_per_file():
               Info(relative_path="__1_0.distcp", offset=10 + COALESCE_GAP + 1, length=5)]
     assert wanted_ranges(infos) == {"__0_0.distcp": [(0, 410)],
                                     "__1_0.distcp": [(0, 10), (11 + COALESCE_GAP, 16 + COALESCE_GAP)]}
+
+
+def test_a_chief_that_lost_its_lease_uploads_but_commits_nothing(logdir, opts, s3_storage):
+    import time
+
+    from supervisor.checkpoint.lease import Lease
+    from supervisor.testing import FakeClock
+
+    state = _state(4)
+    manager = _manager(logdir, opts, lease_secs=30, save_mode="sync")
+    try:
+        manager.save(1, state)
+        # A writer whose clock runs far ahead sees the lease expired and takes it over.
+        Lease(s3_storage, logdir, lease_secs=30, clock=FakeClock(start_secs=time.time() + 300)).acquire(renew=False)
+        with pytest.raises(CheckpointError, match="model.ckpt-2.*LeaseLostError: .*another writer took it over"):
+            manager.save(2, state)
+    finally:
+        manager.close(failed=True)
+    assert not s3_storage.isdir(f"{logdir}/model.ckpt-2")  # checked right before the manifest: nothing left
+    assert [n for n in s3_storage.listdir(logdir) if n.startswith("model.ckpt")] == ["model.ckpt-1"]
+    assert 'model_checkpoint_path: "model.ckpt-1"' in s3_storage.read_bytes(f"{logdir}/checkpoint").decode()
