@@ -19,14 +19,16 @@ from tests.distributed.worker import emit, full_state, scenario, sharded, train_
 def dcp_s3_session(url: str, last_step: str, options: str, kind: str = "fsdp2") -> None:
     """A sharded model through MonitoredTrainingSession(checkpoint_format="dcp",
     checkpoint_dir=url) until ``last_step``, saving every 2 steps; any world size (a restore
-    reshards). With
-    ``SUPERVISOR_TEST_KILL_SEAL_AT=N`` the chief is SIGKILLed at step N's commit once every rank's
-    shards are uploaded and the manifest is sealed, before it is written."""
+    reshards). With ``SUPERVISOR_TEST_KILL_SEAL_AT=N`` the chief is SIGKILLed at step N's commit
+    once every rank's shards are uploaded and the manifest is sealed, before it is written; with
+    ``SUPERVISOR_TEST_KILL_UPLOAD_AT=N`` rank 1 is SIGKILLed in the middle of uploading its shard
+    of step N (written, the upload not completed)."""
     import hooks
     from supervisor import MonitoredTrainingSession
 
     model, optimizer = sharded(0, kind)
     _kill_chief_before_the_manifest(int(os.environ.get("SUPERVISOR_TEST_KILL_SEAL_AT", "-1")))
+    _kill_rank_1_mid_upload(int(os.environ.get("SUPERVISOR_TEST_KILL_UPLOAD_AT", "-1")))
     torch.manual_seed(1000 + dist.get_rank())  # each rank's own RNG stream (a restore replaces it)
     with MonitoredTrainingSession(checkpoint_dir=url, model=model, optimizer=optimizer, checkpoint_format="dcp",
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step))],
@@ -56,6 +58,22 @@ def _kill_chief_before_the_manifest(step: int) -> None:
 
     kill_at = step
     temp.TempCheckpoint.seal = dying_seal  # type: ignore[method-assign]
+
+
+def _kill_rank_1_mid_upload(step: int) -> None:
+    if step < 0 or dist.get_rank() != 1:
+        return
+    from supervisor.checkpoint import object_io
+
+    sync = object_io.MultipartWriter.sync
+
+    def dying_sync(self: Any) -> None:
+        if f"model.ckpt-{step}/__1_" in self.path:
+            print(f"killing rank 1 in the middle of uploading {self.path} ({self.nbytes} bytes written)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        sync(self)
+
+    object_io.MultipartWriter.sync = dying_sync  # type: ignore[method-assign]
 
 
 main = worker.main

@@ -3,9 +3,10 @@ and the real moto server (issue 24 item 5, SPEC §12, §16), through the front d
 (``MonitoredTrainingSession(checkpoint_format="dcp", checkpoint_dir="s3://...")``): every rank
 uploads its shards into the checkpoint's prefix and the chief writes ``MANIFEST.json`` last; a
 run resumes on another world size (resharding) with exactly the saved values; a chief SIGKILLed
-after every shard was uploaded but before the manifest leaves no checkpoint — the next run
-removes the prefix (WARNING), resumes from the previous checkpoint and ends bit-identical to an
-uninterrupted run. (Each job is mostly process start-up: four jobs in all.)"""
+after every shard was uploaded but before the manifest, or rank 1 SIGKILLed mid-upload, leaves
+no checkpoint — the next run removes what is left (WARNING), resumes from the previous
+checkpoint and ends bit-identical to an uninterrupted run. (Each job is mostly process start-up:
+five jobs in all.)"""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import pytest
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 from supervisor.checkpoint import latest_checkpoint, verify_checkpoint  # noqa: E402
+from supervisor.checkpoint.dcp import ShardedCheckpointManager, choose_checkpoint  # noqa: E402
 from supervisor.checkpoint.lease import LEASE_DIR  # noqa: E402
 from tests.distributed.harness import describe, run_job  # noqa: E402
 from tests.s3_fixtures import make_bucket, options  # noqa: E402
@@ -83,3 +85,23 @@ def test_a_chief_killed_before_the_manifest_leaves_no_checkpoint_and_the_next_ru
     assert [r["draw"] for r in results] == [r["draw"] for r in reference]  # each rank's RNG stream
     for step in (2, 4, 6):
         verify_checkpoint(f"{url}/model.ckpt-{step}", storage_options=opts)
+
+
+def test_a_rank_killed_mid_upload_fails_the_save_on_every_rank_and_leaves_no_checkpoint(
+        s3_server, s3_storage, s3_root):
+    opts = options(s3_server.endpoint)
+    url = s3_root + "/run"
+    killed = _session(2, url, 6, opts, after_rank0_secs=30, extra_env={"SUPERVISOR_TEST_KILL_UPLOAD_AT": "4"})
+    assert "killing rank 1 in the middle of uploading" in killed[1].output, describe(killed)
+    assert killed[0].returncode != 0 and killed[1].returncode == -9
+    assert "model.ckpt-4 failed" in killed[0].output  # the chief failed the save instead of sealing it
+    assert not s3_storage.isdir(f"{url}/model.ckpt-4")  # what rank 0 had uploaded was removed
+    assert latest_checkpoint(url, storage_options=opts) == f"{url}/model.ckpt-2"
+    # The next writer opening the logdir (the chief of the next run; here in-process) restores
+    # from the previous checkpoint: see the test above for the bit-exact resume.
+    manager = ShardedCheckpointManager(url, storage_options=opts)
+    manager.open()
+    try:
+        assert choose_checkpoint(url, "model.ckpt", storage=manager.storage) == (f"{url}/model.ckpt-2", 2)
+    finally:
+        manager.close()
