@@ -329,7 +329,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
     elif checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
-        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,
+        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,  # every rank's
+                                           storage_options=_options_for(checkpoint_dir, storage_options),
                                            **options)  # save_mode too (async by default)
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)

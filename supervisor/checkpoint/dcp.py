@@ -19,6 +19,15 @@ manifest naming every file, renames the directory, publishes the index (retentio
 rank removes the temp directory and fails the save on every rank; a crash or SIGKILL at any
 point leaves only the temp directory, never a published incomplete checkpoint.
 
+On an object store (an ``s3://`` logdir, SPEC §16) the same protocol commits in place: the
+checkpoint's prefix ``model.ckpt-100/`` is the staging area, every rank uploads its shards there
+through the logdir's storage (`supervisor.checkpoint.dcp_storage`: DCP's writer and reader over
+the storage seam — multipart uploads checksummed while written, ``.metadata`` uploaded once
+instead of DCP's write-then-rename, ranged reads at a restore), and the chief writes
+``MANIFEST.json`` last with a create-only write, then the index with ``If-Match``; a prefix
+without a manifest is no checkpoint, and the next writer opening the logdir removes it. Every
+rank's manager needs the client options (``storage_options=``; the front doors pass theirs).
+
 Saves are **asynchronous** by default (`ShardedCheckpointManager`, ``save_mode="async"``): the
 training thread only copies the state into reused CPU buffers (DTensors as their local shards,
 re-wrapped without a collective) and captures the RNG and loader-generator states; a background

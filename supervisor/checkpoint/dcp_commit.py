@@ -4,13 +4,18 @@
 thread (a synchronous save) or on the checkpoint writer's background thread (an asynchronous
 one; `stage` copied the state into CPU buffers first, on the training thread). Either way:
 
-1. the chief creates ``<name>.tmp-<hex>/`` and posts its path; the other ranks wait for it;
-2. every rank runs ``dcp.save`` into it (its ``__<rank>_*.distcp`` shards, fsynced; the
-   chief's DCP coordinator also writes ``.metadata``), writes ``rng-<rank>.pt`` and posts the
-   size and CRC-32 of each file it wrote;
+1. the chief stages the checkpoint (`TempCheckpoint.create`: locally ``<name>.tmp-<hex>/``; on
+   an object store the checkpoint's own prefix, cleared of a crashed writer's leftovers) and
+   posts its path; the other ranks wait for it;
+2. every rank runs ``dcp.save`` into it (its ``__<rank>_*.distcp`` shards; the chief's DCP
+   coordinator also writes ``.metadata``), writes ``rng-<rank>.pt`` and posts the size and
+   CRC-32 of each file it wrote — locally fsynced by DCP and checksummed from the page cache;
+   on an object store uploaded through the logdir's `Storage`
+   (`supervisor.checkpoint.dcp_storage.StorageDcpWriter`), checksummed while uploading;
 3. the chief waits for every rank's records — or the first failure — then seals the manifest
-   naming every file, renames, publishes (index, retention) and posts its verdict; the other
-   ranks wait for the verdict, so every rank reports the same outcome.
+   naming every file, checks its lease, commits (locally: manifest, rename; on an object store:
+   ``MANIFEST.json`` written last, create-only), publishes (index, retention) and posts its
+   verdict; the other ranks wait for the verdict, so every rank reports the same outcome.
 
 The small messages (path, records, verdict) travel through the process group's store, never
 a collective on the default group: from a background thread that would race the training
@@ -18,7 +23,8 @@ thread's collectives (DDP's, the agreement's). ``dcp.save``'s own collectives (p
 final metadata gather) run on ``group``: a gloo group of the manager's own for background
 saves, the default group for saves on the training thread. Until the chief has every rank's
 records nothing is sealed, so a crash or a SIGKILL at any point leaves only the temp directory
-(removed when a writer next opens the logdir), never a published incomplete checkpoint.
+or a manifest-less prefix (removed, with a WARNING, when a writer next opens the logdir), never
+a published incomplete checkpoint.
 
 Store keys are ``supervisor/dcp/<torchrun attempt>/<save number>/...``: every rank numbers its
 saves in the same order (`next_save_key`, called on the training thread), as they are
@@ -30,7 +36,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +46,7 @@ from supervisor.checkpoint.fileio import checksum_file
 from supervisor.checkpoint.format import FileRecord
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.staging import StagingArea
+from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.temp import TempCheckpoint
 from supervisor.errors import CheckpointError
 
@@ -176,10 +182,15 @@ class ShardedSave:
     timeout_secs: float = 1800.0
     publish: Callable[[str, float], Any] | None = field(default=None, repr=False)
     before_commit: Callable[[], Any] | None = field(default=None, repr=False)  # the chief's lease check
+    storage: Storage | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.storage is None:
+            self.storage = storage_for(self.directory)
 
     @property
     def path(self) -> str:
-        return os.path.join(self.directory, self.name)
+        return self.storage.join(self.directory, self.name)  # type: ignore[union-attr]
 
 
 def commit(save: ShardedSave, channel: Channel) -> str:
@@ -217,7 +228,7 @@ def _chief(save: ShardedSave, channel: Channel, deadline: float) -> str:
     """The chief's part: temp directory, own files, the others' records, seal; the verdict is
     posted whatever happens (an unexpected error too), so no rank waits for it in vain."""
     try:
-        temp = TempCheckpoint.create(save.directory, save.name)
+        temp = TempCheckpoint.create(save.directory, save.name, save.storage)
     except OSError as e:
         verdict = f"rank 0 cannot create the temp directory: {type(e).__name__}: {e}"
         channel.post(f"{save.key}/path", {"error": verdict})
@@ -235,23 +246,52 @@ def _chief(save: ShardedSave, channel: Channel, deadline: float) -> str:
 
 
 def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
-    """This rank's files: its DCP shards (fsynced by DCP), its RNG file, and the size and CRC-32
-    of each (read back from the page cache). Never raises: the outcome goes to the chief."""
-    import torch.distributed.checkpoint as dcp
+    """This rank's files: its DCP shards, its RNG file, and the size and CRC-32 of each. Never
+    raises: the outcome goes to the chief.
+
+    Locally DCP's ``FileSystemWriter`` fsyncs the shards and their checksums are read back from
+    the page cache; on an object store (``storage.stages_in_place``) the shards are uploaded by
+    `supervisor.checkpoint.dcp_storage.StorageDcpWriter`, checksummed while written (no read)."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     try:
-        dcp.save(save.state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
-                 process_group=save.group, no_dist=not distributed.is_initialized())
-        own = TempCheckpoint.attach(path)
+        storage = save.storage
+        own = TempCheckpoint(storage.dirname(path), storage.basename(path), path, storage)  # type: ignore[union-attr]
+        if storage.stages_in_place:  # type: ignore[union-attr]
+            records = _save_to_object_store(path, save, storage)  # type: ignore[arg-type]
+        else:
+            records = _save_to_directory(path, save)
         if save.rng is not None:
             own.write_file(f"rng-{save.rank}.pt", lambda w: serialize(save.rng, w))
-        records = {f: list(checksum_file(own.storage.join(path, f)))  # fsynced by DCP: read, not synced again
-                   for f in own.storage.listdir(path) if f.startswith(f"__{save.rank}_")}
         records.update({f: [r.size, r.checksum] for f, r in own.records.items()})
         return {"ok": True, "message": "", "records": records}
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported to the chief, raised on every rank
         return {"ok": False, "message": f"rank {save.rank}: {_describe(e)}", "records": {}}
+
+
+def _save_to_directory(path: str, save: ShardedSave) -> dict[str, list]:
+    """``dcp.save`` into a local temp directory (fsynced by DCP); each shard's size and CRC-32
+    read back from the page cache (``.metadata`` is checksummed by the chief's seal)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(save.state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
+             process_group=save.group, no_dist=not distributed.is_initialized())
+    own = TempCheckpoint.attach(path)
+    return {f: list(checksum_file(own.storage.join(path, f)))  # fsynced by DCP: read, not synced again
+            for f in own.storage.listdir(path) if f.startswith(f"__{save.rank}_")}
+
+
+def _save_to_object_store(path: str, save: ShardedSave, storage: Storage) -> dict[str, list]:
+    """``dcp.save`` uploading into the checkpoint prefix; the records of every file this rank
+    wrote (on the chief ``.metadata`` too), computed while uploading."""
+    import torch.distributed.checkpoint as dcp
+
+    from supervisor.checkpoint.dcp_storage import StorageDcpWriter  # lazy: imports DCP
+
+    writer = StorageDcpWriter(storage, path)
+    dcp.save(save.state_dict, storage_writer=writer, process_group=save.group,
+             no_dist=not distributed.is_initialized())
+    return {f: [r.size, r.checksum] for f, r in writer.records.items()}
 
 
 def _describe(error: BaseException) -> str:

@@ -8,6 +8,7 @@ which builds on this module).
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 from typing import Any, Iterable, Mapping
@@ -19,7 +20,7 @@ from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_reading import safe_dcp_load
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
-from supervisor.checkpoint.storage import storage_for
+from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.verify import DCP_METADATA
 from supervisor.distributed.rng import restore_for_rank
 from supervisor.errors import CheckpointError
@@ -81,14 +82,16 @@ def apply_state_dict(state: TrainingState, loaded: Mapping[str, Any]) -> None:
 
 # ---------------------------------------------------------------- saving
 def save_sharded(directory: str, basename: str, step: int, state: TrainingState, *, wall_time: float,
-                 publish: Any = None, save_rng: bool = True, timeout_secs: float = 1800.0) -> str:
+                 publish: Any = None, save_rng: bool = True, timeout_secs: float = 1800.0,
+                 storage: Storage | None = None) -> str:
     """Every rank's shards of ``state`` as the committed checkpoint ``<basename>-<step>``,
     synchronously, on the calling (training) thread.
 
     A collective over the default group (every rank calls it at the same step); the commit
     protocol is `supervisor.checkpoint.dcp_commit.commit`. ``publish(name, wall_time)`` runs on
-    the chief after the rename (index and retention; e.g. a `CheckpointManager`'s). Returns the
-    committed path.
+    the chief after the commit (index and retention; e.g. a `CheckpointManager`'s). ``storage``:
+    the logdir's (an object store needs its client options on every rank; default: the one the
+    path names). Returns the committed path.
 
     Raises:
         CheckpointError: on every rank, when any rank failed (the temp directory is removed).
@@ -98,13 +101,14 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
     save = dcp_commit.ShardedSave(
         directory, checkpoint_name(basename, step), int(step), wall_time, build_state_dict(state),
         capture_rng_state(loader_generators(state)) if save_rng else None, key,
-        rank=rank, world_size=size, timeout_secs=timeout_secs, publish=publish if rank == 0 else None)
+        rank=rank, world_size=size, timeout_secs=timeout_secs, publish=publish if rank == 0 else None,
+        storage=storage)
     return dcp_commit.commit(save, dcp_commit.channel_for())
 
 
 # ---------------------------------------------------------------- restoring
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
-                    trusted_globals: Iterable[Any] = ()) -> Restored:
+                    trusted_globals: Iterable[Any] = (), storage: Storage | None = None) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
@@ -113,10 +117,15 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     Nothing in the checkpoint can run code (`supervisor.checkpoint.dcp_reading.safe_dcp_load`):
     a global outside DCP's metadata classes, or outside ``trusted_globals`` in a non-tensor
     entry, is refused with a `CheckpointError` naming it.
+
+    ``storage``: the logdir's (default: the one ``path`` names). On an object store each rank
+    reads only the byte ranges of the shards it needs (ranged reads of the versions listed once).
     """
+    storage = storage if storage is not None else storage_for(path)
     live = resume.live_iterators(state)  # exact resume: checked before the load
     try:
-        _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals)
+        _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals,
+              storage=storage)
     except CheckpointError:
         raise
     except Exception as e:
@@ -125,32 +134,35 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     where = f"{path} (step {step})"
     resume.prime_loaders(state, live, where)  # may draw from the RNG, so before it is restored
     if restore_rng:
-        _restore_rng(path, step, state, distributed.rank())
+        _restore_rng(path, step, state, distributed.rank(), storage)
     return Restored(global_step=step, path=path)
 
 
-def _load(path: str, state: TrainingState, *, no_dist: bool, trusted_globals: Iterable[Any]) -> None:
+def _load(path: str, state: TrainingState, *, no_dist: bool, trusted_globals: Iterable[Any],
+          storage: Storage) -> None:
     state_dict = build_state_dict(state)
-    safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals)
+    safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals, storage=storage)
     apply_state_dict(state, state_dict)
 
 
-def _restore_rng(path: str, step: int, state: TrainingState, rank: int) -> None:
+def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage: Storage) -> None:
     """``rank``'s ``rng-<rank>.pt`` (global generators and the state's loader generators), or
     a derived seed when the checkpoint has none for ``rank`` (the world size changed)."""
     where = f"{path} (step {step})"
-    files = {int(f[4:-3]): f for f in storage_for(path).listdir(path)
+    files = {int(f[4:-3]): f for f in storage.listdir(path)
              if f.startswith("rng-") and f.endswith(".pt") and f[4:-3].isdigit()}
     if not files:
         logger.warning("%s has no RNG state; the random generators continue from their current state", path)
     elif rank in files:
-        resume.restore_rng(safe_torch_load(os.path.join(path, files[rank]), step=step), state, where=where)
+        name = storage.join(path, files[rank])
+        source = io.BytesIO(storage.read_bytes(name)) if storage.stages_in_place else name  # an object: in memory
+        resume.restore_rng(safe_torch_load(source, step=step, shown_as=name), state, where=where)
     else:
         restore_for_rank(dict.fromkeys(files), rank, step=step, where=where)  # only the keys matter
 
 
 def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", restore_rng: bool = True,
-              trusted_globals: Iterable[Any] = ()) -> int:
+              trusted_globals: Iterable[Any] = (), storage_options: Mapping[str, Any] | None = None) -> int:
     """Loads a DCP checkpoint into a plain, non-distributed module (its ``"model"`` entry) or
     `TrainingState` in this one process — for evaluation, export, or resuming a one-process run
     from a sharded checkpoint. Verifies it first.
@@ -162,24 +174,28 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", res
     loader's position, say) hold the one copy DCP kept (it writes each such entry once, from one
     rank). Into a plain module no RNG is touched. Unpickling is restricted as in
     `restore_sharded` (``trusted_globals``: the classes a non-tensor entry may hold).
+    ``path`` may be an object-store URL (``storage_options``: its client's options); the
+    checkpoint is then read twice (verified, then loaded by ranged reads) — an evaluator reads
+    it once with `supervisor.load_checkpoint`.
 
     Returns:
         The checkpoint's step.
     """
     path = os.fspath(path)
-    manifest = check_checkpoint(path, verify=verify)
+    storage = storage_for(path, storage_options)
+    manifest = check_checkpoint(path, verify=verify, storage=storage)
     if DCP_METADATA not in manifest.files:
         raise CheckpointError(f"{path} is not a sharded (checkpoint_format='dcp') checkpoint; use "
                               "supervisor.load_checkpoint or restore_partial")
     if isinstance(target, TrainingState):
         live = resume.live_iterators(target)
-        _load(path, target, no_dist=True, trusted_globals=trusted_globals)
+        _load(path, target, no_dist=True, trusted_globals=trusted_globals, storage=storage)
         resume.prime_loaders(target, live, f"{path} (step {manifest.step})")
         if restore_rng:
-            _restore_rng(path, manifest.step, target, 0)
+            _restore_rng(path, manifest.step, target, 0, storage)
     else:
         module = unwrap_module(target)
         state_dict = {"model": module.state_dict()}
-        safe_dcp_load(state_dict, path, no_dist=True, trusted_globals=trusted_globals)
+        safe_dcp_load(state_dict, path, no_dist=True, trusted_globals=trusted_globals, storage=storage)
         module.load_state_dict(state_dict["model"])
     return manifest.step

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from supervisor import distributed
 from supervisor._validate import check_choice, check_number
@@ -129,8 +129,18 @@ class ShardedCheckpointManager(ManagerCommon):
             background group's collective timeout, and the waits on the store).
         lock, lease_secs: the chief's writer lock, as `CheckpointManager` (default ``"auto"``:
             ``"flock"`` on a local path; use ``"lease"`` on NFS/Lustre, where ``flock`` may be
-            node-local). The chief checks it right before sealing each save: a chief that lost
-            its lease commits nothing and the save fails on every rank, naming `LeaseLostError`.
+            node-local; on an object store ``"auto"`` is the lease). The chief checks it right
+            before sealing each save: a chief that lost its lease commits nothing and the save
+            fails on every rank, naming `LeaseLostError`.
+        storage_options: for an object-store ``directory`` (``s3://bucket/prefix``), the
+            client's options, as `CheckpointManager` — needed on **every** rank: each uploads
+            its own shards (``dcp_storage.StorageDcpWriter``: checksummed while uploading) and
+            reads its own part at a restore. The commit is the same protocol in object-store
+            form: every rank uploads into the checkpoint's prefix, the chief — once every rank
+            reported — has DCP's ``.metadata`` uploaded, checks its lease, writes
+            ``MANIFEST.json`` last (create-only), then the index (``If-Match``), then retention.
+            A save cut short leaves a manifest-less prefix, never a checkpoint; the next writer
+            opening the logdir removes it (WARNING).
     """
 
     collective = True  # every rank calls save() at the same step
@@ -140,17 +150,15 @@ class ShardedCheckpointManager(ManagerCommon):
                  save_mode: str = "async", verify: str = "full", save_rng: bool = True,
                  trusted_globals: Any = (), max_wait_secs: float = 7200, save_timeout_secs: float = 1800.0,
                  clock: Any = None, capture: str = "auto", copier: Any = None, lock: str = "auto",
-                 lease_secs: float | None = None) -> None:
+                 lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         self._chief = distributed.rank() == 0
         inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
-                                  trusted_globals=trusted_globals, clock=clock, lock=lock, lease_secs=lease_secs)
-        if inner.storage.stages_in_place:  # DCP's FileSystemWriter writes local files only
-            raise ValueError(f"checkpoint_format='dcp' needs a local or shared-filesystem directory, not "
-                             f"{inner.directory!r}; use checkpoint_format='torch' on an object store")
+                                  trusted_globals=trusted_globals, clock=clock, lock=lock, lease_secs=lease_secs,
+                                  storage_options=storage_options)
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
-        self.storage = inner.storage  # the logdir's Storage (finished mark, index reads)
+        self.storage = inner.storage  # the logdir's Storage: every rank's shards, the finished mark, the index
         self.lock, self.lease_secs = inner.lock, inner.lease_secs
         self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
@@ -186,7 +194,7 @@ class ShardedCheckpointManager(ManagerCommon):
 
     def path_of(self, step: int) -> str:
         """The path the checkpoint of ``step`` is committed to."""
-        return os.path.join(self.directory, checkpoint_name(self.basename, step))
+        return self.storage.join(self.directory, checkpoint_name(self.basename, step))
 
     def open(self) -> None:
         if self._inner is not None:
@@ -252,7 +260,8 @@ class ShardedCheckpointManager(ManagerCommon):
             key, rank=rank, world_size=size, group=self._group if background else None,
             timeout_secs=self.save_timeout_secs,
             publish=self._inner.publish if self._inner is not None else None,
-            before_commit=self._inner.check_writer if self._inner is not None else None), pending
+            before_commit=self._inner.check_writer if self._inner is not None else None,
+            storage=self.storage), pending
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,
              pending: PendingCopy | None = None) -> None:
@@ -329,11 +338,11 @@ class ShardedCheckpointManager(ManagerCommon):
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
         if not distributed.is_distributed():
-            choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
+            choice = choose_checkpoint(self.directory, self.basename, verify=self.verify, storage=self.storage)
         elif self._chief:
             key = restore_channel.next_key()
             try:
-                choice = choose_checkpoint(self.directory, self.basename, verify=self.verify)
+                choice = choose_checkpoint(self.directory, self.basename, verify=self.verify, storage=self.storage)
             except BaseException as e:
                 restore_channel.publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
                 raise
@@ -348,7 +357,7 @@ class ShardedCheckpointManager(ManagerCommon):
         if choice is None:
             return None
         restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng,
-                                   trusted_globals=self.trusted_globals)
+                                   trusted_globals=self.trusted_globals, storage=self.storage)
         self._last_saved_step = self._last_committed_step = restored.global_step
         return restored
 

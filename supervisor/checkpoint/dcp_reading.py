@@ -215,11 +215,13 @@ def safe_load_planner(path: str, trusted_globals: Iterable[Any] = ()) -> Any:
 
 
 def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True,
-                  trusted_globals: Iterable[Any] = ()) -> None:
+                  trusted_globals: Iterable[Any] = (), storage: Storage | None = None) -> None:
     """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)`` that cannot run code
     from the checkpoint: ``.metadata`` through the allowlist (`safe_file_reader`), non-tensor
     entries through `safe_torch_load` (`safe_load_planner`). Every restore of a sharded
-    checkpoint loads through here (never ``dcp.load`` directly).
+    checkpoint loads through here (never ``dcp.load`` directly). ``storage``: the checkpoint's
+    (default: the local one); on an object store the shards are read by ranged requests
+    (`supervisor.checkpoint.dcp_storage.StorageDcpReader`): only what ``state_dict`` needs.
 
     Raises:
         CheckpointError: the checkpoint references a global that is not allowed (named).
@@ -228,10 +230,20 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
     """
     import torch.distributed.checkpoint as dcp
 
-    metadata = read_metadata_file(path)  # first: a refused global is raised as is, not wrapped by DCP
-    with _unwrapped_errors(path, damage=False):
-        dcp.load(state_dict, storage_reader=safe_file_reader(path, metadata),
-                 planner=safe_load_planner(path, trusted_globals), no_dist=no_dist)
+    storage = storage or _LOCAL
+    metadata = read_metadata_file(path, storage)  # first: a refused global is raised as is, not wrapped by DCP
+    if storage.stages_in_place:  # an object store
+        from supervisor.checkpoint.dcp_storage import StorageDcpReader  # lazy: imports DCP
+
+        reader = StorageDcpReader(storage, path, metadata)
+    else:
+        reader = safe_file_reader(path, metadata)
+    try:
+        with _unwrapped_errors(path, damage=False):
+            dcp.load(state_dict, storage_reader=reader, planner=safe_load_planner(path, trusted_globals),
+                     no_dist=no_dist)
+    finally:
+        getattr(reader, "close", lambda: None)()
 
 
 def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, trusted_globals: Iterable[Any] = (),

@@ -49,8 +49,10 @@ with ``If-Match`` on the ETag listed, so every byte comes from one version): the
 and dtypes, and each tensor's offset in the object (``_checkpoint_offset``, which torch sets for
 meta loads). `CheckpointReader.get_tensor` then reads exactly that tensor's bytes with one
 ranged request. (torch.save's zip format allows this because its records are stored, not
-compressed; a safetensors file would give the same offsets from its JSON header.) Sharded
-checkpoints on object stores are read whole with `supervisor.load_checkpoint`.
+compressed; a safetensors file would give the same offsets from its JSON header.) A sharded
+checkpoint on an object store is listed from its ``.metadata`` alone (sizes checked against the
+listing), and `CheckpointReader.get_tensor` reads exactly the byte ranges of that tensor's
+shards (`supervisor.checkpoint.dcp_storage.StorageDcpReader`).
 """
 from __future__ import annotations
 
@@ -149,6 +151,7 @@ class CheckpointReader:
         self.path = resolve_checkpoint(ckpt, storage_options=storage_options)
         self.step: int | None = None
         self._ranged: RangedFile | None = None
+        self._storage: Storage | None = None  # a sharded checkpoint's, on an object store
         storage, _ = resolve_storage(self.path, storage_options=storage_options)
         if is_remote(storage):
             self._open_remote(storage, verify, tuple(trusted_globals))
@@ -173,10 +176,12 @@ class CheckpointReader:
         directory, name = storage.dirname(self.path), storage.basename(self.path)
         if storage.exists(storage.join(self.path, MANIFEST_FILE)):
             manifest = verify_checkpoint(self.path, verify, storage=storage)
-            if STATE_FILE not in manifest.files:
-                raise CheckpointError(f"{self.path} is a sharded checkpoint on an object store: read it whole with "
-                                      "supervisor.load_checkpoint(url, storage_options=...)")
-            self.step, directory, name = manifest.step, self.path, STATE_FILE
+            self.step = manifest.step
+            if STATE_FILE not in manifest.files and DCP_METADATA in manifest.files:  # sharded: .metadata only
+                self._storage = storage
+                self._variables = {"global_step": self.step, **_dcp_variables(self.path, storage)}
+                return
+            directory, name = self.path, STATE_FILE
         self._ranged = RangedFile(storage, directory, name)
         try:
             payload = self._ranged.load_structure(trusted_globals, self.step)
@@ -229,7 +234,7 @@ class CheckpointReader:
         except KeyError:
             raise KeyError(_missing_message(self.path, name, self._vars)) from None
         if isinstance(value, _DcpEntry):
-            return value.load(self.path)
+            return value.load(self.path, self._storage)
         if self._ranged is not None and isinstance(value, torch.Tensor):
             return self._ranged.tensor(value)
         if isinstance(value, torch.Tensor) and _size_of(self._file_path) != self._file_size:
@@ -301,24 +306,25 @@ class _DcpEntry:
     shape: tuple[int, ...]
     dtype: torch.dtype
 
-    def load(self, path: str) -> torch.Tensor:
+    def load(self, path: str, storage: Storage | None = None) -> torch.Tensor:
+        """This tensor alone (on an object store: ranged reads of its shards' bytes only)."""
         from supervisor.checkpoint.dcp_reading import safe_dcp_load
 
         tensor = torch.empty(self.shape, dtype=self.dtype)
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            safe_dcp_load({self.fqn: tensor}, path, no_dist=True)
+            safe_dcp_load({self.fqn: tensor}, path, no_dist=True, storage=storage)
         return tensor
 
 
-def _dcp_variables(path: str) -> dict[str, _DcpEntry]:
+def _dcp_variables(path: str, storage: Storage | None = None) -> dict[str, _DcpEntry]:
     """The tensors a DCP checkpoint's ``.metadata`` describes, named like ``state.pt``'s (the
     saved nesting joined with ``/``). Non-tensor values (DCP pickles them) are not listed."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from supervisor.checkpoint.dcp_reading import read_metadata_file
 
-    metadata = read_metadata_file(path)  # unpickled with DCP's metadata classes allowed, nothing else
+    metadata = read_metadata_file(path, storage)  # unpickled with DCP's metadata classes allowed, nothing else
     nesting = getattr(metadata, "planner_data", None) or {}
     out = {}
     for fqn, md in metadata.state_dict_metadata.items():

@@ -177,11 +177,12 @@ def test_the_finished_mark_on_an_object_store(logdir, s3_storage):
     assert read_finished(logdir, s3_storage) is None and clear_finished(logdir, s3_storage) is False
 
 
-def test_sharded_checkpoints_on_an_object_store_are_refused_with_the_fix(logdir):
+def test_sharded_checkpoints_on_an_object_store_are_accepted(logdir, s3_server):
+    # Was refused until issue 24 item 5 (checkpoint_format="dcp" on s3://: tests/s3_dcp/).
     from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager
 
-    with pytest.raises(ValueError, match=r"checkpoint_format='dcp' needs a local.*use checkpoint_format='torch'"):
-        ShardedCheckpointManager(logdir)
+    manager = ShardedCheckpointManager(logdir, storage_options=options(s3_server.endpoint))
+    assert manager.storage.stages_in_place and manager.path_of(3) == f"{logdir}/model.ckpt-3"
 
 
 def test_a_save_whose_upload_fails_mid_write_fails_cleanly_and_the_next_one_commits(s3_server, logdir, s3_storage,
