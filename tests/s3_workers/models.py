@@ -12,10 +12,12 @@ def build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     optimizer.zero_grad()
-    model(torch.randn(3, 4)).pow(2).mean().backward()
+    loss = model(torch.randn(3, 4)).pow(2).mean()
+    loss.backward()
     optimizer.step()
+    return {"loss": loss.detach()}
 
 
 def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:

@@ -15,9 +15,12 @@ import threading
 import time
 
 import pytest
+import torch
 
 from hooks import StopAtStepHook
-from supervisor import MonitoredTrainingSession, Supervisor
+
+from supervisor import Hook, MonitoredTrainingSession, Supervisor
+from supervisor.estimator import Estimator, RunConfig
 from supervisor.errors import StopRequestedError
 from tests.s3_fixtures import options
 from tests.s3_workers.models import build, digest, train_step
@@ -70,6 +73,7 @@ def _chief(url: str, opts: dict, last_step: int) -> str:
     return digest(model, optimizer)
 
 
+@pytest.mark.slow  # a subprocess (its start-up: a few seconds)
 def test_a_lone_worker_stops_at_once_on_sigterm_then_waits_for_and_restores_the_chiefs_checkpoint(
         s3_server, s3_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -136,8 +140,18 @@ def test_request_stop_ends_a_lone_workers_wait_at_once(s3_server, s3_root):
     assert f"chief's first verified checkpoint in {url}; nothing was restored" in str(errors[0])
 
 
-def test_mts_lone_worker_restores_the_chiefs_checkpoint_with_storage_options(s3_server, s3_root, tmp_path,
-                                                                            monkeypatch):
+class _SeeStart(Hook):
+    """Records the step and the state digest a session starts from."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.state, self.start = (model, optimizer), None
+
+    def after_create_session(self, session, coord) -> None:
+        self.start = (session.global_step, digest(*self.state))
+
+
+def test_mts_and_estimator_workers_restore_the_chiefs_checkpoint_with_storage_options(
+        s3_server, s3_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     url, opts = s3_root + "/run", options(s3_server.endpoint)
     chief_digest = _chief(url, opts, last_step=3)
@@ -146,4 +160,12 @@ def test_mts_lone_worker_restores_the_chiefs_checkpoint_with_storage_options(s3_
                                   handle_signals=False, max_wait_secs=10) as s:
         assert s.global_step == 3 and not s.is_chief and s.checkpoint_manager is None
     assert digest(model, optimizer) == chief_digest
+
+    model, optimizer = build(seed=2)
+    seen = _SeeStart(model, optimizer)
+    config = RunConfig(url, task_type="worker", task_id=1, storage_options=opts)
+    estimator = Estimator(model=model, optimizer=optimizer, config=config,
+                          train_step=lambda batch: train_step(model, optimizer))
+    estimator.train(lambda: iter(range(100)), max_steps=5, hooks=[seen])
+    assert seen.start == (3, chief_digest)
     assert os.listdir(tmp_path) == []

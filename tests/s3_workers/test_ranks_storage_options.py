@@ -15,7 +15,7 @@ from supervisor.checkpoint import latest_checkpoint
 from tests.distributed.harness import describe, run_job
 from tests.s3_fixtures import options
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # two ranks' start-up: ~10-20 s
 
 #: What else could configure the client: scrubbed from the ranks' environment, and the
 #: configuration files pointed at nothing (no instance metadata either: no host to ask).
