@@ -19,7 +19,7 @@ import torch
 
 from hooks import StopAtStepHook
 
-from supervisor import Hook, MonitoredTrainingSession, Supervisor
+from supervisor import Hook, MonitoredTrainingSession, Supervisor, TrainingState, WorkerSessionCreator
 from supervisor.estimator import Estimator, RunConfig
 from supervisor.errors import StopRequestedError
 from tests.s3_fixtures import options
@@ -169,3 +169,15 @@ def test_mts_and_estimator_workers_restore_the_chiefs_checkpoint_with_storage_op
     estimator.train(lambda: iter(range(100)), max_steps=5, hooks=[seen])
     assert seen.start == (3, chief_digest)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("directory, storage_options, error, match", [
+    ("local", {"endpoint_url": "http://127.0.0.1:1"}, ValueError, "storage_options=.*local path"),
+    ("s3://", None, ValueError, "names no bucket"),
+    ("gs2://bucket/run", None, ValueError, "gs2"),
+])
+def test_a_workers_directory_and_storage_options_are_checked_at_construction(tmp_path, directory, storage_options,
+                                                                             error, match):
+    path = str(tmp_path / directory) if directory == "local" else directory
+    with pytest.raises(error, match=match):
+        WorkerSessionCreator(TrainingState({"model": torch.nn.Linear(2, 1)}), path, storage_options=storage_options)
