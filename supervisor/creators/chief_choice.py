@@ -4,9 +4,9 @@ The chief's creator restores as a single process would and posts what it did (`d
 from scratch with an ``init_fn``: `initialise_as_chief`, which runs it and broadcasts the state);
 every other rank's creator waits for that decision and restores exactly that checkpoint
 (`follow_chief`), through the `Storage` its creator was given for the chief's directory (an
-``s3://`` logdir's client with the front door's ``storage_options``). The decision travels through `supervisor.distributed.restore` (the store key,
-the JSON decision, the state broadcast), which knows no checkpoint format; loading and
-verifying are `supervisor.checkpoint`'s.
+``s3://`` logdir's client with the front door's ``storage_options``). The decision travels
+through `supervisor.distributed.restore` (the store key, the JSON decision, the state
+broadcast), which knows no checkpoint format; loading and verifying are `supervisor.checkpoint`'s.
 """
 from __future__ import annotations
 
