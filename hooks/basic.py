@@ -54,6 +54,7 @@ class GlobalStepWaiterHook(Hook):
                             f"got {storage_options!r}")
         self._storage_options = dict(storage_options) if storage_options else None
         self._storage: Any = None  # the URL logdir's, made at the first look
+        self._warned = False  # an unreadable index is reported once
         self._started = False
 
     def begin(self) -> None:
@@ -104,7 +105,14 @@ class GlobalStepWaiterHook(Hook):
             return _local_checkpoint_step(logdir)
         if self._storage is None:
             self._storage = storage_for(logdir, self._storage_options)
-        step = committed_step(logdir, storage=self._storage)
+        try:
+            step = committed_step(logdir, storage=self._storage, raise_errors=True)
+        except (OSError, ValueError) as e:  # e.g. the client's credentials: say so, keep waiting
+            if not self._warned:
+                logger.warning("GlobalStepWaiterHook cannot read the checkpoint index of %s (%s); pass "
+                               "storage_options= for its client. Still waiting", logdir, e)
+                self._warned = True
+            return -1
         return -1 if step is None else step
 
 

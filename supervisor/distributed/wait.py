@@ -32,12 +32,17 @@ logger = logging.getLogger(__name__)
 
 
 def committed_step(logdir: str | os.PathLike, basename: str = "model.ckpt", *,
-                   storage_options: Mapping[str, Any] | None = None, storage: Storage | None = None) -> int | None:
+                   storage_options: Mapping[str, Any] | None = None, storage: Storage | None = None,
+                   raise_errors: bool = False) -> int | None:
     """The step of the checkpoint ``logdir``'s index points at; None when there is none yet (or
-    the index cannot be read). Reads the index only (the chief replaces it after each commit).
-    ``storage_options``: the client's options for a URL (``storage``: its storage, made once)."""
+    the index cannot be read: ``raise_errors`` raises that `OSError`/`ValueError` instead).
+    Reads the index only (the chief replaces it after each commit). ``storage_options``: the
+    client's options for a URL (``storage``: its storage, made once)."""
     storage, directory = _index_location(logdir, storage_options, storage)
-    return _read_committed(directory, basename, storage)[0]
+    step, problem = _read_committed(directory, basename, storage)
+    if problem is not None and raise_errors:
+        raise problem
+    return step
 
 
 def _index_location(logdir: str | os.PathLike, storage_options: Mapping[str, Any] | None,
@@ -51,12 +56,13 @@ def _index_location(logdir: str | os.PathLike, storage_options: Mapping[str, Any
     return (storage if storage is not None else storage_for(spelled, storage_options)), spelled.rstrip("/")
 
 
-def _read_committed(directory: str, basename: str, storage: Storage | None) -> tuple[int | None, str | None]:
-    """``(committed step or None, why it could not be read or None)``."""
+def _read_committed(directory: str, basename: str,
+                    storage: Storage | None) -> tuple[int | None, OSError | ValueError | None]:
+    """``(committed step or None, the error that kept the index from being read or None)``."""
     try:
         index = read_index(directory, storage)
     except (OSError, ValueError) as e:
-        return None, str(e)
+        return None, e
     if index is None or not index.model_checkpoint_path:
         return None, None
     return step_of(os.path.basename(os.path.normpath(index.model_checkpoint_path)), basename), None
@@ -105,7 +111,7 @@ def wait_for_global_step(logdir: str | os.PathLike, step: int, *, timeout_secs: 
 
 
 def _timed_out(waited: float, timeout_secs: float, step: int, directory: str, seen: int | None,
-               problem: str | None) -> TimeoutError:
+               problem: Exception | None) -> TimeoutError:
     why = f" (the index cannot be read: {problem})" if problem else ""
     return TimeoutError(
         f"waited {waited:.0f} s (timeout_secs={timeout_secs:g}) for the chief to commit step {step} "

@@ -3,7 +3,10 @@
 their timeout names the URL; `GlobalStepWaiterHook` in a worker's session waits on it too."""
 from __future__ import annotations
 
+import logging
+import os
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,3 +58,28 @@ def test_global_step_waiter_hook_in_a_worker_waits_for_the_chiefs_commits_on_the
             chief.join(60)
     assert not chief.is_alive()
     assert committed_step(url, storage_options=opts) == 4
+
+
+def test_an_unreadable_index_is_reported_not_silently_waited_on(s3_server, s3_root, monkeypatch, caplog):
+    url = s3_root + "/run"
+    _chief(url, options(s3_server.endpoint), last_step=1)
+    for name in list(os.environ):  # a client with no credentials and no endpoint: every read fails
+        if name.startswith(("AWS_", "FSSPEC_S3")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    no_client = {"skip_instance_cache": True}
+    assert committed_step(url, storage_options=no_client) is None
+    with pytest.raises(OSError, match="credentials"):
+        committed_step(url, storage_options=no_client, raise_errors=True)
+    with pytest.raises(TimeoutError, match=rf"in {url}; the newest committed step is none yet \(the index cannot be read"):
+        wait_for_global_step(url, 1, storage_options=no_client, timeout_secs=0.2, poll_secs=0.1)
+    waiter = GlobalStepWaiterHook(5, poll_secs=0.05, timeout_secs=0.3, storage_options=no_client)
+    session = SimpleNamespace(logdir=url, global_step=1, stop_requested=False)
+    with caplog.at_level(logging.WARNING, logger="hooks.basic"):
+        waiter.begin()
+        with pytest.raises(TimeoutError, match="for global step 5; the step is 1"):
+            waiter.before_run(SimpleNamespace(session=session))
+    warnings = [r.getMessage() for r in caplog.records if "cannot read the checkpoint index" in r.getMessage()]
+    assert len(warnings) == 1 and url in warnings[0] and "storage_options=" in warnings[0], warnings
