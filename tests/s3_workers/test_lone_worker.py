@@ -19,7 +19,8 @@ import torch
 
 from hooks import StopAtStepHook
 
-from supervisor import Hook, MonitoredTrainingSession, Supervisor, TrainingState, WorkerSessionCreator
+from supervisor import (CheckpointManager, Hook, MonitoredTrainingSession, Supervisor, TrainingState,
+                        WorkerSessionCreator)
 from supervisor.estimator import Estimator, RunConfig
 from supervisor.errors import StopRequestedError
 from tests.s3_fixtures import options
@@ -63,6 +64,18 @@ class Child:
             self.proc.communicate(timeout=30)
 
 
+def _chief_saving_once(url: str, opts: dict, step: int) -> str:
+    """The chief trains ``step`` steps, then commits its one checkpoint (a session would also
+    save at step 0, which a worker polling meanwhile may restore first: the first one is what
+    it waits for)."""
+    model, optimizer = build(seed=0)
+    with CheckpointManager(url, storage_options=opts) as manager:
+        for _ in range(step):
+            train_step(model, optimizer)
+        manager.save(step, TrainingState.from_arguments(model=model, optimizer=optimizer), wait=True)
+    return digest(model, optimizer)
+
+
 def _chief(url: str, opts: dict, last_step: int) -> str:
     model, optimizer = build(seed=0)
     with MonitoredTrainingSession(url, model, optimizer, storage_options=opts, save_checkpoint_steps=100,
@@ -88,7 +101,7 @@ def test_a_lone_worker_stops_at_once_on_sigterm_then_waits_for_and_restores_the_
         assert "STOPPED: stopped (a stop signal (SIGTERM/SIGINT)) after waiting" in child.output
 
         child.wait_for(f"waiting for the chief's checkpoint in {url}", 30)
-        chief_digest = _chief(url, opts, last_step=5)  # the worker waits while the chief trains
+        chief_digest = _chief_saving_once(url, opts, step=5)  # the worker waits while the chief trains
         assert child.finish(60) == 0, child.output
     finally:
         child.kill()
