@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from supervisor._validate import check_callable, check_int, check_number
+from supervisor.checkpoint.storage import split_scheme, storage_for
 from supervisor.clock import Clock, resolve_clock
+from supervisor.distributed.wait import committed_step
 from supervisor.hook import Hook, RunArgs, RunContext, check_fetch_structure, resolve_fetches
 
 __all__ = ["GlobalStepWaiterHook", "FinalOpsHook", "FeedFnHook"]
@@ -35,15 +37,24 @@ class GlobalStepWaiterHook(Hook):
             and the one seen (AdaNet's ``worker_wait_timeout_secs``); None waits indefinitely.
             `supervisor.distributed.wait_for_global_step` is the same wait outside a session.
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
+        storage_options: the object-store client's options when the session's log directory is
+            a URL (``s3://bucket/prefix``); None: the standard configuration (``AWS_*``, ``~/.aws``).
     """
 
     def __init__(self, wait_until_step: int, *, step_fn: Callable[[], int] | None = None,
-                 poll_secs: float = 0.5, timeout_secs: float | None = None, clock: Clock | None = None) -> None:
+                 poll_secs: float = 0.5, timeout_secs: float | None = None, clock: Clock | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self._wait_until_step = check_int("wait_until_step", wait_until_step)
         self._step_fn = check_callable("step_fn", step_fn, signature="step_fn() -> int")
         self._poll_secs = check_number("poll_secs", poll_secs, strictly_positive=True)
         self._timeout_secs = check_number("timeout_secs", timeout_secs, minimum=0, allow_none=True)
         self._clock = resolve_clock(clock)
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a dict of the object-store client's options or None, "
+                            f"got {storage_options!r}")
+        self._storage_options = dict(storage_options) if storage_options else None
+        self._storage: Any = None  # the URL logdir's, made at the first look
+        self._warned = False  # an unreadable index is reported once
         self._started = False
 
     def begin(self) -> None:
@@ -83,13 +94,30 @@ class GlobalStepWaiterHook(Hook):
     def _current_step(self, session: Any) -> int:
         if self._step_fn is not None:
             return int(self._step_fn())
-        return max(session.global_step, _latest_checkpoint_step(session.logdir))
+        return max(session.global_step, self._latest_checkpoint_step(session.logdir))
+
+    def _latest_checkpoint_step(self, logdir: str | None) -> int:
+        """The step of the index's ``model_checkpoint_path`` (SPEC §5.3), or -1; a URL logdir's
+        index is read through its storage (this hook's ``storage_options``)."""
+        if logdir is None:
+            return -1
+        if split_scheme(logdir)[0] == "file":
+            return _local_checkpoint_step(logdir)
+        if self._storage is None:
+            self._storage = storage_for(logdir, self._storage_options)
+        try:
+            step = committed_step(logdir, storage=self._storage, raise_errors=True)
+        except (OSError, ValueError) as e:  # e.g. the client's credentials: say so, keep waiting
+            if not self._warned:
+                logger.warning("GlobalStepWaiterHook cannot read the checkpoint index of %s (%s); pass "
+                               "storage_options= for its client. Still waiting", logdir, e)
+                self._warned = True
+            return -1
+        return -1 if step is None else step
 
 
-def _latest_checkpoint_step(logdir: str | None) -> int:
-    """The step of the index file's ``model_checkpoint_path`` (SPEC §5.3), or -1."""
-    if logdir is None:
-        return -1
+def _local_checkpoint_step(logdir: str) -> int:
+    """The step of the local index file's ``model_checkpoint_path``, or -1."""
     try:
         with open(os.path.join(logdir, "checkpoint"), encoding="utf-8") as index:
             text = index.read()

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from supervisor._paths import check_path
+from supervisor._paths import check_logdir, check_path, check_storage, is_url
 from supervisor.checkpoint import CheckpointManager, check_basename
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil
@@ -51,19 +51,25 @@ class CheckpointSaverHook(Hook):
     """Saves checkpoints every N seconds or steps, at creation and at the end.
 
     Args:
-        checkpoint_dir: where checkpoints go. The session's own checkpoint manager is used when
-            it writes to this directory; otherwise the hook opens one (taking the directory's
-            ownership lock) for the session's lifetime.
+        checkpoint_dir: where checkpoints go: a local path or an object-store URL
+            (``s3://bucket/prefix``). The session's own checkpoint manager is used when it
+            writes to this directory; otherwise the hook opens one (taking the directory's
+            ownership lock: a lease on an object store) for the session's lifetime.
         save_secs, save_steps: the schedule; exactly one must be given.
         listeners: `CheckpointSaverListener` instances.
         checkpoint_basename: name prefix of the checkpoints the hook's own manager writes.
         clock: injectable clock.
+        storage_options: the object-store client's options for the hook's own manager when
+            ``checkpoint_dir`` is a URL (None: ``AWS_*``, ``~/.aws``, ``FSSPEC_S3_*``); unused
+            when the session's manager writes there. Refused with a local path.
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (),
-                 checkpoint_basename: str = "model.ckpt", *, clock: Clock | None = None) -> None:
-        checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
+                 checkpoint_basename: str = "model.ckpt", *, clock: Clock | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self._dir = _directory(check_path("checkpoint_dir", checkpoint_dir), storage_options)
+        self._storage_options = dict(storage_options) if storage_options else None
         steps, secs = check_schedule("CheckpointSaverHook", ("save_steps", save_steps), ("save_secs", save_secs))
         if isinstance(listeners, CheckpointSaverListener):  # one listener given bare: accept it
             listeners = [listeners]
@@ -71,7 +77,6 @@ class CheckpointSaverHook(Hook):
         for i, listener in enumerate(listeners):
             if not isinstance(listener, CheckpointSaverListener):
                 raise TypeError(f"listeners[{i}] must be a hooks.CheckpointSaverListener instance, got {listener!r}")
-        self._dir = os.path.abspath(os.fspath(checkpoint_dir))
         self._timer = SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)
         self._listeners = listeners
         self._basename = check_basename(checkpoint_basename, argument="checkpoint_basename")
@@ -122,10 +127,11 @@ class CheckpointSaverHook(Hook):
 
     def _resolve_manager(self, session: Any) -> Any:
         manager = session.checkpoint_manager
-        if manager is not None and os.path.abspath(manager.directory) == self._dir:
+        if manager is not None and _same_directory(manager.directory, self._dir):
             return manager
         if self._own_manager is None:
-            self._own_manager = CheckpointManager(self._dir, basename=self._basename, clock=self._clock)
+            self._own_manager = CheckpointManager(self._dir, basename=self._basename, clock=self._clock,
+                                                  storage_options=self._storage_options)
             self._own_manager.open()
         return self._own_manager
 
@@ -133,6 +139,23 @@ class CheckpointSaverHook(Hook):
         if self._own_manager is not None:
             manager, self._own_manager = self._own_manager, None
             manager.close(failed=failed)
+
+
+def _directory(path: str, storage_options: Mapping[str, Any] | None) -> str:
+    """A URL as the checkpoint manager spells it (no trailing ``/``; its scheme and client
+    checked), a local path made absolute (``storage_options`` refused for it)."""
+    if is_url(path):
+        return check_logdir("checkpoint_dir", path, storage_options=storage_options)  # type: ignore[return-value]
+    check_storage("checkpoint_dir", path, storage_options)
+    return os.path.abspath(path)
+
+
+def _same_directory(directory: str, other: str) -> bool:
+    """Whether a manager's ``directory`` is the hook's (a URL compared as spelled, less a
+    trailing ``/``; a local path made absolute)."""
+    if is_url(directory):
+        return directory.rstrip("/") == other
+    return os.path.abspath(directory) == other
 
 
 class SaveScheduleOnWorker(Hook):

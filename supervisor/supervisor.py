@@ -90,7 +90,8 @@ class Supervisor:
         storage_options: the object-store client's options when ``logdir`` is a URL
             (``s3://bucket/prefix``, SPEC §16), e.g. ``{"endpoint_url": ...}``; None (default)
             configures it the standard way (``AWS_*`` environment, ``~/.aws``, ``FSSPEC_S3_*``).
-            Used by the checkpoint manager, its lease and the summary writer.
+            Used by the checkpoint manager, its lease and the summary writer; on a non-chief
+            (a rank of a process group, or ``is_chief=False`` alone), to read the chief's checkpoints.
     """
 
     def __init__(
@@ -316,7 +317,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
     (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
     ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12).
-    ``checkpoint_options["storage_options"]`` go to each of the two directories that is a URL."""
+    ``checkpoint_options["storage_options"]`` go to each of the two directories that is a URL
+    (on a worker too: it reads the chief's checkpoints with them)."""
     options = dict(checkpoint_options or {})
     storage_options = options.pop("storage_options", None)
     writer = None
@@ -340,10 +342,12 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:
         # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
+        # Its client (a URL) has the same storage_options as the chief's: a job configured
+        # through them alone restores on every rank.
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
                                        recovery_wait_secs=recovery_wait_secs, clock=clock,
                                        logdir=checkpoint_dir, trusted_globals=options.get("trusted_globals", ()),
-                                       **init_fns)
+                                       storage_options=_options_for(checkpoint_dir, storage_options), **init_fns)
     creator.environment.owns_summary_writer = writer is not None
     return creator
 

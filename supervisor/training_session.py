@@ -185,7 +185,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     overlapped when they are on CUDA); SPEC §5.9.
     ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an
     object store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
-    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``)."""
+    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``); workers too."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer

@@ -3,9 +3,10 @@
 The chief's creator restores as a single process would and posts what it did (`decide_as_chief`;
 from scratch with an ``init_fn``: `initialise_as_chief`, which runs it and broadcasts the state);
 every other rank's creator waits for that decision and restores exactly that checkpoint
-(`follow_chief`). The decision travels through `supervisor.distributed.restore` (the store key,
-the JSON decision, the state broadcast), which knows no checkpoint format; loading and
-verifying are `supervisor.checkpoint`'s.
+(`follow_chief`), through the `Storage` its creator was given for the chief's directory (an
+``s3://`` logdir's client with the front door's ``storage_options``). The decision travels
+through `supervisor.distributed.restore` (the store key, the JSON decision, the state
+broadcast), which knows no checkpoint format; loading and verifying are `supervisor.checkpoint`'s.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from supervisor.distributed import env
 from supervisor.checkpoint.restore import apply_checkpoint, load_verified
+from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.clock import Clock
 from supervisor.distributed.restore import (
     RestoreDecision,
@@ -69,11 +71,12 @@ def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
 
 
 def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trusted_globals: Any = (),
-                 save_rng: bool = True, clock: Clock | None = None) -> Any:
+                 save_rng: bool = True, clock: Clock | None = None, storage: Storage | None = None) -> Any:
     """A non-chief rank's restore: waits for the chief's decision and restores exactly that
     checkpoint (verified again here); returns a `Restored`, or None when the chief started
     from scratch (after receiving the chief's state when the chief ran an ``init_fn``; this
-    rank runs none).
+    rank runs none). ``storage``: what this rank reads the chief's directory through (its
+    client options); a decision on another scheme is read through the storage its path names.
 
     Raises:
         TimeoutError: no decision within ``max_wait_secs``.
@@ -89,7 +92,15 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
         else:
             logger.info("the chief starts from scratch (no init_fn); so does rank %d", env.rank())
         return None
-    loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True)
+    loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True,
+                           storage=_storage_of(decision.path, storage))
     if loaded.step != decision.step:
         raise RuntimeError(f"{decision.path} holds step {loaded.step}, the chief restored step {decision.step}")
     return apply_checkpoint(loaded, state, restore_rng=save_rng)
+
+
+def _storage_of(path: str, storage: Storage | None) -> Storage | None:
+    """``storage`` when it serves ``path``'s scheme, else None (the one the path names)."""
+    if storage is None or getattr(storage, "scheme", "file") != split_scheme(path)[0]:
+        return None
+    return storage

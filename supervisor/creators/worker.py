@@ -2,19 +2,23 @@
 
 `WorkerSessionCreator` never writes and takes no lock. In a distributed job it restores exactly
 what the chief chose (`supervisor.creators.chief_choice`); otherwise it polls the chief's
-directory until its first verified checkpoint exists.
+directory until its first verified checkpoint exists. The directory may be a local path or an
+object-store URL (``s3://bucket/prefix``, SPEC §16): a URL is read through its `Storage`, made
+once with the creator's ``storage_options`` (None: the client the environment configures), and
+the chief's choice in a distributed job is read through it too.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from supervisor.distributed import env
-from supervisor._paths import check_path
+from supervisor._paths import check_logdir, check_path, check_storage, is_url
 from supervisor._validate import check_bool, check_choice, check_number
 from supervisor.checkpoint.options import check_basename, check_trusted_globals
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
+from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.creators import chief_choice
 from supervisor.creators.base import SessionCreator
@@ -34,12 +38,16 @@ class WorkerSessionCreator(SessionCreator):
 
     Args:
         state: the `TrainingState`.
-        checkpoint_dir: the chief's checkpoint directory.
+        checkpoint_dir: the chief's checkpoint directory: a local path or an object-store URL
+            (``s3://bucket/prefix``).
         max_wait_secs: how long to wait for a checkpoint before `TimeoutError`.
         recovery_wait_secs: the pause between two looks.
         basename, verify, trusted_globals, save_rng: as `CheckpointManager` (``save_rng``:
             restore this rank's RNG state when the checkpoint has one).
         clock: injectable clock.
+        storage_options: the object-store client's options when ``checkpoint_dir`` is a URL
+            (e.g. ``{"endpoint_url": ...}``); None: the standard configuration (``AWS_*``,
+            ``~/.aws``, ``FSSPEC_S3_*``). Refused with a local path.
         init_fn, local_init_fn, ready_fn, logdir, summary_writer: as `SessionCreator`.
     """
 
@@ -49,14 +57,14 @@ class WorkerSessionCreator(SessionCreator):
                  max_wait_secs: float = 7200, recovery_wait_secs: float = 30,
                  basename: str = "model.ckpt", verify: str = "full", trusted_globals: Iterable[Any] = (),
                  save_rng: bool = True, clock: Clock | None = None,
+                 storage_options: Mapping[str, Any] | None = None,
                  init_fn: Callable[[Any], Any] | None = None,
                  local_init_fn: Callable[[Any], Any] | None = None,
                  ready_fn: Callable[[Any], Any] | None = None,
                  logdir: str | None = None, summary_writer: Any = None) -> None:
-        checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
+        self.checkpoint_dir, self._storage = _watched_directory(checkpoint_dir, storage_options)
         super().__init__(state, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
                          is_chief=False, logdir=logdir, summary_writer=summary_writer)
-        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
         self.max_wait_secs = check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
         self.recovery_wait_secs = check_number("recovery_wait_secs", recovery_wait_secs, strictly_positive=True)
         self.basename = check_basename(basename)
@@ -77,13 +85,14 @@ class WorkerSessionCreator(SessionCreator):
         if env.is_distributed():  # §12: wait for the chief's decision, restore exactly that
             return chief_choice.follow_chief(
                 self.state, max_wait_secs=self.max_wait_secs, verify=self.verify,
-                trusted_globals=self.trusted_globals, save_rng=self.save_rng, clock=self._clock)
+                trusted_globals=self.trusted_globals, save_rng=self.save_rng, clock=self._clock,
+                storage=self._storage)
         start = self._clock.monotonic()
         last_problem = "no checkpoint had been written"
         while True:
             try:
                 loaded = find_and_load(self.checkpoint_dir, self.basename, verify=self.verify,
-                                       trusted_globals=self.trusted_globals)
+                                       trusted_globals=self.trusted_globals, storage=self._storage)
             except CheckpointCorruptError as e:  # the chief may still write a good one
                 loaded, last_problem = None, str(e)
             if loaded is not None:
@@ -102,3 +111,15 @@ class WorkerSessionCreator(SessionCreator):
                 raise StopRequestedError(
                     f"stopped ({why}) after waiting {waited:.0f} s for the "
                     f"chief's first verified checkpoint in {self.checkpoint_dir}; nothing was restored")
+
+
+def _watched_directory(value: Any, storage_options: Mapping[str, Any] | None) -> tuple[str, Storage | None]:
+    """``(directory, storage)`` of the chief's directory: a URL as given (no trailing ``/``) with
+    its `Storage` (built here, connecting nowhere yet; the first look says what is wrong), a
+    local path made absolute with None (the local storage, as before URLs were accepted)."""
+    path = check_path("checkpoint_dir", value)
+    if is_url(path):
+        url = check_logdir("checkpoint_dir", path, writable=False, storage_options=storage_options)
+        return url, storage_for(url, storage_options)
+    check_storage("checkpoint_dir", path, storage_options)  # options for a local path: refused
+    return os.path.abspath(split_scheme(path)[1]), None
