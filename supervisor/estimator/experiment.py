@@ -83,7 +83,8 @@ class Experiment:
         if config.task_type == TaskType.WORKER:
             if self.delay_workers_by_global_step:
                 hooks.append(GlobalStepWaiterHook(int(8000.0 * math.log1p(config.task_id)),
-                                                  clock=self.estimator.clock))
+                                                  clock=self.estimator.clock,
+                                                  storage_options=config.storage_options))
             else:
                 delay = min(60, 5 * config.task_id) if delay_secs is None else delay_secs
                 self._sleep(delay, "training")
