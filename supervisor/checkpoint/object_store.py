@@ -45,14 +45,13 @@ import time
 from typing import IO, Any, Callable, Iterable, Mapping
 
 import fsspec
-import fsspec.asyn
 import fsspec.config
 import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for reports
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
 from supervisor.checkpoint.object_errors import ConflictError, translate_error
-from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot
+from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot, read_body, stream_body
 from supervisor.checkpoint.object_uploads import abort_uploads
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
@@ -140,7 +139,8 @@ class ObjectStoreStorage:
     def _put(self, path: str, data: bytes, **conditions: str) -> ObjectInfo:
         for attempt in range(_CONFLICT_RETRIES):
             try:
-                response = self.call("put_object", path, Body=bytes(data), **conditions)
+                body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+                response = self.call("put_object", path, Body=body, **conditions)
                 return ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=0.0)
             except ConflictError:
                 if attempt == _CONFLICT_RETRIES - 1:
@@ -179,24 +179,25 @@ class ObjectStoreStorage:
         if max_bytes is not None and size > max_bytes:
             response["Body"].close()
             raise OSError(errno.EFBIG, f"{path} has {size} bytes, more than the {max_bytes} expected")
-        data = self._read_body(response, path)
+        data = read_body(self.fs.loop, response, path)
         return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=_mtime(response))
 
-    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None,
+                   into: Any = None, on_piece: Callable[[memoryview], Any] | None = None) -> Any:
         """Bytes ``[start, start + length)`` with one ranged ``GetObject`` (fewer at the end);
-        with ``if_match`` (an ETag) only from that version (`PreconditionFailedError` if not)."""
+        with ``if_match`` (an ETag) only from that version (`PreconditionFailedError` if not).
+
+        With ``into`` (a writable buffer of at least ``length`` bytes) the body is streamed into
+        it as it arrives, ``object_io.READ_PIECE_BYTES`` at a time, ``on_piece(piece)`` called on each piece
+        (a CRC computed on arrival), and ``into``'s filled part is returned (a ``memoryview``):
+        no intermediate copy of the range, whatever its size."""
         if length <= 0:
-            return b""
+            return b"" if into is None else memoryview(into)[:0]
         conditions = {"IfMatch": if_match} if if_match else {}
         response = self.call("get_object", path, Range=f"bytes={start}-{start + length - 1}", **conditions)
-        return self._read_body(response, path)
-
-    def _read_body(self, response: Mapping[str, Any], path: str) -> bytes:
-        body = response["Body"]
-        try:
-            return fsspec.asyn.sync(self.fs.loop, _read_all, body)
-        except Exception as e:  # noqa: BLE001 - translated, re-raised
-            raise translate_error(e, path, "get_object (body)") from e
+        if into is None:
+            return read_body(self.fs.loop, response, path)
+        return stream_body(self.fs.loop, response, path, memoryview(into).cast("B")[:length], on_piece)
 
     def open_read(self, path: str) -> IO[bytes]:
         """A seekable read-only file (s3fs's, ranged reads as it goes)."""
@@ -364,11 +365,6 @@ class ObjectStoreStorage:
 
     def sync_dir(self, path: str) -> None:
         """Nothing to do: an object is durable once its write returned."""
-
-
-async def _read_all(body: Any) -> bytes:
-    async with body as stream:
-        return await stream.read()
 
 
 def _split(path: str) -> tuple[str, str]:
