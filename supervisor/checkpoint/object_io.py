@@ -35,6 +35,7 @@ class ObjectStore(Protocol):
 
     part_size: int
     max_concurrency: int
+    min_range_size: int
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
@@ -204,13 +205,13 @@ class ObjectReader(io.RawIOBase):
         return self.storage.max_concurrency
 
     def range_bytes(self) -> int:
-        """The range size of a whole read: the object split into `parallelism` ranges, each at
-        least the store's ``part_size`` (one request per range, streamed: few large ranges cost
-        fewer requests than many small ones, and a server that pays per request — moto copies
-        the whole object for each ranged ``GetObject`` — pays `parallelism` times, not
-        ``size / 8 MiB`` times)."""
+        """The range size of a whole read: the object split into `parallelism` ranges, rounded
+        up to a MiB, each at least the store's ``min_range_size``. One request per range,
+        streamed: few large ranges cost fewer requests than many small ones, and a server that
+        pays per request what the object costs (moto copies the whole object for each ranged
+        ``GetObject``) pays `parallelism` times, not ``size / 8 MiB`` times."""
         share = -(-self.size // self.parallelism)
-        return max(self.storage.part_size, -(-share // (1 << 20)) << 20)
+        return max(self.storage.min_range_size, -(-share // (1 << 20)) << 20)
 
     def read_into(self, start: int, view: Any, on_piece: Callable[[memoryview], Any] | None = None) -> int:
         """Fills ``view`` with bytes ``[start, start + len(view))`` of the version listed (fewer

@@ -28,12 +28,18 @@ server). What they do not set, this module sets:
 * ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
   processes must see each other's objects).
 
-``storage_options`` may also carry this module's ``part_size`` and ``max_concurrency``.
-Uploads (`open_write`) buffer ``part_size`` bytes (8 MiB), upload parts on
-``max_concurrency`` threads (8) while the caller keeps writing, with at most
+``storage_options`` may also carry this module's ``part_size``, ``max_concurrency`` and
+``min_range_size``. Uploads (`open_write`) fill parts of ``part_size`` bytes (8 MiB), upload
+them on ``max_concurrency`` threads (8) while the caller keeps writing, with at most
 ``2 × max_concurrency`` parts in memory, and compute the CRC-32 of the stream as it is written
 (the project's `supervisor.checkpoint.fileio.crc32`; no second read). A file smaller than one
-part is one ``PutObject``.
+part is one ``PutObject``. A whole-object read (a verified restore, ``load_checkpoint``, the
+evaluator) splits the object into ``max_concurrency`` ranges of at least ``min_range_size``
+(16 MiB: AWS's advice for ranged reads is 8–16 MiB), one ``GetObject`` each, all in flight at
+once and each streamed straight into the private copy, its CRC-32 computed as it arrives: a
+1 GiB object is 8 requests of 128 MiB, a 64 MiB one 4 of 16 MiB. Few large ranges, because a
+server may pay per request what the object costs (moto copies the whole object for each
+ranged ``GetObject``: see ``benchmarks/object_store.py``).
 """
 from __future__ import annotations
 
@@ -55,13 +61,15 @@ from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot, rea
 from supervisor.checkpoint.object_uploads import abort_uploads
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
-__all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS"]
+__all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS",
+           "DEFAULT_MIN_RANGE_SIZE"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB (except the last)
 DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_MIN_RANGE_SIZE = 16 << 20
 _CONFLICT_RETRIES = 3  # 409 ConditionalRequestConflict: S3 asks to retry a conditional write
 
 
@@ -86,7 +94,8 @@ class ObjectStoreStorage:
     Args:
         fs: an ``s3fs.S3FileSystem``.
         part_size: bytes per multipart part (≥ 5 MiB for S3).
-        max_concurrency: parts uploaded in parallel per file.
+        max_concurrency: parts uploaded, and ranges read, in parallel per file.
+        min_range_size: the smallest range of a whole-object read (the module docstring).
     """
 
     scheme = "s3"
@@ -94,9 +103,12 @@ class ObjectStoreStorage:
     stages_in_place = True
 
     def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> None:
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE) -> None:
         if part_size < 1 or max_concurrency < 1:
             raise ValueError(f"part_size and max_concurrency must be positive, got {part_size}, {max_concurrency}")
+        if min_range_size < 1:
+            raise ValueError(f"min_range_size must be a positive number of bytes, got {min_range_size}")
+        self.min_range_size = int(min_range_size)
         self.fs = fs
         self.part_size = int(part_size)
         self.max_concurrency = int(max_concurrency)
@@ -107,10 +119,11 @@ class ObjectStoreStorage:
         options = default_options(storage_options)
         part_size = options.pop("part_size", DEFAULT_PART_SIZE)
         max_concurrency = options.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
+        min_range_size = options.pop("min_range_size", DEFAULT_MIN_RANGE_SIZE)
         s3fs_retries = options.pop("s3fs_retries")
         fs = fsspec.filesystem("s3", **options)
         fs.retries = int(s3fs_retries)  # a class attribute of S3FileSystem, not an argument
-        return cls(fs, part_size=part_size, max_concurrency=max_concurrency)
+        return cls(fs, part_size=part_size, max_concurrency=max_concurrency, min_range_size=min_range_size)
 
     # ------------------------------------------------------------ names
     def join(self, base: str, *parts: str) -> str:

@@ -1,6 +1,6 @@
 """Whole-object reads of an object store (what a verified restore, ``load_checkpoint`` and the
 evaluator do): a few large ranged ``GetObject`` requests (``max_concurrency`` of them, each at
-least ``part_size``), streamed straight into the private copy with the CRC-32 computed on
+least ``min_range_size``), streamed straight into the private copy with the CRC-32 computed on
 arrival, every byte read once, every request carrying ``If-Match`` on the ETag listed — against
 the real moto server."""
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _object(s3_storage, s3_root, size: int, **knobs) -> tuple[_Recorded, bytes, 
 
 @pytest.mark.parametrize("in_buffer", [False, True])
 def test_a_whole_read_is_max_concurrency_streamed_ranges_read_once(s3_storage, s3_root, in_buffer):
-    storage, data, path = _object(s3_storage, s3_root, 24 * MiB + 7, part_size=5 * MiB, max_concurrency=2)
+    storage, data, path = _object(s3_storage, s3_root, 24 * MiB + 7, min_range_size=5 * MiB, max_concurrency=2)
     directory = storage.dirname(path)
     with storage.open_snapshot(directory, ["state.pt"]) as snapshot:
         etag = snapshot.listing["state.pt"].version
@@ -58,15 +58,15 @@ def test_a_whole_read_is_max_concurrency_streamed_ranges_read_once(s3_storage, s
                 assert bytes(copy.data) == data
             assert copy.crc == zlib.crc32(data)
     # two ranges (24 MiB + 7 bytes split in max_concurrency=2, rounded up to a MiB: 13 + 11),
-    # not five of part_size: one request per range, each streamed into the copy
+    # not five of min_range_size: one request per range, each streamed into the copy
     assert sorted(r[:3] for r in storage.ranges) == [(0, 13 * MiB, 13 * MiB), (13 * MiB, len(data) - 13 * MiB,
                                                                                  len(data) - 13 * MiB)]
     assert all(r[3] == etag and r[4] for r in storage.ranges)
     assert sum(r[2] for r in storage.ranges) == len(data)  # every byte once
 
 
-def test_small_objects_are_read_in_part_size_ranges_and_verification_alone_keeps_nothing(s3_storage, s3_root):
-    storage, data, path = _object(s3_storage, s3_root, 11 * MiB, part_size=5 * MiB, max_concurrency=8)
+def test_small_objects_are_read_in_min_range_size_ranges_and_verification_alone_keeps_nothing(s3_storage, s3_root):
+    storage, data, path = _object(s3_storage, s3_root, 11 * MiB, min_range_size=5 * MiB, max_concurrency=8)
     with storage.open_snapshot(storage.dirname(path), ["state.pt"]) as snapshot:
         with copy_file(snapshot.files["state.pt"], len(data), path) as copy:
             assert copy.crc == zlib.crc32(data)
@@ -80,7 +80,7 @@ def test_small_objects_are_read_in_part_size_ranges_and_verification_alone_keeps
 def test_an_object_replaced_after_the_listing_is_refused_not_mixed(s3_storage, s3_root):
     """If-Match on every streamed range: a rewrite after the listing fails the read (the loader
     calls that "vanished": a newer checkpoint exists), never a copy mixing two versions."""
-    storage, data, path = _object(s3_storage, s3_root, 12 * MiB, part_size=5 * MiB, max_concurrency=2)
+    storage, data, path = _object(s3_storage, s3_root, 12 * MiB, min_range_size=5 * MiB, max_concurrency=2)
     with storage.open_snapshot(storage.dirname(path), ["state.pt"]) as snapshot:
         storage.write_atomic(path, os.urandom(len(data)))
         with pytest.raises(PreconditionFailedError):
@@ -95,3 +95,14 @@ def test_read_range_into_a_buffer_streams_pieces_in_order(s3_storage, s3_root):
     assert bytes(got) == bytes(target) == data[3:] and b"".join(pieces) == data[3:]
     assert len(pieces) >= 2  # handed over in pieces as they arrive, not at the end
     assert bytes(storage.read_range(path, len(data) - 2, 10, into=bytearray(10))) == data[-2:]  # fewer at the end
+
+
+def test_the_read_knobs_come_from_storage_options_and_bad_ones_are_refused(s3_server):
+    from supervisor.checkpoint.storage import storage_for
+    from tests.s3_fixtures import options
+
+    storage = storage_for("s3://x", {**options(s3_server.endpoint), "min_range_size": 32 * MiB, "max_concurrency": 4})
+    assert (storage.min_range_size, storage.max_concurrency) == (32 * MiB, 4)
+    assert storage_for("s3://x", options(s3_server.endpoint)).min_range_size == 16 * MiB  # the default
+    with pytest.raises(ValueError, match="min_range_size must be a positive number of bytes, got 0"):
+        ObjectStoreStorage(storage.fs, min_range_size=0)
