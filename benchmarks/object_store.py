@@ -52,12 +52,9 @@ Run: ``python benchmarks/object_store.py [--sizes 64M,1G] [--rounds 3] [--dcp-th
 from __future__ import annotations
 
 import argparse
-import gc
 import io
 import os
-import statistics
 import sys
-import time
 import uuid
 import warnings
 from collections.abc import Callable
@@ -73,14 +70,14 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._ranks import spread  # noqa: E402
+from benchmarks._object_store_report import Comparison, Cpu, Figures, Meter, print_table, report  # noqa: E402
 from benchmarks._s3_server import S3Server  # noqa: E402
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
-from supervisor.checkpoint.object_store import DEFAULT_MAX_CONCURRENCY, DEFAULT_PART_SIZE  # noqa: E402
+from supervisor.checkpoint.object_store import (DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,  # noqa: E402
+                                                DEFAULT_PART_SIZE)
 
 MiB, GiB = 1 << 20, 1 << 30
-MB = 1e6
 SMOKE_BYTES = 8 * MiB
 _WIDTH = 1024  # columns of every parameter
 _LAYERS = 8
@@ -124,24 +121,6 @@ class Size:
     nbytes: int
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """One ratio of medians; ``ratio`` is None when a side failed or is not available."""
-
-    name: str
-    ratio: float | None
-    target: float | None
-    note: str = ""
-
-    @property
-    def verdict(self) -> str:
-        if self.ratio is None:
-            return f"n/a ({self.note})"
-        if self.target is None:
-            return "(info)"
-        return "ok" if self.ratio <= self.target else "MISSES TARGET"
-
-
 def parse_sizes(text: str) -> list[Size]:
     """``"64M,1G,smoke"`` -> sizes. ``NM``/``NG``: a model + Adam state of N MiB/GiB; ``smoke``: 8 MiB."""
     sizes = []
@@ -183,21 +162,6 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    gc.collect()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _timed_or_failure(fn: Callable[[], object]) -> float | str:
-    """The seconds ``fn`` took, or its failure as the figure."""
-    try:
-        return _timed(fn)
-    except Exception as e:  # noqa: BLE001 - a failure is the figure
-        return f"FAILED: {type(e).__name__}: {e}"[:300]
-
-
 class Round:
     """The six figures of one round, on one state, one server and the prefix ``root``.
 
@@ -205,7 +169,8 @@ class Round:
     rounds skip it; a restore needs a save, so a failed save stops both)."""
 
     def __init__(self, root: str, options: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                 dcp_threads: tuple[int, ...] = (1,), unavailable: dict[str, str] | None = None) -> None:
+                 dcp_threads: tuple[int, ...] = (1,), unavailable: dict[str, str] | None = None,
+                 meter: Meter | None = None) -> None:
         self.options, self.model, self.optimizer = options, model, optimizer
         self.state = TrainingState.from_arguments(model=model, optimizer=optimizer)
         self.ours_url, self.plain_url = f"{root}/run", f"{root}/plain.pt"
@@ -213,22 +178,36 @@ class Round:
         self.fs = fsspec.filesystem("s3", **options)  # what DCP's url_to_fs(**options) gets too (cached)
         self._cleaner = fsspec.filesystem("s3", **options, use_listings_cache=False)
         self.unavailable = dict(unavailable or {})
+        self.meter = meter or Meter()
 
     def user_sd(self) -> dict[str, Any]:
         """What a DCP or torch.save user passes, built inside the timed window as their call builds
         it (ours builds the same inside ``save``/``restore``)."""
         return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
 
-    def run(self, step: int, figures: dict[str, list[float | str]]) -> None:
+    def plan(self, step: int) -> list[tuple[str, Callable[[], float | str]]]:
+        """The figures of round ``step`` and how each is measured: every save, then every
+        restore (a restore reads its side's save); within each group the order turns by one
+        each round, so no side is always first after the clean-up or right after another."""
+        timed = self.meter.time_or_failure
+        saves = [(OURS_SAVE, lambda: self._ours(OURS_SAVE, lambda: self._ours_save(step)))]
+        saves += [(dcp_save_name(n), lambda n=n: timed(lambda: self._dcp_save(n))) for n in self.dcp_urls]
+        saves.append((PLAIN_SAVE, lambda: timed(self._plain_save)))
+        loads = [(OURS_LOAD, lambda: self._ours(OURS_LOAD, lambda: self.meter.time(lambda: self._ours_restore(step))))]
+        loads += [(dcp_load_name(n), lambda n=n: timed(lambda: self._dcp_load(n))) for n in self.dcp_urls]
+        loads.append((PLAIN_LOAD, lambda: timed(self._plain_load)))
+        turn = step % len(saves)
+        return saves[turn:] + saves[:turn] + loads[turn:] + loads[:turn]
+
+    def run(self, step: int, figures: Figures, cpu: Cpu | None = None) -> None:
+        """Measures every figure of round ``step`` into ``figures`` (and their CPU seconds into
+        ``cpu``), then deletes what the round wrote."""
         try:
-            figures[OURS_SAVE].append(self._ours(OURS_SAVE, lambda: self._ours_save(step)))
-            for threads in self.dcp_urls:
-                figures[dcp_save_name(threads)].append(_timed_or_failure(lambda: self._dcp_save(threads)))
-            figures[PLAIN_SAVE].append(_timed_or_failure(self._plain_save))
-            figures[OURS_LOAD].append(self._ours(OURS_LOAD, lambda: _timed(lambda: self._ours_restore(step))))
-            for threads in self.dcp_urls:
-                figures[dcp_load_name(threads)].append(_timed_or_failure(lambda: self._dcp_load(threads)))
-            figures[PLAIN_LOAD].append(_timed_or_failure(self._plain_load))
+            for name, measure in self.plan(step):
+                figure = measure()
+                figures[name].append(figure)
+                if isinstance(figure, float) and cpu is not None:
+                    cpu.setdefault(name, []).append(self.meter.last)
         finally:
             self.clean()
 
@@ -245,7 +224,7 @@ class Round:
         manager = CheckpointManager(self.ours_url, storage_options=self.options, max_to_keep=None)
         manager.open()  # takes the lease, reads the index: once per job, not per save
         try:
-            return _timed(lambda: manager.save(step, self.state, wait=True))
+            return self.meter.time(lambda: manager.save(step, self.state, wait=True))
         finally:
             manager.close()
 
@@ -284,55 +263,21 @@ class Round:
 
 
 def measure(root: str, options: dict[str, Any], size: Size, rounds: int, *, dcp_threads: tuple[int, ...],
-            unavailable: dict[str, str]) -> tuple[int, str, dict[str, list[float | str]], dict[str, str]]:
+            unavailable: dict[str, str], meter: Meter) -> tuple[int, str, Figures, Cpu, dict[str, str]]:
     """The state's byte count and description, every figure of ``size`` over ``rounds``
-    interleaved rounds, and why ours's save or restore is unavailable (`Round.unavailable`)."""
+    interleaved rounds with their CPU seconds, and why ours's save or restore is unavailable
+    (`Round.unavailable`)."""
     model, optimizer = build(size.nbytes)
     nbytes = state_bytes(model, optimizer)
     tensors = len(model.state_dict()) + sum(len(s) for s in optimizer.state.values())
-    figures: dict[str, list[float | str]] = {name: [] for name in figure_names(dcp_threads)}
-    one_round = Round(root, options, model, optimizer, dcp_threads=dcp_threads, unavailable=unavailable)
+    figures: Figures = {name: [] for name in figure_names(dcp_threads)}
+    cpu: Cpu = {}
+    one_round = Round(root, options, model, optimizer, dcp_threads=dcp_threads, unavailable=unavailable, meter=meter)
     for step in range(1, rounds + 1):
-        one_round.run(step, figures)
+        one_round.run(step, figures, cpu)
     header = (f"{size.label} model + Adam ({tensors} tensors, {nbytes / MiB:.1f} MiB), {rounds} rounds, "
               "seconds as median (min-max), MB/s of the median:")
-    return nbytes, header, figures, one_round.unavailable
-
-
-def _median(values: list[float | str]) -> float | None:
-    numbers = [v for v in values if isinstance(v, float)]
-    return statistics.median(numbers) if numbers and len(numbers) == len(values) else None
-
-
-def report(label: str, header: str, nbytes: int, figures: dict[str, list[float | str]],
-           rows: list[tuple[str, str, str, float | None]]) -> list[Comparison]:
-    """Prints every figure of one size and its ratios; returns the ratios."""
-    print(f"  {header}")
-    for name in figures:
-        values, middle = figures[name], _median(figures[name])
-        if middle is None:
-            shown = next(v for v in values if isinstance(v, str))
-        else:
-            shown = f"{spread([float(v) for v in values])} s  {nbytes / MB / middle:8.1f} MB/s"
-        print(f"    {name:<42s} {shown}")
-    results = []
-    for row, ours, theirs, target in rows:
-        mine, other = _median(figures[ours]), _median(figures[theirs])
-        if mine is None or other is None:
-            failed = figures[ours] if mine is None else figures[theirs]
-            note = next(v for v in failed if isinstance(v, str))
-            results.append(Comparison(f"{row} @ {label}", None, target, note))
-        else:
-            results.append(Comparison(f"{row} @ {label}", mine / other, target))
-    return results
-
-
-def print_table(results: list[Comparison]) -> None:
-    print("\nratio of medians (SPEC 14: save to commit and verified restore <= 1.0x DCP's fsspec writer/reader):")
-    for r in results:
-        figure = "" if r.ratio is None else f"{r.ratio:7.3f}x  "
-        bound = "" if r.target is None or r.ratio is None else f"target <= {r.target:g}x  "
-        print(f"  {r.name:<52s} {figure}{bound}{r.verdict}")
+    return nbytes, header, figures, cpu, one_round.unavailable
 
 
 def parse_threads(text: str) -> tuple[int, ...]:
@@ -370,15 +315,17 @@ def _run(server: S3Server, sizes: list[Size], args: argparse.Namespace) -> list[
     options = server.storage_options()
     print(f"moto S3 server on {server.endpoint} (loopback, pure Python), torch {torch.__version__}, "
           f"s3fs {s3fs.__version__}; ours uploads {DEFAULT_MAX_CONCURRENCY} parts of "
-          f"{DEFAULT_PART_SIZE // MiB} MiB in parallel")
-    warm = Round(root, options, *build(MiB), dcp_threads=args.dcp_threads)  # first connections, untimed
+          f"{DEFAULT_PART_SIZE // MiB} MiB in parallel and reads {DEFAULT_MAX_CONCURRENCY} ranges of at least "
+          f"{DEFAULT_MIN_RANGE_SIZE // MiB} MiB in parallel; DCP's FsspecWriter default is thread_count=1")
+    meter = Meter(server.cpu_seconds)
+    warm = Round(root, options, *build(MiB), dcp_threads=args.dcp_threads, meter=meter)  # first connections
     warm.run(0, {name: [] for name in figure_names(args.dcp_threads)})
     unavailable = warm.unavailable
     results: list[Comparison] = []
     for size in sizes:
-        nbytes, header, figures, unavailable = measure(root, options, size, args.rounds,
-                                                       dcp_threads=args.dcp_threads, unavailable=unavailable)
-        results.extend(report(size.label, header, nbytes, figures, comparisons(args.dcp_threads)))
+        nbytes, header, figures, cpu, unavailable = measure(root, options, size, args.rounds, meter=meter,
+                                                            dcp_threads=args.dcp_threads, unavailable=unavailable)
+        results.extend(report(size.label, header, nbytes, figures, cpu, comparisons(args.dcp_threads)))
     print_table(results)
     return results
 
