@@ -36,6 +36,7 @@ class ObjectStore(Protocol):
     part_size: int
     max_concurrency: int
     min_range_size: int
+    multipart_checksum: str | None
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
@@ -106,7 +107,8 @@ class MultipartWriter:
     def _submit(self, part: bytearray) -> None:
         self._raise_failed()
         if self._upload_id is None:
-            self._upload_id = self.storage.call("create_multipart_upload", self.path)["UploadId"]
+            self._upload_id = self.storage.call("create_multipart_upload", self.path,
+                                                **_algorithm(self.storage))["UploadId"]
             self._pool = ThreadPoolExecutor(self.storage.max_concurrency, thread_name_prefix="supervisor-upload")
         self._slots.acquire()
         number = len(self._parts) + 1
@@ -114,9 +116,15 @@ class MultipartWriter:
         future.add_done_callback(lambda _: self._slots.release())
         self._parts.append((number, future))
 
-    def _upload_part(self, number: int, part: bytearray) -> str:
-        response = self.storage.call("upload_part", self.path, UploadId=self._upload_id, PartNumber=number, Body=part)
-        return response["ETag"]
+    def _upload_part(self, number: int, part: bytearray) -> dict[str, Any]:
+        """Uploads one part; returns its entry of the completion's part list."""
+        response = self.storage.call("upload_part", self.path, UploadId=self._upload_id, PartNumber=number, Body=part,
+                                     **_algorithm(self.storage))
+        entry = {"ETag": response["ETag"], "PartNumber": number}
+        name = f"Checksum{self.storage.multipart_checksum}"
+        if self.storage.multipart_checksum and response.get(name):
+            entry[name] = response[name]
+        return entry
 
     def _raise_failed(self) -> None:
         for _, future in self._parts:
@@ -133,10 +141,10 @@ class MultipartWriter:
         else:
             if rest or not self._parts:
                 self._submit(rest)
-            etags = [(number, future.result()) for number, future in self._parts]
+            parts = [future.result() for _, future in self._parts]
             try:
                 self.storage.call("complete_multipart_upload", self.path, UploadId=self._upload_id, IfNoneMatch="*",
-                                  MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in etags]})
+                                  MultipartUpload={"Parts": parts})
             except PreconditionFailedError:
                 raise ObjectExistsError(f"{self.path} already exists: the create-only completion "
                                         "(If-None-Match: *) was refused") from None
@@ -162,6 +170,11 @@ class MultipartWriter:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _algorithm(storage: ObjectStore) -> dict[str, str]:
+    """``ChecksumAlgorithm`` for a multipart upload's requests, when the store sets one."""
+    return {"ChecksumAlgorithm": storage.multipart_checksum} if storage.multipart_checksum else {}
 
 
 class ObjectReader(io.RawIOBase):

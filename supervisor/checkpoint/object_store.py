@@ -9,83 +9,38 @@ manifest-last commit) and ``If-Match: <ETag>`` (`replace_if`, the index). A refu
 (HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write); the
 translation of every other error is `supervisor.checkpoint.object_errors.translate_error`.
 
-Configuration, the standard way: credentials, region and endpoint from the ``AWS_*`` environment
-(``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` included — botocore reads them), ``~/.aws``,
-fsspec's ``FSSPEC_S3_*`` variables, then ``storage_options=`` (passed to ``S3FileSystem``;
-``storage_options["client_kwargs"]["endpoint_url"]`` or ``endpoint_url=`` point it at another
-server). What they do not set, this module sets:
-
-* **Retries, bounded**: botocore's ``standard`` retry mode with ``total_max_attempts=5`` (its
-  default is 3 in standard mode): throttling (503 SlowDown, 429) waits ``rand(0,1)·2^n`` s
-  (at most 20 s), other transient errors (500/502/504, connection resets, timeouts) waits
-  ``rand(0,1)·0.05·2^n`` s; after the last attempt the error is raised. s3fs's own retry layer is
-  turned off (``retries=1``) so the two never multiply. Override with
-  ``storage_options={"config_kwargs": {"retries": {...}}}``, or with ``AWS_MAX_ATTEMPTS``/
-  ``AWS_RETRY_MODE`` in the environment (then botocore's own defaults and those apply, as for
-  any AWS client: standard mode 3 attempts, legacy 5); ``s3fs_retries`` sets s3fs's layer.
-* **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
-  ends a request with an error, never a hang.
-* ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
-  processes must see each other's objects).
-
-``storage_options`` may also carry this module's ``part_size``, ``max_concurrency`` and
-``min_range_size``. Uploads (`open_write`) fill parts of ``part_size`` bytes (8 MiB), upload
-them on ``max_concurrency`` threads (8) while the caller keeps writing, with at most
-``2 × max_concurrency`` parts in memory, and compute the CRC-32 of the stream as it is written
-(the project's `supervisor.checkpoint.fileio.crc32`; no second read). A file smaller than one
-part is one ``PutObject``. A whole-object read (a verified restore, ``load_checkpoint``, the
-evaluator) splits the object into ``max_concurrency`` ranges of at least ``min_range_size``
-(16 MiB: AWS's advice for ranged reads is 8–16 MiB), one ``GetObject`` each, all in flight at
-once and each streamed straight into the private copy, its CRC-32 computed as it arrives: a
-1 GiB object is 8 requests of 128 MiB, a 64 MiB one 4 of 16 MiB. Few large ranges, because a
-server may pay per request what the object costs (moto copies the whole object for each
-ranged ``GetObject``: see ``benchmarks/object_store.py``).
+Configuration (credentials, endpoint, bounded retries, timeouts, and this module's transfer
+knobs ``part_size``, ``max_concurrency``, ``min_range_size``, ``multipart_checksum``): see
+`supervisor.checkpoint.object_options`.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
-import os
 import posixpath
 import time
 from typing import IO, Any, Callable, Iterable, Mapping
 
 import fsspec
-import fsspec.config
 import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for reports
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
 from supervisor.checkpoint.object_errors import ConflictError, translate_error
 from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot, read_body, stream_body
+from supervisor.checkpoint.object_options import (DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,
+                                                  DEFAULT_MULTIPART_CHECKSUM, DEFAULT_PART_SIZE, TransferKnobs,
+                                                  default_options, split_options)
 from supervisor.checkpoint.object_uploads import abort_uploads
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
 __all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS",
-           "DEFAULT_MIN_RANGE_SIZE"]
+           "DEFAULT_MIN_RANGE_SIZE", "DEFAULT_MULTIPART_CHECKSUM", "default_options"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB (except the last)
-DEFAULT_MAX_CONCURRENCY = 8
-DEFAULT_MAX_ATTEMPTS = 5
-DEFAULT_MIN_RANGE_SIZE = 16 << 20
 _CONFLICT_RETRIES = 3  # 409 ConditionalRequestConflict: S3 asks to retry a conditional write
-
-
-def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``S3FileSystem`` keyword arguments: this module's defaults (see the module docstring),
-    overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
-    user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint and "endpoint_url" not in user:  # explicit: fsspec caches clients by their arguments,
-        user["endpoint_url"] = endpoint          # and one made before the variable was set would stay
-    config = dict(user.get("config_kwargs") or {})
-    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
-        config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
-    config.setdefault("connect_timeout", 10)
-    config.setdefault("read_timeout", 60)
-    return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
 
 
 class ObjectStoreStorage:
@@ -96,6 +51,8 @@ class ObjectStoreStorage:
         part_size: bytes per multipart part (≥ 5 MiB for S3).
         max_concurrency: parts uploaded, and ranges read, in parallel per file.
         min_range_size: the smallest range of a whole-object read (the module docstring).
+        multipart_checksum: the ``ChecksumAlgorithm`` of multipart uploads (the module
+            docstring); None sends none.
     """
 
     scheme = "s3"
@@ -103,27 +60,20 @@ class ObjectStoreStorage:
     stages_in_place = True
 
     def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE) -> None:
-        if part_size < 1 or max_concurrency < 1:
-            raise ValueError(f"part_size and max_concurrency must be positive, got {part_size}, {max_concurrency}")
-        if min_range_size < 1:
-            raise ValueError(f"min_range_size must be a positive number of bytes, got {min_range_size}")
-        self.min_range_size = int(min_range_size)
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE,
+                 multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM) -> None:
+        knobs = TransferKnobs(part_size, max_concurrency, min_range_size, multipart_checksum)  # checked
         self.fs = fs
-        self.part_size = int(part_size)
-        self.max_concurrency = int(max_concurrency)
+        self.part_size, self.max_concurrency = knobs.part_size, knobs.max_concurrency
+        self.min_range_size, self.multipart_checksum = knobs.min_range_size, knobs.multipart_checksum
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
         """A storage for ``url`` (only its scheme matters; paths stay full URLs)."""
-        options = default_options(storage_options)
-        part_size = options.pop("part_size", DEFAULT_PART_SIZE)
-        max_concurrency = options.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
-        min_range_size = options.pop("min_range_size", DEFAULT_MIN_RANGE_SIZE)
-        s3fs_retries = options.pop("s3fs_retries")
+        options, knobs, s3fs_retries = split_options(storage_options)
         fs = fsspec.filesystem("s3", **options)
-        fs.retries = int(s3fs_retries)  # a class attribute of S3FileSystem, not an argument
-        return cls(fs, part_size=part_size, max_concurrency=max_concurrency, min_range_size=min_range_size)
+        fs.retries = s3fs_retries  # a class attribute of S3FileSystem, not an argument
+        return cls(fs, **dataclasses.asdict(knobs))
 
     # ------------------------------------------------------------ names
     def join(self, base: str, *parts: str) -> str:

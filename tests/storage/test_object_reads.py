@@ -106,3 +106,20 @@ def test_the_read_knobs_come_from_storage_options_and_bad_ones_are_refused(s3_se
     assert storage_for("s3://x", options(s3_server.endpoint)).min_range_size == 16 * MiB  # the default
     with pytest.raises(ValueError, match="min_range_size must be a positive number of bytes, got 0"):
         ObjectStoreStorage(storage.fs, min_range_size=0)
+
+
+@pytest.mark.parametrize("algorithm", ["CRC32", None])
+def test_multipart_uploads_carry_the_configured_checksum_algorithm(s3_storage, s3_root, algorithm):
+    """Each part travels with its CRC-32 and the object gets the composite checksum of its parts
+    (what ``aws s3 cp --checksum-algorithm CRC32`` does); ``multipart_checksum=None`` sends none."""
+    storage = ObjectStoreStorage(s3_storage.fs, part_size=5 * MiB, max_concurrency=2, multipart_checksum=algorithm)
+    data = os.urandom(11 * MiB)
+    path = storage.join(s3_root, "model.ckpt-1", "state.pt")
+    with storage.open_write(path) as writer:
+        writer.write(data)
+        writer.sync()
+    assert writer.checksum == f"crc32:{zlib.crc32(data):08x}"
+    head = storage.call("head_object", path, ChecksumMode="ENABLED")
+    assert head["ContentLength"] == len(data) and head["ETag"].endswith('-3"')  # three parts
+    assert ("ChecksumCRC32" in head) == (algorithm == "CRC32")  # moto omits S3's "-3" and ChecksumType
+    assert storage.read_bytes(path) == data
