@@ -21,11 +21,11 @@ server). What they do not set, this module sets:
 * ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
   processes must see each other's objects).
 
-``storage_options`` may also carry the transfer knobs ``part_size``, ``max_concurrency``,
-``min_range_size`` and ``multipart_checksum`` (`TransferKnobs`). Uploads (``open_write``) fill parts of
-``part_size`` bytes (8 MiB), upload them on ``max_concurrency`` threads (8) while the caller
-keeps writing, with at most ``2 × max_concurrency`` parts in memory, and compute the CRC-32 of
-the stream as it is written (the project's `supervisor.checkpoint.fileio.crc32`; no second
+``storage_options`` may also carry the transfer knobs (`TransferKnobs`) ``part_size``,
+``max_concurrency``, ``min_range_size`` and ``multipart_checksum``. Uploads (``open_write``)
+fill parts of ``part_size`` bytes (8 MiB), upload them on ``max_concurrency`` threads (8) while
+the caller keeps writing, with at most ``2 × max_concurrency`` parts in memory, and compute the
+CRC-32 of the stream as it is written (the project's `supervisor.checkpoint.fileio.crc32`; no second
 read). A file smaller than one part is one ``PutObject``. A multipart upload is created with
 ``ChecksumAlgorithm=multipart_checksum`` (``"CRC32"``): each part travels with its CRC-32,
 which the server checks, and the object gets a composite checksum of its parts' — what the AWS
