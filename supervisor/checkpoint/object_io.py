@@ -318,7 +318,10 @@ def stream_body(loop: Any, response: Mapping[str, Any], path: str, view: memoryv
                 on_piece(piece[:n])
             filled += n
     finally:
-        fsspec.asyn.sync(loop, body.aclose)  # on the client's loop, where it is read
+        try:
+            fsspec.asyn.sync(loop, body.aclose)  # on the client's loop, where it is read
+        except Exception as e:  # noqa: BLE001 - the read's own outcome is what counts
+            logger.debug("could not close the body of a read of %s: %s", path, e)
     return view[:filled]
 
 
