@@ -118,8 +118,9 @@ def read_private_copy(fd: int, size: int, where: str, *, checksum: bool = True,
 def copy_file(file: Any, size: int, where: str, *, checksum: bool = True, in_buffer: bool = False) -> PrivateCopy:
     """`read_private_copy` of an open binary reader of a `Snapshot` (``Storage.open_snapshot``):
     a local file (``io.FileIO``) by its descriptor, on parallel threads; an object store's reader
-    (``read_at``: one ranged request) by `_CHUNK_BYTES` ranges, `_RANGED_PARALLEL` in flight; any
-    other reader in order. The same kinds of copy either way, the CRC-32 computed on the way.
+    by ranges on parallel threads (`_ranged_read`: with ``read_into``, a few large ranges each
+    streamed straight into the copy; with ``read_at`` only, `_CHUNK_BYTES` ranges); any other
+    reader in order. The same kinds of copy either way, the CRC-32 computed on the way.
     Bytes read: ``size``, once."""
     if isinstance(file, io.FileIO):
         return read_private_copy(file.fileno(), size, where, checksum=checksum, in_buffer=in_buffer)
