@@ -48,9 +48,11 @@ from typing import Any, Mapping
 import fsspec.config
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MIN_RANGE_SIZE",
-           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "TransferKnobs", "default_options", "split_options"]
+           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "MIN_PART_SIZE", "TransferKnobs", "default_options",
+           "split_options"]
 
-DEFAULT_PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB (except the last)
+DEFAULT_PART_SIZE = 8 << 20
+MIN_PART_SIZE = 5 << 20  # S3's smallest part but the last
 DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_MIN_RANGE_SIZE = 16 << 20
@@ -71,6 +73,9 @@ class TransferKnobs:
         if self.part_size < 1 or self.max_concurrency < 1:
             raise ValueError(f"part_size and max_concurrency must be positive, got {self.part_size}, "
                              f"{self.max_concurrency}")
+        if self.part_size < MIN_PART_SIZE:
+            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (5 MiB: S3's smallest part but the "
+                             f"last), got {self.part_size}")
         if self.min_range_size < 1:
             raise ValueError(f"min_range_size must be a positive number of bytes, got {self.min_range_size}")
         if self.multipart_checksum is not None and self.multipart_checksum not in CHECKSUM_ALGORITHMS:

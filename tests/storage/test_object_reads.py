@@ -106,6 +106,10 @@ def test_the_read_knobs_come_from_storage_options_and_bad_ones_are_refused(s3_se
     assert storage_for("s3://x", options(s3_server.endpoint)).min_range_size == 16 * MiB  # the default
     with pytest.raises(ValueError, match="min_range_size must be a positive number of bytes, got 0"):
         ObjectStoreStorage(storage.fs, min_range_size=0)
+    with pytest.raises(ValueError, match=r"part_size must be at least 5242880 bytes \(5 MiB: S3's smallest part"):
+        storage_for("s3://x", {**options(s3_server.endpoint), "part_size": 1 << 20})
+    with pytest.raises(ValueError, match="multipart_checksum must be one of CRC32, .* or None, got 'MD5'"):
+        ObjectStoreStorage(storage.fs, multipart_checksum="MD5")
 
 
 @pytest.mark.parametrize("algorithm", ["CRC32", None])
