@@ -61,6 +61,14 @@ server's log, CPU from ``getrusage`` and ``/proc``, py-spy on the server):
 - **Client copies.** Ours's uploads copied every byte three times on the way into a part
   (``bytearray`` append, slice, ``bytes``); now once, straight into the part's buffer.
 
+Last run (the shared 2-core VM, load 4–10; wall ratios of medians, client + server CPU ratios
+in brackets): 64 MiB, 3 rounds — save 0.66× DCP(1), 0.98× DCP(8) [1.12×]; restore 0.89× DCP(1),
+**1.12× DCP(8): misses** [1.25×]: client CPU on par (0.38 s each), moto's 0.26 s against 0.14 s
+is 4 ranged requests that each cost it the whole 64 MiB object, where DCP(8) reads 8 MiB
+objects. 1 GiB, 2 rounds — save 0.51× DCP(1), 0.63× DCP(8); restore 0.15× DCP(1), 0.81×
+DCP(8). Before this work (same machine): restore 1.30× DCP(1), 1.66× DCP(8) at 64 MiB and
+2.9× DCP(1) at 1 GiB; save 1.4× DCP(8) at 64 MiB in one run, 0.97× in another.
+
 Until the engine accepts ``s3://`` logdirs, the ours rows print ``ours: not available (<error>)``
 and the run goes on.
 
