@@ -67,7 +67,8 @@ in brackets): 64 MiB, 3 rounds — save 0.66× DCP(1), 0.98× DCP(8) [1.12×]; r
 is 4 ranged requests that each cost it the whole 64 MiB object, where DCP(8) reads 8 MiB
 objects. 1 GiB, 2 rounds — save 0.51× DCP(1), 0.63× DCP(8); restore 0.15× DCP(1), 0.81×
 DCP(8). Before this work (same machine): restore 1.30× DCP(1), 1.66× DCP(8) at 64 MiB and
-2.9× DCP(1) at 1 GiB; save against DCP(8) 1.41× (64 MiB) and 1.24× (1 GiB) in an earlier run, 0.97× at 64 MiB in mine.
+2.9× DCP(1) at 1 GiB; save against DCP(8) 1.41× (64 MiB) and 1.24× (1 GiB) in an earlier
+run, 0.97× at 64 MiB in mine.
 
 Until the engine accepts ``s3://`` logdirs, the ours rows print ``ours: not available (<error>)``
 and the run goes on.
