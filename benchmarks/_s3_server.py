@@ -116,6 +116,18 @@ class S3Server:
         if self._stderr is not None and not self._stderr.closed:
             self._stderr.close()
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the server process has used so far (user + system, all its threads), from
+        ``/proc``; None where that cannot be read (not Linux, or the server is gone)."""
+        if self.process is None:
+            return None
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def storage_options(self, **extra: Any) -> dict[str, Any]:
         """fsspec/``s3fs`` options that reach this server (``storage_options=`` of the runtime,
         ``**kwargs`` of DCP's ``FsspecWriter``/``FsspecReader``, ``fsspec.filesystem("s3", ...)``)."""

@@ -10,15 +10,23 @@ import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+import fsspec.asyn
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
+from supervisor.checkpoint.object_errors import translate_error
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
-__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot", "ObjectStore"]
+__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot", "ObjectStore", "READ_PIECE_BYTES", "read_body",
+           "stream_body"]
 
 logger = logging.getLogger(__name__)
+
+#: A streamed range (`stream_body`) is handed over in pieces of this size: each costs one hop to
+#: the client's event loop; its CRC is computed while it is fresh.
+READ_PIECE_BYTES = 2 << 20
 
 
 class ObjectStore(Protocol):
@@ -27,12 +35,15 @@ class ObjectStore(Protocol):
 
     part_size: int
     max_concurrency: int
+    min_range_size: int
+    multipart_checksum: str | None
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
     def create_exclusive(self, path: str, data: bytes) -> Any: ...
 
-    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None) -> bytes: ...
+    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None,
+                   into: Any = None, on_piece: Callable[[memoryview], Any] | None = None) -> Any: ...
 
     def isdir(self, path: str) -> bool: ...
 
@@ -52,7 +63,8 @@ class MultipartWriter:
         self.path = path
         self.nbytes = 0
         self.crc = 0
-        self._buffer = bytearray()
+        self._part: bytearray | None = None  # the part being filled
+        self._filled = 0
         self._upload_id: str | None = None
         self._parts: list[tuple[int, Future]] = []
         self._slots = threading.BoundedSemaphore(2 * storage.max_concurrency)
@@ -70,20 +82,33 @@ class MultipartWriter:
         view = memoryview(data).cast("B")
         self.crc = crc32(view, self.crc)
         self.nbytes += view.nbytes
-        self._buffer += view
-        while len(self._buffer) >= self.storage.part_size:
-            part = bytes(self._buffer[:self.storage.part_size])
-            del self._buffer[:self.storage.part_size]
-            self._submit(part)
+        size, done = self.storage.part_size, 0
+        while done < view.nbytes:  # straight into the part buffer: one copy, the one the upload needs
+            if self._part is None:
+                self._part, self._filled = bytearray(size), 0
+            take = min(size - self._filled, view.nbytes - done)
+            self._part[self._filled:self._filled + take] = view[done:done + take]
+            self._filled += take
+            done += take
+            if self._filled == size:
+                part, self._part = self._part, None
+                self._submit(part)
         return view.nbytes
 
     def flush(self) -> None:
         """Nothing to do: parts go up when full; `sync` sends the rest."""
 
-    def _submit(self, part: bytes) -> None:
+    def _rest(self) -> bytearray:
+        """The bytes written since the last full part (the buffer itself, cut to size)."""
+        part, self._part = self._part if self._part is not None else bytearray(), None
+        del part[self._filled:]
+        return part
+
+    def _submit(self, part: bytearray) -> None:
         self._raise_failed()
         if self._upload_id is None:
-            self._upload_id = self.storage.call("create_multipart_upload", self.path)["UploadId"]
+            self._upload_id = self.storage.call("create_multipart_upload", self.path,
+                                                **_algorithm(self.storage))["UploadId"]
             self._pool = ThreadPoolExecutor(self.storage.max_concurrency, thread_name_prefix="supervisor-upload")
         self._slots.acquire()
         number = len(self._parts) + 1
@@ -91,9 +116,15 @@ class MultipartWriter:
         future.add_done_callback(lambda _: self._slots.release())
         self._parts.append((number, future))
 
-    def _upload_part(self, number: int, part: bytes) -> str:
-        response = self.storage.call("upload_part", self.path, UploadId=self._upload_id, PartNumber=number, Body=part)
-        return response["ETag"]
+    def _upload_part(self, number: int, part: bytearray) -> dict[str, Any]:
+        """Uploads one part; returns its entry of the completion's part list."""
+        response = self.storage.call("upload_part", self.path, UploadId=self._upload_id, PartNumber=number, Body=part,
+                                     **_algorithm(self.storage))
+        entry = {"ETag": response["ETag"], "PartNumber": number}
+        name = f"Checksum{self.storage.multipart_checksum}"
+        if self.storage.multipart_checksum and response.get(name):
+            entry[name] = response[name]
+        return entry
 
     def _raise_failed(self) -> None:
         for _, future in self._parts:
@@ -104,19 +135,19 @@ class MultipartWriter:
         """Uploads the rest and completes the object (it appears whole)."""
         if self._done:
             return
+        rest = self._rest()
         if self._upload_id is None:
-            self.storage.create_exclusive(self.path, bytes(self._buffer))
+            self.storage.create_exclusive(self.path, rest)
         else:
-            if self._buffer or not self._parts:
-                self._submit(bytes(self._buffer))
-            etags = [(number, future.result()) for number, future in self._parts]
+            if rest or not self._parts:
+                self._submit(rest)
+            parts = [future.result() for _, future in self._parts]
             try:
                 self.storage.call("complete_multipart_upload", self.path, UploadId=self._upload_id, IfNoneMatch="*",
-                                  MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in etags]})
+                                  MultipartUpload={"Parts": parts})
             except PreconditionFailedError:
                 raise ObjectExistsError(f"{self.path} already exists: the create-only completion "
                                         "(If-None-Match: *) was refused") from None
-        self._buffer = bytearray()
         self._done = True
 
     def close(self) -> None:
@@ -139,6 +170,11 @@ class MultipartWriter:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _algorithm(storage: ObjectStore) -> dict[str, str]:
+    """``ChecksumAlgorithm`` for a multipart upload's requests, when the store sets one."""
+    return {"ChecksumAlgorithm": storage.multipart_checksum} if storage.multipart_checksum else {}
 
 
 class ObjectReader(io.RawIOBase):
@@ -174,6 +210,33 @@ class ObjectReader(io.RawIOBase):
         ranged ``GetObject``; leaves the position alone, so threads may call it at once."""
         length = min(length, self.size - start)
         return self.storage.read_range(self.path, start, length, if_match=self.etag) if length > 0 else b""
+
+    @property
+    def parallelism(self) -> int:
+        """Ranged requests a whole read of this object keeps in flight (the store's
+        ``max_concurrency``)."""
+        return self.storage.max_concurrency
+
+    def range_bytes(self) -> int:
+        """The range size of a whole read: the object split into `parallelism` ranges, rounded
+        up to a MiB, each at least the store's ``min_range_size``. One request per range,
+        streamed: few large ranges cost fewer requests than many small ones, and a server that
+        pays per request what the object costs (moto copies the whole object for each ranged
+        ``GetObject``) pays `parallelism` times, not ``size / 8 MiB`` times."""
+        share = -(-self.size // self.parallelism)
+        return max(self.storage.min_range_size, -(-share // (1 << 20)) << 20)
+
+    def read_into(self, start: int, view: Any, on_piece: Callable[[memoryview], Any] | None = None) -> int:
+        """Fills ``view`` with bytes ``[start, start + len(view))`` of the version listed (fewer
+        at the end) with one ranged ``GetObject`` streamed straight into it, ``on_piece`` called
+        on each piece as it arrives; returns the bytes read. Leaves the position alone, so
+        threads may call it at once."""
+        view = memoryview(view).cast("B")
+        length = min(view.nbytes, self.size - start)
+        if length <= 0:
+            return 0
+        return len(self.storage.read_range(self.path, start, length, if_match=self.etag, into=view,
+                                           on_piece=on_piece))
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -225,3 +288,55 @@ class ObjectSnapshot:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def read_body(loop: Any, response: Mapping[str, Any], path: str) -> bytes:
+    """The whole body of a ``GetObject`` answer, read on the client's event loop ``loop``;
+    errors translated (`translate_error`)."""
+    try:
+        return fsspec.asyn.sync(loop, _read_all, response["Body"])
+    except Exception as e:  # noqa: BLE001 - translated, re-raised
+        raise translate_error(e, path, "get_object (body)") from e
+
+
+def stream_body(loop: Any, response: Mapping[str, Any], path: str, view: memoryview,
+                on_piece: Callable[[memoryview], Any] | None) -> memoryview:
+    """Streams the body of a ``GetObject`` answer into ``view`` as it arrives,
+    `READ_PIECE_BYTES` at a time, calling ``on_piece`` on each piece; returns the filled part
+    (shorter when the body ends first). The body is closed either way."""
+    body, filled = response["Body"], 0
+    try:
+        while filled < view.nbytes:
+            piece = view[filled:filled + READ_PIECE_BYTES]
+            try:
+                n = fsspec.asyn.sync(loop, _fill, body, piece)
+            except Exception as e:  # noqa: BLE001 - translated, re-raised
+                raise translate_error(e, path, "get_object (body)") from e
+            if not n:
+                break
+            if on_piece is not None:
+                on_piece(piece[:n])
+            filled += n
+    finally:
+        try:
+            fsspec.asyn.sync(loop, body.aclose)  # on the client's loop, where it is read
+        except Exception as e:  # noqa: BLE001 - the read's own outcome is what counts
+            logger.debug("could not close the body of a read of %s: %s", path, e)
+    return view[:filled]
+
+
+async def _read_all(body: Any) -> bytes:
+    async with body as stream:
+        return await stream.read()
+
+
+async def _fill(body: Any, view: memoryview) -> int:
+    """Reads ``body`` into ``view`` until it is full or the body ends; returns the bytes read."""
+    filled = 0
+    while filled < view.nbytes:
+        chunk = await body.read(view.nbytes - filled)
+        if not chunk:
+            break
+        view[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return filled

@@ -9,76 +9,38 @@ manifest-last commit) and ``If-Match: <ETag>`` (`replace_if`, the index). A refu
 (HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write); the
 translation of every other error is `supervisor.checkpoint.object_errors.translate_error`.
 
-Configuration, the standard way: credentials, region and endpoint from the ``AWS_*`` environment
-(``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` included — botocore reads them), ``~/.aws``,
-fsspec's ``FSSPEC_S3_*`` variables, then ``storage_options=`` (passed to ``S3FileSystem``;
-``storage_options["client_kwargs"]["endpoint_url"]`` or ``endpoint_url=`` point it at another
-server). What they do not set, this module sets:
-
-* **Retries, bounded**: botocore's ``standard`` retry mode with ``total_max_attempts=5`` (its
-  default is 3 in standard mode): throttling (503 SlowDown, 429) waits ``rand(0,1)·2^n`` s
-  (at most 20 s), other transient errors (500/502/504, connection resets, timeouts) waits
-  ``rand(0,1)·0.05·2^n`` s; after the last attempt the error is raised. s3fs's own retry layer is
-  turned off (``retries=1``) so the two never multiply. Override with
-  ``storage_options={"config_kwargs": {"retries": {...}}}``, or with ``AWS_MAX_ATTEMPTS``/
-  ``AWS_RETRY_MODE`` in the environment (then botocore's own defaults and those apply, as for
-  any AWS client: standard mode 3 attempts, legacy 5); ``s3fs_retries`` sets s3fs's layer.
-* **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
-  ends a request with an error, never a hang.
-* ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
-  processes must see each other's objects).
-
-``storage_options`` may also carry this module's ``part_size`` and ``max_concurrency``.
-Uploads (`open_write`) buffer ``part_size`` bytes (8 MiB), upload parts on
-``max_concurrency`` threads (8) while the caller keeps writing, with at most
-``2 × max_concurrency`` parts in memory, and compute the CRC-32 of the stream as it is written
-(the project's `supervisor.checkpoint.fileio.crc32`; no second read). A file smaller than one
-part is one ``PutObject``.
+Configuration (credentials, endpoint, bounded retries, timeouts, and this module's transfer
+knobs ``part_size``, ``max_concurrency``, ``min_range_size``, ``multipart_checksum``): see
+`supervisor.checkpoint.object_options`.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
-import os
 import posixpath
 import time
 from typing import IO, Any, Callable, Iterable, Mapping
 
 import fsspec
-import fsspec.asyn
-import fsspec.config
 import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for reports
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
 from supervisor.checkpoint.object_errors import ConflictError, translate_error
-from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot
+from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot, read_body, stream_body
+from supervisor.checkpoint.object_options import (DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,
+                                                  DEFAULT_MULTIPART_CHECKSUM, DEFAULT_PART_SIZE, TransferKnobs,
+                                                  default_options, split_options)
 from supervisor.checkpoint.object_uploads import abort_uploads
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
-__all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS"]
+__all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS",
+           "DEFAULT_MIN_RANGE_SIZE", "DEFAULT_MULTIPART_CHECKSUM", "default_options"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB (except the last)
-DEFAULT_MAX_CONCURRENCY = 8
-DEFAULT_MAX_ATTEMPTS = 5
 _CONFLICT_RETRIES = 3  # 409 ConditionalRequestConflict: S3 asks to retry a conditional write
-
-
-def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``S3FileSystem`` keyword arguments: this module's defaults (see the module docstring),
-    overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
-    user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint and "endpoint_url" not in user:  # explicit: fsspec caches clients by their arguments,
-        user["endpoint_url"] = endpoint          # and one made before the variable was set would stay
-    config = dict(user.get("config_kwargs") or {})
-    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
-        config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
-    config.setdefault("connect_timeout", 10)
-    config.setdefault("read_timeout", 60)
-    return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
 
 
 class ObjectStoreStorage:
@@ -87,7 +49,10 @@ class ObjectStoreStorage:
     Args:
         fs: an ``s3fs.S3FileSystem``.
         part_size: bytes per multipart part (≥ 5 MiB for S3).
-        max_concurrency: parts uploaded in parallel per file.
+        max_concurrency: parts uploaded, and ranges read, in parallel per file.
+        min_range_size: the smallest range of a whole-object read (the module docstring).
+        multipart_checksum: the ``ChecksumAlgorithm`` of multipart uploads (the module
+            docstring); None sends none.
     """
 
     scheme = "s3"
@@ -95,23 +60,20 @@ class ObjectStoreStorage:
     stages_in_place = True
 
     def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> None:
-        if part_size < 1 or max_concurrency < 1:
-            raise ValueError(f"part_size and max_concurrency must be positive, got {part_size}, {max_concurrency}")
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE,
+                 multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM) -> None:
+        knobs = TransferKnobs(part_size, max_concurrency, min_range_size, multipart_checksum)  # checked
         self.fs = fs
-        self.part_size = int(part_size)
-        self.max_concurrency = int(max_concurrency)
+        self.part_size, self.max_concurrency = knobs.part_size, knobs.max_concurrency
+        self.min_range_size, self.multipart_checksum = knobs.min_range_size, knobs.multipart_checksum
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
         """A storage for ``url`` (only its scheme matters; paths stay full URLs)."""
-        options = default_options(storage_options)
-        part_size = options.pop("part_size", DEFAULT_PART_SIZE)
-        max_concurrency = options.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
-        s3fs_retries = options.pop("s3fs_retries")
+        options, knobs, s3fs_retries = split_options(storage_options)
         fs = fsspec.filesystem("s3", **options)
-        fs.retries = int(s3fs_retries)  # a class attribute of S3FileSystem, not an argument
-        return cls(fs, part_size=part_size, max_concurrency=max_concurrency)
+        fs.retries = s3fs_retries  # a class attribute of S3FileSystem, not an argument
+        return cls(fs, **dataclasses.asdict(knobs))
 
     # ------------------------------------------------------------ names
     def join(self, base: str, *parts: str) -> str:
@@ -140,7 +102,8 @@ class ObjectStoreStorage:
     def _put(self, path: str, data: bytes, **conditions: str) -> ObjectInfo:
         for attempt in range(_CONFLICT_RETRIES):
             try:
-                response = self.call("put_object", path, Body=bytes(data), **conditions)
+                body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+                response = self.call("put_object", path, Body=body, **conditions)
                 return ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=0.0)
             except ConflictError:
                 if attempt == _CONFLICT_RETRIES - 1:
@@ -179,24 +142,25 @@ class ObjectStoreStorage:
         if max_bytes is not None and size > max_bytes:
             response["Body"].close()
             raise OSError(errno.EFBIG, f"{path} has {size} bytes, more than the {max_bytes} expected")
-        data = self._read_body(response, path)
+        data = read_body(self.fs.loop, response, path)
         return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=_mtime(response))
 
-    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
+    def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None,
+                   into: Any = None, on_piece: Callable[[memoryview], Any] | None = None) -> Any:
         """Bytes ``[start, start + length)`` with one ranged ``GetObject`` (fewer at the end);
-        with ``if_match`` (an ETag) only from that version (`PreconditionFailedError` if not)."""
+        with ``if_match`` (an ETag) only from that version (`PreconditionFailedError` if not).
+
+        With ``into`` (a writable buffer of at least ``length`` bytes) the body is streamed into
+        it as it arrives, ``object_io.READ_PIECE_BYTES`` at a time, ``on_piece(piece)`` called on each piece
+        (a CRC computed on arrival), and ``into``'s filled part is returned (a ``memoryview``):
+        no intermediate copy of the range, whatever its size."""
         if length <= 0:
-            return b""
+            return b"" if into is None else memoryview(into)[:0]
         conditions = {"IfMatch": if_match} if if_match else {}
         response = self.call("get_object", path, Range=f"bytes={start}-{start + length - 1}", **conditions)
-        return self._read_body(response, path)
-
-    def _read_body(self, response: Mapping[str, Any], path: str) -> bytes:
-        body = response["Body"]
-        try:
-            return fsspec.asyn.sync(self.fs.loop, _read_all, body)
-        except Exception as e:  # noqa: BLE001 - translated, re-raised
-            raise translate_error(e, path, "get_object (body)") from e
+        if into is None:
+            return read_body(self.fs.loop, response, path)
+        return stream_body(self.fs.loop, response, path, memoryview(into).cast("B")[:length], on_piece)
 
     def open_read(self, path: str) -> IO[bytes]:
         """A seekable read-only file (s3fs's, ranged reads as it goes)."""
@@ -364,11 +328,6 @@ class ObjectStoreStorage:
 
     def sync_dir(self, path: str) -> None:
         """Nothing to do: an object is durable once its write returned."""
-
-
-async def _read_all(body: Any) -> bytes:
-    async with body as stream:
-        return await stream.read()
 
 
 def _split(path: str) -> tuple[str, str]:

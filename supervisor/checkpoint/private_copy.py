@@ -28,9 +28,10 @@ from __future__ import annotations
 import errno
 import io
 import logging
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from supervisor.checkpoint.fileio import available_memory_bytes, crc32, crc32_combine
 from supervisor.checkpoint.memory_file import MemoryFile
@@ -117,8 +118,9 @@ def read_private_copy(fd: int, size: int, where: str, *, checksum: bool = True,
 def copy_file(file: Any, size: int, where: str, *, checksum: bool = True, in_buffer: bool = False) -> PrivateCopy:
     """`read_private_copy` of an open binary reader of a `Snapshot` (``Storage.open_snapshot``):
     a local file (``io.FileIO``) by its descriptor, on parallel threads; an object store's reader
-    (``read_at``: one ranged request) by `_CHUNK_BYTES` ranges, `_RANGED_PARALLEL` in flight; any
-    other reader in order. The same kinds of copy either way, the CRC-32 computed on the way.
+    by ranges on parallel threads (`_ranged_read`: with ``read_into``, a few large ranges each
+    streamed straight into the copy; with ``read_at`` only, `_CHUNK_BYTES` ranges); any other
+    reader in order. The same kinds of copy either way, the CRC-32 computed on the way.
     Bytes read: ``size``, once."""
     if isinstance(file, io.FileIO):
         return read_private_copy(file.fileno(), size, where, checksum=checksum, in_buffer=in_buffer)
@@ -173,53 +175,78 @@ def _stream_into(file: Any, target: bytearray, memfd: int | None, size: int, whe
 
 def _ranged_copy(file: Any, size: int, where: str, *, checksum: bool, in_buffer: bool) -> PrivateCopy:
     """`copy_file` of a reader with ``read_at(start, length)`` (an object store's: one ranged
-    request each), `_RANGED_PARALLEL` chunks in flight at once."""
+    request each), several ranges in flight at once, each written straight into the copy (a
+    map of the memory file, or the ``bytearray``) as it arrives when the reader can
+    (``read_into``)."""
     check_fits(size, where)
     if not (_MEMFD and size > 0 and not in_buffer):
         buffer = _allocate(size, where)
-        crc = _ranged_read(file, size, where, lambda data, at: buffer.__setitem__(slice(at, at + len(data)), data))
+        with memoryview(buffer) as view:
+            crc = _ranged_read(file, size, where, view)
         return PrivateCopy(size, crc if checksum else None, data=buffer)
     memfd = os.memfd_create("supervisor-checkpoint", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
     try:
         os.ftruncate(memfd, size)
         _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
-        crc = _ranged_read(file, size, where, lambda data, at: _pwrite_all(memfd, data, at))
-        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
+        mapped = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        try:
+            with memoryview(mapped) as view:
+                crc = _ranged_read(file, size, where, view)
+        finally:
+            _unmap(mapped)
+        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")  # no writable map is left
         return PrivateCopy(size, crc if checksum else None, memfd=memfd)
     except BaseException:
         os.close(memfd)
         raise
 
 
-def _pwrite_all(memfd: int, data: bytes, at: int) -> None:
-    if os.pwrite(memfd, data, at) != len(data):
-        raise CheckpointCorruptError("short write into a memory file")
+def _unmap(mapped: mmap.mmap) -> None:
+    """Unmaps ``mapped``; where a failed read's traceback still holds a view of it, the garbage
+    collector unmaps it later (the copy is discarded anyway): the read's error is what counts."""
+    try:
+        mapped.close()
+    except BufferError:
+        logger.debug("a view of a discarded private copy outlives its read; unmapped when collected")
 
 
-def _ranged_read(file: Any, size: int, where: str, sink: Callable[[bytes, int], None] | None) -> int:
-    """Reads ``size`` bytes of ``file`` by `_CHUNK_BYTES` ranges on parallel threads, hands each
-    to ``sink(data, offset)`` and returns the CRC-32 of the whole (the chunks' CRCs combined)."""
-    starts = list(range(0, size, _CHUNK_BYTES))
+def _ranged_read(file: Any, size: int, where: str, target: memoryview | None) -> int:
+    """Reads ``size`` bytes of ``file`` by ranges on parallel threads into ``target`` (or
+    nowhere) and returns their CRC-32 (the ranges' CRCs combined). A reader with ``read_into``
+    (`supervisor.checkpoint.object_io.ObjectReader`) is read into ``target`` by its own ranges
+    (``range_bytes``, ``parallelism`` in flight), the CRC computed on each piece as it arrives;
+    any other by `_CHUNK_BYTES` ``read_at`` requests, `_RANGED_PARALLEL` in flight."""
+    streamed = target is not None and hasattr(file, "read_into")
+    span = file.range_bytes() if streamed else _CHUNK_BYTES
+    starts = list(range(0, size, span))
 
     def chunk(start: int) -> tuple[int, int]:
-        wanted = min(_CHUNK_BYTES, size - start)
+        wanted = min(span, size - start)
+        crc = [0]
         try:
-            data = file.read_at(start, wanted)
+            if streamed:
+                got = file.read_into(start, target[start:start + wanted],  # type: ignore[index]
+                                     lambda piece: crc.__setitem__(0, crc32(piece, crc[0])))
+            else:
+                data = file.read_at(start, wanted)
+                got = len(data)
+                if target is not None:
+                    target[start:start + got] = data
+                crc[0] = crc32(data)
         except (FileNotFoundError, PreconditionFailedError):
             raise
         except OSError as e:
             raise CheckpointCorruptError(f"{where} cannot be read ({e})") from e
-        if len(data) != wanted:
-            raise CheckpointCorruptError(f"{where} ended after {start + len(data)} of {size} bytes (truncated "
+        if got != wanted:
+            raise CheckpointCorruptError(f"{where} ended after {start + got} of {size} bytes (truncated "
                                          "while being read)")
-        if sink is not None:
-            sink(data, start)
-        return crc32(data), len(data)
+        return crc[0], got
 
-    crc = 0
     if len(starts) <= 1:
         return chunk(0)[0] if starts else 0
-    with ThreadPoolExecutor(min(_RANGED_PARALLEL, len(starts)), thread_name_prefix="supervisor-read") as pool:
+    parallel = file.parallelism if streamed else _RANGED_PARALLEL
+    crc = 0
+    with ThreadPoolExecutor(min(parallel, len(starts)), thread_name_prefix="supervisor-read") as pool:
         for part, length in pool.map(chunk, starts):
             crc = crc32_combine(crc, part, length)
     return crc

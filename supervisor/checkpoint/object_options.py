@@ -1,0 +1,108 @@
+"""How `supervisor.checkpoint.object_store.ObjectStoreStorage` is configured: the client's
+options (`default_options`) and this project's transfer knobs (`TransferKnobs`), both taken from
+``storage_options`` (`split_options`).
+
+Configuration, the standard way: credentials, region and endpoint from the ``AWS_*`` environment
+(``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` included — botocore reads them), ``~/.aws``,
+fsspec's ``FSSPEC_S3_*`` variables, then ``storage_options=`` (passed to ``S3FileSystem``;
+``storage_options["client_kwargs"]["endpoint_url"]`` or ``endpoint_url=`` point it at another
+server). What they do not set, this module sets:
+
+* **Retries, bounded**: botocore's ``standard`` retry mode with ``total_max_attempts=5`` (its
+  default is 3 in standard mode): throttling (503 SlowDown, 429) waits ``rand(0,1)·2^n`` s
+  (at most 20 s), other transient errors (500/502/504, connection resets, timeouts) waits
+  ``rand(0,1)·0.05·2^n`` s; after the last attempt the error is raised. s3fs's own retry layer is
+  turned off (``retries=1``) so the two never multiply. Override with
+  ``storage_options={"config_kwargs": {"retries": {...}}}``, or with ``AWS_MAX_ATTEMPTS``/
+  ``AWS_RETRY_MODE`` in the environment (then botocore's own defaults and those apply, as for
+  any AWS client: standard mode 3 attempts, legacy 5); ``s3fs_retries`` sets s3fs's layer.
+* **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
+  ends a request with an error, never a hang.
+* ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
+  processes must see each other's objects).
+
+``storage_options`` may also carry the transfer knobs (`TransferKnobs`) ``part_size``,
+``max_concurrency``, ``min_range_size`` and ``multipart_checksum``. Uploads (``open_write``)
+fill parts of ``part_size`` bytes (8 MiB), upload them on ``max_concurrency`` threads (8) while
+the caller keeps writing, with at most ``2 × max_concurrency`` parts in memory, and compute the
+CRC-32 of the stream as it is written (the project's `supervisor.checkpoint.fileio.crc32`; no second
+read). A file smaller than one part is one ``PutObject``. A multipart upload is created with
+``ChecksumAlgorithm=multipart_checksum`` (``"CRC32"``): each part travels with its CRC-32,
+which the server checks, and the object gets a composite checksum of its parts' — what the AWS
+CLI does with ``--checksum-algorithm CRC32``; without one (None, for a store that refuses the
+header) S3 computes a full-object CRC-64 at completion, and moto does it in Python over a
+further copy of the object. A whole-object read (a verified restore, ``load_checkpoint``, the
+evaluator) splits the object into ``max_concurrency`` ranges of at least ``min_range_size``
+(16 MiB: AWS's advice for ranged reads is 8–16 MiB), one ``GetObject`` each, all in flight at
+once and each streamed straight into the private copy, its CRC-32 computed as it arrives: a
+1 GiB object is 8 requests of 128 MiB, a 64 MiB one 4 of 16 MiB. Few large ranges, because a
+server may pay per request what the object costs (moto copies the whole object for each
+ranged ``GetObject``: see ``benchmarks/object_store.py``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+import fsspec.config
+
+__all__ = ["CHECKSUM_ALGORITHMS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MIN_RANGE_SIZE",
+           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "MIN_PART_SIZE", "TransferKnobs", "default_options",
+           "split_options"]
+
+DEFAULT_PART_SIZE = 8 << 20
+MIN_PART_SIZE = 5 << 20  # S3's smallest part but the last
+DEFAULT_MAX_CONCURRENCY = 8
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_MIN_RANGE_SIZE = 16 << 20
+DEFAULT_MULTIPART_CHECKSUM = "CRC32"
+CHECKSUM_ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferKnobs:
+    """How objects are uploaded and read (the module docstring); checked when made."""
+
+    part_size: int = DEFAULT_PART_SIZE
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    min_range_size: int = DEFAULT_MIN_RANGE_SIZE
+    multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM
+
+    def __post_init__(self) -> None:
+        if self.part_size < 1 or self.max_concurrency < 1:
+            raise ValueError(f"part_size and max_concurrency must be positive, got {self.part_size}, "
+                             f"{self.max_concurrency}")
+        if self.part_size < MIN_PART_SIZE:
+            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (5 MiB: S3's smallest part but the "
+                             f"last), got {self.part_size}")
+        if self.min_range_size < 1:
+            raise ValueError(f"min_range_size must be a positive number of bytes, got {self.min_range_size}")
+        if self.multipart_checksum is not None and self.multipart_checksum not in CHECKSUM_ALGORITHMS:
+            raise ValueError(f"multipart_checksum must be one of {', '.join(CHECKSUM_ALGORITHMS)} or None, got "
+                             f"{self.multipart_checksum!r}")
+        for name in ("part_size", "max_concurrency", "min_range_size"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+
+
+def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``S3FileSystem`` keyword arguments: this module's defaults (see the module docstring),
+    overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
+    user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and "endpoint_url" not in user:  # explicit: fsspec caches clients by their arguments,
+        user["endpoint_url"] = endpoint          # and one made before the variable was set would stay
+    config = dict(user.get("config_kwargs") or {})
+    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        config.setdefault("retries", {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS})
+    config.setdefault("connect_timeout", 10)
+    config.setdefault("read_timeout", 60)
+    return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
+
+
+def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], TransferKnobs, int]:
+    """``(S3FileSystem keyword arguments, transfer knobs, s3fs's retries)`` of ``storage_options``."""
+    options = default_options(storage_options)
+    names = [field.name for field in dataclasses.fields(TransferKnobs)]
+    knobs = TransferKnobs(**{name: options.pop(name) for name in names if name in options})
+    return options, knobs, int(options.pop("s3fs_retries"))
