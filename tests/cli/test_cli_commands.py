@@ -215,7 +215,7 @@ def test_usage_errors_exit_2(args, capsys):
 
 
 def test_usage_error_exit_code_of_the_real_process():
-    result = cli("rollback", ".", "two")
+    result = cli("rollback", ".", "two", fresh=True)
     assert result.returncode == 2 and "STEP must be a non-negative integer" in result.stderr
 
 

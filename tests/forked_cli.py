@@ -1,0 +1,210 @@
+"""``python -m supervisor ARGS`` for the CLI tests, without paying ``import torch`` per command.
+
+`run` behaves like ``subprocess.run([sys.executable, "-m", "supervisor", *args], capture_output=True,
+text=True, timeout=..., env=..., cwd=...)``: a separate process with its own exit status, stdout and
+stderr, the command run by ``supervisor/__main__.py`` exactly as ``-m`` runs it (``runpy``), the
+interpreter's normal exit (non-daemon threads joined, atexit handlers, an uncaught exception's
+traceback and status 1). What it skips is the interpreter's start and the ~2 s of CPU of
+importing torch and the runtime: each command is forked from a *zygote*, one interpreter per test
+process that imported ``supervisor.cli`` once and does nothing else (started on first use, ended
+at exit). About 60 commands in the suite ran ~2 s each on CI's 2 cores; forked, each costs what
+the command itself does.
+
+Only what differs at import could differ, so the zygote checks it imported nothing that reads the
+environment at import (fsspec reads ``FSSPEC_*`` then): the commands that configure the client by
+environment (tests/s3_eval) still start a fresh interpreter. A test that is about the interpreter
+itself (a pipe closed early: the status 141 comes from Python's own exit) does too.
+
+Protocol: one JSON line per command on the zygote's stdin (argv, cwd, env, and the paths of its
+stdout, stderr, pid and status files); the zygote forks, the child redirects fds 0-2 and runs the
+command, the zygote writes the child's pid at once and its exit status (as ``subprocess`` reports
+it: ``-N`` for signal N) once it is reaped, each file renamed into place whole. `run` waits for
+the status file, and on timeout SIGKILLs the child and raises `subprocess.TimeoutExpired`.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Modules that read the environment when imported: the zygote must not have them.
+_READS_ENV_AT_IMPORT = ("fsspec", "s3fs", "botocore", "aiobotocore", "boto3")
+
+_lock = threading.Lock()
+_zygote: subprocess.Popen | None = None
+_scratch: str | None = None
+_count = 0
+
+
+def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m supervisor ARGS``, forked from the zygote (see the module docstring)."""
+    argv = [str(a) for a in args]
+    files = _send(argv, dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()))
+    command = [sys.executable, "-m", "supervisor", *argv]
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(files["status"]):
+        if time.monotonic() > deadline:
+            _kill(files)
+            raise subprocess.TimeoutExpired(command, timeout, _read(files["stdout"]), _read(files["stderr"]))
+        time.sleep(0.005)
+    code = int(_read(files["status"]))
+    result = subprocess.CompletedProcess(command, code, _read(files["stdout"]), _read(files["stderr"]))
+    for path in files.values():
+        os.unlink(path)
+    return result
+
+
+def _send(argv: list[str], env: dict[str, str], cwd: str) -> dict[str, str]:
+    global _count
+    with _lock:
+        zygote = _start()
+        _count += 1
+        base = os.path.join(_scratch, str(_count))  # type: ignore[arg-type]
+        files = {name: f"{base}.{name}" for name in ("stdout", "stderr", "pid", "status")}
+        zygote.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": cwd, "files": files}) + "\n")  # type: ignore[union-attr]
+        zygote.stdin.flush()  # type: ignore[union-attr]
+    return files
+
+
+def _start() -> subprocess.Popen:
+    """The zygote, started once (under `_lock`)."""
+    global _zygote, _scratch
+    if _zygote is None or _zygote.poll() is not None:
+        _scratch = tempfile.mkdtemp(prefix="forked-cli-")
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        _zygote = subprocess.Popen([sys.executable, "-c", "from tests.forked_cli import serve; serve()"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+        atexit.register(_stop, _zygote, _scratch)
+    return _zygote
+
+
+def _stop(zygote: subprocess.Popen, scratch: str) -> None:
+    zygote.stdin.close()  # type: ignore[union-attr]  # EOF: the zygote exits once its children did
+    try:
+        zygote.wait(30)
+    except subprocess.TimeoutExpired:
+        zygote.kill()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _kill(files: dict[str, str]) -> None:
+    """SIGKILLs a command that ran past its timeout, and waits until it was reaped."""
+    while not os.path.exists(files["pid"]):
+        time.sleep(0.005)
+    try:
+        os.kill(int(_read(files["pid"])), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while not os.path.exists(files["status"]):
+        time.sleep(0.005)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _write_whole(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------- the zygote's side
+def serve() -> None:
+    """The zygote's loop: imports the CLI once, then forks one child per request line."""
+    import supervisor.cli  # noqa: F401  (what every command would import: the point of the zygote)
+
+    found = [m for m in _READS_ENV_AT_IMPORT if m in sys.modules]
+    assert not found, f"the zygote imported {found}, which read the environment at import"
+    running: dict[int, str] = {}
+    pending, reading = b"", True
+    while reading or running:
+        if reading and select.select([0], [], [], 0.01)[0]:
+            data = os.read(0, 1 << 16)  # unbuffered: every line that arrived is seen now
+            reading, pending = bool(data), pending + data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                _fork_one(json.loads(line), running)
+        elif not reading:
+            time.sleep(0.01)
+        _reap(running)
+
+
+def _fork_one(request: dict, running: dict[int, str]) -> None:
+    """Forks the command of one request; the child's pid is written at once."""
+    pid = os.fork()
+    if pid == 0:
+        _child(request)  # never returns: the command's exit ends the process
+    running[pid] = request["files"]["status"]
+    _write_whole(request["files"]["pid"], str(pid))
+
+
+def _reap(running: dict[int, str]) -> None:
+    for pid in list(running):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            _write_whole(running.pop(pid), str(os.waitstatus_to_exitcode(status)))
+
+
+def _child(request: dict) -> None:
+    """Becomes ``python -m supervisor ARGV``: fds 0-2 redirected (the zygote's requests gone),
+    then ``supervisor/__main__.py`` run as ``-m`` runs it; its exit is the process's."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path in ((0, os.devnull), (1, request["files"]["stdout"]), (2, request["files"]["stderr"])):
+        target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the zygote's buffered requests
+    sys.argv = ["-m", *request["argv"]]
+    try:
+        runpy.run_module("supervisor", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = _exit_status(e)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _finish(code)
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status the interpreter gives ``sys.exit(e.code)``."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> NoReturn:
+    """The interpreter's exit, but for tearing down every module: non-daemon threads joined,
+    atexit handlers run (logging's flush among them), stdout and stderr flushed; then the
+    process ends. (Tearing down torch's ~200 MB of objects in a forked child copies most of
+    the zygote's pages and took as long as importing torch: the ~2 s this module saves.)"""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 120  # the interpreter's status when its final flush fails
+    os._exit(code)
