@@ -2,18 +2,20 @@
 
 `run` behaves like ``subprocess.run([sys.executable, "-m", "supervisor", *args], capture_output=True,
 text=True, timeout=..., env=..., cwd=...)``: a separate process with its own exit status, stdout and
-stderr, the command run by ``supervisor/__main__.py`` exactly as ``-m`` runs it (``runpy``), the
-interpreter's normal exit (non-daemon threads joined, atexit handlers, an uncaught exception's
-traceback and status 1). What it skips is the interpreter's start and the ~2 s of CPU of
-importing torch and the runtime: each command is forked from a *zygote*, one interpreter per test
+stderr, the command run by ``supervisor/__main__.py`` as ``-m`` runs it (``runpy``), an uncaught
+exception's traceback and status 1, non-daemon threads joined and atexit handlers run at exit.
+What it skips is the interpreter's start and the ~2 s of CPU of importing torch and the runtime
+(and of tearing them down): each command is forked from a *zygote*, one interpreter per test
 process that imported ``supervisor.cli`` once and does nothing else (started on first use, ended
-at exit). About 60 commands in the suite ran ~2 s each on CI's 2 cores; forked, each costs what
-the command itself does.
+at exit). About 70 commands in the suite paid those ~2 s each on CI's 2 cores; forked, each
+costs what the command itself does (0.1-0.3 s).
 
-Only what differs at import could differ, so the zygote checks it imported nothing that reads the
-environment at import (fsspec reads ``FSSPEC_*`` then): the commands that configure the client by
-environment (tests/s3_eval) still start a fresh interpreter. A test that is about the interpreter
-itself (a pipe closed early: the status 141 comes from Python's own exit) does too.
+Only what is decided at import could differ, so the zygote checks that it imported nothing that
+reads the environment then (fsspec reads ``FSSPEC_*``; botocore and s3fs are imported by the
+command, after its environment is set: tests/s3_eval configures the client by ``AWS_*`` alone).
+The child ends as the interpreter does, but without tearing every module down (see `_finish`). A
+test about the interpreter's own start or exit (a pipe closed early: the status 141 comes from
+Python's exit) starts a fresh one.
 
 Protocol: one JSON line per command on the zygote's stdin (argv, cwd, env, and the paths of its
 stdout, stderr, pid and status files); the zygote forks, the child redirects fds 0-2 and runs the
