@@ -51,11 +51,12 @@ _count = 0
 
 
 def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None = None,
-        cwd: str | None = None) -> subprocess.CompletedProcess:
-    """``python -m supervisor ARGS``, forked from the zygote (see the module docstring)."""
+        cwd: str | None = None, module: str = "supervisor") -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` (``supervisor``: the CLI), forked from the zygote (see the
+    module docstring)."""
     argv = [str(a) for a in args]
-    files = _send(argv, dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()))
-    command = [sys.executable, "-m", "supervisor", *argv]
+    files = _send(module, argv, dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()))
+    command = [sys.executable, "-m", module, *argv]
     deadline = time.monotonic() + timeout
     while not os.path.exists(files["status"]):
         if time.monotonic() > deadline:
@@ -69,14 +70,14 @@ def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None
     return result
 
 
-def _send(argv: list[str], env: dict[str, str], cwd: str) -> dict[str, str]:
+def _send(module: str, argv: list[str], env: dict[str, str], cwd: str) -> dict[str, str]:
     global _count
     with _lock:
         zygote = _start()
         _count += 1
         base = os.path.join(_scratch, str(_count))  # type: ignore[arg-type]
         files = {name: f"{base}.{name}" for name in ("stdout", "stderr", "pid", "status")}
-        zygote.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": cwd, "files": files}) + "\n")  # type: ignore[union-attr]
+        zygote.stdin.write(json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "files": files}) + "\n")  # type: ignore[union-attr]
         zygote.stdin.flush()  # type: ignore[union-attr]
     return files
 
@@ -163,8 +164,9 @@ def _reap(running: dict[int, str]) -> None:
 
 
 def _child(request: dict) -> None:
-    """Becomes ``python -m supervisor ARGV``: fds 0-2 redirected (the zygote's requests gone),
-    then ``supervisor/__main__.py`` run as ``-m`` runs it; its exit is the process's."""
+    """Becomes ``python -m MODULE ARGV``: fds 0-2 redirected (the zygote's requests gone), then
+    the module run as ``-m`` runs it (``supervisor/__main__.py`` for the CLI); its exit is the
+    process's."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -175,7 +177,7 @@ def _child(request: dict) -> None:
     sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the zygote's buffered requests
     sys.argv = ["-m", *request["argv"]]
     try:
-        runpy.run_module("supervisor", run_name="__main__", alter_sys=True)
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = _exit_status(e)
