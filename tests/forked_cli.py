@@ -8,7 +8,9 @@ What it skips is the interpreter's start and the ~2 s of CPU of importing torch 
 (and of tearing them down): each command is forked from a *zygote*, one interpreter per test
 process that imported ``supervisor.cli`` once and does nothing else (started on first use, ended
 at exit). About 70 commands in the suite paid those ~2 s each on CI's 2 cores; forked, each
-costs what the command itself does (0.1-0.3 s).
+costs what the command itself does (0.1-0.3 s). `Forked` starts ``python SCRIPT ARGS`` the same
+way as a `subprocess.Popen` look-alike (pid, poll, wait, kill, send_signal), for tests that
+signal a process they started (the lease tests' writer: SIGKILL, SIGSTOP).
 
 Only what is decided at import could differ, so the zygote checks that it imported nothing that
 reads the environment then (fsspec reads ``FSSPEC_*``; botocore and s3fs are imported by the
@@ -70,13 +72,57 @@ def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None
     return result
 
 
-def _send(module: str, argv: list[str], env: dict[str, str], cwd: str) -> dict[str, str]:
+class Forked:
+    """A ``python SCRIPT ARGS`` started like ``subprocess.Popen(..., stdout=file, stderr=STDOUT)``
+    but forked from the zygote: ``pid`` (signal it at will: SIGKILL, SIGSTOP, SIGCONT),
+    ``poll()``, ``wait(timeout)``, ``kill()``, ``send_signal()`` and ``returncode`` as
+    `subprocess.Popen` has them. Its output goes to the file ``output`` names."""
+
+    def __init__(self, script: str, args: Sequence[object], *, output: str,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
+        self.args = [sys.executable, script, *map(str, args)]
+        open(output, "w").close()  # exists (empty) from now on, as Popen's caller opened it
+        self._files = _send("path:" + os.path.abspath(script), self.args[2:],
+                            dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()),
+                            output=output)
+        while not os.path.exists(self._files["pid"]):
+            time.sleep(0.002)
+        self.pid = int(_read(self._files["pid"]))
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and os.path.exists(self._files["status"]):
+            self.returncode = int(_read(self._files["status"]))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:  # it ended, and the zygote reaped it, just now
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: str | None = None) -> dict[str, str]:
     global _count
     with _lock:
         zygote = _start()
         _count += 1
         base = os.path.join(_scratch, str(_count))  # type: ignore[arg-type]
         files = {name: f"{base}.{name}" for name in ("stdout", "stderr", "pid", "status")}
+        if output is not None:  # stdout and stderr into one file, as stderr=subprocess.STDOUT
+            files["stdout"] = files["stderr"] = output
         zygote.stdin.write(json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "files": files}) + "\n")  # type: ignore[union-attr]
         zygote.stdin.flush()  # type: ignore[union-attr]
     return files
@@ -164,20 +210,23 @@ def _reap(running: dict[int, str]) -> None:
 
 
 def _child(request: dict) -> None:
-    """Becomes ``python -m MODULE ARGV``: fds 0-2 redirected (the zygote's requests gone), then
-    the module run as ``-m`` runs it (``supervisor/__main__.py`` for the CLI); its exit is the
+    """Becomes ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV`` for ``path:SCRIPT``): fds 0-2
+    redirected (the zygote's requests gone), then the module run as ``-m`` runs it
+    (``supervisor/__main__.py`` for the CLI) or the script as ``python`` does; its exit is the
     process's."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    for fd, path in ((0, os.devnull), (1, request["files"]["stdout"]), (2, request["files"]["stderr"])):
-        target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the zygote's buffered requests
-    sys.argv = ["-m", *request["argv"]]
+    _redirect(request["files"]["stdout"], request["files"]["stderr"])
+    script = request["module"][len("path:"):] if request["module"].startswith("path:") else None
+    sys.argv = [script or "-m", *request["argv"]]
+    if script is not None:
+        sys.path[0] = os.path.dirname(script)  # as ``python SCRIPT`` has it
     try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if script is not None:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = _exit_status(e)
@@ -185,6 +234,19 @@ def _child(request: dict) -> None:
         sys.excepthook(*sys.exc_info())
         code = 1
     _finish(code)
+
+
+def _redirect(stdout: str, stderr: str) -> None:
+    """fd 0 from /dev/null, fds 1 and 2 into their files (one shared file description when they
+    are the same file, as ``stderr=subprocess.STDOUT`` gives)."""
+    for fd, path in ((0, os.devnull), (1, stdout), (2, stderr)):
+        if fd == 2 and path == stdout:
+            os.dup2(1, 2)
+            continue
+        target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the zygote's buffered requests
 
 
 def _exit_status(e: SystemExit) -> int:
