@@ -85,9 +85,7 @@ class Forked:
         self._files = _send("path:" + os.path.abspath(script), self.args[2:],
                             dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()),
                             output=output)
-        while not os.path.exists(self._files["pid"]):
-            time.sleep(0.002)
-        self.pid = int(_read(self._files["pid"]))
+        self.pid = int(_read(_appeared(self._files["pid"])))
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -135,8 +133,11 @@ def _start() -> subprocess.Popen:
         _scratch = tempfile.mkdtemp(prefix="forked-cli-")
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         _zygote = subprocess.Popen([sys.executable, "-c", "from tests.forked_cli import serve; serve()"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         atexit.register(_stop, _zygote, _scratch)
+        ready = _zygote.stdout.readline()  # type: ignore[union-attr]  # its imports do not count
+        if ready != "ready\n":  # against the first command's timeout
+            raise RuntimeError(f"the CLI zygote did not start (status {_zygote.wait()}); see its stderr above")
     return _zygote
 
 
@@ -151,19 +152,31 @@ def _stop(zygote: subprocess.Popen, scratch: str) -> None:
 
 def _kill(files: dict[str, str]) -> None:
     """SIGKILLs a command that ran past its timeout, and waits until it was reaped."""
-    while not os.path.exists(files["pid"]):
-        time.sleep(0.005)
     try:
-        os.kill(int(_read(files["pid"])), signal.SIGKILL)
+        os.kill(int(_read(_appeared(files["pid"]))), signal.SIGKILL)
     except ProcessLookupError:
         pass
-    while not os.path.exists(files["status"]):
-        time.sleep(0.005)
+    _appeared(files["status"])
+
+
+def _appeared(path: str, secs: float = 120) -> str:
+    """``path`` once the zygote wrote it (it writes a pid at once and a status at the child's
+    exit); an error naming the zygote's state if it never does."""
+    deadline = time.monotonic() + secs
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the CLI zygote never wrote {path} (zygote exit status: {_zygote and _zygote.poll()})")
+        time.sleep(0.002)
+    return path
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+    """The file's text; empty if the command never got as far as creating it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
 
 
 def _write_whole(path: str, text: str) -> None:
@@ -179,6 +192,11 @@ def serve() -> None:
 
     found = [m for m in _READS_ENV_AT_IMPORT if m in sys.modules]
     assert not found, f"the zygote imported {found}, which read the environment at import"
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the test process reads no more of it
+    os.close(devnull)
     running: dict[int, str] = {}
     pending, reading = b"", True
     while reading or running:
