@@ -1,6 +1,7 @@
 """The command line on the wrong path, the wrong kind of path and broken user code, run as a user
-runs it: ``python -m supervisor ...`` in real subprocesses (issue 22 items 12-16, issue 21's CLI
-bad inputs). Every run is bounded by a timeout, so a command that waits forever fails."""
+runs it: ``python -m supervisor ...`` in real processes (forked from an interpreter that imported
+the CLI once, tests/forked_cli.py; the pipe test starts fresh ones) (issue 22 items 12-16, issue
+21's CLI bad inputs). Every run is bounded by a timeout, so a command that waits forever fails."""
 from __future__ import annotations
 
 import json

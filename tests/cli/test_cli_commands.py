@@ -1,4 +1,5 @@
-"""The command line end to end: real subprocesses, real logdirs, exit codes, --json, human output."""
+"""The command line end to end: real processes (tests/cli/helpers.cli), real logdirs, exit codes,
+--json, human output."""
 from __future__ import annotations
 
 import configparser
