@@ -179,11 +179,13 @@ def test_a_blocked_rank_names_a_hung_peer_behind_it_within_about_stop_grace_secs
         assert _wait_for(lambda: zero.exits, 2 * grace + 4)
         elapsed = time.monotonic() - start
         assert "rank 1 hung: it has been at step 5" in zero.exits[0], zero.exits
-        # Named after grace + one interval (6 s). Before the fix it took at least 2 × grace (grace
-        # to notice the block, then grace more of watching the peer): the bound is that floor, so
-        # the old behaviour still fails it, while a loaded machine's late wake-ups and store reads
-        # get 4 s (the bound was grace + interval + 2 s with grace 4: missed by 30 ms in a full
-        # run, by 80 ms on a machine at load 8).
+        # Named after grace + 2-3 heartbeat intervals of 1 s (7.03 s measured: both ranks' still
+        # time counts from their first tick, the peer's is posted to 0.1 s and must exceed grace,
+        # and which rank ticks first moves it by an interval). Before the fix it took more than
+        # 2 × grace (grace to notice the block, then grace more of watching the peer; a simulated
+        # pre-fix watchdog took 12.1 s): the bound is that floor, so the old behaviour still fails
+        # it, with 2-3 s to spare for a loaded machine. (It was 7.0 s with grace 4, where the same
+        # ticks give 6-7 s: 7.04 s failed it on an idle machine, 7.08 s on a loaded one.)
         assert elapsed < 2 * grace, elapsed
         assert not one.exits  # rank 1 is behind: it names nobody
     finally:
