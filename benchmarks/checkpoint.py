@@ -64,6 +64,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hooks  # noqa: E402
+from benchmarks._heap import frozen_heap  # noqa: E402
 from benchmarks.checkpoint_dcp import parse_sizes, run_dcp_comparison  # noqa: E402
 from supervisor import MonitoredSession, TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator  # noqa: E402
@@ -443,13 +444,14 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--growth-mib", type=int, default=256, help="state size for the 50-save loop")
     parser.add_argument("--sizes", default=None,
                         help="shapes of the DCP comparison, e.g. 64M,256M,1G,many (2,000 x 64 KiB) or "
-                             "many200; 'none' skips it (default: 64M,256M,1G,many; --quick: 64M,many200)")
+                             "many200; 'none' skips it (default: 64M,256M,1G,many; --quick: 32M,many200)")
     parser.add_argument("--quick", action="store_true",
-                        help="64 MiB state, 16 MiB growth loop, DCP comparison at 64M,many200 (smoke run)")
+                        help="32 MiB state (two verification threads' worth), 8 MiB growth loop, DCP "
+                             "comparison at 32M,many200 (smoke run)")
     args = parser.parse_args(argv)
-    nbytes = 64 * MiB if args.quick else int(args.gib * GiB)
-    growth = 16 * MiB if args.quick else args.growth_mib * MiB
-    sizes = args.sizes or ("64M,many200" if args.quick else "64M,256M,1G,many")
+    nbytes = 32 * MiB if args.quick else int(args.gib * GiB)
+    growth = 8 * MiB if args.quick else args.growth_mib * MiB
+    sizes = args.sizes or ("32M,many200" if args.quick else "64M,256M,1G,many")
     shapes = [] if sizes == "none" else parse_sizes(sizes)
 
     commits = CommitLog()
@@ -458,7 +460,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     logger.addHandler(commits)
     logger.setLevel(logging.INFO)
     try:
-        with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.dir) as directory:
+        with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.dir) as directory, frozen_heap():
             return _run(directory, nbytes, growth, args.repeats, commits, shapes)
     finally:
         logger.removeHandler(commits)

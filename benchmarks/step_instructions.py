@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _callgrind  # noqa: E402
+from benchmarks._heap import frozen_heap  # noqa: E402
 from benchmarks._step_loops import SESSIONS, report_loops, session_factories, settled, tiny_model  # noqa: E402
 from supervisor import MonitoredSession  # noqa: E402
 
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"instruction counts not available: {why}")
         return None
     if args.loop_rounds:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, frozen_heap():
             report_loops(args.loop_rounds, args.steps, session_factories(tmp), {})
         print()
     report_instructions(args.n, args.warmup, args.annotate)

@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import step_instructions  # noqa: E402
+from benchmarks._heap import frozen_heap  # noqa: E402
 from benchmarks._step_loops import report_loops, session_factories, settled, tiny_model  # noqa: E402
 from benchmarks.hook_costs import measure_hook_costs  # noqa: E402
 from supervisor import Hook, MonitoredSession  # noqa: E402
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)  # the tiny model's step, as the issue measured it
     pinned = pin(args.cpu)
     try:
-        run(args, pinned)
+        with frozen_heap():  # the gc.collect() between rounds walks only the benchmark's objects
+            run(args, pinned)
     finally:  # a caller (the smoke test) keeps its own CPUs and intra-op threads
         torch.set_num_threads(threads)
         if pinned is not None and previous is not None:

@@ -23,7 +23,7 @@ ROWS = (
     "memory: peak extra RSS, 1st async save",
     "memory: RSS after 50 saves vs 2",
 )
-DCP_ROWS = tuple(f"vs DCP: {figure} @ {shape}" for shape in ("64 MiB", "200 x 64 KiB")
+DCP_ROWS = tuple(f"vs DCP: {figure} @ {shape}" for shape in ("32 MiB", "200 x 64 KiB")
                  for figure in ("stall", "save-to-commit", "verified restore"))
 DCP_FIGURES = ("ours: async save() stall", "ours: save to commit", "DCP async_save stall", "DCP save + fsync",
                "torch.save + fsync", "ours: verified restore", "DCP load", "torch.load")

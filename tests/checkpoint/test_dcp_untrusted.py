@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -23,6 +21,7 @@ from supervisor import MonitoredTrainingSession, TrainingState, list_variables, 
 from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into, restore_sharded
 from supervisor.checkpoint.reading import read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
+from tests import forked_cli
 from tests.estimator.sidecar_helpers import make_model, weight_metrics
 from tests.estimator.test_sidecar_dcp import train_sharded
 from tests.estimator.test_sidecar_reading import rewrite_manifest_for
@@ -129,8 +128,7 @@ def _estimator(logdir: str, path: str) -> None:
 
 
 def _inspect(logdir: str, path: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "supervisor", "inspect", path], capture_output=True, text=True,
-                          timeout=60)
+    done = forked_cli.run(["inspect", path], timeout=60)  # a real process, without its own torch import
     if done.returncode != 0:
         raise CheckpointError(done.stdout + done.stderr)
 

@@ -14,8 +14,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +30,7 @@ from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.errors import CheckpointError, LogdirInUseError
 from supervisor.estimator import RunConfig
 from supervisor.testing import FakeClock
+from tests import forked_cli
 from tests.checkpoint.conftest import small_state
 from tests.s3_fixtures import lifetime_thread_prefixes, make_bucket, options, s3_server, s3_storage  # noqa: F401
 
@@ -78,14 +77,14 @@ def where(request, tmp_path) -> Where:
                  {"storage_options": options(server.endpoint)})
 
 
-def _start_writer(where: Where, lease_secs: float, signals: str) -> tuple[subprocess.Popen, str]:
-    """The writer process, once it holds the lease and committed step 1; and its output file."""
+def _start_writer(where: Where, lease_secs: float, signals: str) -> tuple[forked_cli.Forked, str]:
+    """The writer process, once it holds the lease and committed step 1; and its output file.
+    A real process, forked from an interpreter that imported torch and the runtime once
+    (tests/forked_cli.py), so the lease's timing is not spent on ``import torch``."""
     os.makedirs(signals, exist_ok=True)
     out = os.path.join(signals, "writer.out")
-    with open(out, "w") as sink:
-        writer = subprocess.Popen([sys.executable, WRITER, where.root, str(lease_secs), signals, where.endpoint],
-                                  stdout=sink, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])})
+    writer = forked_cli.Forked(WRITER, [where.root, lease_secs, signals, where.endpoint], output=out,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])})
     deadline = time.monotonic() + 60
     while "READY" not in _read(out):
         assert writer.poll() is None, f"the writer died: {_read(out)}"
@@ -99,7 +98,7 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _kill(process: subprocess.Popen) -> None:
+def _kill(process: forked_cli.Forked) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGCONT)
         process.kill()
@@ -123,7 +122,7 @@ def _expiry(message: str) -> float:
     return float(match.group(1))
 
 
-def _dead_holders_record(where: Where, writer: subprocess.Popen) -> LeaseRecord:
+def _dead_holders_record(where: Where, writer: forked_cli.Forked) -> LeaseRecord:
     """The lease record a killed or stopped writer left: the last word on when its lease expires
     (a renewal under way when it stopped has finished or never happened: waited for briefly)."""
     time.sleep(0.2)

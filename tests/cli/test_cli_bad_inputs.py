@@ -1,6 +1,7 @@
 """The command line on the wrong path, the wrong kind of path and broken user code, run as a user
-runs it: ``python -m supervisor ...`` in real subprocesses (issue 22 items 12-16, issue 21's CLI
-bad inputs). Every run is bounded by a timeout, so a command that waits forever fails."""
+runs it: ``python -m supervisor ...`` in real processes (forked from an interpreter that imported
+the CLI once, tests/forked_cli.py; the pipe test starts fresh ones) (issue 22 items 12-16, issue
+21's CLI bad inputs). Every run is bounded by a timeout, so a command that waits forever fails."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import torch
 
 import supervisor
 from supervisor.cli import build_parser
+from tests import forked_cli
 from tests.cli.helpers import ROOT, cli, cli_json, make_logdir
 
 HELPERS = "tests.estimator.sidecar_helpers"
@@ -100,17 +102,19 @@ def _files(tmp) -> None:
 
 
 def _run(args: tuple[str, ...], values: dict[str, str]) -> subprocess.CompletedProcess:
+    """One row's command in a real process, forked from an interpreter that imported the CLI
+    once (tests/forked_cli.py)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "supervisor", *(a.format(**values) for a in args)]
+    argv = [a.format(**values) for a in args]
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+        return forked_cli.run(argv, timeout=120, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired as e:  # a command that waits forever: that row fails, the others run
-        return subprocess.CompletedProcess(command, None, str(e.stdout), f"timed out after 120 s: {e.stderr}")
+        return subprocess.CompletedProcess(e.cmd, None, str(e.stdout), f"timed out after 120 s: {e.stderr}")
 
 
 @pytest.fixture(scope="module")
 def bad_runs(tmp_path_factory):
-    """Runs every row of `BAD` once, four processes at a time (each spends ~2 s importing torch)."""
+    """Runs every row of `BAD` once, four processes at a time."""
     tmp = tmp_path_factory.mktemp("bad")
     make_logdir(tmp / "run")
     shutil.copytree(tmp / "run", tmp / "run2")
@@ -123,7 +127,8 @@ def bad_runs(tmp_path_factory):
     return results, values, before
 
 
-@pytest.mark.timeout(900)  # the first row's setup runs every row: ~20 s on 2 idle cores, minutes when loaded
+@pytest.mark.timeout(900)  # the first row's setup runs every row: a few s on 2 idle cores (20 s when each
+# row started its own interpreter and imported torch), minutes when loaded
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_input(bad_runs, name):
     results, values, before = bad_runs

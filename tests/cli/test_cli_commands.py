@@ -1,4 +1,5 @@
-"""The command line end to end: real subprocesses, real logdirs, exit codes, --json, human output."""
+"""The command line end to end: real processes (tests/cli/helpers.cli), real logdirs, exit codes,
+--json, human output."""
 from __future__ import annotations
 
 import configparser
@@ -215,7 +216,7 @@ def test_usage_errors_exit_2(args, capsys):
 
 
 def test_usage_error_exit_code_of_the_real_process():
-    result = cli("rollback", ".", "two")
+    result = cli("rollback", ".", "two", fresh=True)
     assert result.returncode == 2 and "STEP must be a non-negative integer" in result.stderr
 
 

@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -47,9 +49,10 @@ print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_
 
 
 def peak_rss(args, tmp_path) -> tuple[int, str]:
-    """Runs ``python ARGS`` and returns (its peak RSS in bytes, its stdout)."""
+    """Runs ``python ARGS`` and returns (its peak RSS in bytes, its stdout). Several may run at
+    once: each child's ``ru_maxrss`` is its own."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out_path = str(tmp_path / "child.out")
+    out_path = str(tmp_path / f"child-{threading.get_ident()}.out")
     launched = subprocess.run([sys.executable, "-c", LAUNCHER, out_path, sys.executable, *args],
                               capture_output=True, text=True, timeout=300, env=env)
     assert launched.returncode == 0, launched.stderr
@@ -61,16 +64,17 @@ def peak_rss(args, tmp_path) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_inspect_and_load_variable_peak_rss_on_a_1_gib_checkpoint(tmp_path):
-    logdir = str(tmp_path)
-    subprocess.run([sys.executable, "-c", WRITE, logdir], check=True, timeout=300,
-                   env=dict(os.environ, PYTHONPATH=ROOT))
+    logdir = str(tmp_path / "run")
     ckpt = os.path.join(logdir, "model.ckpt-1")
-    assert os.path.getsize(os.path.join(ckpt, "state.pt")) >= GIB
-
-    baseline, _ = peak_rss(["-c", BASELINE], tmp_path)
-    inspect_rss, out = peak_rss(["-m", "supervisor", "inspect", ckpt, "--json"], tmp_path)
-    one_rss, _ = peak_rss(["-c", LOAD_ONE, ckpt], tmp_path)
-    full_rss, _ = peak_rss(["-c", LOAD_ALL, ckpt], tmp_path)
+    with ThreadPoolExecutor(3) as pool:  # the children's torch imports overlap (2 cores)
+        baseline = pool.submit(peak_rss, ["-c", BASELINE], tmp_path)  # needs no checkpoint
+        subprocess.run([sys.executable, "-c", WRITE, logdir], check=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+        assert os.path.getsize(os.path.join(ckpt, "state.pt")) >= GIB
+        measured = [pool.submit(peak_rss, args, tmp_path) for args in (
+            ["-m", "supervisor", "inspect", ckpt, "--json"], ["-c", LOAD_ONE, ckpt], ["-c", LOAD_ALL, ckpt])]
+        baseline, _ = baseline.result()
+        (inspect_rss, out), (one_rss, _), (full_rss, _) = [f.result() for f in measured]
     print(f"\npeak RSS: baseline {baseline / MIB:.0f} MiB, inspect {inspect_rss / MIB:.0f} MiB, "
           f"load_variable(64 MiB entry) {one_rss / MIB:.0f} MiB, full torch.load {full_rss / MIB:.0f} MiB")
 

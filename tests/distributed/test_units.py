@@ -167,18 +167,26 @@ def test_a_blocked_rank_names_a_hung_peer_behind_it_within_about_stop_grace_secs
     it started looking (2× in all, when gloo's transport timeout could fire first)."""
     import time
 
+    grace = 5.0
     store = _tcp_store()
-    zero, one = RecordingWatchdog.make(store, 0, grace_secs=4.0), RecordingWatchdog.make(store, 1, grace_secs=4.0)
+    zero, one = RecordingWatchdog.make(store, 0, grace_secs=grace), RecordingWatchdog.make(store, 1, grace_secs=grace)
     zero.progress(6)
     one.progress(5)  # hung in step 6, behind rank 0's boundary 6
     start = time.monotonic()
     zero.start()
     one.start()
     try:
-        assert _wait_for(lambda: zero.exits, 12)
+        assert _wait_for(lambda: zero.exits, 2 * grace + 4)
         elapsed = time.monotonic() - start
         assert "rank 1 hung: it has been at step 5" in zero.exits[0], zero.exits
-        assert elapsed < 7.0, elapsed  # grace 4 s + one interval (1 s) + slack; 2× grace before
+        # Named after grace + 2-3 heartbeat intervals of 1 s (7.03 s measured: both ranks' still
+        # time counts from their first tick, the peer's is posted to 0.1 s and must exceed grace,
+        # and which rank ticks first moves it by an interval). Before the fix it took more than
+        # 2 × grace (grace to notice the block, then grace more of watching the peer; a simulated
+        # pre-fix watchdog took 12.1 s): the bound is that floor, so the old behaviour still fails
+        # it, with 2-3 s to spare for a loaded machine. (It was 7.0 s with grace 4, where the same
+        # ticks give 6-7 s: 7.04 s failed it on an idle machine, 7.08 s on a loaded one.)
+        assert elapsed < 2 * grace, elapsed
         assert not one.exits  # rank 1 is behind: it names nobody
     finally:
         zero.close()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -58,11 +59,28 @@ def final_state(logdir):
 
 @pytest.mark.slow
 def test_sigkill_during_training_and_switch_resumes_to_the_same_ensemble(tmp_path):
-    reference = run(tmp_path / "reference")
+    with ThreadPoolExecutor(1) as pool:  # the uninterrupted reference runs beside the killed attempts
+        uninterrupted = pool.submit(run, tmp_path / "reference")
+        done, starts = _killed_attempts(tmp_path / "killed")
+        reference = uninterrupted.result()
     assert reference.returncode == 0, reference.stdout + reference.stderr
     ref_path, ref_model, ref_book = final_state(tmp_path / "reference")
+    assert starts[2].startswith("iteration 1: training ['t1_w8', 't1_w32'] from step 17 to 24"), starts  # mid-iteration
+    assert starts[3].startswith(("iteration 1: training ['t1_w8', 't1_w32'] from step 24",
+                                 "iteration 2: training ['t2_w8', 't2_w32'] from step 24")), starts
 
-    logdir = tmp_path / "killed"
+    path, model, book = final_state(tmp_path / "killed")
+    assert os.path.basename(path) == os.path.basename(ref_path) == "model.ckpt-36"
+    assert book == ref_book and book["iteration"] == 3 and len(book["frozen_widths"]) == 3
+    assert list(model) == list(ref_model)  # the same structure, in the same order
+    for key in ref_model:
+        assert torch.equal(model[key], ref_model[key]), key
+    assert done.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]  # same final ensemble, same accuracy
+
+
+def _killed_attempts(logdir) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The example killed at each point in turn, then run to the end: (the last attempt, the
+    first line of every attempt), each attempt checked to resume where the newest checkpoint is."""
     kills = ["switch:0:evaluated",   # iteration 0 trained and evaluated, the ensemble not yet grown
              "step:21",              # inside the second iteration's training (steps 12..24)
              "switch:1:overwrite"]   # inside the overwrite that grows the second iteration's ensemble
@@ -86,18 +104,7 @@ def test_sigkill_during_training_and_switch_resumes_to_the_same_ensemble(tmp_pat
         iteration = int(supervisor.load_variable(latest, "adanet/iteration"))
         step = int(supervisor.load_variable(latest, "global_step"))
         expected_start = f"iteration {iteration}: training ['t{iteration}_w8', 't{iteration}_w32'] from step {step}"
-    done = attempt
-    assert starts[2].startswith("iteration 1: training ['t1_w8', 't1_w32'] from step 17 to 24"), starts  # mid-iteration
-    assert starts[3].startswith(("iteration 1: training ['t1_w8', 't1_w32'] from step 24",
-                                 "iteration 2: training ['t2_w8', 't2_w32'] from step 24")), starts
-
-    path, model, book = final_state(logdir)
-    assert os.path.basename(path) == os.path.basename(ref_path) == "model.ckpt-36"
-    assert book == ref_book and book["iteration"] == 3 and len(book["frozen_widths"]) == 3
-    assert list(model) == list(ref_model)  # the same structure, in the same order
-    for key in ref_model:
-        assert torch.equal(model[key], ref_model[key]), key
-    assert done.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]  # same final ensemble, same accuracy
+    return attempt, starts
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from supervisor.checkpoint.finished import mark_finished
 from supervisor.cli import evaluate as cli_evaluate
 
+from tests import forked_cli
 from tests.estimator.sidecar_helpers import StepTrainer, weight_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,8 +23,9 @@ HELPERS = "tests.estimator.sidecar_helpers"
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "supervisor.cli.evaluate", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    """``python -m supervisor.cli.evaluate ARGS``: a real process, forked from an interpreter that
+    imported the CLI once (tests/forked_cli.py)."""
+    return forked_cli.run(args, timeout=timeout, cwd=ROOT, module="supervisor.cli.evaluate")
 
 
 def eval_steps(log_dir):

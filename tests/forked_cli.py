@@ -1,0 +1,294 @@
+"""``python -m supervisor ARGS`` for the CLI tests, without paying ``import torch`` per command.
+
+`run` behaves like ``subprocess.run([sys.executable, "-m", "supervisor", *args], capture_output=True,
+text=True, timeout=..., env=..., cwd=...)``: a separate process with its own exit status, stdout and
+stderr, the command run by ``supervisor/__main__.py`` as ``-m`` runs it (``runpy``), an uncaught
+exception's traceback and status 1, non-daemon threads joined and atexit handlers run at exit.
+What it skips is the interpreter's start and the ~2 s of CPU of importing torch and the runtime
+(and of tearing them down): each command is forked from a *zygote*, one interpreter per test
+process that imported ``supervisor.cli`` once and does nothing else (started on first use, ended
+at exit). About 70 commands in the suite paid those ~2 s each on CI's 2 cores; forked, each
+costs what the command itself does (0.1-0.3 s). `Forked` starts ``python SCRIPT ARGS`` the same
+way as a `subprocess.Popen` look-alike (pid, poll, wait, kill, send_signal), for tests that
+signal a process they started (the lease tests' writer: SIGKILL, SIGSTOP).
+
+Only what is decided at import could differ, so the zygote checks that it imported nothing that
+reads the environment then (fsspec reads ``FSSPEC_*``; botocore and s3fs are imported by the
+command, after its environment is set: tests/s3_eval configures the client by ``AWS_*`` alone).
+The child ends as the interpreter does, but without tearing every module down (see `_finish`). A
+test about the interpreter's own start or exit (a pipe closed early: the status 141 comes from
+Python's exit) starts a fresh one.
+
+Protocol: one JSON line per command on the zygote's stdin (argv, cwd, env, and the paths of its
+stdout, stderr, pid and status files); the zygote forks, the child redirects fds 0-2 and runs the
+command, the zygote writes the child's pid at once and its exit status (as ``subprocess`` reports
+it: ``-N`` for signal N) once it is reaped, each file renamed into place whole. `run` waits for
+the status file, and on timeout SIGKILLs the child and raises `subprocess.TimeoutExpired`.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Modules that read the environment when imported: the zygote must not have them.
+_READS_ENV_AT_IMPORT = ("fsspec", "s3fs", "botocore", "aiobotocore", "boto3")
+
+_lock = threading.Lock()
+_zygote: subprocess.Popen | None = None
+_scratch: str | None = None
+_count = 0
+
+
+def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, module: str = "supervisor") -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` (``supervisor``: the CLI), forked from the zygote (see the
+    module docstring)."""
+    argv = [str(a) for a in args]
+    files = _send(module, argv, dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()))
+    command = [sys.executable, "-m", module, *argv]
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(files["status"]):
+        if time.monotonic() > deadline:
+            _kill(files)
+            raise subprocess.TimeoutExpired(command, timeout, _read(files["stdout"]), _read(files["stderr"]))
+        time.sleep(0.005)
+    code = int(_read(files["status"]))
+    result = subprocess.CompletedProcess(command, code, _read(files["stdout"]), _read(files["stderr"]))
+    for path in files.values():
+        os.unlink(path)
+    return result
+
+
+class Forked:
+    """A ``python SCRIPT ARGS`` started like ``subprocess.Popen(..., stdout=file, stderr=STDOUT)``
+    but forked from the zygote: ``pid`` (signal it at will: SIGKILL, SIGSTOP, SIGCONT),
+    ``poll()``, ``wait(timeout)``, ``kill()``, ``send_signal()`` and ``returncode`` as
+    `subprocess.Popen` has them. Its output goes to the file ``output`` names."""
+
+    def __init__(self, script: str, args: Sequence[object], *, output: str,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
+        self.args = [sys.executable, script, *map(str, args)]
+        open(output, "w").close()  # exists (empty) from now on, as Popen's caller opened it
+        self._files = _send("path:" + os.path.abspath(script), self.args[2:],
+                            dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()),
+                            output=output)
+        self.pid = int(_read(_appeared(self._files["pid"])))
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and os.path.exists(self._files["status"]):
+            self.returncode = int(_read(self._files["status"]))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:  # it ended, and the zygote reaped it, just now
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: str | None = None) -> dict[str, str]:
+    global _count
+    with _lock:
+        zygote = _start()
+        _count += 1
+        base = os.path.join(_scratch, str(_count))  # type: ignore[arg-type]
+        files = {name: f"{base}.{name}" for name in ("stdout", "stderr", "pid", "status")}
+        if output is not None:  # stdout and stderr into one file, as stderr=subprocess.STDOUT
+            files["stdout"] = files["stderr"] = output
+        zygote.stdin.write(json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "files": files}) + "\n")  # type: ignore[union-attr]
+        zygote.stdin.flush()  # type: ignore[union-attr]
+    return files
+
+
+def _start() -> subprocess.Popen:
+    """The zygote, started once (under `_lock`)."""
+    global _zygote, _scratch
+    if _zygote is None or _zygote.poll() is not None:
+        _scratch = tempfile.mkdtemp(prefix="forked-cli-")
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        _zygote = subprocess.Popen([sys.executable, "-c", "from tests.forked_cli import serve; serve()"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        atexit.register(_stop, _zygote, _scratch)
+        ready = _zygote.stdout.readline()  # type: ignore[union-attr]  # its imports do not count
+        if ready != "ready\n":  # against the first command's timeout
+            raise RuntimeError(f"the CLI zygote did not start (status {_zygote.wait()}); see its stderr above")
+    return _zygote
+
+
+def _stop(zygote: subprocess.Popen, scratch: str) -> None:
+    zygote.stdin.close()  # type: ignore[union-attr]  # EOF: the zygote exits once its children did
+    try:
+        zygote.wait(30)
+    except subprocess.TimeoutExpired:
+        zygote.kill()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _kill(files: dict[str, str]) -> None:
+    """SIGKILLs a command that ran past its timeout, and waits until it was reaped."""
+    try:
+        os.kill(int(_read(_appeared(files["pid"]))), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _appeared(files["status"])
+
+
+def _appeared(path: str, secs: float = 120) -> str:
+    """``path`` once the zygote wrote it (it writes a pid at once and a status at the child's
+    exit); an error naming the zygote's state if it never does."""
+    deadline = time.monotonic() + secs
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the CLI zygote never wrote {path} (zygote exit status: {_zygote and _zygote.poll()})")
+        time.sleep(0.002)
+    return path
+
+
+def _read(path: str) -> str:
+    """The file's text; empty if the command never got as far as creating it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def _write_whole(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------- the zygote's side
+def serve() -> None:
+    """The zygote's loop: imports the CLI once, then forks one child per request line."""
+    import supervisor.cli  # noqa: F401  (what every command would import: the point of the zygote)
+
+    found = [m for m in _READS_ENV_AT_IMPORT if m in sys.modules]
+    assert not found, f"the zygote imported {found}, which read the environment at import"
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the test process reads no more of it
+    os.close(devnull)
+    running: dict[int, str] = {}
+    pending, reading = b"", True
+    while reading or running:
+        if reading and select.select([0], [], [], 0.01)[0]:
+            data = os.read(0, 1 << 16)  # unbuffered: every line that arrived is seen now
+            reading, pending = bool(data), pending + data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                _fork_one(json.loads(line), running)
+        elif not reading:
+            time.sleep(0.01)
+        _reap(running)
+
+
+def _fork_one(request: dict, running: dict[int, str]) -> None:
+    """Forks the command of one request; the child's pid is written at once."""
+    pid = os.fork()
+    if pid == 0:
+        _child(request)  # never returns: the command's exit ends the process
+    running[pid] = request["files"]["status"]
+    _write_whole(request["files"]["pid"], str(pid))
+
+
+def _reap(running: dict[int, str]) -> None:
+    for pid in list(running):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            _write_whole(running.pop(pid), str(os.waitstatus_to_exitcode(status)))
+
+
+def _child(request: dict) -> None:
+    """Becomes ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV`` for ``path:SCRIPT``): fds 0-2
+    redirected (the zygote's requests gone), then the module run as ``-m`` runs it
+    (``supervisor/__main__.py`` for the CLI) or the script as ``python`` does; its exit is the
+    process's."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _redirect(request["files"]["stdout"], request["files"]["stderr"])
+    script = request["module"][len("path:"):] if request["module"].startswith("path:") else None
+    sys.argv = [script or "-m", *request["argv"]]
+    if script is not None:
+        sys.path[0] = os.path.dirname(script)  # as ``python SCRIPT`` has it
+    try:
+        if script is not None:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = _exit_status(e)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _finish(code)
+
+
+def _redirect(stdout: str, stderr: str) -> None:
+    """fd 0 from /dev/null, fds 1 and 2 into their files (one shared file description when they
+    are the same file, as ``stderr=subprocess.STDOUT`` gives)."""
+    for fd, path in ((0, os.devnull), (1, stdout), (2, stderr)):
+        if fd == 2 and path == stdout:
+            os.dup2(1, 2)
+            continue
+        target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the zygote's buffered requests
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status the interpreter gives ``sys.exit(e.code)``."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> NoReturn:
+    """The interpreter's exit, but for tearing down every module: non-daemon threads joined,
+    atexit handlers run (logging's flush among them), stdout and stderr flushed; then the
+    process ends. (Tearing down torch's ~200 MB of objects in a forked child copies most of
+    the zygote's pages and took as long as importing torch: the ~2 s this module saves.)"""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 120  # the interpreter's status when its final flush fails
+    os._exit(code)
