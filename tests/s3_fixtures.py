@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import uuid
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import fsspec.asyn
 import pytest
@@ -103,8 +103,12 @@ class FaultProxy:
     """A loopback HTTP proxy in front of the server: answers the first ``fail_first`` requests
     (every request while ``fail_all`` is set) with ``503 SlowDown``, forwards the rest."""
 
-    def __init__(self, upstream_port: int, fail_first: int = 0, fail_all: bool = False) -> None:
+    def __init__(self, upstream_port: int, fail_first: int = 0, fail_all: bool = False,
+                 body_filter: Callable[[str, Any, bytes], bytes] | None = None) -> None:
+        """``body_filter(command, headers, body)``: what a forwarded answer's body becomes on the
+        wire (its Content-Length still promises the whole body), e.g. a body cut short."""
         self.upstream_port = upstream_port
+        self.body_filter = body_filter
         self.fail_first = fail_first
         self.fail_all = fail_all
         self.requests = 0
@@ -156,7 +160,8 @@ class FaultProxy:
                 self.end_headers()
                 self.close_connection = True
                 if self.command != "HEAD":
-                    self.wfile.write(data)
+                    self.wfile.write(data if proxy.body_filter is None
+                                     else proxy.body_filter(self.command, self.headers, data))
                 upstream.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any

@@ -129,63 +129,21 @@ def test_multipart_uploads_carry_the_configured_checksum_algorithm(s3_storage, s
     assert storage.read_bytes(path) == data
 
 
-class _CutBodies:
-    """A loopback proxy that forwards every request but sends only the first half of each ranged
-    ``GetObject``'s body before closing the connection (its Content-Length promises all)."""
-
-    def __init__(self, upstream_port: int) -> None:
-        import http.client
-        import http.server
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
-                upstream.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
-                response = upstream.getresponse()
-                data = response.read()
-                upstream.close()
-                self.send_response(response.status, response.reason)
-                for k, v in response.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                cut = self.command == "GET" and "Range" in self.headers
-                self.send_header("Content-Length", response.getheader("Content-Length") or str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                if self.command != "HEAD":
-                    self.wfile.write(data[:len(data) // 2] if cut else data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def _cut_ranged_bodies(command: str, headers: object, body: bytes) -> bytes:
+    """Only the first half of each ranged ``GetObject``'s body reaches the client (its
+    Content-Length promises all), then the connection closes."""
+    return body[:len(body) // 2] if command == "GET" and "Range" in headers else body
 
 
 def test_a_body_cut_mid_range_is_an_error_never_a_short_copy(s3_server, s3_storage, s3_root):
     from supervisor.checkpoint.storage import storage_for
     from supervisor.errors import CheckpointCorruptError
-    from tests.s3_fixtures import options
+    from tests.s3_fixtures import FaultProxy, options
 
     storage, data, path = _object(s3_storage, s3_root, 6 * MiB, min_range_size=5 * MiB, max_concurrency=2)
-    proxy = _CutBodies(s3_server.port)
-    try:
-        opts = {**options(f"http://127.0.0.1:{proxy.port}"), "skip_instance_cache": True, "min_range_size": 5 * MiB}
+    with FaultProxy(s3_server.port, body_filter=_cut_ranged_bodies) as proxy:
+        opts = {**options(proxy.endpoint), "skip_instance_cache": True, "min_range_size": 5 * MiB}
         cut = storage_for(s3_root, opts)
         with cut.open_snapshot(cut.dirname(path), ["state.pt"]) as snapshot:
             with pytest.raises(CheckpointCorruptError, match="state.pt (cannot be read|ended after)"):
                 copy_file(snapshot.files["state.pt"], len(data), path)
-    finally:
-        proxy.close()
