@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import uuid
+import zlib
 from typing import Any, Callable, Iterator
 
 import fsspec.asyn
@@ -179,3 +180,14 @@ class FaultProxy:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(10)
+
+
+def assert_copy_holds(copy: Any, data: bytes) -> None:
+    """A private copy (`supervisor.checkpoint.private_copy.copy_file`) holds exactly ``data``
+    (in its file or its buffer) and its CRC-32 is that of ``data``."""
+    if copy.path is not None:
+        with open(copy.path, "rb") as f:
+            assert f.read() == data
+    else:
+        assert bytes(copy.data) == data
+    assert copy.crc == zlib.crc32(data)

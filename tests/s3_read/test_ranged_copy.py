@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.checkpoint import private_copy
 from supervisor.errors import CheckpointCorruptError
+from tests.s3_fixtures import assert_copy_holds
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,12 +31,7 @@ def test_ranged_copies_hold_the_bytes_and_their_crc(size, in_buffer):
     data = os.urandom(size)
     reader = Ranged(data)
     with private_copy.copy_file(reader, size, "s3://b/c/state.pt", in_buffer=in_buffer) as copy:
-        if copy.path is not None:
-            with open(copy.path, "rb") as f:
-                assert f.read() == data
-        else:
-            assert bytes(copy.data) == data
-        assert copy.crc == zlib.crc32(data)
+        assert_copy_holds(copy, data)
     assert sum(length for _, length in reader.requests) == size  # every byte requested once
     assert private_copy.checksum_stream(Ranged(data), size, "x") == zlib.crc32(data)
 

@@ -16,6 +16,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
 from supervisor.checkpoint.private_copy import checksum_stream, copy_file  # noqa: E402
 from supervisor.checkpoint.storage_base import PreconditionFailedError  # noqa: E402
+from tests.s3_fixtures import assert_copy_holds  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 MiB = 1 << 20
@@ -51,12 +52,7 @@ def test_a_whole_read_is_max_concurrency_streamed_ranges_read_once(s3_storage, s
     with storage.open_snapshot(directory, ["state.pt"]) as snapshot:
         etag = snapshot.listing["state.pt"].version
         with copy_file(snapshot.files["state.pt"], len(data), path, in_buffer=in_buffer) as copy:
-            if copy.path is not None:
-                with open(copy.path, "rb") as f:
-                    assert f.read() == data
-            else:
-                assert bytes(copy.data) == data
-            assert copy.crc == zlib.crc32(data)
+            assert_copy_holds(copy, data)
     # two ranges (24 MiB + 7 bytes split in max_concurrency=2, rounded up to a MiB: 13 + 11),
     # not five of min_range_size: one request per range, each streamed into the copy
     assert sorted(r[:3] for r in storage.ranges) == [(0, 13 * MiB, 13 * MiB), (13 * MiB, len(data) - 13 * MiB,
