@@ -102,6 +102,7 @@ class CollectiveAgreement(Agreement):
         self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
         self._channel = channel_module.attach(modules, flag_count(self.world_size))
         self._staged: tuple[int, tuple[tuple[str, ...], str | None]] = (0, ((), None))
+        self._last_step: int | None = None  # the last boundary decided (what an error names)
         if self._channel is not None:
             self._channel.bind()
         self._finished = False
@@ -118,6 +119,7 @@ class CollectiveAgreement(Agreement):
         if self._watchdog is None:
             self._first_boundary()
         self._watchdog.progress(step)
+        self._last_step = step
         carried = self._channel.take() if self._channel is not None else None
         if (requests is NO_REQUESTS and self._pending is None and carried is not None
                 and not any(carried)):
@@ -247,9 +249,11 @@ class CollectiveAgreement(Agreement):
         return error
 
     def _watchdog_step(self) -> int | None:
+        """The step this rank is at: the boundary whose collective is in flight, else the last
+        one decided (after an agreed stop too); None before the first boundary."""
         if self._pending is not None:
             return self._pending[2]
-        return self._staged[0] if self._watchdog is not None else None
+        return self._last_step
 
     def close(self, error: BaseException | None = None) -> RankFailureError | None:
         """Leaves the agreement. After an agreed stop nothing is in flight; otherwise (this rank

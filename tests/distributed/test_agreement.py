@@ -40,3 +40,15 @@ def test_a_failed_rank_stops_the_others_in_bounded_time_naming_it(mode):
     else:
         assert "did not respond" in survivor.result["error"]
     assert survivor.result["secs_after_failure"] < 4 + 2, survivor.result  # stop_grace_secs + slack
+
+
+@pytest.mark.slow
+def test_a_failure_after_the_agreed_stop_names_the_step_the_ranks_stopped_at():
+    """The error of a collective that fails after the ranks agreed to stop at step 4 (a sharded
+    session's final save, say) names step 4, not step 0."""
+    results = run_job("agreement_failure_after_the_stop", 2, "4", timeout=60, after_rank0_secs=5)
+    survivor = results[0]
+    assert survivor.returncode == 0 and survivor.result is not None, describe(results)
+    assert survivor.result["stopped_at"] == 4
+    assert survivor.result["error"] is not None and "rank 1" in survivor.result["error"], survivor.result
+    assert survivor.result["step"] == 4 and "stopped at step 4 " in survivor.result["error"], survivor.result

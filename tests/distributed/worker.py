@@ -101,6 +101,29 @@ def agreement_failure(mode: str, grace: str = "4") -> None:
         os._exit(0)  # a gloo group with a dead peer cannot be destroyed cleanly
 
 
+@scenario
+def agreement_failure_after_the_stop(last_step: str = "4") -> None:
+    """Every rank stops at ``last_step`` (agreed); then rank 1 dies while rank 0 is in a
+    collective of its own (what a sharded session's final save is). Rank 0 reports the failure."""
+    from supervisor.distributed.agreement import CollectiveAgreement
+
+    agreement = CollectiveAgreement(stop_grace_secs=3)
+    for step in range(1, 100):
+        requests = Requests(stop_reason="last_step", stop_on_every_rank=True) if step == int(last_step) else NO_REQUESTS
+        if agreement.decide(step, requests).stop:
+            break
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.barrier()
+        dist.barrier()
+    except Exception as e:  # noqa: BLE001 - the collective that failed because rank 1 died
+        error = agreement.report_failure(e)
+        emit({"error": str(error), "step": getattr(error, "step", None), "stopped_at": step})
+        os._exit(0)  # a gloo group with a dead peer cannot be destroyed cleanly
+    emit({"error": None, "stopped_at": step})
+
+
 # ---------------------------------------------------------------- DDP through a front door
 class Net(torch.nn.Module):
     def __init__(self) -> None:
