@@ -41,13 +41,15 @@ def stop_job(process: subprocess.Popen) -> str:
 def test_evaluator_exits_at_max_steps_next_to_a_torchrun_job(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("SUPERVISOR_TASK_TYPE", "SUPERVISOR_TASK_ID")}
     env["OMP_NUM_THREADS"] = "1"
+    # The evaluator starts first: torchrun's start (launcher, two ranks, rendezvous) is its head
+    # start, so a loaded machine does not leave it only the checkpoint nearest max_steps to see.
+    evaluator = start("evaluator", tmp_path, "--max-steps", 60)
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), SCRIPT,
                             str(tmp_path), "5000", "0.05"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    # The evaluator and the job start at once; 60 steps of 50 ms leave it ~3 s to see several
-    # checkpoints before max_steps (30 steps of 20 ms sometimes left it only the first one).
-    evaluator = start("evaluator", tmp_path, "--max-steps", 60)
+    # 60 steps of 50 ms leave it ~3 s to see several checkpoints before max_steps (30 steps of
+    # 20 ms sometimes left it only the first one).
     try:
         result = finish(evaluator, timeout=300)
         assert job.poll() is None  # the evaluator stopped on max_steps, not because the job ended
