@@ -20,38 +20,12 @@ import os
 from typing import Any, Mapping
 
 from supervisor._validate import check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
-from supervisor.checkpoint.storage import split_scheme, storage_for
+from supervisor.checkpoint.storage import check_storage, is_url  # re-exported: the storage seam owns them
 
 __all__ = ["check_directory", "check_logdir", "check_path", "check_storage", "check_watched_directory", "is_url"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
-
-
-def is_url(path: str) -> bool:
-    """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``."""
-    return split_scheme(path)[0] != "file"
-
-
-def check_storage(name: str, path: str | None, storage_options: Any) -> dict[str, Any] | None:
-    """The client options of ``path`` (None when there are none), checked at construction: for
-    a URL its scheme is known and its client installed (`storage_for` builds the client, which
-    connects nowhere yet); for a local path no ``storage_options`` may be given."""
-    if storage_options is not None and not isinstance(storage_options, Mapping):
-        raise TypeError(f"storage_options must be a dict of the object-store client's options "
-                        f"(e.g. {{'endpoint_url': ...}}) or None, got {storage_options!r}")
-    if path is None or not is_url(path):
-        if storage_options:
-            where = f"the local path {path!r}" if path is not None else "no directory"
-            raise ValueError(f"storage_options={dict(storage_options)!r} were given with {name}={path!r}, "
-                             f"{where}: they configure the client of an object-store URL (s3://bucket/prefix) "
-                             "only; drop them or pass a URL")
-        return None
-    try:
-        storage_for(path, storage_options)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from e
-    return dict(storage_options) if storage_options else None
 
 
 def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | None:

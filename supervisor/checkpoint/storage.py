@@ -52,7 +52,7 @@ from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, P
 __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError", "Storage",
     "StorageWriter",
-    "LocalStorage", "register_scheme", "storage_for", "split_scheme",
+    "LocalStorage", "check_storage", "is_url", "register_scheme", "storage_for", "split_scheme",
 ]
 
 
@@ -112,6 +112,32 @@ def storage_for(path_or_url: str | os.PathLike, storage_options: Mapping[str, An
         hint = f'pip install "torch-supervisor[{extra}]"' if extra else "install its client"
         raise ImportError(f"{os.fspath(path_or_url)!r} needs the optional {scheme}:// client, which is not "
                           f"installed ({e}); install it with: {hint}") from e
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``."""
+    return split_scheme(path)[0] != "file"
+
+
+def check_storage(name: str, path: str | None, storage_options: Any) -> dict[str, Any] | None:
+    """The client options of ``path`` (None when there are none), checked at construction: for
+    a URL its scheme is known and its client installed (`storage_for` builds the client, which
+    connects nowhere yet); for a local path no ``storage_options`` may be given."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError(f"storage_options must be a dict of the object-store client's options "
+                        f"(e.g. {{'endpoint_url': ...}}) or None, got {storage_options!r}")
+    if path is None or not is_url(path):
+        if storage_options:
+            where = f"the local path {path!r}" if path is not None else "no directory"
+            raise ValueError(f"storage_options={dict(storage_options)!r} were given with {name}={path!r}, "
+                             f"{where}: they configure the client of an object-store URL (s3://bucket/prefix) "
+                             "only; drop them or pass a URL")
+        return None
+    try:
+        storage_for(path, storage_options)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from e
+    return dict(storage_options) if storage_options else None
 
 
 def _register_builtin() -> None:

@@ -19,11 +19,10 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
-from supervisor._paths import check_storage
 from supervisor._validate import check_int, check_number
 from supervisor.checkpoint.format import step_of
 from supervisor.checkpoint.index import read_index
-from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Storage, check_storage, split_scheme, storage_for
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["committed_step", "wait_for_global_step"]
