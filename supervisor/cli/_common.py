@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from supervisor.checkpoint import (
     MANIFEST_FILE,
@@ -234,9 +234,21 @@ def writer_lock(logdir: str) -> Iterator[None]:
     Raises:
         Refused: a writer holds the lock (the message names its pid and host).
     """
-    lock = OwnershipLock(logdir)
-    try:
+    def acquire() -> OwnershipLock:
+        lock = OwnershipLock(logdir)
         lock.acquire()
+        return lock
+
+    with holding(acquire):
+        yield
+
+
+@contextlib.contextmanager
+def holding(acquire: Callable[[], Any]) -> Iterator[None]:
+    """Holds the lock ``acquire()`` takes and returns (released after); `Refused` naming the
+    holder when it raises `LogdirInUseError` (a writer holds it)."""
+    try:
+        lock = acquire()
     except LogdirInUseError as e:
         raise Refused(f"refusing: {e}") from None
     try:

@@ -30,8 +30,8 @@ from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import acquire_writer_lock
 from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.cli._common import (DEFAULT_BASENAME, EXIT_PROBLEM, CheckpointRow, Listing, Refused,
-                                    basename_from_index, error, step_in)
-from supervisor.errors import CheckpointError, LogdirInUseError
+                                    basename_from_index, error, holding, step_in)
+from supervisor.errors import CheckpointError
 
 __all__ = ["is_url", "add_storage_options", "connect", "UrlProblem", "missing", "scan", "check_url", "lease_note",
            "lease_lock", "names_in_index", "STORAGE_OPTIONS_HELP", "is_checkpoint", "open_logdir",
@@ -199,14 +199,8 @@ def lease_note(storage: Storage, url: str) -> str | None:
 @contextlib.contextmanager
 def lease_lock(storage: Storage, url: str) -> Iterator[None]:
     """Holds ``url``'s lease for a mutation, as a writer would (`Refused` while a writer holds it)."""
-    try:
-        lock = acquire_writer_lock(storage, url, kind="lease")
-    except LogdirInUseError as e:
-        raise Refused(f"refusing: {e}") from None
-    try:
+    with holding(lambda: acquire_writer_lock(storage, url, kind="lease")):
         yield
-    finally:
-        lock.release()
 
 
 def mutate_url(args: argparse.Namespace, verb: str, change: Callable[[Storage, str], int], *,
