@@ -145,25 +145,7 @@ class FaultProxy:
                 self._forward(body)
 
             def _forward(self, body: bytes) -> None:
-                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
-                upstream.request(self.command, self.path, body=body, headers=headers)
-                response = upstream.getresponse()
-                data = response.read()
-                self.send_response(response.status, response.reason)
-                for k, v in response.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                # A HEAD answer has no body but the object's length (what stat reports).
-                head_length = response.getheader("Content-Length") if self.command == "HEAD" else None
-                self.send_header("Content-Length", head_length or str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                if self.command != "HEAD":
-                    self.wfile.write(data if proxy.body_filter is None
-                                     else proxy.body_filter(self.command, self.headers, data))
-                upstream.close()
+                forward(self, proxy.upstream_port, body, proxy.body_filter)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
@@ -191,3 +173,28 @@ def assert_copy_holds(copy: Any, data: bytes) -> None:
     else:
         assert bytes(copy.data) == data
     assert copy.crc == zlib.crc32(data)
+
+
+def forward(handler: http.server.BaseHTTPRequestHandler, upstream_port: int, body: bytes,
+            body_filter: Callable[[str, Any, bytes], bytes] | None = None) -> None:
+    """A loopback proxy's forwarding of one request: ``handler``'s request (``body`` already
+    read) goes to the server on ``upstream_port``, its answer back, one connection each
+    (``body_filter`` as `FaultProxy`'s)."""
+    upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+    headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("expect", "connection")}
+    upstream.request(handler.command, handler.path, body=body, headers=headers)
+    response = upstream.getresponse()
+    data = response.read()
+    handler.send_response(response.status, response.reason)
+    for k, v in response.getheaders():
+        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+            handler.send_header(k, v)
+    # A HEAD answer has no body but the object's length (what stat reports).
+    head_length = response.getheader("Content-Length") if handler.command == "HEAD" else None
+    handler.send_header("Content-Length", head_length or str(len(data)))
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.close_connection = True
+    if handler.command != "HEAD":
+        handler.wfile.write(data if body_filter is None else body_filter(handler.command, handler.headers, data))
+    upstream.close()

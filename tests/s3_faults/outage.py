@@ -13,6 +13,8 @@ import http.server
 import threading
 from typing import Callable
 
+from tests.s3_fixtures import forward
+
 
 class OutageProxy:
     def __init__(self, upstream_port: int) -> None:
@@ -79,24 +81,7 @@ def _handler(proxy: OutageProxy) -> type[http.server.BaseHTTPRequestHandler]:
             self._forward(body)
 
         def _forward(self, body: bytes) -> None:
-            upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
-            upstream.request(self.command, self.path, body=body, headers=headers)
-            response = upstream.getresponse()
-            data = response.read()
-            self.send_response(response.status, response.reason)
-            for k, v in response.getheaders():
-                if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                    self.send_header(k, v)
-            # A HEAD's Content-Length is the object's size (no body follows).
-            self.send_header("Content-Length", response.getheader("Content-Length", "0") if self.command == "HEAD"
-                             else str(len(data)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
-            if self.command != "HEAD":
-                self.wfile.write(data)
-            upstream.close()
+            forward(self, proxy.upstream_port, body)
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
