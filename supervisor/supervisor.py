@@ -22,9 +22,10 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
-from supervisor._paths import check_logdir, is_url
+from supervisor._paths import check_logdir
 from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
+from supervisor.checkpoint.storage import options_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
@@ -327,17 +328,17 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
             if directory is not None:
                 check_writable_directory(directory, argument=argument)
     if summary_dir is not None and is_chief:
-        writer = SummaryWriterCache.acquire(summary_dir, _options_for(summary_dir, storage_options))
+        writer = SummaryWriterCache.acquire(summary_dir, options_for(summary_dir, storage_options))
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
     elif checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
         sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,  # every rank's
-                                           storage_options=_options_for(checkpoint_dir, storage_options),
+                                           storage_options=options_for(checkpoint_dir, storage_options),
                                            **options)  # save_mode too (async by default)
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)
     elif is_chief:
-        manager = CheckpointManager(checkpoint_dir, clock=clock, storage_options=_options_for(
+        manager = CheckpointManager(checkpoint_dir, clock=clock, storage_options=options_for(
             checkpoint_dir, storage_options), **options)
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
     else:
@@ -347,11 +348,6 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
                                        recovery_wait_secs=recovery_wait_secs, clock=clock,
                                        logdir=checkpoint_dir, trusted_globals=options.get("trusted_globals", ()),
-                                       storage_options=_options_for(checkpoint_dir, storage_options), **init_fns)
+                                       storage_options=options_for(checkpoint_dir, storage_options), **init_fns)
     creator.environment.owns_summary_writer = writer is not None
     return creator
-
-
-def _options_for(directory: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The client options of ``directory``: ``storage_options`` for a URL, none for a local path."""
-    return storage_options if is_url(directory) else None

@@ -52,7 +52,7 @@ from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, P
 __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError", "Storage",
     "StorageWriter",
-    "LocalStorage", "check_storage", "is_url", "register_scheme", "storage_for", "split_scheme",
+    "LocalStorage", "check_storage", "is_url", "options_for", "register_scheme", "storage_for", "split_scheme",
 ]
 
 
@@ -114,9 +114,15 @@ def storage_for(path_or_url: str | os.PathLike, storage_options: Mapping[str, An
                           f"installed ({e}); install it with: {hint}") from e
 
 
-def is_url(path: str) -> bool:
+def is_url(path: str | os.PathLike) -> bool:
     """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``."""
     return split_scheme(path)[0] != "file"
+
+
+def options_for(path: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The client options of ``path``: ``storage_options`` for a URL, None for a local path
+    (which takes none), so one set of options serves a URL logdir beside local directories."""
+    return dict(storage_options) if storage_options and is_url(path) else None
 
 
 def check_storage(name: str, path: str | None, storage_options: Any) -> dict[str, Any] | None:

@@ -28,7 +28,8 @@ from supervisor.checkpoint import CheckpointState, MANIFEST_FILE, list_committed
 from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import acquire_writer_lock
-from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Storage, storage_for
+from supervisor.checkpoint.storage import is_url as storage_is_url
 from supervisor.cli._common import (DEFAULT_BASENAME, EXIT_PROBLEM, CheckpointRow, Listing, Refused,
                                     basename_from_index, error, holding, step_in)
 from supervisor.errors import CheckpointError
@@ -51,9 +52,9 @@ class UrlProblem(Exception):
         self.code = code
 
 
-def is_url(path: str) -> bool:
-    """Whether ``path`` is an object-store URL (any ``scheme://`` but ``file://``)."""
-    return isinstance(path, str) and split_scheme(path)[0] != "file"
+def is_url(path: Any) -> bool:
+    """Whether ``path`` (a command-line value, maybe None) is an object-store URL."""
+    return isinstance(path, str) and storage_is_url(path)
 
 
 def _options(text: str) -> dict[str, Any]:

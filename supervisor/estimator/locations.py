@@ -9,16 +9,10 @@ local checkpoint or export base beside an ``s3://`` model_dir still works.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
 
-from supervisor.checkpoint.storage import split_scheme
+from supervisor.checkpoint.storage import is_url, options_for  # re-exported for the estimator
 
 __all__ = ["is_url", "join", "options_for"]
-
-
-def is_url(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``."""
-    return split_scheme(path)[0] != "file"
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
@@ -26,8 +20,3 @@ def join(base: str | os.PathLike, *parts: str) -> str:
     if is_url(base):
         return "/".join([os.fspath(base).rstrip("/"), *(p.strip("/") for p in parts if p)])
     return os.path.join(os.fspath(base), *parts)
-
-
-def options_for(path: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``storage_options`` when ``path`` is a URL, else None (a local path takes none)."""
-    return dict(storage_options) if storage_options and is_url(path) else None
