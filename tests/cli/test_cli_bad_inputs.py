@@ -219,7 +219,7 @@ def test_json_output_is_one_array_of_one_object_per_checkpoint(tmp_path):
     for command in ("ls", "verify"):
         result, rows = cli_json(command, tmp_path)
         assert isinstance(rows, list) and [r["step"] for r in rows] == [1, 2]
-    readme = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
+    readme = " ".join(open(os.path.join(ROOT, "docs", "guides", "cli.md"), encoding="utf-8").read().split())
     assert "prints one JSON array with one object per checkpoint" in readme
     assert "prints one object per checkpoint" not in readme
     assert supervisor.__file__.startswith(ROOT)
