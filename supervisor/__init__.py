@@ -36,6 +36,7 @@ from supervisor.errors import (
     RecoverableError,
     SupervisorError,
 )
+from supervisor.loop_state import LoopState
 from supervisor.hook import Hook, IdleUntil, RunArgs, RunContext, RunValues, StepCall, StepContext
 from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState
@@ -68,6 +69,7 @@ __all__ = [
     "Hook",
     "IdleUntil",
     "LogdirInUseError",
+    "LoopState",
     "StopRequestedError",
     "LooperThread",
     "MonitoredSession",

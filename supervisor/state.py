@@ -187,10 +187,20 @@ def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
         raise TypeError(f"{argument} is the class {obj.__module__}.{obj.__qualname__}, not an instance; "
                         f"create one, e.g. {argument}={obj.__qualname__}(...)")
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+        if isinstance(obj, (bool, int, float, str, list, tuple, dict, torch.Tensor, type(None))):
+            raise TypeError(
+                f"{argument} is a plain value ({type(obj).__name__} {_short(obj)}), which cannot be restored in "
+                f"place; put loop variables in a supervisor.LoopState, which is checkpointed: e.g. "
+                f"state={{'loop': LoopState({name}={_short(obj)})}}, then read and set loop.{name}")
         raise TypeError(
             f"{argument} must have state_dict() and load_state_dict(sd) methods to be checkpointed, "
             f"got {type(obj).__name__}; wrap it in an object that provides them"
         )
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def unwrap_module(obj: Any) -> Any:
