@@ -9,7 +9,7 @@ the session reads it (``s.logdir``, ``s.is_chief``, ``s.summary_writer``,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.summary import SummaryWriterCache
@@ -29,6 +29,8 @@ class SessionEnvironment:
             once opened), or None (no checkpoint directory, or not the chief).
         owns_summary_writer: whether closing the environment gives the writer back
             (`supervisor.summary.SummaryWriterCache.release`): the front door acquired it.
+        sinks: the scalar sinks (`supervisor.sinks`) the front door added to the summary
+            writer; closing the environment removes and closes them.
     """
 
     logdir: str | None = None
@@ -36,6 +38,7 @@ class SessionEnvironment:
     summary_writer: Any = None
     checkpoints: Any = None
     owns_summary_writer: bool = False
+    sinks: list[Any] = field(default_factory=list)
 
     def close(self, *, failed: bool) -> None:
         """Closes the checkpoint manager (finishing the save in flight, releasing the lock), then
@@ -45,5 +48,9 @@ class SessionEnvironment:
             if self.checkpoints is not None:
                 self.checkpoints.close(failed=failed)
         finally:
-            if self.owns_summary_writer and self.summary_writer is not None:
-                SummaryWriterCache.release(self.summary_writer)
+            try:
+                for sink in self.sinks:  # flushed and closed after the final checkpoint's commit
+                    self.summary_writer.remove_sink(sink)
+            finally:
+                if self.owns_summary_writer and self.summary_writer is not None:
+                    SummaryWriterCache.release(self.summary_writer)

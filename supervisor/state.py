@@ -22,6 +22,11 @@ __all__ = ["TrainingState", "RESERVED_NAMES", "unwrap_module", "strip_wrapper_pr
 # What wrappers put in front of the wrapped module's keys: DDP / DataParallel and torch.compile.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
+# An optional entry (a summary sink's run id): its object has ``optional_entry = True`` and its
+# saved state dict this key, so a checkpoint without it restores into a state with it (the
+# object keeps its own state) and one with it into a state without it (ignored).
+OPTIONAL_MARK = "__optional_entry__"
+
 # Names the checkpoint format uses for its own records next to the user's entries.
 RESERVED_NAMES = frozenset({"global_step", "rng", "__meta__"})
 
@@ -105,8 +110,9 @@ class TrainingState(Mapping):
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping of entry name -> state dict, got {type(state_dict).__name__}")
-        missing = [n for n in self._objects if n not in state_dict]
-        unexpected = [n for n in state_dict if n not in self._objects and n not in RESERVED_NAMES]
+        missing = [n for n, obj in self._objects.items() if n not in state_dict and not _optional(obj)]
+        unexpected = [n for n in state_dict if n not in self._objects and n not in RESERVED_NAMES
+                      and not (isinstance(state_dict[n], Mapping) and state_dict[n].get(OPTIONAL_MARK))]
         if strict and (missing or unexpected):
             parts = []
             if missing:
@@ -171,6 +177,10 @@ def _check_optimizer(name: str, obj: Any, entry: Any, saved_class: Any) -> None:
         "(the first step would fail or run the other algorithm's settings). To continue this run, "
         "use the optimizer class it was trained with; to switch optimizers, use a new logdir and "
         "warm-start the model with supervisor.restore_partial(<checkpoint>, model) in init_fn")
+
+
+def _optional(obj: Any) -> bool:
+    return getattr(obj, "optional_entry", False) is True
 
 
 def _check_entry(name: Any, obj: Any, *, argument: str) -> None:

@@ -85,11 +85,24 @@ class SummaryWriter:
                                        max_queue=max_queue, first=version_event(time.time(), writer="torch-supervisor"),
                                        encode=self._encode)
         self._closed = False
+        self._sinks: list[Any] = []
         _OPEN_WRITERS.add(self)
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def add_sink(self, sink: Any) -> None:
+        """Sends a copy of every scalar written from now on to ``sink`` (`supervisor.sinks`); the
+        sink is flushed with the writer and closed by `remove_sink` or the writer's `close`."""
+        if sink not in self._sinks:
+            self._sinks = [*self._sinks, sink]
+
+    def remove_sink(self, sink: Any) -> None:
+        """Stops sending to ``sink`` and closes it."""
+        if sink in self._sinks:
+            self._sinks = [s for s in self._sinks if s is not sink]
+            sink.close()
 
     def add_scalar(self, tag: str, value: Any, step: int, walltime: float | None = None) -> None:
         """Writes one scalar; ``value`` is a number or a 0-dim (or one-element) tensor/array."""
@@ -98,7 +111,9 @@ class SummaryWriter:
     def add_scalars(self, values: dict[str, Any], step: int, walltime: float | None = None) -> None:
         """Writes several scalars at one step, as one event (``{tag: value}``)."""
         scalars = tuple((_check_tag(tag), _to_float(tag, value)) for tag, value in values.items())
-        self._add(step, walltime, "scalars", scalars)
+        wall_time = self._add(step, walltime, "scalars", scalars)
+        for sink in self._sinks:
+            sink.write(step, dict(scalars), wall_time)
 
     def add_session_log(self, status: str, step: int, *, checkpoint_path: str | None = None, msg: str = "") -> None:
         """Writes a ``SessionLog`` event: ``"START"`` (TensorBoard then drops the events of a
@@ -114,13 +129,20 @@ class SummaryWriter:
         """Blocks until every event added so far is written to the file."""
         if not self._closed:
             self._writer.flush()
+            for sink in self._sinks:
+                sink.flush()
 
     def close(self) -> None:
         """Flushes and closes the file and stops the writer thread; closing twice is a no-op."""
         if not self._closed:
             self._closed = True
             _OPEN_WRITERS.discard(self)
-            self._writer.close()
+            try:
+                self._writer.close()
+            finally:
+                sinks, self._sinks = self._sinks, []
+                for sink in sinks:
+                    sink.close()
 
     def __enter__(self) -> SummaryWriter:
         return self
@@ -131,7 +153,7 @@ class SummaryWriter:
     def __repr__(self) -> str:
         return f"SummaryWriter(logdir={self.logdir!r}{', closed' if self._closed else ''})"
 
-    def _add(self, step: int, walltime: float | None, kind: str, payload: tuple) -> None:
+    def _add(self, step: int, walltime: float | None, kind: str, payload: tuple) -> float:
         # Checked and converted here, on the caller's thread (a bad value raises where it was
         # given; a tensor's value is read now); the protobuf is built by `_encode` on the writer
         # thread, a batch at a time (see the class docstring).
@@ -140,6 +162,7 @@ class SummaryWriter:
         step = check_int("step", step)
         wall_time = time.time() if walltime is None else check_number("walltime", walltime)
         self._writer.add((wall_time, step, kind, payload))
+        return wall_time
 
     def _encode(self, item: tuple) -> bytes:
         """The serialised ``Event`` of one queued ``(wall_time, step, kind, payload)``. A bound

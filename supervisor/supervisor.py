@@ -41,6 +41,7 @@ from supervisor.hook import Hook
 from supervisor.services import SupervisorServices
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
+from supervisor.sinks import prepare_sinks
 from supervisor.summary import SummaryWriterCache
 
 __all__ = ["Supervisor"]
@@ -93,6 +94,9 @@ class Supervisor:
             configures it the standard way (``AWS_*`` environment, ``~/.aws``, ``FSSPEC_S3_*``).
             Used by the checkpoint manager, its lease and the summary writer; on a non-chief
             (a rank of a process group, or ``is_chief=False`` alone), to read the chief's checkpoints.
+        summary_sinks: where the chief's scalars go besides TensorBoard, e.g.
+            ``[supervisor.sinks.MLflowSink(experiment_name="x")]``; a stateful sink is checkpointed
+            (an optional entry), so a resumed job continues the same MLflow run.
     """
 
     def __init__(
@@ -107,10 +111,12 @@ class Supervisor:
         handle_signals: bool = True, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-    ) -> None:
+        summary_sinks: Iterable[Any] = ()) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                     storage_options=storage_options)
+        self._sinks, state = prepare_sinks(summary_sinks, state, is_chief=self._is_chief, logdir=self._logdir,
+                                           writes_summaries=save_summaries_secs)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
         self._hooks = v.check_hooks("hooks", hooks)
         self._init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -126,15 +132,13 @@ class Supervisor:
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
         self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
-        self._recoverable = check_exception_types(recoverable_exceptions)
-        self._max_recoveries = v.check_int("max_recoveries", max_recoveries, minimum=0)
+        self._recoverable, self._max_recoveries = (check_exception_types(recoverable_exceptions),
+                                                   v.check_int("max_recoveries", max_recoveries, minimum=0))
         self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
         self._handle_signals = v.check_bool("handle_signals", handle_signals)
         self._clock = resolve_clock(clock)
-        self._coord = Coordinator()
         self._session: MonitoredSession | None = None
-        self._last_step = 0
-        self._lock = threading.Lock()
+        self._coord, self._last_step, self._lock = Coordinator(), 0, threading.Lock()
 
     # ---------------------------------------------------------------- the session
     def managed_session(self) -> _ManagedSession:
@@ -152,7 +156,8 @@ class Supervisor:
                 checkpoint_options=self._checkpoint_options,
                 summary_dir=self._logdir if self._is_chief and self._save_summaries_secs else None,
                 max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
-                clock=self._clock, checkpoint_format=self._checkpoint_format, **self._init_fns)
+                clock=self._clock, checkpoint_format=self._checkpoint_format, summary_sinks=self._sinks,
+                **self._init_fns)
             services = SupervisorServices(save_model_secs=self._save_model_secs,
                                           save_summaries_secs=self._save_summaries_secs,
                                           summary_fn=self._summary_fn, clock=self._clock)
@@ -314,7 +319,8 @@ CHECKPOINT_FORMATS = ("torch", "dcp")
 def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
                          checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
-                         checkpoint_format: str = "torch", **init_fns: Any) -> SessionCreator:
+                         checkpoint_format: str = "torch", summary_sinks: list[Any] | None = None,
+                         **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
     (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
     ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12).
@@ -324,9 +330,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     storage_options = options.pop("storage_options", None)
     writer = None
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
-        for directory, argument in ((checkpoint_dir, "checkpoint_dir"), (summary_dir, "summary_dir")):
-            if directory is not None:
-                check_writable_directory(directory, argument=argument)
+        _check_writable(checkpoint_dir=checkpoint_dir, summary_dir=summary_dir)
     if summary_dir is not None and is_chief:
         writer = SummaryWriterCache.acquire(summary_dir, options_for(summary_dir, storage_options))
     if checkpoint_dir is None:
@@ -350,4 +354,19 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
                                        logdir=checkpoint_dir, trusted_globals=options.get("trusted_globals", ()),
                                        storage_options=options_for(checkpoint_dir, storage_options), **init_fns)
     creator.environment.owns_summary_writer = writer is not None
+    _attach_sinks(creator, writer, summary_sinks or [])
     return creator
+
+
+def _check_writable(**directories: str | None) -> None:
+    for argument, directory in directories.items():
+        if directory is not None:
+            check_writable_directory(directory, argument=argument)
+
+
+def _attach_sinks(creator: SessionCreator, writer: Any, sinks: list[Any]) -> None:
+    """The sinks get the writer's scalars; the session's environment closes them at the end."""
+    if writer is not None and sinks:
+        for sink in sinks:
+            writer.add_sink(sink)
+        creator.environment.sinks = list(sinks)

@@ -29,6 +29,7 @@ from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.creators.base import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
+from supervisor.sinks import prepare_sinks
 from supervisor.state import TrainingState
 from supervisor._paths import check_logdir, check_storage, is_url
 from supervisor._shadowing import import_builtin_hooks
@@ -75,13 +76,12 @@ def _build(
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (),
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
     summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
     storage_options = _check_storage_options(checkpoint_dir, summary_dir, storage_options)
-    training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
     user_hooks = v.check_hooks("hooks", hooks)
     chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
     ckpt_secs, ckpt_steps = _interval_pair("checkpoint", save_checkpoint_secs, save_checkpoint_steps)
@@ -95,10 +95,12 @@ def _build(
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
     writes_summaries = bool(is_chief and summary_dir is not None and (log_steps or summary_secs or summary_steps))
+    sinks, state = prepare_sinks(summary_sinks, state, is_chief=is_chief, writes_summaries=writes_summaries)
+    training_state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
         summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
-        recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, **init_fns)
+        recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, summary_sinks=sinks, **init_fns)
     return creator, _default_hooks(
         creator, is_chief=is_chief, checkpoint_dir=checkpoint_dir, checkpoint_format=checkpoint_format,
         ckpt_secs=ckpt_secs, ckpt_steps=ckpt_steps, writes_summaries=writes_summaries, log_steps=log_steps,
@@ -154,7 +156,7 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options",
+    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks",
 )
 
 
@@ -173,7 +175,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto",
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-) -> MonitoredSession:
+    summary_sinks: Iterable[Any] = ()) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
     ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
 
@@ -183,17 +185,17 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
     runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
     overlapped when they are on CUDA); SPEC §5.9.
-    ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an
-    object store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
-    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``); workers too."""
+    ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an object
+    store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
+    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``); workers too.
+    ``summary_sinks``: the chief's scalars also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`)."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
     v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
     v.check_int("max_recoveries", max_recoveries, minimum=0)
     v.check_bool("handle_signals", handle_signals)
-    arguments = dict(locals())
-    arguments.update(is_chief=chief, clock=clock)
+    arguments = dict(locals(), is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
     return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                             recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
@@ -224,6 +226,7 @@ class SingularMonitoredSession(MonitoredSession):
         session_creator: Any = None, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
+        summary_sinks: Iterable[Any] = (),
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
