@@ -48,6 +48,7 @@ from hooks.early_stopping import (
     stop_if_no_decrease_hook,
     stop_if_no_increase_hook,
 )
+from hooks.evaluation import EvaluationHook
 from hooks.logging_hook import LoggingTensorHook
 from hooks.nan import NanTensorHook
 from hooks.profiler import ProfilerHook
@@ -61,6 +62,7 @@ __all__ = [
     "CheckpointSaverHook",
     "CheckpointSaverListener",
     "EarlyStoppingHook",
+    "EvaluationHook",
     "FeedFnHook",
     "FinalOpsHook",
     "GlobalStepWaiterHook",

@@ -1,9 +1,12 @@
-"""`StepCounterHook`: the step rate, as the ``global_step/sec`` summary and an INFO line."""
+"""`StepCounterHook`: the step rate, as the ``global_step/sec`` summary and an INFO line
+(``step 300: 12.5 steps/sec, loss = 0.53``: TF's default progress line, with the step's scalar
+outputs)."""
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from supervisor._scalars import scalars_of
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 
@@ -15,6 +18,7 @@ __all__ = ["StepCounterHook"]
 logger = logging.getLogger(__name__)
 
 _MAX_STALL_WARNINGS = 5
+_MAX_SHOWN = 4  # step outputs shown in the INFO line
 
 
 class StepCounterHook(Hook):
@@ -62,9 +66,9 @@ class StepCounterHook(Hook):
         if self._timer.should_trigger_for_step(step):
             elapsed_secs, elapsed_steps = self._timer.update_last_triggered_step(step)
             if elapsed_secs is not None:
-                self._record(elapsed_steps, elapsed_secs, step)
+                self._record(elapsed_steps, elapsed_secs, step, getattr(run_context.session, "last_output", None))
 
-    def _record(self, elapsed_steps: int, elapsed_secs: float, step: int) -> None:
+    def _record(self, elapsed_steps: int, elapsed_secs: float, step: int, output: Any = None) -> None:
         if elapsed_secs <= 0:
             logger.debug("StepCounterHook: no time has passed over %d steps; no rate at step %d",
                          elapsed_steps, step)
@@ -73,7 +77,8 @@ class StepCounterHook(Hook):
         writer = self._slot.writer
         if writer is not None:
             writer.add_scalar(self.tag, steps_per_sec, step)
-        logger.info("%s: %g", self.tag, steps_per_sec)
+        outputs = "".join(f", {key} = {value:.4g}" for key, value in list(scalars_of(output).items())[:_MAX_SHOWN])
+        logger.info("step %d: %.4g steps/sec%s", step, steps_per_sec, outputs)
 
     def _warn_stalled(self, step: int) -> None:
         if self._stall_warnings < _MAX_STALL_WARNINGS:

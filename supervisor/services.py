@@ -171,7 +171,9 @@ class SupervisorServices(Hook):
         if step != self._last_point_step and now > last_time:  # (not the step a stall was drawn at)
             first_step, first_time = self._first_count
             self._mean_rate = (step - first_step) / (now - first_time)  # since this session's start
-            session.summary_writer.add_scalar("global_step/sec", (step - last_step) / (now - last_time), step)
+            rate = (step - last_step) / (now - last_time)
+            session.summary_writer.add_scalar("global_step/sec", rate, step)
+            _log_progress(step, rate, getattr(session, "last_output", None))
             self._last_point_step = step
         self._last_count = (step, now)
 
@@ -199,3 +201,9 @@ class SupervisorServices(Hook):
         level = logging.WARNING if self._stalls <= _MAX_STALL_WARNINGS else logging.DEBUG
         logger.log(level, "the global step has not advanced for %g s (still %d): global_step/sec = 0 at step %d",
                    self._clock.monotonic() - self._last_count[1], step, step + 1)
+
+
+def _log_progress(step: int, rate: float, output: Any) -> None:
+    """TF's progress line at each step-rate point: ``step 300: 12.5 steps/sec, loss = 0.53``."""
+    shown = list(scalars_of(output).items())[:4]
+    logger.info("step %d: %.4g steps/sec%s", step, rate, "".join(f", {k} = {v:.4g}" for k, v in shown))

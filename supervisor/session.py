@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from supervisor import distributed
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
+from supervisor._console import install_default_handler
 from supervisor.agreement import Agreement
 from supervisor.boundary import StepBoundary
 from supervisor.clock import Clock, resolve_clock
@@ -108,6 +109,7 @@ class MonitoredSession(SessionRequests, SessionLifecycle):
         self._signal_reason = ""
         self._training_thread = threading.current_thread()
         self._signals = SignalHandlers(self._on_signal) if handle_signals else None
+        install_default_handler()  # a restore, a stop and progress show without configuring logging
         self._begin()
 
     def _collective_agreement(self) -> CollectiveAgreement:

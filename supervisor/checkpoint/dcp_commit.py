@@ -350,7 +350,7 @@ def _seal(temp: TempCheckpoint, outcomes: list[dict], save: ShardedSave) -> str:
             save.publish(temp.name, save.wall_time)
     except Exception as e:  # noqa: BLE001 - reported to every rank
         return f"rank 0: committed {result.path} but publishing it failed: {type(e).__name__}: {e}"
-    logger.info("committed the sharded checkpoint %s (%d ranks, %.1f MiB, %.2f s)", result.path,
+    logger.debug("committed the sharded checkpoint %s (%d ranks, %.1f MiB, %.2f s)", result.path,
                 save.world_size, result.nbytes / 2**20, result.write_secs)
     return ""
 

@@ -73,7 +73,7 @@ def mark_finished(logdir: str | os.PathLike, *, step: int | None, checkpoint: st
     record = {"step": step, "checkpoint": storage.basename(os.fspath(checkpoint)) if checkpoint else None,
               "wall_time": resolve_clock(clock).time(), "host": socket.gethostname(), "pid": os.getpid()}
     storage.write_atomic(path, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
-    logger.info("marked the run in %s finished at step %s", os.fspath(logdir), step)
+    logger.debug("marked the run in %s finished at step %s", os.fspath(logdir), step)
     return path
 
 
@@ -84,7 +84,7 @@ def clear_finished(logdir: str | os.PathLike, storage: Storage | None = None) ->
     if not storage.remove(finished_path(logdir, storage)):
         return False
     storage.sync_dir(os.fspath(logdir))
-    logger.info("a new training session starts in %s: removed its finished mark", os.fspath(logdir))
+    logger.debug("a new training session starts in %s: removed its finished mark", os.fspath(logdir))
     return True
 
 

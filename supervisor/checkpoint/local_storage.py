@@ -334,7 +334,7 @@ def rename_into_place(tmp: str, final: str) -> None:
     except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR) or not os.path.isdir(final):
             raise
-    logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
+    logger.debug("replacing the existing checkpoint %s with a new save of the same step", final)
     aside = os.path.join(os.path.dirname(final), deleting_name(os.path.basename(final)))
     os.rename(final, aside)
     os.rename(tmp, final)

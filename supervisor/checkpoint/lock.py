@@ -230,7 +230,7 @@ def acquire_writer_lock(storage: Storage, directory: str, *, kind: str = "auto",
     finally:
         if guard is not None:
             guard.release()
-    logger.info("this process holds the lease of %s (lease_secs=%g, renewed every %.1f s)", directory,
+    logger.debug("this process holds the lease of %s (lease_secs=%g, renewed every %.1f s)", directory,
                 lease.lease_secs, lease.lease_secs / 3)
     return lease
 

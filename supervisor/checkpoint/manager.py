@@ -321,7 +321,7 @@ class CheckpointManager(ManagerCommon):
             self._consecutive_failures = 0
             self._last_committed_step = step
         mib = result.nbytes / 2**20
-        logger.info("committed %s in %.2f s (%.1f MiB at %.0f MiB/s; capture took %.3f s)", name,
+        logger.debug("committed %s in %.2f s (%.1f MiB at %.0f MiB/s; capture took %.3f s)", name,
                     result.write_secs, mib, mib / max(result.write_secs, 1e-9), capture_secs)
         self._report_commit(step, path)
 

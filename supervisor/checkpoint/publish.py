@@ -68,7 +68,7 @@ class Publisher:
         if index is not None:
             gone = [p for p in index.all_model_checkpoint_paths if p not in present]
             if gone:
-                logger.info("the checkpoint index lists %s, which no longer exist(s); forgetting them", gone)
+                logger.debug("the checkpoint index lists %s, which no longer exist(s); forgetting them", gone)
 
     def read_trusted_index(self) -> tuple[CheckpointState | None, str | None]:
         """The index with only entries that name checkpoints of this logdir (`trusted_index`
@@ -120,7 +120,7 @@ class Publisher:
         if not (result.delete or result.preserve):
             return
         for kept in result.preserve:
-            logger.info("keeping %s for good (one checkpoint every %g hours)", kept,
+            logger.debug("keeping %s for good (one checkpoint every %g hours)", kept,
                         self.keep_checkpoint_every_n_hours)
         # Uncommit before the index forgets them, delete after: a crash in between leaves
         # .deleting- directories / manifest-less prefixes (removed at the next open), never a
@@ -132,7 +132,7 @@ class Publisher:
         with self._mutex:
             self._dropped.extend(asides)
         if result.delete:
-            logger.info("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
+            logger.debug("retention deleted %s (max_to_keep=%s)", ", ".join(result.delete), self.max_to_keep)
 
     def remove_dropped(self) -> None:
         """Deletes what retention uncommitted. It runs after the save reported done, so neither

@@ -88,7 +88,7 @@ class TempCheckpoint:
             path = storage.stage(directory, name)
         except FileExistsError:
             final = storage.join(directory, name)
-            logger.info("replacing the existing checkpoint %s with a new save of the same step", final)
+            logger.debug("replacing the existing checkpoint %s with a new save of the same step", final)
             remains = storage.uncommit(final)
             if remains is not None:
                 storage.remove_tree(remains)

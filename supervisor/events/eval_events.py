@@ -19,10 +19,10 @@ import socket
 import time
 from typing import Any, Mapping
 
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.events.location import locate
 from supervisor.events.reader import check_regular
-from supervisor.events.record import EVENTS_PREFIX, frame, scalars_event, version_event
+from supervisor.events.record import EVENTS_PREFIX, frame, scalars_event, session_log_event, version_event
 
 __all__ = ["EvalEventsFile"]
 
@@ -44,8 +44,12 @@ class EvalEventsFile:
         storage_options: for a URL, the object-store client's options (``storage_for``).
     """
 
-    def __init__(self, directory: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self._storage, self.directory = locate(directory, storage_options)
+    def __init__(self, directory: str, storage_options: Mapping[str, Any] | None = None, *,
+                 storage: Storage | None = None) -> None:
+        if storage is not None and split_scheme(directory)[0] != "file":  # a client already made (a session's)
+            self._storage, self.directory = storage, directory.rstrip("/")
+        else:
+            self._storage, self.directory = locate(directory, storage_options)
         self.path: str | None = None
         self._last_time = 0.0
 
@@ -53,7 +57,15 @@ class EvalEventsFile:
         """Writes ``metrics`` (bare tags) as one event at ``step``."""
         # Built first: a bad tag or value raises before any file exists.
         now = time.time()
-        event = scalars_event(now, int(step), [(tag, float(value)) for tag, value in metrics.items()])
+        self._write_event(now, scalars_event(now, int(step), [(tag, float(v)) for tag, v in metrics.items()]), step)
+
+    def write_start(self, step: int) -> None:
+        """Writes a ``SessionLog.START`` at ``step``: TensorBoard then drops the evaluations
+        written before it at steps >= ``step`` (a killed run's, after the checkpoint resumed)."""
+        now = time.time()
+        self._write_event(now, session_log_event(now, int(step), "START", "", ""), step)
+
+    def _write_event(self, now: float, event: bytes, step: int) -> None:
         if self._storage is not None:
             self._upload(self._storage, event, now, step)
             return

@@ -5,6 +5,7 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hooks import StepCounterHook
@@ -33,11 +34,14 @@ def test_writes_the_step_rate_on_schedule(clock, writer, schedule, advance_secs,
     assert writer.scalar_values(TAG) == pytest.approx(rates)
 
 
-def test_logs_the_rate_at_info(clock, writer, caplog):
+def test_logs_the_step_the_rate_and_the_step_outputs_at_info(clock, writer, caplog):
+    """TF's default progress line (issue 34 item 5): the step, the rate and the step's scalars;
+    a non-scalar output is left out of the line (the summaries name it)."""
     caplog.set_level(logging.INFO, logger="hooks.step_counter")
     run_steps([StepCounterHook(every_n_steps=10, summary_writer=writer, clock=clock)], 12, clock=clock,
-              advance_secs=0.1)
-    assert [r.getMessage() for r in caplog.records if r.name == "hooks.step_counter"] == ["global_step/sec: 10"]
+              advance_secs=0.1, step_fn=lambda: {"loss": torch.tensor(0.53125), "acc": 0.25, "v": torch.ones(3)})
+    assert [r.getMessage() for r in caplog.records if r.name == "hooks.step_counter"] == [
+        "step 11: 10 steps/sec, loss = 0.5312, acc = 0.25"]
 
 
 def test_output_dir_writes_real_events_through_the_cache(clock, tmp_path):
@@ -61,7 +65,7 @@ def test_without_any_writer_warns_once_and_still_logs(clock, caplog):
     run_steps([hook], 22, clock=clock, advance_secs=0.5)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "StepCounterHook writes no summaries" in warnings[0].getMessage()
-    assert sum("global_step/sec: 2" in r.getMessage() for r in caplog.records) == 2
+    assert sum(": 2 steps/sec" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_explicit_writer_wins_over_output_dir(clock, writer, tmp_path):

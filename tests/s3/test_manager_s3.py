@@ -131,7 +131,7 @@ def test_resaving_a_committed_step_replaces_it(logdir, make_manager, caplog):
     manager.save(4, state)
     with torch.no_grad():
         state["model"][0].weight.add_(1.0)
-    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint"):
+    with caplog.at_level(logging.DEBUG, logger="supervisor.checkpoint"):
         manager.save(4, state)
     assert "replacing the existing checkpoint" in caplog.text
     data = manager.storage.read_bytes(f"{logdir}/model.ckpt-4/state.pt")
