@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-__all__ = ["MLflowSink", "ScalarSink", "check_sinks", "check_sinks_have_a_writer", "prepare_sinks", "with_sink_entries"]
+__all__ = ["MLflowSink", "ScalarSink"]  # and the front doors' helpers below
 
 
 class ScalarSink:

@@ -23,13 +23,14 @@ import pytest
 import hooks
 import supervisor
 import supervisor.estimator
+import supervisor.sinks
 from tests.cli.helpers import make_logdir
 from tests.s3_fixtures import *  # noqa: F401,F403  (the s3_server fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
 GUIDES = ["index.md", "guides/first-hour.md", "guides/hooks.md", "guides/checkpoints.md", "guides/distributed.md",
-          "guides/evaluation.md", "guides/object-stores.md"]
+          "guides/evaluation.md", "guides/object-stores.md", "guides/tracking.md"]
 
 _MODEL = """
 import torch
@@ -51,7 +52,13 @@ def train_step(batch):
 """
 
 _PRELUDES = {
-    "guides/first-hour.md": "logdir, total_steps = 'runs/loader', 30\nfrom supervisor import Supervisor\n",
+    "guides/first-hour.md": """logdir, total_steps = 'runs/loader', 30
+from supervisor import Supervisor
+def _batches():  # over the page's first block's x and y, once it has run
+    while True:
+        yield x[:64], y[:64]
+batches = _batches()
+""",
     "guides/hooks.md": "import supervisor\n",
     "guides/checkpoints.md": _MODEL + """
 import supervisor
@@ -88,10 +95,11 @@ from supervisor.estimator import Estimator, RunConfig
 """,
 }
 _PRELUDES["guides/object-stores.md"] = "import os\n" + _PRELUDES["guides/object-stores.md"]
+_PRELUDES["guides/tracking.md"] = _MODEL + "import os\nos.environ['MLFLOW_ALLOW_FILE_STORE'] = 'true'\n"
 
 _EPILOGUES = {
     "index.md": "assert s.global_step == 200 and not s.preempted\n",
-    "guides/first-hour.md": "assert s.global_step == 30\n",
+    "guides/first-hour.md": "assert s.global_step == 30 and loop.epoch == 40\n",
     "guides/hooks.md": """
 import torch
 from supervisor import MonitoredSession
@@ -110,7 +118,14 @@ with Supervisor("run", model=model2, init_fn=init_fn, save_summaries_secs=0).man
 assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
 """,
     "guides/distributed.md": "assert s.global_step == 20\n",
-    "guides/evaluation.md": "assert metrics['global_step'] == 40, metrics\n",
+    "guides/tracking.md": """
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator("runs/tracked"); acc.Reload()
+logged = sorted(m.step for m in MlflowClient("file:./mlruns").get_metric_history(sink.run_id, "loss"))
+assert logged == [e.step for e in acc.Scalars("loss")] and len(logged) >= 5, logged
+""",
+    "guides/evaluation.md": "assert metrics['global_step'] == 40, metrics\nassert evaluation.last_metrics['global_step'] == 100\n",
     "guides/object-stores.md": "assert latest_checkpoint('s3://my-bucket/runs/mnist', storage_options=opts).endswith('-100')\n",
 }
 
@@ -150,7 +165,7 @@ def _referenced() -> set[str]:
     return set(re.findall(r"^::: ([\w.]+)$", text, re.M))
 
 
-@pytest.mark.parametrize("module", [supervisor, hooks, supervisor.estimator], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [supervisor, hooks, supervisor.estimator, supervisor.sinks], ids=lambda m: m.__name__)
 def test_every_public_name_has_a_reference_entry(module):
     referenced = {name.rsplit(".", 1)[1] for name in _referenced()}
     missing = [name for name in module.__all__ if name not in referenced]
