@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import torch
 import supervisor
 from hooks import StopAtStepHook
 from supervisor import LoopState, MonitoredTrainingSession, Supervisor, TrainingState
+from tests.killing import kill_after_checkpoint, trainer_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -136,19 +135,8 @@ with MonitoredTrainingSession(sys.argv[1], model=model, optimizer=opt, state={"l
 def test_a_run_killed_after_a_checkpoint_resumes_with_the_loop_variables_of_that_step(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_TRAINER)
-    logdir = str(tmp_path / "run")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(script), logdir, str(10**9)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while (supervisor.latest_checkpoint(logdir) or "-0").rsplit("-", 1)[1] in ("0", "3"):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint past step 3 in time"
-            time.sleep(0.01)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-    step = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])
+    logdir, env = str(tmp_path / "run"), trainer_env()
+    step = kill_after_checkpoint([str(script), logdir, str(10**9)], logdir, past_step=3, env=env)
     rerun = subprocess.run([sys.executable, str(script), logdir, str(step)], env=env, capture_output=True, text=True,
                            timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr

@@ -5,10 +5,8 @@ lost or doubled."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -17,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import supervisor
 from hooks import EvaluationHook, StopAtStepHook, read_eval_metrics, stop_if_no_decrease_hook
 from supervisor import MonitoredTrainingSession
+from tests.killing import kill_after_checkpoint, trainer_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -127,6 +126,7 @@ _TRAINER = """
 import sys, torch
 from hooks import EvaluationHook, StopAtStepHook
 from supervisor import MonitoredTrainingSession
+from tests.killing import kill_after_checkpoint, trainer_env
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -148,22 +148,12 @@ with MonitoredTrainingSession(sys.argv[1], model=model, optimizer=opt, save_chec
 def test_after_a_kill_no_evaluation_is_lost_or_doubled(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_TRAINER)
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = trainer_env()
     reference = subprocess.run([sys.executable, str(script), str(tmp_path / "ref"), "40"], env=env, timeout=120,
                                capture_output=True, text=True)
     assert reference.returncode == 0, reference.stderr
     logdir = str(tmp_path / "run")
-    proc = subprocess.Popen([sys.executable, str(script), logdir, str(10**9)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while int((supervisor.latest_checkpoint(logdir) or "-0").rsplit("-", 1)[1]) < 20:
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint at step 20 in time"
-            time.sleep(0.005)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    killed_at = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])
+    killed_at = kill_after_checkpoint([str(script), logdir, str(10**9)], logdir, past_step=19, env=env)
     assert killed_at < 40, "the run finished before the kill; nothing was tested"
     rerun = subprocess.run([sys.executable, str(script), logdir, "40"], env=env, timeout=120, capture_output=True,
                            text=True)

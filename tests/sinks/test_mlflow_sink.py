@@ -5,10 +5,8 @@ training, and sinks are checked at construction."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import supervisor
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession, Supervisor
 from supervisor.sinks import MLflowSink
+from tests.killing import kill_after_checkpoint, trainer_env
 
 mlflow = pytest.importorskip("mlflow")  # the [test] extra installs it; the import error is named by MLflowSink
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -139,6 +138,7 @@ import sys, torch
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession
 from supervisor.sinks import MLflowSink
+from tests.killing import kill_after_checkpoint, trainer_env
 torch.manual_seed(0)
 model = torch.nn.Linear(3, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -160,19 +160,8 @@ print("run", sink.run_id, "ended", flush=True)
 def test_a_job_killed_and_requeued_continues_the_same_run(tmp_path):
     script, logdir, uri = tmp_path / "train.py", str(tmp_path / "run"), (tmp_path / "mlruns").as_uri()
     script.write_text(_TRAINER)
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
-           "MLFLOW_ALLOW_FILE_STORE": "true"}
-    proc = subprocess.Popen([sys.executable, str(script), logdir, uri, str(10**9)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while int((supervisor.latest_checkpoint(logdir) or "-0").rsplit("-", 1)[1]) < 10:
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint at step 10 in time"
-            time.sleep(0.01)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-    restored = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])
+    env = trainer_env(MLFLOW_ALLOW_FILE_STORE="true")
+    restored = kill_after_checkpoint([str(script), logdir, uri, str(10**9)], logdir, past_step=9, env=env)
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
     assert run.info.status == "RUNNING"  # killed: nothing could mark it
