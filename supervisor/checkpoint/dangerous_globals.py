@@ -24,16 +24,18 @@ from typing import Iterable
 
 __all__ = ["is_dangerous", "dangerous_names"]
 
-#: Every global of these modules (and their submodules): none rebuilds a saved value.
+#: Every global of these modules (and their submodules): none rebuilds a saved value. Modules whose
+#: names a user's own package may well have (``code``, ``profile``, ``trace``) are not listed
+#: whole: only their dangerous globals are, in `_NAMES`.
 _MODULES = frozenset({
     "os", "posix", "nt", "posixpath", "ntpath", "subprocess", "_posixsubprocess", "commands", "popen2", "pty",
     "importlib", "imp", "zipimport", "pkgutil", "runpy", "sys",
     "socket", "_socket", "ssl", "_ssl", "select", "selectors", "asyncio", "http", "urllib", "urllib2", "ftplib",
     "smtplib", "telnetlib", "xmlrpc", "webbrowser",
-    "shutil", "tempfile", "glob", "fileinput", "pathlib", "zipfile", "tarfile", "mmap", "fcntl",
+    "shutil", "tempfile", "fileinput", "pathlib", "zipfile", "tarfile", "mmap", "fcntl",
     "ctypes", "_ctypes", "cffi", "multiprocessing", "_multiprocessing", "concurrent", "threading", "_thread",
     "signal", "_signal", "resource", "pickle", "_pickle", "cPickle", "marshal", "shelve", "dill", "cloudpickle",
-    "joblib", "code", "codeop", "pdb", "bdb", "trace", "timeit", "cProfile", "profile",
+    "joblib",
     "torch.hub", "torch.utils.cpp_extension", "torch.package", "torch.serialization",
     "numpy.ctypeslib", "numpy.lib.npyio",
 })
@@ -47,7 +49,10 @@ _NAMES = frozenset({
     "operator.attrgetter", "operator.methodcaller", "_operator.attrgetter", "_operator.methodcaller",
     "types.CodeType", "types.FunctionType", "types.LambdaType", "types.ModuleType", "types.MethodType",
     "torch.load", "torch.jit.load", "numpy.load", "numpy.fromfile", "numpy.memmap",
-    "inspect.getattr_static",
+    "inspect.getattr_static", "code.interact", "code.InteractiveInterpreter", "code.InteractiveConsole",
+    "code.compile_command", "codeop.compile_command", "codeop.Compile", "codeop.CommandCompiler", "pdb.run",
+    "pdb.runeval", "pdb.runcall", "pdb.Pdb", "bdb.Bdb", "trace.Trace", "timeit.timeit", "timeit.repeat",
+    "timeit.Timer", "cProfile.run", "cProfile.runctx", "profile.run", "profile.runctx",
 })
 
 

@@ -97,3 +97,15 @@ def test_a_state_holding_such_a_global_is_refused_at_the_boundary_without_sugges
     message = str(info.value)
     assert "posix.system" in message and "in state entry 'thing'" in message, message
     assert "trusted_globals=[" not in message and "may be malicious" not in message, message
+
+
+@pytest.mark.parametrize("name, dangerous", [
+    ("posix.system", True), ("nt.system", True), ("commands.Popen", True), ("__builtin__.eval", True),
+    ("exec", True), ("io.open", True), ("os.path.join", True), ("torch.hub.load", True), ("code.interact", True),
+    ("code.models.Net", False), ("profile.settings.Config", False), ("collections.OrderedDict", False),
+    ("builtins.set", False), ("mypackage.model.Config", False),
+])
+def test_what_counts_as_a_global_no_checkpoint_holds(name, dangerous):
+    from supervisor.checkpoint.dangerous_globals import is_dangerous
+
+    assert is_dangerous(name) is dangerous
