@@ -107,17 +107,19 @@ def _totals(path: str) -> int:
 
 def run_worker(argv: Sequence[str], timeout_secs: float = 1200, env: dict[str, str] | None = None,
                keep: str | None = None, main_thread: bool = False) -> tuple[dict[str, int], str]:
-    """Runs ``python argv`` under callgrind (the real interpreter, not a pyenv shim, so no
-    ``--trace-children`` is needed). Returns {mark label: instructions since the previous mark}
-    (every thread; with ``main_thread`` also ``"<label> [main thread]"``: the training thread
-    alone, from ``--separate-threads=yes``) and the directory of the dumps (kept only when
-    ``keep`` names it, for callgrind_annotate)."""
+    """Runs ``python argv`` under callgrind with this process's own interpreter, ``sys.executable``
+    unresolved: a virtual environment's ``bin/python`` is a symlink to the base interpreter, and
+    only the unresolved path finds the venv's ``pyvenv.cfg`` and packages (torch among them).
+    It is a real interpreter, not a pyenv shim, so no ``--trace-children`` is needed. Returns
+    {mark label: instructions since the previous mark} (every thread; with ``main_thread`` also
+    ``"<label> [main thread]"``: the training thread alone, from ``--separate-threads=yes``) and
+    the directory of the dumps (kept only when ``keep`` names it, for callgrind_annotate)."""
     out_dir = keep or tempfile.mkdtemp(prefix="callgrind-")
     os.makedirs(out_dir, exist_ok=True)
     helper = build_helper(out_dir)
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.%p",
                *(["--instr-atstart=no"] if helper else []), *(["--separate-threads=yes"] if main_thread else []),
-               os.path.realpath(sys.executable), *argv]
+               sys.executable, *argv]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_secs,
                               env={**os.environ, **(env or {}), HELPER_ENV: helper or ""})

@@ -143,3 +143,28 @@ def _benchmark_imports(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.Import):
             found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("benchmarks."))
     return found
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed (apt-get install valgrind)")
+def test_callgrind_worker_runs_in_the_callers_virtual_environment(tmp_path):
+    """The worker runs under the interpreter of the caller's virtual environment (issue 30 item
+    0), not the base interpreter a venv's ``bin/python`` symlink resolves to, which lacks what
+    the venv installed: a venv (this interpreter's packages visible, for torch) with one module
+    of its own, and a caller in it whose callgrind worker imports that module."""
+    import subprocess
+    import sys
+    import venv
+
+    venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(tmp_path / "v")
+    python = tmp_path / "v" / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pathlib.Path(site, "only_in_the_venv.py").write_text("HERE = True\n")
+    worker = "import only_in_the_venv; from benchmarks import _callgrind; _callgrind.print_marks([])"
+    caller = f"from benchmarks import _callgrind; print(_callgrind.run_worker(['-c', {worker!r}], 240)[0])"
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([python, "-c", caller], capture_output=True, text=True, timeout=280, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "{}"

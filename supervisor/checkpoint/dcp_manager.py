@@ -326,8 +326,8 @@ class ShardedCheckpointManager(ManagerCommon):
             self._inner.remove_dropped()
 
     def wait(self) -> None:
-        """Blocks until no save is in flight (committed or failed on every rank); raises a
-        failure not yet reported."""
+        """Blocks until no save is in flight (committed or failed on every rank); raises a fatal
+        failure ``on_error`` did not take, to every waiter, until the next save starts."""
         self._settle()
         self._writer.wait()
         self._raise_undelivered()
@@ -384,8 +384,7 @@ class ShardedCheckpointManager(ManagerCommon):
             self._staging.release()
             if self._inner is not None:
                 self._inner.close(failed=failed)
-        with self._mutex:
-            failure, self._failure = self._failure, None
+        failure = self._take_failure()
         if failure is not None and not failed:
             raise failure
 

@@ -31,6 +31,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.checkpoint.records import fields, parse_object
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.clock import Clock, resolve_clock
 
@@ -39,6 +40,7 @@ __all__ = ["FINISHED_FILE", "FinishedMark", "clear_finished", "mark_finished", "
 logger = logging.getLogger(__name__)
 
 FINISHED_FILE = ".supervisor.finished"
+_MARK_MAX_BYTES = 1 << 16  # a few fields: a larger file is damaged, never read whole
 
 
 @dataclass(frozen=True)
@@ -93,25 +95,27 @@ def read_finished(logdir: str | os.PathLike, storage: Storage | None = None) -> 
     storage = storage if storage is not None else storage_for(os.fspath(logdir))
     path = finished_path(logdir, storage)
     try:
-        text = storage.read_bytes(path).decode("utf-8")  # regular files only: a FIFO is refused
+        data = storage.read_bytes(path, max_bytes=_MARK_MAX_BYTES)  # regular files only: a FIFO is refused
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         logger.warning("%s cannot be read (%s); treating the run as finished", path, e)
         return FinishedMark()
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return FinishedMark(step=_opt(data.get("step"), int), checkpoint=_opt(data.get("checkpoint"), str),
-                            wall_time=_opt(data.get("wall_time"), float), host=_opt(data.get("host"), str),
-                            pid=_opt(data.get("pid"), int))
-    except (ValueError, TypeError) as e:
+    try:  # untrusted: supervisor.checkpoint.records
+        record = parse_object(data)
+        return fields(lambda: FinishedMark(
+            step=_opt(record.get("step"), int), checkpoint=_opt(record.get("checkpoint"), str),
+            wall_time=_opt(record.get("wall_time"), float), host=_opt(record.get("host"), str),
+            pid=_opt(record.get("pid"), int)), "finished mark")
+    except ValueError as e:
         logger.warning("%s is damaged (%s); treating the run as finished", path, e)
         return FinishedMark()
 
 
 def _opt(value: Any, kind: type) -> Any:
-    if value is None or isinstance(value, bool):
+    """``value`` as a ``kind`` (None stays None); `TypeError` for a value of another type."""
+    if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+        raise TypeError(f"expected {'a number' if kind is float else kind.__name__}, got {value!r:.40}")
     return kind(value)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from supervisor.checkpoint.local_storage import LocalStorage, deleting_name
+from supervisor.checkpoint.records import fields, parse_object
 from supervisor.checkpoint.storage_base import Storage
 
 __all__ = [
@@ -154,26 +155,21 @@ class Manifest:
         }, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        """Parses a manifest; `ValueError` says what is wrong with it."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not valid JSON ({e})") from e
-        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+    def from_json(cls, text: str | bytes) -> Manifest:
+        """Parses a manifest (untrusted: `supervisor.checkpoint.records`); `ValueError` says what
+        is wrong with it."""
+        data = parse_object(text)
+        if data.get("format") != FORMAT_NAME:
             raise ValueError(f"not a {FORMAT_NAME} manifest")
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise ValueError(f"format version {version!r} is not supported (this torch-supervisor "
+            raise ValueError(f"format version {version!r:.40} is not supported (this torch-supervisor "
                              f"reads version {FORMAT_VERSION}); upgrade torch-supervisor")
-        try:
-            files = {str(name): FileRecord(_int(r["bytes"]), str(r["checksum"]))
-                     for name, r in data["files"].items()}
-            return cls(step=_int(data["step"]), wall_time=float(data["wall_time"]),
-                       torch_version=str(data["torch_version"]), world_size=_int(data["world_size"]),
-                       files=files, format_version=version)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"malformed manifest ({type(e).__name__}: {e})") from e
+        return fields(lambda: cls(
+            step=_int(data["step"]), wall_time=float(data["wall_time"]), torch_version=str(data["torch_version"]),
+            world_size=_int(data["world_size"]), format_version=version,
+            files={str(name): FileRecord(_int(r["bytes"]), str(r["checksum"])) for name, r in data["files"].items()}),
+            "manifest")
 
 
 def _int(value: Any) -> int:
@@ -187,7 +183,7 @@ def read_manifest(checkpoint_path: str, storage: Storage | None = None) -> Manif
     another `OSError` (e.g. `NotARegularFileError` for a FIFO: never waited on) or `ValueError`."""
     storage = storage or _LOCAL
     data = storage.read_bytes(storage.join(checkpoint_path, MANIFEST_FILE), max_bytes=MANIFEST_MAX_BYTES)
-    return Manifest.from_json(data.decode("utf-8"))
+    return Manifest.from_json(data)
 
 
 def make_payload(step: int, entries: Mapping[str, Any], rng: Mapping[int, Any] | None,

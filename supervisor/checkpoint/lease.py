@@ -46,6 +46,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from supervisor.checkpoint.records import fields, parse_object
 from supervisor.checkpoint.storage_base import ObjectExistsError, Storage
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError, LogdirInUseError
@@ -89,12 +90,12 @@ class LeaseRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LeaseRecord:
-        raw = json.loads(data.decode("utf-8"))
-        if not isinstance(raw, dict):
-            raise ValueError("a lease record is a JSON object")
-        return cls(generation=int(raw["generation"]), owner_id=str(raw["owner_id"]), host=str(raw["host"]),
-                   pid=int(raw["pid"]), acquired_at=float(raw["acquired_at"]), expires_at=float(raw["expires_at"]),
-                   lease_secs=float(raw["lease_secs"]), released=bool(raw.get("released", False)))
+        """Parses a lease record (untrusted: `supervisor.checkpoint.records`); `ValueError` says why."""
+        raw = parse_object(data)
+        return fields(lambda: cls(
+            generation=int(raw["generation"]), owner_id=str(raw["owner_id"]), host=str(raw["host"]),
+            pid=int(raw["pid"]), acquired_at=float(raw["acquired_at"]), expires_at=float(raw["expires_at"]),
+            lease_secs=float(raw["lease_secs"]), released=bool(raw.get("released", False))), "lease record")
 
 
 class Lease:

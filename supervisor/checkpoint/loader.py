@@ -315,7 +315,7 @@ def _read_manifest(snapshot: Snapshot, path: str) -> tuple[Manifest, int]:
     if len(data) > _MANIFEST_MAX_BYTES:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is larger than {_MANIFEST_MAX_BYTES} bytes")
     try:
-        return Manifest.from_json(data.decode("utf-8")), len(data)
+        return Manifest.from_json(data), len(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
 

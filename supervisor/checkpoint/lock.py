@@ -33,7 +33,7 @@ import os
 import socket
 import time
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import filelock
 
@@ -42,18 +42,20 @@ from supervisor.checkpoint.fileio import open_regular_file
 from supervisor.checkpoint.format import LOCK_FILE
 from supervisor.checkpoint.lease import DEFAULT_LEASE_SECS, Lease
 from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.records import parse_object
 from supervisor.checkpoint.storage_base import Storage
 from supervisor.clock import Clock
 from supervisor.errors import CheckpointError, LogdirInUseError
 
 __all__ = ["OwnershipLock", "OWNER_FILE", "OWNER_RECORD_WAIT_SECS", "WriterLock", "acquire_writer_lock",
-           "resolve_lock_kind"]
+           "read_owner_record", "resolve_lock_kind"]
 
 logger = logging.getLogger(__name__)
 
 OWNER_FILE = LOCK_FILE + ".owner"
 #: How long a refused writer waits for the new holder to record itself (see the module docstring).
 OWNER_RECORD_WAIT_SECS = 2.0
+_OWNER_MAX_BYTES = 1 << 16  # a pid, a host and a time: a larger file is damaged, never read whole
 
 
 class OwnershipLock:
@@ -144,11 +146,8 @@ class OwnershipLock:
         os.replace(tmp, self.owner_path)
 
     def _read_owner(self) -> dict:
-        with open_regular_file(self.owner_path, "r", encoding="utf-8") as f:  # a FIFO: refused, never waited on
-            owner = json.load(f)
-        if not isinstance(owner, dict):
-            raise ValueError("owner record is not an object")
-        return owner
+        """The owner record (untrusted: `read_owner_record`); `OSError` or `ValueError`."""
+        return read_owner_record(self.owner_path)
 
     def _describe_owner(self) -> str:
         """Names the live holder, waiting briefly for a record that names one (see above)."""
@@ -246,6 +245,25 @@ def _flock_guard(directory: str) -> OwnershipLock | None:
         logger.info("no flock on %s (%s); the lease alone guards it", directory, e)
         return None
     return guard
+
+
+def read_owner_record(path: str) -> dict[str, Any]:
+    """The lock's owner record at ``path``, parsed as the untrusted input it is
+    (`supervisor.checkpoint.records`): ``pid`` a positive integer (never 0 or -1, which signal
+    more than one process), ``host`` a string, ``since`` a time or absent. `OSError` (missing,
+    unreadable, not a regular file: a FIFO is refused, never waited on) or `ValueError`
+    (damaged: why)."""
+    with open_regular_file(path, "rb") as f:
+        data = f.read(_OWNER_MAX_BYTES + 1)
+    if len(data) > _OWNER_MAX_BYTES:
+        raise ValueError(f"{path} has more than {_OWNER_MAX_BYTES} bytes: not an owner record")
+    owner = parse_object(data)
+    pid, host, since = owner.get("pid"), owner.get("host"), owner.get("since")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31 or not isinstance(host, str):
+        raise ValueError(f"malformed owner record (pid {pid!r:.40}, host {host!r:.40})")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float)) or not 0 <= since < 1e11):
+        raise ValueError(f"malformed owner record (since {since!r:.40})")
+    return owner
 
 
 def _alive(owner: dict) -> bool:

@@ -218,8 +218,7 @@ class CheckpointManager(ManagerCommon):
         finally:
             self._staging.release()
             self._release_lock()
-        with self._mutex:
-            failure, self._failure = self._failure, None
+        failure = self._take_failure()
         if failure is None:
             return
         if not failed:
@@ -275,7 +274,9 @@ class CheckpointManager(ManagerCommon):
         return self.storage.join(self.directory, name)
 
     def wait(self) -> None:
-        """Blocks until no save is in flight; raises a background failure not yet reported."""
+        """Blocks until no save is in flight; raises a fatal background failure that ``on_error``
+        did not take — on every thread waiting, at every call, until the next ``save()`` starts
+        (`supervisor.checkpoint.manager_common`)."""
         self._settle()
         self._writer.wait()
         self._raise_undelivered()

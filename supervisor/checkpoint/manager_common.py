@@ -3,7 +3,14 @@
 A save nobody waits for fails on the writer thread: the failure goes to the manager's
 ``on_error`` (the session wires it to a stop request) and, if nothing took it, is raised by the
 manager's next call on the training thread (SPEC §5.2). A save starts by checking its arguments,
-raising such a failure and waiting for the save in flight. A mixin over the manager's
+raising such a failure and waiting for the save in flight.
+
+When it is cleared: a fatal failure nothing took stays until the next save starts. Until then
+every ``wait()`` raises it — each of several threads waiting at once, and every later call, as a
+failed `concurrent.futures.Future` does for each ``result()`` — and so does ``close()`` if no
+``wait()`` did. The next ``save()`` clears it: it raises it instead of saving when nobody has
+seen it yet, and otherwise (a ``wait()`` raised it) simply starts. A failure ``on_error`` took
+is the session's to report: ``wait()`` does not raise it. A mixin over the manager's
 ``directory``, ``_writer``, ``_mutex``, ``on_error``, ``_failure``, ``_failure_delivered`` and
 ``_pending`` (an overlapped capture's copy, settled before the next save waits for the writer,
 which waits for that settle).
@@ -40,6 +47,7 @@ class ManagerCommon:
     on_error: Any
     _failure: CheckpointError | None
     _failure_delivered: bool
+    _failure_raised: bool = False  # a wait() raised it: the next save starts instead of raising it
     _pending: Any = None  # the overlapped capture's background copy (overlap.PendingCopy)
     #: Whether every rank calls ``save`` at the same step and writes its own part (sharded).
     collective: bool = False
@@ -105,7 +113,7 @@ class ManagerCommon:
                 logger.debug("on_error did not take the checkpoint failure (%s); raising it later", e)
         with self._mutex:
             if self._failure is None:
-                self._failure, self._failure_delivered = failure, delivered
+                self._failure, self._failure_delivered, self._failure_raised = failure, delivered, False
 
     def _begin_save(self, step: int, state: TrainingState, *, is_open: bool, kind: str) -> int:
         """Checks a save's arguments, raises an unreported failure, waits for the save in flight."""
@@ -115,19 +123,37 @@ class ManagerCommon:
         if not is_open:
             raise RuntimeError(f"the {kind} of {self.directory} is not open; call open() before save() "
                                "(and do not save after close())")
-        self._raise_undelivered()
+        self._clear_failure()
         self._settle()
         waited = self._writer.wait()
         if waited > 0:
             # Logged under the manager's own module, as each manager logs the rest of its saves.
             logging.getLogger(type(self).__module__).info(
                 "the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
-            self._raise_undelivered()
+            self._clear_failure()
         return step
 
     def _raise_undelivered(self) -> None:
+        """``wait()``'s end: raises the fatal failure nothing took, to every caller, every time,
+        until the next save clears it (see the module docstring); the same exception object."""
         with self._mutex:
             if self._failure is None or self._failure_delivered:
                 return
-            failure, self._failure = self._failure, None
+            failure, self._failure_raised = self._failure, True
         raise failure
+
+    def _clear_failure(self) -> None:
+        """A save's start: clears the fatal failure nothing took; raises it if no ``wait()`` did."""
+        with self._mutex:
+            if self._failure is None or self._failure_delivered:
+                return
+            failure, raised, self._failure = self._failure, self._failure_raised, None
+        if not raised:
+            raise failure
+
+    def _take_failure(self) -> CheckpointError | None:
+        """``close()``'s end: the failure to raise (None: none, or a ``wait()`` raised it); a
+        failure ``on_error`` took is returned too (nothing acted on it at a clean close)."""
+        with self._mutex:
+            failure, raised, self._failure = self._failure, self._failure_raised, None
+        return None if raised else failure

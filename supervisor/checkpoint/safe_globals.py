@@ -30,10 +30,11 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from supervisor.checkpoint.dangerous_globals import dangerous_names
 from supervisor.errors import CheckpointError
 
-__all__ = ["NUMPY_SAFE_GLOBALS", "allowed_globals", "check_loadable", "describe_load_error", "describe_untrusted",
-           "global_name", "safe_torch_load", "untrusted_message"]
+__all__ = ["NUMPY_SAFE_GLOBALS", "UntrustedCheckpointError", "allowed_globals", "check_loadable", "describe_load_error",
+           "describe_untrusted", "global_name", "safe_torch_load", "untrusted_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +103,21 @@ def describe_untrusted(file_path: str, error: BaseException, trusted_globals: It
     return found
 
 
-def untrusted_message(file_path: str, step: int | None, missing: dict[str, list[str]]) -> str:
-    """The refusal: every missing global at once, where each is used, and the opt-in."""
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint needs globals ``torch.load(weights_only=True)`` does not allow: ``names``,
+    and ``malicious`` when one of them is a global no checkpoint legitimately holds
+    (`supervisor.checkpoint.dangerous_globals`)."""
+
+    def __init__(self, message: str, names: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
+        self.malicious = bool(dangerous_names(self.names))
+
+
+def untrusted_message(file_path: str, step: int | None, missing: dict[str, list[str]], *, saving: bool = False) -> str:
+    """The refusal: every missing global at once, where each is used, and the opt-in — never
+    for a global no checkpoint legitimately holds: then the file may be malicious (``saving``:
+    the state about to be saved holds one)."""
     def shown(name: str) -> str:
         return name[len("builtins."):] if name.startswith("builtins.") else name
 
@@ -116,12 +130,28 @@ def untrusted_message(file_path: str, step: int | None, missing: dict[str, list[
     names = ", ".join(shown(name) for name in missing)
     at_step = f" (step {step})" if step is not None else ""
     noun = "the global" if len(missing) == 1 else f"{len(missing)} globals"
+    dangerous = ", ".join(shown(name) for name in dangerous_names(missing))
+    if dangerous:
+        return f"{file_path}{at_step} needs {noun} {listing}, " + _dangerous_advice(dangerous, saving)
     return (f"{file_path}{at_step} needs {noun} {listing}, which torch.load(weights_only=True) does not "
             "allow; torch-supervisor never unpickles unsafely. If you trust this checkpoint, pass "
             f"trusted_globals=[{names}] (the class or function objects themselves) to the front door "
             "(Supervisor, MonitoredTrainingSession, SingularMonitoredSession) or to CheckpointManager / "
             "load_checkpoint, to allow exactly those; or make the entry's state_dict() return tensors, "
             "numbers, strings and containers")
+
+
+def _dangerous_advice(dangerous: str, saving: bool) -> str:
+    what = (f"{dangerous} can spawn processes, run or import code, or reach files, sockets or any attribute: "
+            "no state_dict() legitimately holds such a global (loading it would run it)")
+    if saving:
+        return (f"which torch.load(weights_only=True) refuses. {what}, and allowing it in trusted_globals would "
+                "let any checkpoint run code on load; make the entry's state_dict() return tensors, numbers, "
+                "strings and containers")
+    return (f"which torch.load(weights_only=True) refused, so nothing in it ran. {what}, so this file may be "
+            "malicious: crafted to run code when it is loaded. Do not add it to trusted_globals; find out who "
+            "wrote it, delete it, and restore an older checkpoint (`python -m supervisor rollback LOGDIR STEP` "
+            "points the index at one)")
 
 
 def _pickle_bytes(file_path: str) -> bytes:
@@ -242,7 +272,7 @@ def check_loadable(state_dict: Any, trusted_globals: Iterable[Any], where: str, 
         buffer.seek(0)
         missing = describe_untrusted(buffer, e, trusted_globals)  # type: ignore[arg-type]
         raise CheckpointError("this checkpoint would not load at the next resume, so it was not written: "
-                              + untrusted_message(where, step, missing)) from None
+                              + untrusted_message(where, step, missing, saving=True)) from None
 
 
 def _skeleton(value: Any) -> Any:
@@ -283,7 +313,7 @@ def safe_torch_load(file_path: Any, *, map_location: Any = "cpu", trusted_global
         if not missing:
             raise
         # torch's message advises unsafe loading: never chained, never repeated
-        raise CheckpointError(untrusted_message(shown_as or file_path, step, missing)) from None
+        raise UntrustedCheckpointError(untrusted_message(shown_as or file_path, step, missing), missing) from None
 
 
 def describe_load_error(error: Exception, *, is_zip: bool = True) -> str:

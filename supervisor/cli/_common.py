@@ -23,6 +23,7 @@ from supervisor.checkpoint import (
     transient_base,
     verify_checkpoint,
 )
+from supervisor.checkpoint.lock import read_owner_record
 from supervisor.cli._paths import NAME_WITH_STEP
 from supervisor.errors import CheckpointError, LogdirInUseError
 
@@ -203,12 +204,11 @@ def _tree_bytes(path: str) -> int:
 def writer_note(logdir: str) -> str | None:
     """Who the lock's owner record says is writing (readers never take the lock to ask), or
     None when there is no record or its process is gone (a record a SIGKILL left behind)."""
-    try:
-        with open(os.path.join(logdir, OWNER_FILE), encoding="utf-8") as f:
-            owner = json.load(f)
-        pid, host = int(owner["pid"]), str(owner["host"])
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # untrusted, and a FIFO in its place is refused, never waited on
+        owner = read_owner_record(os.path.join(logdir, OWNER_FILE))
+    except (OSError, ValueError):
         return None
+    pid, host = owner["pid"], owner["host"]
     if host == socket.gethostname():
         try:
             os.kill(pid, 0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
@@ -28,6 +27,7 @@ from supervisor.checkpoint import CheckpointState, MANIFEST_FILE, list_committed
 from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import acquire_writer_lock
+from supervisor.checkpoint.records import parse_json
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.storage import is_url as storage_is_url
 from supervisor.cli._common import (DEFAULT_BASENAME, EXIT_PROBLEM, CheckpointRow, Listing, Refused,
@@ -59,7 +59,7 @@ def is_url(path: Any) -> bool:
 
 def _options(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = parse_json(text)  # a ValueError for anything but JSON, "[" * 200000 included
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"--storage-options must be a JSON object, got {text!r} ({e})") from None
     if not isinstance(value, dict):

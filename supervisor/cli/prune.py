@@ -16,6 +16,14 @@ taken from ``model_checkpoint_path``, a real directory with a committed ``MANIFE
 counted, kept or deleted. Any other entry — a user's directory or file, a FIFO, a symbolic link —
 is left alone (and stays listed); an entry that no longer exists is dropped from the index.
 ``--keep N`` therefore keeps N real checkpoints, never a missing one.
+
+The N kept are the newest that a restore can use: each verifies in full and loads under the
+allowlist (``torch.load(weights_only=True)`` of its structure, no tensor data; a checkpoint
+that needs a user's class counts, since its writer's ``trusted_globals`` load it). A
+checkpoint that fails either — damaged, or forged to run code (`supervisor.checkpoint.
+dangerous_globals`: it may be malicious) — is not counted, so it can never make prune delete
+the loadable ones; it is deleted unless it is the index's or the restart's choice. When no
+checkpoint the index lists loads, prune deletes nothing.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from supervisor.checkpoint import (
+    CheckpointReader,
     CheckpointState,
     choose_checkpoint,
     deletable_problem,
@@ -34,6 +43,7 @@ from supervisor.checkpoint import (
     step_of,
     write_index,
 )
+from supervisor.checkpoint.safe_globals import UntrustedCheckpointError
 from supervisor.checkpoint.storage import Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
 from supervisor.cli._remote import add_storage_options, is_url, mutate_url, relative_url_index
@@ -89,12 +99,15 @@ class Plan:
     deleted: list[str]
     left_alone: list[tuple[str, str]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    unusable: list[tuple[str, str]] = field(default_factory=list)
+    loadable: int = -1  # how many of the kept load (-1: not checked)
 
 
 def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protected: tuple[str, ...] = (),
-         storage: Storage | None = None) -> Plan:
-    """Keeps the ``keep`` highest-step committed checkpoints the (relative) index lists, its
-    ``model_checkpoint_path`` and ``protected``; deletes the other committed ones."""
+         storage: Storage | None = None, storage_options: dict | None = None) -> Plan:
+    """Keeps the ``keep`` highest-step committed checkpoints the (relative) index lists that
+    verify and load (`usable`), its ``model_checkpoint_path``, ``protected`` and those that could
+    not be read; deletes the other committed ones."""
     committed, left_alone, missing = [], [], []
     for name in dict.fromkeys(index.all_model_checkpoint_paths):
         problem = deletable_problem(logdir, name, basename, storage)
@@ -105,8 +118,34 @@ def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protecte
         else:
             left_alone.append((name, problem))
     by_step = sorted(committed, key=lambda n: (step_of(n, basename), committed.index(n)))
-    kept = set(by_step[-keep:]) | {os.path.normpath(index.model_checkpoint_path), *protected}
-    return Plan([n for n in committed if n in kept], [n for n in committed if n not in kept], left_alone, missing)
+    usable, unusable, unread = [], [], []
+    for name in reversed(by_step):  # newest first, until `keep` of them load
+        if len(usable) == keep:
+            break
+        ok, why = _usable(logdir, name, storage, storage_options)
+        (usable if ok else unusable if ok is False else unread).append(name if ok else (name, why))
+    kept = {*usable, *(n for n, _ in unread), os.path.normpath(index.model_checkpoint_path), *protected}
+    if not usable:
+        kept |= set(committed)  # nothing loads: deleting would leave nothing usable, so delete nothing
+    return Plan([n for n in committed if n in kept], [n for n in committed if n not in kept], left_alone, missing,
+                unusable + unread, len(usable))
+
+
+def _usable(logdir: str, name: str, storage: Storage | None, options: dict | None) -> tuple[bool | None, str]:
+    """Whether the checkpoint ``name`` verifies in full and its structure loads under the
+    allowlist: (True, ""), (False, why not), or (None, why) when it could not be read."""
+    path = os.path.join(logdir, name) if storage is None else storage.join(logdir, name)
+    try:
+        CheckpointReader(path, verify="full", storage_options=options).close()
+    except UntrustedCheckpointError as e:
+        if e.malicious:  # the refusal says why (and never suggests trusting it)
+            return False, f"it does not load and may be malicious: {e}"
+        return True, ""  # a user's classes: loads with the trusted_globals its writer passes
+    except CheckpointError as e:
+        return False, f"it does not verify or load: {e}"
+    except OSError as e:
+        return None, f"it could not be read, so it is kept: {e}"
+    return True, ""
 
 
 def drop_from_index(logdir: str, index: CheckpointState, names: list[str], *, basename: str | None = None,
@@ -176,8 +215,13 @@ def _prune(args: argparse.Namespace, logdir: str | None = None, storage: Storage
               "deletes nothing (fix the index, e.g. with `rollback`)")
         return EXIT_PROBLEM
     index = relative_index(index, os.path.abspath(logdir)) if storage is None else relative_url_index(logdir, index)
-    todo = plan(logdir, index, args.keep, basename, _restore_choice(logdir, basename, storage), storage)
+    todo = plan(logdir, index, args.keep, basename, _restore_choice(logdir, basename, storage), storage,
+                getattr(args, "storage_options", None))
     print(f"keeping {len(todo.kept)}: {', '.join(todo.kept) or 'none'}")
+    for name, problem in todo.unusable:
+        print(f"not counted among the {args.keep} to keep: {name} ({problem.removeprefix('it ')})")
+    if todo.loadable == 0 and todo.unusable:
+        print("no checkpoint the index lists verifies and loads, so prune deletes nothing")
     for name, problem in todo.left_alone:
         print(f"left alone {name} (listed in the index, but {problem.removeprefix('it ')})")
     if todo.missing:

@@ -11,7 +11,6 @@ client's ``storage_options`` for a URL (None: the ``AWS_*`` environment, ``~/.aw
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -21,6 +20,7 @@ import struct
 from typing import IO, Any, Mapping
 
 from supervisor.checkpoint import get_checkpoint_state, read_index, read_manifest
+from supervisor.checkpoint.records import fields, parse_object
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.estimator.export_objects import list_object_exports, remove_object_leftovers
 from supervisor.estimator.locations import is_url
@@ -161,26 +161,40 @@ def read_export_file(export_dir: str | os.PathLike, name: str, storage_options: 
 
 def read_export_record(export_dir: str, storage_options: Options = None) -> dict[str, Any] | None:
     """The eval result an export holds (``eval_result.json``), or None with a WARNING."""
-    try:
-        record = json.loads(read_export_file(export_dir, RESULT_FILE, storage_options,
-                                             max_bytes=_RECORD_MAX_BYTES).decode("utf-8"))
-        return dict(record["metrics"], global_step=int(record["global_step"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    try:  # untrusted: supervisor.checkpoint.records
+        record = parse_object(read_export_file(export_dir, RESULT_FILE, storage_options, max_bytes=_RECORD_MAX_BYTES))
+        return fields(lambda: dict(_metrics(record["metrics"]), global_step=_step(record["global_step"])),
+                      "export record")
+    except (OSError, ValueError) as e:
         logger.warning("ignoring the export record of %s: %s", export_dir, e)
         return None
 
 
 def export_step(export_dir: str, storage_options: Options = None) -> int | None:
     """The step of an export, from the ``global_step`` metadata of its ``model.safetensors``
-    (the header is read without the package: an 8-byte length, then JSON)."""
+    (the header is read without the package: an 8-byte length, then JSON); None when it has
+    none or the header is damaged."""
     try:
         with open_export_file(export_dir, SAFETENSORS_FILE, storage_options) as f:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > 100 << 20:
                 return None
-            return int(json.loads(f.read(length))["__metadata__"]["global_step"])
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
+            header = parse_object(f.read(length))  # untrusted: supervisor.checkpoint.records
+        return fields(lambda: _step(int(header["__metadata__"]["global_step"])), "safetensors header")
+    except (OSError, ValueError, struct.error):
         return None
+
+
+def _step(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"a global step is a non-negative integer, got {value!r:.40}")
+    return value
+
+
+def _metrics(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"the metrics are a JSON object, got a {type(value).__name__}")
+    return value
 
 
 def checkpoint_of_step(model_dir: str, step: int, storage_options: Options = None) -> str | None:

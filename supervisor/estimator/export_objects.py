@@ -30,6 +30,7 @@ import os
 from typing import Any
 
 from supervisor.checkpoint import MANIFEST_FILE
+from supervisor.checkpoint.records import parse_json
 from supervisor.checkpoint.storage import Storage
 
 __all__ = ["EXPORT_FORMAT", "MANIFEST_MAX_BYTES", "upload_export", "list_object_exports", "remove_object_leftovers",
@@ -118,7 +119,7 @@ def delete_object_export(storage: Storage, path: str) -> bool:
     WARNING, when its manifest is not an export manifest (not ours: left alone)."""
     manifest_path = storage.join(path, MANIFEST_FILE)
     try:
-        manifest = json.loads(storage.read_bytes(manifest_path, max_bytes=MANIFEST_MAX_BYTES).decode("utf-8"))
+        manifest = parse_json(storage.read_bytes(manifest_path, max_bytes=MANIFEST_MAX_BYTES))  # untrusted
         ours = isinstance(manifest, dict) and manifest.get("format") == EXPORT_FORMAT
     except (OSError, ValueError) as e:
         logger.warning("not deleting %s: its %s cannot be read (%s)", path, MANIFEST_FILE, e)

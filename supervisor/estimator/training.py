@@ -31,7 +31,6 @@ every rank back); `Experiment` keeps TF's delays.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any, Iterable, Mapping
 
@@ -41,7 +40,8 @@ from supervisor.checkpoint import CheckpointRead, checkpoint_name, read_checkpoi
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
 from supervisor.estimator.evaluation import EvaluationLoop, StopReason
-from supervisor.estimator.exporters import RESULT_FILE, BestExporter, list_exports, read_export_file
+from supervisor.estimator.export_files import read_export_record
+from supervisor.estimator.exporters import BestExporter, list_exports
 from supervisor.estimator.locations import join, options_for
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.sidecar import evaluated_steps
@@ -270,14 +270,13 @@ def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfte
 
 def exported_steps(export_path: str, storage_options: Mapping[str, Any] | None = None) -> set[int]:
     """The checkpoint steps of the complete exports under ``export_path`` (from their
-    ``eval_result.json``; an unreadable record counts as no export); ``storage_options`` for a
-    URL."""
+    ``eval_result.json``; a damaged record counts as no export, with a WARNING);
+    ``storage_options`` for a URL."""
     steps = set()
     for _, path in list_exports(export_path, storage_options):
-        try:
-            steps.add(int(json.loads(read_export_file(path, RESULT_FILE, storage_options))["global_step"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        record = read_export_record(path, storage_options)  # None, with a WARNING, when damaged
+        if record is not None:
+            steps.add(record["global_step"])
     return steps
 
 

@@ -45,7 +45,8 @@ def test_failed_save_removes_its_temp_dir_and_keeps_committed_bytes(manager_fact
     assert snapshot_tree(logdir) == before  # committed checkpoints and index byte-identical
     assert latest_checkpoint(logdir) == str(logdir / "model.ckpt-2")
     assert manager.last_saved_step == 2
-    manager.wait()  # raised once, not again
+    with pytest.raises(CheckpointError, match="step 3"):
+        manager.wait()  # every wait() raises it until the next save starts (issue 30 item 6)
 
 
 def test_sync_save_failure_raises_from_save(manager_factory):
