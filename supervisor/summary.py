@@ -68,24 +68,42 @@ class SummaryWriter:
             an object store: encode them; they are uploaded at the ``flush_secs`` tick).
         storage_options: for a URL ``logdir``, the object-store client's options
             (`supervisor.checkpoint.storage.storage_for`); the ``AWS_*`` environment otherwise.
+        defer_open: create the events file (upload the first object) only at `open` or at the
+            first event, not now: a session's writer (`SummaryWriterCache.acquire`) is opened
+            once the session holds the logdir, so a writer refused there leaves nothing in it.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
-                 max_queue: int = 10, storage_options: dict[str, Any] | None = None) -> None:
+                 max_queue: int = 10, storage_options: dict[str, Any] | None = None,
+                 defer_open: bool = False) -> None:
         logdir = check_path("logdir", logdir)
         if not isinstance(filename_suffix, str):
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)
         check_int("max_queue", max_queue, minimum=1)
         protos()  # loaded here (~100 ms, paid only by sessions that write), not on the writer thread
-        storage, self.logdir = locate(logdir, storage_options)
-        if storage is None:
+        self._storage, self.logdir = locate(logdir, storage_options)
+        if self._storage is None:
             os.makedirs(self.logdir, exist_ok=True)
-        self._writer = open_event_file(self.logdir, filename_suffix, storage=storage, flush_secs=flush_secs,
-                                       max_queue=max_queue, first=version_event(time.time(), writer="torch-supervisor"),
-                                       encode=self._encode)
+        self._file_options = {"suffix": filename_suffix, "flush_secs": flush_secs, "max_queue": max_queue}
+        self._writer: Any = None  # the events file, once opened
+        self._open_lock = threading.Lock()
         self._closed = False
+        if not defer_open:
+            self.open()
         _OPEN_WRITERS.add(self)
+
+    def open(self) -> None:
+        """Creates the events file (on an object store: uploads the first object, so a bad bucket
+        or credentials fail here, naming the URL); a no-op once open."""
+        with self._open_lock:
+            if self._writer is not None or self._closed:
+                return
+            options = self._file_options
+            self._writer = open_event_file(
+                self.logdir, options["suffix"], storage=self._storage, flush_secs=options["flush_secs"],
+                max_queue=options["max_queue"], first=version_event(time.time(), writer="torch-supervisor"),
+                encode=self._encode)
 
     @property
     def closed(self) -> bool:
@@ -112,14 +130,17 @@ class SummaryWriter:
 
     def flush(self) -> None:
         """Blocks until every event added so far is written to the file."""
-        if not self._closed:
+        if not self._closed and self._writer is not None:
             self._writer.flush()
 
     def close(self) -> None:
         """Flushes and closes the file and stops the writer thread; closing twice is a no-op."""
-        if not self._closed:
+        with self._open_lock:
+            if self._closed:
+                return
             self._closed = True
-            _OPEN_WRITERS.discard(self)
+        _OPEN_WRITERS.discard(self)
+        if self._writer is not None:
             self._writer.close()
 
     def __enter__(self) -> SummaryWriter:
@@ -139,6 +160,8 @@ class SummaryWriter:
             raise RuntimeError(f"the summary writer of {self.logdir} is closed; nothing can be added to it")
         step = check_int("step", step)
         wall_time = time.time() if walltime is None else check_number("walltime", walltime)
+        if self._writer is None:
+            self.open()
         self._writer.add((wall_time, step, kind, payload))
 
     def _encode(self, item: tuple) -> bytes:
@@ -165,8 +188,9 @@ class SummaryWriterCache:
     def acquire(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` for a session that will `release` it: the writer is closed
         when its last owner releases it, so a session refused on a logdir (e.g. another writer
-        holds it) never closes the writer a running session shares."""
-        writer = SummaryWriterCache.get(logdir, storage_options)
+        holds it) never closes the writer a running session shares. A new one is opened (its
+        events file created) by the session once it holds the logdir (``defer_open``)."""
+        writer = SummaryWriterCache._get(logdir, storage_options, defer_open=True)
         with SummaryWriterCache._lock:
             SummaryWriterCache._owners[writer.logdir] = SummaryWriterCache._owners.get(writer.logdir, 0) + 1
         return writer
@@ -186,11 +210,18 @@ class SummaryWriterCache:
     def get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` (a local path or an object-store URL), created on first use
         (or after it was closed); ``storage_options`` are used when it is created."""
+        return SummaryWriterCache._get(logdir, storage_options, defer_open=False)
+
+    @staticmethod
+    def _get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None, *, defer_open: bool) -> SummaryWriter:
         key = _cache_key(logdir)
         with SummaryWriterCache._lock:
             writer = SummaryWriterCache._writers.get(key)
             if writer is None or writer.closed:
-                writer = SummaryWriterCache._writers[key] = SummaryWriter(key, storage_options=storage_options)
+                writer = SummaryWriterCache._writers[key] = SummaryWriter(key, storage_options=storage_options,
+                                                                          defer_open=defer_open)
+            elif not defer_open:
+                writer.open()
             return writer
 
     @staticmethod
