@@ -15,12 +15,13 @@ Example::
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
@@ -133,6 +134,18 @@ class SummaryWriter:
         if not self._closed and self._writer is not None:
             self._writer.flush()
 
+    def sync_point(self) -> Callable[[], None]:
+        """What makes every event added so far durable, to call later from any thread: it
+        returns once they are written and fsynced (locally) or uploaded (object store), at once
+        when a flush already did. Taking it costs a read of a counter: a session takes one at
+        each checkpoint capture, and the checkpoint's commit calls it first (issue 30 item 7),
+        so the summaries of the steps a checkpoint holds survive a crash right after its commit.
+        A failure to write them is a WARNING there (the checkpoint matters more), not an error."""
+        writer = self._writer
+        if writer is None:  # nothing added yet
+            return _nothing
+        return functools.partial(_sync, writer, writer.added, self.logdir)
+
     def close(self) -> None:
         """Flushes and closes the file and stops the writer thread; closing twice is a no-op."""
         with self._open_lock:
@@ -240,6 +253,18 @@ class SummaryWriterCache:
             SummaryWriterCache._writers.clear()
         for writer in writers:
             writer.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _sync(writer: Any, upto: int, logdir: str) -> None:
+    try:
+        writer.sync(upto)
+    except Exception as e:  # noqa: BLE001 - the commit it precedes goes on: its checkpoint matters more
+        logger.warning("could not make the summaries of %s durable before a checkpoint's commit (%s); a crash "
+                       "right after the commit may lose the newest points", logdir, e)
 
 
 def _flush_quietly(writers: list[SummaryWriter]) -> None:

@@ -5,9 +5,11 @@ a checkpoint every ``SAVE_STEPS``), for the curve-point and refused-writer tests
     python curve_trainer.py LOGDIR MAX_STEPS MODE [STORAGE_OPTIONS_JSON]
 
 MODE ``kill``: the process SIGKILLs itself right after the first checkpoint it commits beyond
-the step it started from (on the checkpoint writer thread, the moment the commit is published:
-`CheckpointManager.on_commit`), printing ``killed after N`` first; without such a commit it
-trains to MAX_STEPS and prints ``finished N``. MODE ``hold``: prints ``holding`` once the
+the step it started from and before MAX_STEPS (on the checkpoint writer thread, the moment the
+commit is published: `CheckpointManager.on_commit`), printing ``killed after N`` first; without
+such a commit it trains to MAX_STEPS and prints ``finished N``. Each step first waits for the
+save in flight, so a kill after the commit of step N comes before any point of a later step (the
+points it can lose are exactly those up to N, whatever the machine's load). MODE ``hold``: prints ``holding`` once the
 session is created (it holds the logdir) and its first checkpoint committed, then waits for the file ``$RELEASE_FILE`` and ends cleanly.
 """
 import json
@@ -33,11 +35,15 @@ class KillRightAfterACommit(Hook):
         start = session.global_step
 
         def on_commit(step, path):
-            if step > start:
+            if start < step < max_steps:
                 print(f"killed after {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
         session.checkpoint_manager.on_commit = on_commit
+        self.manager = session.checkpoint_manager
+
+    def before_run(self, run_context):
+        self.manager.wait()  # a step starts once the save in flight committed: the kill comes before it
 
 
 def train():
