@@ -295,7 +295,11 @@ class StepBoundary:
         if creation:
             self._creation_steps[id(manager)] = step
         logger.debug("capturing the checkpoint of step %d (%s)", step, reason)
-        pending = manager.start_save(step, session.training_state, wait=wait, rng_states=rng_states)
+        # The summaries added so far (every step <= this one) are made durable before this
+        # checkpoint is published: a crash right after its commit keeps their points.
+        sync_point = getattr(session.summary_writer, "sync_point", None)
+        pending = manager.start_save(step, session.training_state, wait=wait, rng_states=rng_states,
+                                     durable=sync_point() if callable(sync_point) else None)
         pending.committed.add_done_callback(functools.partial(self._committed, manager, pending))
         return pending.path
 

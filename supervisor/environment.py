@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.summary import SummaryWriterCache
+from supervisor.summary import SummaryWriter, SummaryWriterCache
 
 __all__ = ["SessionEnvironment"]
 
@@ -39,6 +39,13 @@ class SessionEnvironment:
     checkpoints: Any = None
     owns_summary_writer: bool = False
     sinks: list[Any] = field(default_factory=list)
+
+    def open_summaries(self) -> None:
+        """Creates the summary writer's events file once the session holds the logdir (the
+        creator calls it after its restore took the lock or lease): a session refused the logdir
+        leaves no file there (`SummaryWriterCache.acquire` defers it)."""
+        if isinstance(self.summary_writer, SummaryWriter):
+            self.summary_writer.open()
 
     def close(self, *, failed: bool) -> None:
         """Closes the checkpoint manager (finishing the save in flight, releasing the lock), then

@@ -15,12 +15,13 @@ Example::
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
@@ -68,25 +69,43 @@ class SummaryWriter:
             an object store: encode them; they are uploaded at the ``flush_secs`` tick).
         storage_options: for a URL ``logdir``, the object-store client's options
             (`supervisor.checkpoint.storage.storage_for`); the ``AWS_*`` environment otherwise.
+        defer_open: create the events file (upload the first object) only at `open` or at the
+            first event, not now: a session's writer (`SummaryWriterCache.acquire`) is opened
+            once the session holds the logdir, so a writer refused there leaves nothing in it.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
-                 max_queue: int = 10, storage_options: dict[str, Any] | None = None) -> None:
+                 max_queue: int = 10, storage_options: dict[str, Any] | None = None,
+                 defer_open: bool = False) -> None:
         logdir = check_path("logdir", logdir)
         if not isinstance(filename_suffix, str):
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)
         check_int("max_queue", max_queue, minimum=1)
         protos()  # loaded here (~100 ms, paid only by sessions that write), not on the writer thread
-        storage, self.logdir = locate(logdir, storage_options)
-        if storage is None:
+        self._storage, self.logdir = locate(logdir, storage_options)
+        if self._storage is None:
             os.makedirs(self.logdir, exist_ok=True)
-        self._writer = open_event_file(self.logdir, filename_suffix, storage=storage, flush_secs=flush_secs,
-                                       max_queue=max_queue, first=version_event(time.time(), writer="torch-supervisor"),
-                                       encode=self._encode)
+        self._file_options = {"suffix": filename_suffix, "flush_secs": flush_secs, "max_queue": max_queue}
+        self._writer: Any = None  # the events file, once opened
+        self._open_lock = threading.Lock()
         self._closed = False
         self._sinks: list[Any] = []
+        if not defer_open:
+            self.open()
         _OPEN_WRITERS.add(self)
+
+    def open(self) -> None:
+        """Creates the events file (on an object store: uploads the first object, so a bad bucket
+        or credentials fail here, naming the URL); a no-op once open."""
+        with self._open_lock:
+            if self._writer is not None or self._closed:
+                return
+            options = self._file_options
+            self._writer = open_event_file(
+                self.logdir, options["suffix"], storage=self._storage, flush_secs=options["flush_secs"],
+                max_queue=options["max_queue"], first=version_event(time.time(), writer="torch-supervisor"),
+                encode=self._encode)
 
     @property
     def closed(self) -> bool:
@@ -127,18 +146,34 @@ class SummaryWriter:
 
     def flush(self) -> None:
         """Blocks until every event added so far is written to the file."""
-        if not self._closed:
+        if not self._closed and self._writer is not None:
             self._writer.flush()
             for sink in self._sinks:
                 sink.flush()
 
+    def sync_point(self) -> Callable[[], None]:
+        """What makes every event added so far durable, to call later from any thread: it
+        returns once they are written and fsynced (locally) or uploaded (object store), at once
+        when a flush already did. Taking it costs a read of a counter: a session takes one at
+        each checkpoint capture, and the checkpoint's commit calls it first (issue 30 item 7),
+        so the summaries of the steps a checkpoint holds survive a crash right after its commit.
+        A failure to write them is a WARNING there (the checkpoint matters more), not an error."""
+        writer = self._writer
+        if writer is None:  # nothing added yet
+            return _nothing
+        sync = functools.partial(_sync, writer, writer.added, self.logdir)
+        return functools.partial(_sync_with_sinks, sync, tuple(self._sinks)) if self._sinks else sync
+
     def close(self) -> None:
         """Flushes and closes the file and stops the writer thread; closing twice is a no-op."""
-        if not self._closed:
+        with self._open_lock:
+            if self._closed:
+                return
             self._closed = True
             _OPEN_WRITERS.discard(self)
             try:
-                self._writer.close()
+                if self._writer is not None:
+                    self._writer.close()
             finally:
                 sinks, self._sinks = self._sinks, []
                 for sink in sinks:
@@ -161,6 +196,8 @@ class SummaryWriter:
             raise RuntimeError(f"the summary writer of {self.logdir} is closed; nothing can be added to it")
         step = check_int("step", step)
         wall_time = time.time() if walltime is None else check_number("walltime", walltime)
+        if self._writer is None:
+            self.open()
         self._writer.add((wall_time, step, kind, payload))
         return wall_time
 
@@ -188,8 +225,9 @@ class SummaryWriterCache:
     def acquire(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` for a session that will `release` it: the writer is closed
         when its last owner releases it, so a session refused on a logdir (e.g. another writer
-        holds it) never closes the writer a running session shares."""
-        writer = SummaryWriterCache.get(logdir, storage_options)
+        holds it) never closes the writer a running session shares. A new one is opened (its
+        events file created) by the session once it holds the logdir (``defer_open``)."""
+        writer = SummaryWriterCache._get(logdir, storage_options, defer_open=True)
         with SummaryWriterCache._lock:
             SummaryWriterCache._owners[writer.logdir] = SummaryWriterCache._owners.get(writer.logdir, 0) + 1
         return writer
@@ -209,11 +247,18 @@ class SummaryWriterCache:
     def get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` (a local path or an object-store URL), created on first use
         (or after it was closed); ``storage_options`` are used when it is created."""
+        return SummaryWriterCache._get(logdir, storage_options, defer_open=False)
+
+    @staticmethod
+    def _get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None, *, defer_open: bool) -> SummaryWriter:
         key = _cache_key(logdir)
         with SummaryWriterCache._lock:
             writer = SummaryWriterCache._writers.get(key)
             if writer is None or writer.closed:
-                writer = SummaryWriterCache._writers[key] = SummaryWriter(key, storage_options=storage_options)
+                writer = SummaryWriterCache._writers[key] = SummaryWriter(key, storage_options=storage_options,
+                                                                          defer_open=defer_open)
+            elif not defer_open:
+                writer.open()
             return writer
 
     @staticmethod
@@ -232,6 +277,18 @@ class SummaryWriterCache:
             SummaryWriterCache._writers.clear()
         for writer in writers:
             writer.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _sync(writer: Any, upto: int, logdir: str) -> None:
+    try:
+        writer.sync(upto)
+    except Exception as e:  # noqa: BLE001 - the commit it precedes goes on: its checkpoint matters more
+        logger.warning("could not make the summaries of %s durable before a checkpoint's commit (%s); a crash "
+                       "right after the commit may lose the newest points", logdir, e)
 
 
 def _flush_quietly(writers: list[SummaryWriter]) -> None:
@@ -267,3 +324,14 @@ def _to_float(tag: str, value: Any) -> float:
         raise TypeError(f"summary {tag!r} needs a number or a 0-dim tensor, got {describe_value(value)}; "
                         "reduce it first, e.g. value.mean()")
     return scalar
+
+
+def _sync_with_sinks(sync: Callable[[], None], sinks: tuple) -> None:
+    """The events file's sync point, then each sink's flush (`supervisor.sinks`: a copy, so a
+    sink that fails is a WARNING, never a failed checkpoint)."""
+    sync()
+    for sink in sinks:
+        try:
+            sink.flush()
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            logger.warning("flushing the summary sink %r before a checkpoint failed: %s", sink, e)

@@ -25,7 +25,7 @@ from supervisor.checkpoint.options import check_capture
 from supervisor.checkpoint.overlap import PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.restore import Restored
 from supervisor.checkpoint.staging import StagingArea
-from supervisor.checkpoint.manager_common import ManagerCommon
+from supervisor.checkpoint.manager_common import ManagerCommon, before_commit
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.clock import resolve_clock
 from supervisor.distributed import restore as restore_channel
@@ -212,6 +212,7 @@ class ShardedCheckpointManager(ManagerCommon):
             CheckpointError: this save failed and was waited for (``save_mode="sync"`` or
                 ``wait=True``), or an earlier failure not yet reported.
         """
+        durable = self._take_durable()
         step = self._begin_save(step, state, kind="sharded checkpoint manager",
                                 is_open=not self._closed and (self._inner is None or self._inner.is_open))
         background = self.save_mode == "async"
@@ -219,7 +220,7 @@ class ShardedCheckpointManager(ManagerCommon):
             self._group = dcp_commit.side_group(self.save_timeout_secs)  # every rank's first save
         # A save the caller waits for writes the live state (as CheckpointManager): the caller is
         # blocked until the commit, so nothing changes it meanwhile; no staging copy is made.
-        job, pending = self._job(step, state, stage=background and not wait, background=background)
+        job, pending = self._job(step, state, stage=background and not wait, background=background, durable=durable)
         self._last_saved_step = step
         self._pending = pending
         outcome: list[CheckpointError] | None = [] if wait or not background else None
@@ -236,8 +237,8 @@ class ShardedCheckpointManager(ManagerCommon):
             raise outcome[0]
         return self.path_of(step)
 
-    def _job(self, step: int, state: TrainingState, *, stage: bool,
-             background: bool) -> tuple[dcp_commit.ShardedSave, PendingCopy | None]:
+    def _job(self, step: int, state: TrainingState, *, stage: bool, background: bool,
+             durable: Callable[[], Any] | None = None) -> tuple[dcp_commit.ShardedSave, PendingCopy | None]:
         """The capture, on the caller's thread: the state dict (``stage``: copied into the staging
         buffers, the optimizers' tensors in the background when overlapped), this rank's RNG and
         loader-generator states, the save's store key."""
@@ -260,7 +261,7 @@ class ShardedCheckpointManager(ManagerCommon):
             key, rank=rank, world_size=size, group=self._group if background else None,
             timeout_secs=self.save_timeout_secs,
             publish=self._inner.publish if self._inner is not None else None,
-            before_commit=self._inner.check_writer if self._inner is not None else None,
+            before_commit=before_commit(durable, self._inner.check_writer) if self._inner is not None else None,
             storage=self.storage), pending
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,

@@ -7,12 +7,14 @@ object only if the name is free (`Storage.create_exclusive`: ``If-None-Match: *`
 ``link``/``O_EXCL`` on POSIX, NFSv3+ and Lustre):
 
 * The lease is a series of generations ``<logdir>/.supervisor.lease/<generation:016d>.json``,
-  each naming its holder (host, pid, a random owner id) and when it expires. The newest
-  generation is the lease.
+  each naming its holder (host, pid, boot id, PID namespace and process start time, a random
+  owner id) and when it expires. The newest generation is the lease.
 * **Acquire**: read the newest; if it is live and someone else's → `LogdirInUseError` naming
-  the holder and when the lease expires. If there is none, or it expired, or its holder released
-  it → create generation ``n + 1``. Two writers racing for an expired lease both try to create
-  the same ``n + 1``: exactly one succeeds; the other is refused and names the winner.
+  the holder, when the lease expires and how to take it over. If there is none, or it expired,
+  or its holder released it, or its holder is certainly gone (on this host, same boot: its
+  process no longer runs — `holder.gone_reason`; a WARNING says so) → create generation
+  ``n + 1``. Two writers racing for an expired lease both try to create the same ``n + 1``:
+  exactly one succeeds; the other is refused and names the winner.
 * **Renew** every ``lease_secs / 3`` on a thread: create generation ``n + 1`` — a conditional
   write on the version held, so a holder that was overtaken (its lease expired and another
   writer took it over) finds ``n + 1`` taken and marks itself **lost**. So does a holder whose
@@ -46,6 +48,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from supervisor.checkpoint.holder import gone_reason, identity, on_this_machine
 from supervisor.checkpoint.records import fields, parse_object
 from supervisor.checkpoint.storage_base import ObjectExistsError, Storage
 from supervisor.clock import Clock, resolve_clock
@@ -81,9 +84,17 @@ class LeaseRecord:
     expires_at: float
     lease_secs: float
     released: bool = False
+    boot_id: str = ""  # the holder's machine and process, to tell that it is gone (holder.py)
+    pid_ns: str = ""
+    started: int | None = None
 
     def describe(self) -> str:
         return f"pid {self.pid} on host {self.host}"
+
+    def gone(self) -> str | None:
+        """Why its holder certainly no longer runs (`holder.gone_reason`), else None."""
+        return gone_reason(host=self.host, pid=self.pid, boot_id=self.boot_id, pid_ns=self.pid_ns,
+                           started=self.started)
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), sort_keys=True) + "\n").encode("utf-8")
@@ -95,7 +106,9 @@ class LeaseRecord:
         return fields(lambda: cls(
             generation=int(raw["generation"]), owner_id=str(raw["owner_id"]), host=str(raw["host"]),
             pid=int(raw["pid"]), acquired_at=float(raw["acquired_at"]), expires_at=float(raw["expires_at"]),
-            lease_secs=float(raw["lease_secs"]), released=bool(raw.get("released", False))), "lease record")
+            lease_secs=float(raw["lease_secs"]), released=bool(raw.get("released", False)),
+            boot_id=str(raw.get("boot_id", "")), pid_ns=str(raw.get("pid_ns", "")),
+            started=None if raw.get("started") is None else int(raw["started"])), "lease record")
 
 
 class Lease:
@@ -191,7 +204,7 @@ class Lease:
         """The record of the lease while some writer holds it live (not released, not expired),
         else None; `in_use_error` turns it into the refusal a second writer gets."""
         current = self.newest()
-        if current is None or current.released or self._clock.time() >= current.expires_at:
+        if current is None or current.released or self._clock.time() >= current.expires_at or current.gone():
             return None
         return current
 
@@ -246,9 +259,14 @@ class Lease:
         for _ in range(3):
             current = self.newest()
             now = self._clock.time()
-            if current is not None and not current.released and now < current.expires_at:
+            live = current is not None and not current.released and now < current.expires_at
+            gone = current.gone() if live else None
+            if live and gone is None:
                 raise LogdirInUseError(self._in_use_message(current, now))
-            if current is not None and not current.released:
+            if gone is not None:
+                logger.warning("taking over the lease of %s from %s at once: %s (its lease would expire at %s)",
+                               self.directory, current.describe(), gone, _when(current.expires_at))
+            elif current is not None and not current.released:
                 logger.warning("taking over the lease of %s from %s, which expired at %s", self.directory,
                                current.describe(), _when(current.expires_at))
             generation = (current.generation if current is not None else 0) + 1
@@ -267,7 +285,7 @@ class Lease:
     def _create(self, generation: int, now: float, *, acquired_at: float, released: bool = False) -> bool:
         record = LeaseRecord(generation=generation, owner_id=self.owner_id, host=socket.gethostname(),
                              pid=os.getpid(), acquired_at=acquired_at, expires_at=now + self.lease_secs,
-                             lease_secs=self.lease_secs, released=released)
+                             lease_secs=self.lease_secs, released=released, **identity())
         try:
             self.storage.create_exclusive(self._generation_path(generation), record.to_bytes())
         except ObjectExistsError:
@@ -346,10 +364,15 @@ class Lease:
                 logger.debug("could not delete the old lease generation %s: %s", generation, e)
 
     def _in_use_message(self, holder: LeaseRecord, now: float) -> str:
+        here = on_this_machine(host=holder.host, boot_id=holder.boot_id, pid_ns=holder.pid_ns)
+        how = (f"it runs on this host: stop it (kill {holder.pid}) and start this run again, which takes the lease "
+               "over at once" if here else
+               f"this host cannot see whether it still runs: stop it on {holder.host}, then start this run again "
+               f"at {_when(holder.expires_at)} or later, when its unrenewed lease has expired")
         return (f"the logdir {self.directory} is in use by another writer ({holder.describe()}, since "
                 f"{_when(holder.acquired_at)}); its lease ({self.path}) expires at {_when(holder.expires_at)}, "
-                f"in {holder.expires_at - now:.0f} s unless renewed. Stop that process, or wait for the lease to "
-                "expire, or give this run another logdir")
+                f"in {holder.expires_at - now:.0f} s unless renewed. To take the logdir over, {how}; or give this "
+                "run another logdir")
 
     def __enter__(self) -> Lease:
         self.acquire()

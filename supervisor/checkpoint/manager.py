@@ -37,7 +37,7 @@ from supervisor.checkpoint import overlap
 from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
-from supervisor.checkpoint.manager_common import ManagerCommon
+from supervisor.checkpoint.manager_common import ManagerCommon, before_commit
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -248,6 +248,7 @@ class CheckpointManager(ManagerCommon):
             CheckpointError: this save failed and waited for (sync or ``wait=True``) and the
                 failure policy says stop; or an earlier background failure not yet reported.
         """
+        durable = self._take_durable()
         step = self._begin_save(step, state, is_open=self._opened and not self._closed, kind="checkpoint manager")
         name = checkpoint_name(self.basename, step)
         timestamp = self._clock.time()
@@ -260,7 +261,8 @@ class CheckpointManager(ManagerCommon):
         self._pending = pending
         # A waited-for save reports a fatal failure here, to its caller, never via on_error.
         outcome: list[CheckpointError] | None = [] if wait or self.save_mode == "sync" else None
-        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, outcome, pending)
+        job = functools.partial(self._write, step, name, payload, timestamp, capture_secs, outcome, pending,
+                                before_commit(durable, self.check_writer))
         del payload, pending
         if self.save_mode == "sync":
             job()
@@ -299,14 +301,15 @@ class CheckpointManager(ManagerCommon):
         return make_payload(step, entries, rng, torch.__version__, classes=state.entry_classes()), pending
 
     def _write(self, step: int, name: str, payload: dict, timestamp: float, capture_secs: float,
-               outcome: list[CheckpointError] | None, pending: PendingCopy | None = None) -> None:
+               outcome: list[CheckpointError] | None, pending: PendingCopy | None = None,
+               check: Callable[[], Any] | None = None) -> None:
         path = self.storage.join(self.directory, name)
         if pending is not None and not self._copied(step, pending, outcome):
             return
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
                                       world_size=distributed.world_size(), storage=self.storage,
-                                      before_commit=self.check_writer)
+                                      before_commit=check or self.check_writer)
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return

@@ -54,17 +54,22 @@ class ManagerCommon:
     #: ``on_commit(step, path)``, called on the writer thread once a checkpoint is committed.
     on_commit: Callable[[int, str], Any] | None = None
     _in_flight: dict[int, Future] | None = None  # start_save's futures by step
+    _durable: Callable[[], Any] | None = None  # start_save's ``durable``, taken by the save it starts
 
     def start_save(self, step: int, state: TrainingState, *, wait: bool = False,
-                   rng_states: Mapping[int, Any] | None = None) -> PendingSave:
+                   rng_states: Mapping[int, Any] | None = None,
+                   durable: Callable[[], Any] | None = None) -> PendingSave:
         """`save`, returning the save as a value: its step, its path, and a future that resolves
-        when it commits (callbacks added to it run on the writer thread)."""
+        when it commits (callbacks added to it run on the writer thread). ``durable()``: called
+        right before the commit (on the writer thread), what must be durable before the
+        checkpoint is published — a session's summaries of the steps it holds."""
         future: Future = Future()
         with self._mutex:
             if self._in_flight is None:
                 self._in_flight = {}
             self._in_flight[int(step)] = future
         kwargs = {"rng_states": rng_states} if rng_states is not None else {}
+        self._durable = durable
         try:
             path = self.save(step, state, wait=wait, **kwargs)  # type: ignore[attr-defined]
         except BaseException:
@@ -73,7 +78,14 @@ class ManagerCommon:
                     del self._in_flight[int(step)]
             future.cancel()
             raise
+        finally:
+            self._durable = None
         return PendingSave(int(step), path, future)
+
+    def _take_durable(self) -> Callable[[], Any] | None:
+        """The ``durable`` of the save `start_save` is starting (None for a plain ``save``)."""
+        durable, self._durable = self._durable, None
+        return durable
 
     def _report_commit(self, step: int, path: str) -> None:
         """The commit of ``step``: resolves its `start_save` future, then calls ``on_commit``.
@@ -157,3 +169,15 @@ class ManagerCommon:
         with self._mutex:
             failure, raised, self._failure = self._failure, self._failure_raised, None
         return None if raised else failure
+
+def before_commit(durable: Callable[[], Any] | None, check: Callable[[], Any] | None) -> Callable[[], Any] | None:
+    """What a commit runs right before it, on the writer thread: ``durable()`` (`start_save`),
+    then ``check()`` (the writer's lock or lease: last, as close to the commit as it can be)."""
+    if durable is None:
+        return check
+
+    def run() -> None:
+        durable()
+        if check is not None:
+            check()
+    return run

@@ -106,7 +106,8 @@ class SessionCreator:
     def create(self, session: Any) -> int | None:
         """Makes the state ready; returns the global step to continue from (None: keep it)."""
         first = self._created == 0  # counts completed creations: a failed first one runs init_fn again
-        restored = self.restore(session)
+        restored = self.restore(session)  # the chief's takes the logdir's lock or lease
+        self.environment.open_summaries()
         if restored is not None:
             step: int | None = restored.global_step
             message = ("restored step=%d from %s", restored.global_step, restored.path)

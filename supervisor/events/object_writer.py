@@ -3,7 +3,7 @@
 An object cannot be appended to, so `ObjectEventFile` — the object-store twin of
 `supervisor.events.writer.EventFile`, with the same ``add``/``flush``/``close`` — uploads the
 events gathered since its last upload as a **new** object, at most every ``flush_secs`` (and at
-`flush` and `close`). Each object is a complete events file (a ``brain.Event:2`` version event,
+`flush`, at `sync` — before a session's checkpoint commits — and at `close`). Each object is a complete events file (a ``brain.Event:2`` version event,
 then the records), named
 
     ``events.out.tfevents.<time>.<host>.<pid>.<writer>.<seq><suffix>``
@@ -83,6 +83,8 @@ class ObjectEventFile:
         self._flush_secs = flush_secs
         self._max_queue = max_queue
         self._pending: list[Any] = []
+        self.added = 0  # events added so far (`sync`'s points)
+        self._encoded = self._uploaded = 0  # events encoded into the unsent records / uploaded
         self._lock = threading.Lock()  # the pending list
         self._io_lock = threading.Lock()  # the unsent records and the uploads: one at a time, in order
         self._unsent: list[bytes] = []  # framed records encoded, not yet uploaded
@@ -106,6 +108,7 @@ class ObjectEventFile:
                           f"(more than {MAX_UNSENT_BYTES}): {error}") from error
         with self._lock:
             self._pending.append(data)
+            self.added += 1
             wake = len(self._pending) >= self._max_queue
         if wake:
             self._wake.set()
@@ -116,6 +119,12 @@ class ObjectEventFile:
         with self._io_lock:
             self._encode_pending()
             self._upload_unsent()
+
+    def sync(self, upto: int) -> None:
+        """Makes the first ``upto`` events added durable (uploaded); a no-op when they already
+        are, else a `flush` (``OSError`` when the upload fails)."""
+        if self._uploaded < upto:
+            self.flush()
 
     def close(self) -> None:
         """Uploads what is left and stops the thread; twice is a no-op. ``OSError`` (naming the
@@ -157,9 +166,11 @@ class ObjectEventFile:
             data = b"".join(frame(encode(item)) for item in batch)
             self._unsent.append(data)
             self._unsent_bytes += len(data)
+            self._encoded += len(batch)
 
     def _upload_unsent(self) -> None:
         if not self._unsent:
+            self._uploaded = self._encoded
             return
         if self._unsent_name is None:  # kept until an upload succeeds: a retry replaces a first attempt
             self._unsent_name = self._next_name()  # that may have reached the server
@@ -175,6 +186,7 @@ class ObjectEventFile:
         self._unsent_bytes = 0
         self._unsent_name = None
         self._error = None
+        self._uploaded = self._encoded
 
     def _upload(self, data: bytes, name: str) -> None:
         """One ``PutObject`` (a plain one: a retry under the same name is idempotent)."""

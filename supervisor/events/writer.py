@@ -13,6 +13,12 @@ writes and flushes the whole batch at once.
 
 What a reader sees is unchanged: tensorboard's writer also made events visible only when it
 flushed (every ``flush_secs``, or at `flush`/`close`), since its file object buffers.
+
+`sync` makes the events added up to a point durable (written, flushed and fsynced, with the
+directory entry of the file): what a checkpoint's commit waits for, so that the summaries of the
+steps a checkpoint holds survive a crash right after it (`supervisor.summary.SummaryWriter.sync_point`).
+Both writers count what was added (``added``) and what is durable, so a sync after a flush that
+already wrote everything costs nothing.
 """
 from __future__ import annotations
 
@@ -54,6 +60,14 @@ def open_event_file(logdir: str, suffix: str, *, storage: Storage | None, flush_
                            encode=encode)
 
 
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class EventFile:
     """Appends serialised events to a new events file; see the module docstring.
 
@@ -76,8 +90,11 @@ class EventFile:
         self._flush_secs = flush_secs
         self._max_queue = max_queue
         self._pending: list[Any] = []
+        self.added = 0  # events added so far (`sync`'s points)
+        self._written = self._synced = 0  # events written to the file / fsynced with it
+        self._dir_synced = False
         self._lock = threading.Lock()  # the pending list
-        self._io_lock = threading.Lock()  # the file: one batch at a time, in order
+        self._io_lock = threading.Lock()  # the file: one batch at a time, in order (taken before _lock)
         self._wake = threading.Event()
         self._closed = False
         self._error: BaseException | None = None
@@ -91,21 +108,40 @@ class EventFile:
             raise OSError(f"writing the events file {self.path} failed: {self._error}") from self._error
         with self._lock:
             self._pending.append(data)
+            self.added += 1
             wake = len(self._pending) >= self._max_queue
         if wake:
             self._wake.set()
 
     def flush(self) -> None:
         """Writes every event added so far and flushes the file (on the caller's thread)."""
-        with self._lock:
-            batch, self._pending = self._pending, []
-        with self._io_lock:
+        with self._io_lock:  # the batch is taken under it: two flushes write their batches in order
+            with self._lock:
+                batch, self._pending = self._pending, []
             if self._file.closed:
                 return
             if batch:
                 encode = self._encode
                 self._file.write(b"".join(frame(encode(data)) for data in batch))
             self._file.flush()
+            self._written += len(batch)
+
+    def sync(self, upto: int) -> None:
+        """Makes the first ``upto`` events added durable: written, flushed and fsynced (with the
+        directory entry of the file, once); a no-op when they already are. ``OSError`` when the
+        file cannot be written."""
+        if self._synced >= upto:
+            return
+        self.flush()
+        with self._io_lock:
+            if self._file.closed:
+                return
+            written = self._written
+            os.fsync(self._file.fileno())
+            if not self._dir_synced:
+                _fsync_directory(os.path.dirname(self.path))
+                self._dir_synced = True
+            self._synced = max(self._synced, written)
 
     def close(self) -> None:
         """Writes what is pending, stops the thread and closes the file; twice is a no-op."""

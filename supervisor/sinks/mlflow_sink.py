@@ -10,8 +10,9 @@ Decisions:
   the restore, so a resume never creates a run it then abandons.
 - Scalars are queued on the training thread and sent with ``log_batch`` (up to 1,000 points a
   request) by the sink's own thread every ``flush_secs``, whenever the summary writer flushes,
-  and when a checkpoint is captured (`state_dict`), so the points of the steps up to a
-  checkpoint are in MLflow before the checkpoint exists.
+  and before each checkpoint commits (on the checkpoint's writer thread, with the events file:
+  `SummaryWriter.sync_point`), so the points of the steps up to a checkpoint are in MLflow
+  before the checkpoint exists, and training never waits for MLflow.
 - A failed send (the tracking server away) keeps the points for the next flush with a WARNING;
   the queue is bounded (``max_queue`` points: the oldest are dropped, counted in a WARNING).
   MLflow is a copy: it never fails or stalls training; TensorBoard's events file is the record.
@@ -122,14 +123,12 @@ class MLflowSink:
     def state_dict(self) -> dict[str, Any]:
         """The run id (the run is created here if no scalar was sent yet; if MLflow cannot be
         reached, the checkpoint holds no run id and the next one will). Called when a checkpoint
-        is captured: the points queued so far are sent first, so a resume from this checkpoint
-        finds every point up to its step in the run (the cost of one ``log_batch`` per
-        checkpoint, on the training thread)."""
+        is captured; the points of its steps are sent by the checkpoint's writer thread before it
+        commits (the summary writer's sync point flushes the sinks with the events file)."""
         try:
             self._ensure_run()
         except Exception as e:  # noqa: BLE001 - a checkpoint never fails for MLflow
             logger.warning("MLflow: could not create or resume the run (%s); this checkpoint records no run id", e)
-        self._send()  # the points of the steps this checkpoint holds reach MLflow before it exists
         return {"run_id": self.run_id, "__optional_entry__": True}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
