@@ -1,0 +1,145 @@
+"""Position-weighted fingerprints of tensors' bits: how the overlapped capture (SPEC §5.9,
+overlap.py) proves that its staged copy holds the state of the boundary.
+
+A tensor's fingerprint reads its bits as integer words in its logical order (32-bit words for
+4- and 8-byte dtypes, 16-bit for 2-byte, unsigned 8-bit for 1-byte ones) and sums, in wrapping
+64-bit integer arithmetic, each word times an odd pseudo-random 64-bit weight of its position:
+``sum_i w_i * x_i mod 2**64``. So:
+
+- any change of one word changes it (``w_i`` odd, ``|Δx| < 2**32``: ``w_i * Δx`` is never 0 mod
+  2**64), whatever API made the write — no version counter is read;
+- a change of several words cancels only when the weighted sum of the changes does: a sign flip
+  moves a word by 2**31, which keeps 33 bits of its weight, so flips, permutations (each position
+  has its own weight) or a torn mix of two states are missed with a chance of about 2**-33 per
+  changed tensor — not by construction, as an unweighted or 32-bit sum misses them;
+- integer sums are exact in any order: a tensor fingerprinted on a CUDA device and its copy
+  fingerprinted on the CPU give the same value, bit for bit.
+
+The weights are ``w_i = B[i % CHUNK_WORDS] * M[i // CHUNK_WORDS]`` (both odd hashes of the
+index, computed on each device by the same integer operations), so memory stays bounded: one
+chunk's 64-bit products (32 MiB) and one chunk of weights per device, kept. Small tensors share
+one operation (a bucket) to bound the number of kernel launches.
+
+A `Plan` is made once from the live tensors at the boundary and applied to them and to their
+staged copies, so both sides group, order and weigh alike.
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple, Sequence
+
+import torch
+
+__all__ = ["CHUNK_WORDS", "Plan", "fingerprints", "words"]
+
+CHUNK_WORDS = 1 << 22  # words per operation: 32 MiB of int64 products, 32 MiB of kept weights
+_SMALL_WORDS = 1 << 16  # tensors up to this many words are fingerprinted in a shared bucket
+_CHUNK_SALT = 1 << 40  # the chunk multipliers hash other indices than the position weights
+_WORD = {1: torch.uint8, 2: torch.int16}
+
+_lock = threading.Lock()
+_weights: dict[torch.device, torch.Tensor] = {}
+
+
+def words(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bits as a 1-D tensor of integer words in its logical order (a view of a
+    contiguous tensor; a copy of another, e.g. a channels_last one)."""
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    flat = tensor.reshape(-1)
+    return flat.view(_WORD.get(flat.element_size(), torch.int32))
+
+
+def _mix(index: torch.Tensor) -> torch.Tensor:
+    """An odd pseudo-random int64 per int64 ``index`` (splitmix64's finaliser, with arithmetic
+    shifts), the same on every device: integer operations only."""
+    z = index * -7046029254386353131 + 0x632BE59BD9B4E019  # the golden-ratio increment, as int64
+    z = (z ^ (z >> 30)) * -4658895280553007687
+    z = (z ^ (z >> 27)) * -7723592293110705685
+    return (z ^ (z >> 31)) | 1
+
+
+def _position_weights(device: torch.device, n: int) -> torch.Tensor:
+    """``B[:n]`` on ``device`` (kept: the largest asked for, at most `CHUNK_WORDS`)."""
+    with _lock:
+        kept = _weights.get(device)
+        if kept is None or kept.numel() < n:
+            size = min(CHUNK_WORDS, max(n, 1 << 12))
+            kept = _weights[device] = _mix(torch.arange(size, dtype=torch.int64, device=device))
+    return kept[:n]
+
+
+def _weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum(x * w)`` in wrapping int64 (a 0-dim tensor on ``x``'s device)."""
+    if x.device.type == "cpu":  # a mixed-dtype multiply is not vectorised on the CPU: widen first
+        return x.to(torch.int64).mul_(w).sum()
+    return torch.mul(x, w).sum()  # CUDA widens inside the kernel: no int64 copy of x
+
+
+class _Group(NamedTuple):
+    indices: list[int]  # positions in the plan's tensor list
+    lengths: list[int]  # words per tensor
+
+
+class Plan:
+    """How `fingerprints` groups ``tensors``: per device, a bucket of small tensors of one word
+    type, or one large tensor alone (chunked).
+
+    Args:
+        tensors: the live tensors (the plan is applied to them and to copies of the same shapes
+            and dtypes, on any device).
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.size = len(tensors)
+        self.groups: dict[torch.device, list[_Group]] = {}
+        open_buckets: dict[tuple[torch.device, torch.dtype], _Group] = {}
+        for i, t in enumerate(tensors):
+            word = _WORD.get(torch.view_as_real(t).element_size() if t.is_complex() else t.element_size(),
+                             torch.int32)
+            n = t.numel() * t.element_size() // torch.empty((), dtype=word).element_size()
+            groups = self.groups.setdefault(t.device, [])
+            if n > _SMALL_WORDS:
+                groups.append(_Group([i], [n]))
+                continue
+            bucket = open_buckets.get((t.device, word))
+            if bucket is None or sum(bucket.lengths) + n > CHUNK_WORDS:
+                bucket = open_buckets[(t.device, word)] = _Group([], [])
+                groups.append(bucket)
+            bucket.indices.append(i)
+            bucket.lengths.append(n)
+
+
+def fingerprints(plan: Plan, tensors: Sequence[torch.Tensor]) -> dict[torch.device, tuple[list[int], torch.Tensor]]:
+    """Per device of the plan: the indices of its tensors and their fingerprints (int64, on the
+    device the given ``tensors`` are on; on CUDA queued on the current stream, no host sync)."""
+    if len(tensors) != plan.size:
+        raise ValueError(f"the plan was made for {plan.size} tensors, got {len(tensors)}")
+    out = {}
+    with torch.no_grad():
+        for device, groups in plan.groups.items():
+            parts = [_bucket(g, tensors) if len(g.indices) > 1 or g.lengths[0] <= _SMALL_WORDS
+                     else _large(tensors[g.indices[0]]).reshape(1) for g in groups]
+            out[device] = ([i for g in groups for i in g.indices], torch.cat(parts))
+    return out
+
+
+def _bucket(group: _Group, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The fingerprints of a bucket's small tensors: one multiply, a sum per tensor (each
+    tensor's weights start at its offset in the bucket)."""
+    flat = [words(tensors[i]) for i in group.indices]
+    x = flat[0] if len(flat) == 1 else torch.cat(flat)
+    w = _position_weights(x.device, x.numel())
+    products = x.to(torch.int64).mul_(w) if x.device.type == "cpu" else torch.mul(x, w)
+    return torch.stack([p.sum() for p in products.split(group.lengths)])
+
+
+def _large(tensor: torch.Tensor) -> torch.Tensor:
+    """One tensor's fingerprint, a chunk of `CHUNK_WORDS` words at a time."""
+    x = words(tensor)
+    sums = [_weighted_sum(x[start:start + CHUNK_WORDS], _position_weights(x.device, min(CHUNK_WORDS, x.numel() - start)))
+            for start in range(0, x.numel(), CHUNK_WORDS)]
+    if len(sums) == 1:
+        return sums[0]
+    chunks = torch.arange(len(sums), dtype=torch.int64, device=x.device) + _CHUNK_SALT
+    return (torch.stack(sums) * _mix(chunks)).sum()
