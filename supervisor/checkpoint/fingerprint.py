@@ -25,6 +25,7 @@ staged copies, so both sides group, order and weigh alike.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import NamedTuple, Sequence
 
@@ -34,11 +35,12 @@ __all__ = ["CHUNK_WORDS", "Plan", "fingerprints", "words"]
 
 CHUNK_WORDS = 1 << 22  # words per operation: 32 MiB of int64 products, 32 MiB of kept weights
 _SMALL_WORDS = 1 << 16  # tensors up to this many words are fingerprinted in a shared bucket
+_CPU_PIECE = 1 << 16  # words per CPU operation: 512 KiB of products, in the cache
 _CHUNK_SALT = 1 << 40  # the chunk multipliers hash other indices than the position weights
 _WORD = {1: torch.uint8, 2: torch.int16}
 
 _lock = threading.Lock()
-_weights: dict[torch.device, torch.Tensor] = {}
+_weights: dict[torch.device, tuple[torch.Tensor, object]] = {}  # per device: B, and on CUDA its event
 
 
 def words(tensor: torch.Tensor) -> torch.Tensor:
@@ -60,25 +62,42 @@ def _mix(index: torch.Tensor) -> torch.Tensor:
 
 
 def _position_weights(device: torch.device, n: int) -> torch.Tensor:
-    """``B[:n]`` on ``device`` (kept: the largest asked for, at most `CHUNK_WORDS`)."""
+    """``B[:n]`` on ``device``, kept: on the CPU the largest asked for, on CUDA a whole chunk's
+    (never freed while a kernel of another stream may read it), which the current stream waits
+    for (no host sync)."""
     with _lock:
-        kept = _weights.get(device)
+        kept, event = _weights.get(device, (None, None))
         if kept is None or kept.numel() < n:
-            size = min(CHUNK_WORDS, max(n, 1 << 12))
-            kept = _weights[device] = _mix(torch.arange(size, dtype=torch.int64, device=device))
+            size = CHUNK_WORDS if device.type == "cuda" else min(CHUNK_WORDS, max(n, 1 << 12))
+            kept = _mix(torch.arange(size, dtype=torch.int64, device=device))
+            event = None
+            if device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(device))
+            _weights[device] = kept, event
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)
     return kept[:n]
 
 
 def _weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``sum(x * w)`` in wrapping int64 (a 0-dim tensor on ``x``'s device)."""
-    if x.device.type == "cpu":  # a mixed-dtype multiply is not vectorised on the CPU: widen first
-        return x.to(torch.int64).mul_(w).sum()
-    return torch.mul(x, w).sum()  # CUDA widens inside the kernel: no int64 copy of x
+    """``sum(x * w)`` in wrapping int64, a 0-dim tensor on ``x``'s device. On CUDA one multiply
+    (widened inside the kernel) and one sum; on the CPU, where a mixed-dtype multiply is not
+    vectorised, pieces that stay in the cache (measured: half the time of whole chunks)."""
+    if x.device.type != "cpu":
+        return torch.mul(x, w).sum()
+    total = torch.zeros((), dtype=torch.int64)
+    scratch = torch.empty(min(_CPU_PIECE, x.numel()), dtype=torch.int64)
+    for start in range(0, x.numel(), _CPU_PIECE):
+        piece = x[start:start + _CPU_PIECE]
+        total += scratch[:piece.numel()].copy_(piece).mul_(w[start:start + _CPU_PIECE]).sum()
+    return total
 
 
 class _Group(NamedTuple):
     indices: list[int]  # positions in the plan's tensor list
     lengths: list[int]  # words per tensor
+    bucket: bool  # small tensors sharing one chunk of weights (else one tensor, chunked)
 
 
 class Plan:
@@ -100,11 +119,11 @@ class Plan:
             n = t.numel() * t.element_size() // torch.empty((), dtype=word).element_size()
             groups = self.groups.setdefault(t.device, [])
             if n > _SMALL_WORDS:
-                groups.append(_Group([i], [n]))
+                groups.append(_Group([i], [n], False))
                 continue
             bucket = open_buckets.get((t.device, word))
             if bucket is None or sum(bucket.lengths) + n > CHUNK_WORDS:
-                bucket = open_buckets[(t.device, word)] = _Group([], [])
+                bucket = open_buckets[(t.device, word)] = _Group([], [], True)
                 groups.append(bucket)
             bucket.indices.append(i)
             bucket.lengths.append(n)
@@ -118,27 +137,30 @@ def fingerprints(plan: Plan, tensors: Sequence[torch.Tensor]) -> dict[torch.devi
     out = {}
     with torch.no_grad():
         for device, groups in plan.groups.items():
-            parts = [_bucket(g, tensors) if len(g.indices) > 1 or g.lengths[0] <= _SMALL_WORDS
-                     else _large(tensors[g.indices[0]]).reshape(1) for g in groups]
+            parts = [_bucket(g, tensors) if g.bucket else _large(tensors[g.indices[0]]).reshape(1) for g in groups]
             out[device] = ([i for g in groups for i in g.indices], torch.cat(parts))
     return out
 
 
 def _bucket(group: _Group, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The fingerprints of a bucket's small tensors: one multiply, a sum per tensor (each
-    tensor's weights start at its offset in the bucket)."""
+    """The fingerprints of a bucket's small tensors, each tensor's weights starting at its offset
+    in the bucket: on CUDA one multiply for the bucket and a sum per tensor."""
     flat = [words(tensors[i]) for i in group.indices]
+    w = _position_weights(flat[0].device, sum(group.lengths))
+    if flat[0].device.type == "cpu":
+        offsets = itertools.accumulate(group.lengths[:-1], initial=0)
+        return torch.stack([_weighted_sum(x, w[o:o + x.numel()]) for x, o in zip(flat, offsets)])
     x = flat[0] if len(flat) == 1 else torch.cat(flat)
-    w = _position_weights(x.device, x.numel())
-    products = x.to(torch.int64).mul_(w) if x.device.type == "cpu" else torch.mul(x, w)
-    return torch.stack([p.sum() for p in products.split(group.lengths)])
+    return torch.stack([p.sum() for p in torch.mul(x, w).split(group.lengths)])
 
 
 def _large(tensor: torch.Tensor) -> torch.Tensor:
     """One tensor's fingerprint, a chunk of `CHUNK_WORDS` words at a time."""
     x = words(tensor)
-    sums = [_weighted_sum(x[start:start + CHUNK_WORDS], _position_weights(x.device, min(CHUNK_WORDS, x.numel() - start)))
-            for start in range(0, x.numel(), CHUNK_WORDS)]
+    sums = []
+    for start in range(0, x.numel(), CHUNK_WORDS):
+        chunk = x[start:start + CHUNK_WORDS]
+        sums.append(_weighted_sum(chunk, _position_weights(x.device, chunk.numel())))
     if len(sums) == 1:
         return sums[0]
     chunks = torch.arange(len(sums), dtype=torch.int64, device=x.device) + _CHUNK_SALT

@@ -134,7 +134,8 @@ class PendingCopy:
         self._dst = dst
         self._src: list[torch.Tensor] | None = src
         self._plan = Plan(src)
-        self._boundary = {device: _to_host(values, device) for device, (_, values) in fingerprints(self._plan, src).items()}
+        boundary = fingerprints(self._plan, src)  # in the stream's order, before the copy
+        self._boundary = {device: _to_host(values, device) for device, (_, values) in boundary.items()}
         self._owner = threading.current_thread()
         self._boundary_time = time.perf_counter()
         self._settled_how = "not settled"
