@@ -53,10 +53,11 @@ AUTO_OVERLAPS_ON_CUDA = False
 
 def discarded_message(step: int, moved: Sequence[str]) -> str:
     shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
-    return (f"discarding the checkpoint of step {step} (the committed checkpoints are intact): {shown} "
-            "changed while the overlapped capture copied it — an in-place write outside "
-            "optimizer.step() (e.g. p.data.clamp_() before the optimizer's step). Code that writes "
-            "parameters or optimizer state outside optimizer.step() must use capture='blocking'")
+    return (f"discarding the checkpoint of step {step} (the committed checkpoints are intact): the overlapped "
+            f"capture's copy of {shown} differs from its state at the boundary — an in-place write outside "
+            "optimizer.step() (e.g. p.data.clamp_() before the optimizer's step) landed before or during the "
+            "copy. Code that writes parameters or optimizer state outside optimizer.step() should use "
+            "capture='blocking'")
 
 
 def resolve_capture(capture: str, tensors: Sequence[torch.Tensor]) -> str:
