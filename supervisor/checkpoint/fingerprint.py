@@ -15,10 +15,14 @@ A tensor's fingerprint reads its bits as integer words in its logical order (32-
 - integer sums are exact in any order: a tensor fingerprinted on a CUDA device and its copy
   fingerprinted on the CPU give the same value, bit for bit.
 
-The weights are ``w_i = B[i % CHUNK_WORDS] * M[i // CHUNK_WORDS]`` (both odd hashes of the
-index, computed on each device by the same integer operations), so memory stays bounded: one
-chunk's 64-bit products (32 MiB) and one chunk of weights per device, kept. Small tensors share
-one operation (a bucket) to bound the number of kernel launches.
+The weights are ``w_i = B[i % CHUNK_WORDS] * M[i // CHUNK_WORDS]``, and within a chunk
+``B[k] = R[k // 1024] * C[k % 1024]`` (R, C, M: odd hashes of the index, computed on each device
+by the same integer operations; products of odd numbers are odd). On CUDA a chunk is one
+multiply by the broadcast ``C`` (widened inside the kernel) and one row sum, then the rows are
+weighed by ``R``: about 20 bytes of memory traffic per 4-byte word, and no kept weight vector;
+the CPU multiplies by a kept ``B`` in pieces that stay in the cache. Memory stays bounded: one
+chunk's 64-bit products (32 MiB). Small tensors share one operation (a bucket) to bound the
+number of kernel launches.
 
 A `Plan` is made once from the live tensors at the boundary and applied to them and to their
 staged copies, so both sides group, order and weigh alike.
@@ -39,8 +43,11 @@ _CPU_PIECE = 1 << 16  # words per CPU operation: 512 KiB of products, in the cac
 _CHUNK_SALT = 1 << 40  # the chunk multipliers hash other indices than the position weights
 _WORD = {1: torch.uint8, 2: torch.int16}
 
-_lock = threading.Lock()
-_weights: dict[torch.device, tuple[torch.Tensor, object]] = {}  # per device: B, and on CUDA its event
+_COLS = 1024  # a chunk is weighed as rows of this many words
+_ROW_SALT, _CHUNK_SALT = 1 << 40, 1 << 41  # R and M hash other indices than C
+
+_lock = threading.RLock()  # _keep may call itself (B is made of R and C)
+_kept: dict[tuple, tuple[torch.Tensor, object]] = {}  # (what, device, size) -> weights, CUDA event
 
 
 def words(tensor: torch.Tensor) -> torch.Tensor:
@@ -61,31 +68,45 @@ def _mix(index: torch.Tensor) -> torch.Tensor:
     return (z ^ (z >> 31)) | 1
 
 
-def _position_weights(device: torch.device, n: int) -> torch.Tensor:
-    """``B[:n]`` on ``device``, kept: on the CPU the largest asked for, on CUDA a whole chunk's
-    (never freed while a kernel of another stream may read it), which the current stream waits
-    for (no host sync)."""
+def _keep(what: str, device: torch.device, size: int, make) -> torch.Tensor:
+    """``make()`` on ``device``, computed once and kept; on CUDA the current stream waits for the
+    stream that computed it (no host sync; kept tensors are never freed)."""
     with _lock:
-        kept, event = _weights.get(device, (None, None))
-        if kept is None or kept.numel() < n:
-            size = CHUNK_WORDS if device.type == "cuda" else min(CHUNK_WORDS, max(n, 1 << 12))
-            kept = _mix(torch.arange(size, dtype=torch.int64, device=device))
-            event = None
+        kept, event = _kept.get((what, device, size), (None, None))
+        if kept is None:
+            kept = make()
             if device.type == "cuda":
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(device))
-            _weights[device] = kept, event
+            _kept[(what, device, size)] = kept, event
     if event is not None:
         torch.cuda.current_stream(device).wait_event(event)
-    return kept[:n]
+    return kept
+
+
+def _factors(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``R`` (a weight per row of a chunk) and ``C`` (per column) on ``device``."""
+    rows = -(-CHUNK_WORDS // _COLS)
+    r = _keep("R", device, rows, lambda: _mix(torch.arange(rows, dtype=torch.int64, device=device) + _ROW_SALT))
+    c = _keep("C", device, _COLS, lambda: _mix(torch.arange(_COLS, dtype=torch.int64, device=device)))
+    return r, c
+
+
+def _position_weights(device: torch.device, n: int) -> torch.Tensor:
+    """``B[:n]`` on ``device`` (on the CPU kept: the chunk's, computed once)."""
+    if device.type == "cpu":
+        return _keep("B", device, CHUNK_WORDS, lambda: _outer(device, CHUNK_WORDS))[:n]
+    return _outer(device, n)
+
+
+def _outer(device: torch.device, n: int) -> torch.Tensor:
+    r, c = _factors(device)
+    return (r[:-(-n // _COLS), None] * c[None, :]).reshape(-1)[:n]
 
 
 def _weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``sum(x * w)`` in wrapping int64, a 0-dim tensor on ``x``'s device. On CUDA one multiply
-    (widened inside the kernel) and one sum; on the CPU, where a mixed-dtype multiply is not
-    vectorised, pieces that stay in the cache (measured: half the time of whole chunks)."""
-    if x.device.type != "cpu":
-        return torch.mul(x, w).sum()
+    """``sum(x * w)`` in wrapping int64 on the CPU (a 0-dim tensor), where a mixed-dtype multiply
+    is not vectorised: widened in pieces that stay in the cache (half the time of whole chunks)."""
     total = torch.zeros((), dtype=torch.int64)
     scratch = torch.empty(min(_CPU_PIECE, x.numel()), dtype=torch.int64)
     for start in range(0, x.numel(), _CPU_PIECE):
@@ -160,8 +181,23 @@ def _large(tensor: torch.Tensor) -> torch.Tensor:
     sums = []
     for start in range(0, x.numel(), CHUNK_WORDS):
         chunk = x[start:start + CHUNK_WORDS]
-        sums.append(_weighted_sum(chunk, _position_weights(x.device, chunk.numel())))
+        if x.device.type == "cpu":
+            sums.append(_weighted_sum(chunk, _position_weights(x.device, chunk.numel())))
+        else:
+            sums.append(_factored_sum(chunk))
     if len(sums) == 1:
         return sums[0]
     chunks = torch.arange(len(sums), dtype=torch.int64, device=x.device) + _CHUNK_SALT
     return (torch.stack(sums) * _mix(chunks)).sum()
+
+
+def _factored_sum(chunk: torch.Tensor) -> torch.Tensor:
+    """``sum(chunk * B[:n])`` on CUDA: rows of `_COLS` words times ``C`` (widened in the kernel),
+    summed per row, the row sums times ``R``; a last partial row apart."""
+    r, c = _factors(chunk.device)
+    n = chunk.numel()
+    full = n - n % _COLS
+    total = (torch.mul(chunk[:full].view(-1, _COLS), c).sum(1) * r[:full // _COLS]).sum()
+    if full < n:
+        total = total + torch.mul(chunk[full:], c[:n - full]).sum() * r[full // _COLS]
+    return total

@@ -138,3 +138,12 @@ def test_a_cuda_tensor_and_its_cpu_copy_have_the_same_fingerprint(dtype, monkeyp
     [(indices, a)] = fingerprints(plan, on_device).values()
     [(_, b)] = fingerprints(plan, tensors).values()
     assert torch.equal(a.cpu(), b), indices
+
+
+@pytest.mark.parametrize("n", [1024, 5000, 4096 * 3 + 17, 1 << 16])
+def test_the_cuda_rows_times_columns_sum_equals_the_weighted_sum(n):
+    """CUDA weighs a chunk as rows times columns (`_factored_sum`), the CPU with the kept
+    products ``B``: the same number (run here on the CPU, where both can)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).view(torch.int32)
+    explicit = fingerprint._weighted_sum(x, fingerprint._position_weights(x.device, n))
+    assert fingerprint._factored_sum(x) == explicit
