@@ -327,8 +327,8 @@ def report(figures: dict[str, list[Any]], stalls: dict[str, float | None], unava
     lines = [
         ("blocking stall / pinned memcpy", stalls["blocking"], m["pinned memcpy"], None),
         ("overlapped stall / pinned memcpy", stalls["overlapped"], m["pinned memcpy"], 0.1),
-        ("fingerprint on the device / pinned memcpy", m["fingerprint on the device"], m["pinned memcpy"], 0.1),
-        ("fingerprint of the staged copy (CPU) / pinned memcpy", m["fingerprint of the staged copy (CPU)"],
+        ("device fingerprint / pinned memcpy", m["fingerprint on the device"], m["pinned memcpy"], 0.1),
+        ("staged-copy fingerprint (CPU) / pinned memcpy", m["fingerprint of the staged copy (CPU)"],
          m["pinned memcpy"], None),
         ("overlapping step / step without a save (overlapped)", stalls["overlapped overlapping"], 1.0, 1.05),
         ("step after a save / step without a save (blocking)", stalls["blocking overlapping"], 1.0, None),

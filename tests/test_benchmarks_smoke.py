@@ -86,7 +86,7 @@ def test_gpu_benchmark_runs_on_the_cpu(capsys, tmp_path):
         assert re.search(r"\d\.\d{4} \(\d\.\d{4}-\d\.\d{4}\)$", line) or "FAILED: " in line, line
     for ratio in ("blocking stall / pinned memcpy", "save to commit / DCP save", "verified restore / DCP load",
                   "overlapped stall / pinned memcpy", "overlapping step / step without a save (overlapped)",
-                  "fingerprint on the device / pinned memcpy", "fingerprint of the staged copy (CPU) / pinned memcpy"):
+                  "device fingerprint / pinned memcpy", "staged-copy fingerprint (CPU) / pinned memcpy"):
         (line,) = [x for x in out.splitlines() if x.strip().startswith(ratio)]
         assert re.search(r"\d\.\d{3}x  (target <= [\d.]+x  (ok|MISSES TARGET)|\(info\))$", line) \
             or "n/a (not available" in line, line
