@@ -37,10 +37,9 @@ import torch
 
 __all__ = ["CHUNK_WORDS", "Plan", "fingerprints", "words"]
 
-CHUNK_WORDS = 1 << 22  # words per operation: 32 MiB of int64 products, 32 MiB of kept weights
+CHUNK_WORDS = 1 << 22  # words per operation: 32 MiB of int64 products (and of kept B on the CPU)
 _SMALL_WORDS = 1 << 16  # tensors up to this many words are fingerprinted in a shared bucket
 _CPU_PIECE = 1 << 16  # words per CPU operation: 512 KiB of products, in the cache
-_CHUNK_SALT = 1 << 40  # the chunk multipliers hash other indices than the position weights
 _WORD = {1: torch.uint8, 2: torch.int16}
 
 _COLS = 1024  # a chunk is weighed as rows of this many words
@@ -133,21 +132,23 @@ class Plan:
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         self.size = len(tensors)
         self.groups: dict[torch.device, list[_Group]] = {}
-        open_buckets: dict[tuple[torch.device, torch.dtype], _Group] = {}
+        open_buckets: dict[tuple[torch.device, int], tuple[_Group, list[int]]] = {}  # and its words so far
         for i, t in enumerate(tensors):
-            word = _WORD.get(torch.view_as_real(t).element_size() if t.is_complex() else t.element_size(),
-                             torch.int32)
-            n = t.numel() * t.element_size() // torch.empty((), dtype=word).element_size()
+            size = t.element_size() // 2 if t.is_complex() else t.element_size()
+            word = min(size, 4)  # bytes per word, as `words` reads them
+            n = t.numel() * t.element_size() // word
             groups = self.groups.setdefault(t.device, [])
             if n > _SMALL_WORDS:
                 groups.append(_Group([i], [n], False))
                 continue
-            bucket = open_buckets.get((t.device, word))
-            if bucket is None or sum(bucket.lengths) + n > CHUNK_WORDS:
-                bucket = open_buckets[(t.device, word)] = _Group([], [], True)
+            bucket, filled = open_buckets.get((t.device, word), (None, [0]))
+            if bucket is None or filled[0] + n > CHUNK_WORDS:
+                bucket, filled = _Group([], [], True), [0]
+                open_buckets[(t.device, word)] = bucket, filled
                 groups.append(bucket)
             bucket.indices.append(i)
             bucket.lengths.append(n)
+            filled[0] += n
 
 
 def fingerprints(plan: Plan, tensors: Sequence[torch.Tensor]) -> dict[torch.device, tuple[list[int], torch.Tensor]]:
