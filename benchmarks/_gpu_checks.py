@@ -1,8 +1,11 @@
 """The correctness checks of benchmarks/gpu.py, on the benchmark's device: exact resume of a
-session with dropout and Adam, and the rank agreement on DDP models (2 gloo ranks)."""
+session with dropout and Adam, the rank agreement on DDP models (2 gloo ranks), and the
+overlapped capture's torn-write detection (fingerprints on the device vs the CPU; a held copy)."""
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from typing import Any
 
 import torch
@@ -10,7 +13,10 @@ from torch import nn
 
 from benchmarks._ranks import run_ranks
 from hooks import StopAtStepHook
-from supervisor import MonitoredTrainingSession
+from supervisor import MonitoredTrainingSession, TrainingState, load_checkpoint
+from supervisor.checkpoint import CheckpointManager
+from supervisor.checkpoint.fingerprint import Plan, fingerprints
+from supervisor.checkpoint.overlap import Copier, StreamCopier, ThreadCopier
 
 STOP_ASKED_AT = 5
 
@@ -100,3 +106,60 @@ def ddp_agreement(device: torch.device) -> tuple[bool, str]:
     ok = stops == [STOP_ASKED_AT + 1] * 2 and equal
     return ok, (f"rank 1 asked for a stop at step {STOP_ASKED_AT}; ranks stopped at {stops}, "
                 f"weights {'equal' if equal else 'DIFFER'} across ranks")
+
+
+def _fingerprints_agree(device: torch.device) -> list[str]:
+    """The dtypes whose fingerprints on ``device`` differ from those of their CPU copies."""
+    g = torch.Generator().manual_seed(0)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int64)
+    host = [torch.randn(size, generator=g).to(dtype) for dtype in dtypes for size in (7, 3000, 70000)]
+    on_device = [t.to(device) for t in host]
+    plan = Plan(on_device)
+    ((indices, a),), ((_, b),) = fingerprints(plan, on_device).values(), fingerprints(plan, host).values()
+    return sorted({str(host[indices[j]].dtype) for j in (a.cpu() != b).nonzero().flatten().tolist()})
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def overlapped_detection(directory: str, device: torch.device) -> tuple[bool, str]:
+    """Fingerprints agree across devices; ``p.data.neg_()`` (an even number of sign flips, which
+    a bit-sum misses) landing before a held copy discards that save with a WARNING; the next
+    save commits the boundary's state bit for bit."""
+    differing = _fingerprints_agree(device)
+    gate = threading.Event()
+    copier: Copier = StreamCopier(before_copy=lambda: torch.cuda._sleep(100_000_000)) if device.type == "cuda" \
+        else ThreadCopier(lambda dst, src: (gate.wait(60), torch._foreach_copy_(dst, src)))
+    model, optimizer = _small(device)
+    state = TrainingState.from_arguments(model=model, optimizer=optimizer)
+    records = _Records()
+    logging.getLogger("supervisor.checkpoint").addHandler(records)
+    try:
+        with CheckpointManager(directory, capture="overlapped", copier=copier, max_to_keep=None) as manager:
+            optimizer.zero_grad()
+            model(torch.randn(8, 64, device=device)).sum().backward()
+            manager.save(1, state)
+            model[0].weight.data.neg_()  # queued before the held copy reads it
+            gate.set()
+            optimizer.step()
+            manager.wait()
+            expected = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            manager.save(2, state)
+            optimizer.step()
+            manager.wait()
+    finally:
+        logging.getLogger("supervisor.checkpoint").removeHandler(records)
+    discarded = any("discarding the checkpoint of step 1" in m for m in records.messages)
+    first = os.path.exists(os.path.join(directory, "model.ckpt-1"))
+    saved = load_checkpoint(os.path.join(directory, "model.ckpt-2"))["model"]
+    exact = all(torch.equal(saved[k], v) for k, v in expected.items())
+    ok = not differing and discarded and not first and exact
+    return ok, (f"fingerprints device vs CPU: {'equal' if not differing else f'DIFFER for {differing}'}; a write "
+                f"before the held copy: {'discarded with a WARNING' if discarded and not first else 'COMMITTED'}; "
+                f"the next save {'is the boundary state bit for bit' if exact else 'DIFFERS from the boundary state'}")

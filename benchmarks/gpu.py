@@ -15,6 +15,10 @@ One process, one device, one model + Adam state of ``--size-gib`` (default 2; 1â
   its contention is counted), and the compute stream's own time from ``torch.cuda.Event``s;
 - a bare copy of every state tensor into kept pinned host buffers (``non_blocking``, then
   synchronize): the limit of a blocking capture;
+- the overlapped capture's torn-write detection (supervisor/checkpoint/fingerprint.py): the
+  fingerprint of the state on the device, as queued at the boundary (with every stream idle
+  before and after; target â‰¤ 0.1Ã— the pinned memcpy), and of the staged copy on the CPU, which
+  the writer thread computes before it writes;
 - DCP ``async_save`` until it returns: its default stager, and ``DefaultStager`` with async
   staging (then its ``staging_completion`` is waited for, untimed, as a user must before the next
   optimizer step); a failure is printed as the figure;
@@ -25,7 +29,9 @@ One process, one device, one model + Adam state of ``--size-gib`` (default 2; 1â
 - exact resume: a run saving at step K, closed and resumed to 2K, equals an uninterrupted 2K-step
   run bit for bit (a model with dropout, Adam, on the device);
 - the rank agreement on DDP models on the device: 2 gloo ranks (both on one GPU), rank 1 asks
-  for a stop at step 5, both stop at step 6 with equal weights (benchmarks/_gpu_checks.py).
+  for a stop at step 5, both stop at step 6 with equal weights (benchmarks/_gpu_checks.py);
+- overlapped detection on the device: fingerprints on the device equal those of the CPU copies,
+  a write landing before a held copy discards that save, the next one commits the boundary's state.
 
 ``--device cpu`` (tiny state, CI's smoke test) runs the same code on the CPU.
 
@@ -56,11 +62,13 @@ from benchmarks import _gpu_checks  # noqa: E402
 from benchmarks._ranks import spread  # noqa: E402
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
+from supervisor.checkpoint.fingerprint import Plan, fingerprints  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
-FIGURES = ("pinned memcpy", "DCP async_save stall (default stager)", "DCP async_save stall (DefaultStager, async staging)",
-           "torch.save + fsync", "ours: save to commit", "DCP save + fsync", "ours: verified restore", "DCP load",
-           "torch.load(map_location)")
+FIGURES = ("pinned memcpy", "DCP async_save stall (default stager)",
+           "DCP async_save stall (DefaultStager, async staging)", "torch.save + fsync", "ours: save to commit",
+           "DCP save + fsync", "ours: verified restore", "DCP load", "torch.load(map_location)",
+           "fingerprint on the device", "fingerprint of the staged copy (CPU)")
 
 
 def sync(device: torch.device) -> None:
@@ -200,6 +208,9 @@ class Round:
     def run(self, step: int, figures: dict[str, list[Any]]) -> None:
         device = self.device
         figures["pinned memcpy"].append(timed(self.memcpy, device))
+        plan = Plan(self.tensors)
+        figures["fingerprint on the device"].append(timed(lambda: fingerprints(plan, self.tensors), device))
+        figures["fingerprint of the staged copy (CPU)"].append(timed(lambda: fingerprints(plan, self.pinned), device))
         figures[FIGURES[1]].append(_failure_as_figure(lambda: self._dcp_async(None)))
         figures[FIGURES[2]].append(_failure_as_figure(lambda: self._dcp_async(_async_stager(device))))
         figures["torch.save + fsync"].append(timed(lambda: _torch_save_fsync(self.user_sd(), self.plain), device))
@@ -316,6 +327,9 @@ def report(figures: dict[str, list[Any]], stalls: dict[str, float | None], unava
     lines = [
         ("blocking stall / pinned memcpy", stalls["blocking"], m["pinned memcpy"], None),
         ("overlapped stall / pinned memcpy", stalls["overlapped"], m["pinned memcpy"], 0.1),
+        ("device fingerprint / pinned memcpy", m["fingerprint on the device"], m["pinned memcpy"], 0.1),
+        ("staged-copy fingerprint (CPU) / pinned memcpy", m["fingerprint of the staged copy (CPU)"],
+         m["pinned memcpy"], None),
         ("overlapping step / step without a save (overlapped)", stalls["overlapped overlapping"], 1.0, 1.05),
         ("step after a save / step without a save (blocking)", stalls["blocking overlapping"], 1.0, None),
         ("blocking stall / DCP async_save (default stager)", stalls["blocking"], m[FIGURES[1]], 0.5),
@@ -376,7 +390,10 @@ def _run(tmp: str, device: torch.device, size: int, width: int, batch: int, args
     agreement = _gpu_checks.ddp_agreement(device)
     print(f"rank agreement on {device.type} DDP models (2 gloo ranks): {'ok' if agreement[0] else 'FAILED'}: "
           f"{agreement[1]}")
-    return {"figures": figures, "steps": times, "stalls": stalls, "resume": resume, "agreement": agreement}
+    detection = _gpu_checks.overlapped_detection(os.path.join(tmp, "detection"), device)
+    print(f"overlapped detection on {device.type}: {'ok' if detection[0] else 'FAILED'}: {detection[1]}")
+    return {"figures": figures, "steps": times, "stalls": stalls, "resume": resume, "agreement": agreement,
+            "detection": detection}
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ class Supervisor:
         save_mode: ``"async"`` (training pays only for the in-memory capture) or ``"sync"``.
         capture: ``"overlapped"`` (parameters and optimizer state copied while the next step
             runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"``
-            (default: overlapped when they are on CUDA). SPEC §5.9.
+            (default: blocking; overlapped stays opt-in until its CUDA path has run on a GPU). SPEC §5.9.
         handle_signals: SIGTERM/SIGINT request a clean stop with a final checkpoint.
         trusted_globals: classes/functions a checkpoint may reference beyond what
             ``torch.load(weights_only=True)`` and NumPy's scalars/arrays need (SPEC §5.4).

@@ -184,7 +184,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``max_wait_secs``: how long a non-chief waits for the chief's restore decision.
     ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
     runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
-    overlapped when they are on CUDA); SPEC §5.9.
+    blocking; overlapped stays opt-in until its CUDA path has run on a GPU); SPEC §5.9.
     ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an object
     store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
     ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``); workers too.

@@ -85,13 +85,15 @@ def test_gpu_benchmark_runs_on_the_cpu(capsys, tmp_path):
         (line,) = [x for x in out.splitlines() if x.strip().startswith(name)]
         assert re.search(r"\d\.\d{4} \(\d\.\d{4}-\d\.\d{4}\)$", line) or "FAILED: " in line, line
     for ratio in ("blocking stall / pinned memcpy", "save to commit / DCP save", "verified restore / DCP load",
-                  "overlapped stall / pinned memcpy", "overlapping step / step without a save (overlapped)"):
+                  "overlapped stall / pinned memcpy", "overlapping step / step without a save (overlapped)",
+                  "device fingerprint / pinned memcpy", "staged-copy fingerprint (CPU) / pinned memcpy"):
         (line,) = [x for x in out.splitlines() if x.strip().startswith(ratio)]
         assert re.search(r"\d\.\d{3}x  (target <= [\d.]+x  (ok|MISSES TARGET)|\(info\))$", line) \
             or "n/a (not available" in line, line
     assert "capture=blocking    saving step" in out
     assert result["resume"][0], result["resume"]  # bit-exact resume (on the CPU here)
     assert result["agreement"][0], result["agreement"]  # both DDP ranks stop at the same step
+    assert result["detection"][0], result["detection"]  # a torn write is discarded, the next save is exact
     assert list(tmp_path.iterdir()) == []
 
 

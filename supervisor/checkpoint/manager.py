@@ -83,8 +83,9 @@ class CheckpointManager(ManagerCommon):
             optimizers own and their state while the next step runs, and each optimizer's
             ``step()`` first waits for that copy (SPEC §5.9, overlap.py); everything else is
             copied at the boundary. ``"blocking"``: everything at the boundary. ``"auto"``
-            (default): overlapped for the tensors on CUDA. A save whose tensors were written in
-            place during the copy (outside ``optimizer.step()``) is discarded with a WARNING.
+            (default): blocking until the CUDA path has run on a GPU (`overlap.resolve_capture`).
+            A save whose staged copy differs from the boundary's state (fingerprints: a write
+            outside ``optimizer.step()`` before or during the copy) is discarded with a WARNING.
         copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
             side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
         lock: how this writer keeps others out of the logdir (SPEC §5.6, §16): ``"flock"`` (an

@@ -94,8 +94,8 @@ def check_trusted_globals(trusted: Any) -> tuple:
     return trusted
 
 
-#: The values of ``capture=`` (SPEC §5.9): "auto" is "overlapped" when the optimizers' tensors
-#: are on CUDA, "blocking" otherwise.
+#: The values of ``capture=`` (SPEC §5.9): "auto" is "blocking" (it becomes "overlapped" on CUDA
+#: tensors once the CUDA path has run on a GPU: ``overlap.AUTO_OVERLAPS_ON_CUDA``).
 CAPTURE_MODES = ("auto", "overlapped", "blocking")
 
 

@@ -10,12 +10,15 @@ step N+1's forward and backward run. `PendingCopy` then:
 - registers, on every optimizer of the state, a step pre-hook (and ``state_dict`` /
   ``load_state_dict`` pre-hooks on the optimizers and modules) that *settles* the copy before
   anything writes: the training thread (CUDA: its current stream) waits for the copy, once;
-- checks at the settle that no copied tensor was written in the meantime — its version counter
-  (``t._version``, moved by every in-place op on the tensor or a view of it) and a bit-sum
-  fingerprint taken at the boundary in the stream's order (which also sees ``p.data`` writes,
-  whose version counter is a fresh one);
-- hands the writer thread the outcome (`PendingCopy.outcome`): the buffers are complete, or the
-  name of a tensor that moved — then the save is discarded, never committed torn.
+- fingerprints the live tensors at the boundary, in the stream's order before the copy
+  (fingerprint.py: a position-weighted 64-bit checksum of their bits, on their device), and the
+  staged copy once the copy is done (on the CPU, on the writer thread): equal fingerprints mean
+  the buffers hold the boundary's state, whatever wrote the live tensors before, during or after
+  the copy (``p.data``, ``no_grad``, sign flips, permutations, views, aliases; no version counter
+  is read);
+- hands the writer thread the outcome (`PendingCopy.outcome`): the buffers are the boundary's
+  state, or the names of the tensors whose copy differs — then the save is discarded, never
+  committed torn.
 
 The copier is injectable (``CheckpointManager(copier=...)``) so the overlap can be tested on a
 CPU: a `ThreadCopier` whose ``copy_fn`` waits on an event forces a slow copy.
@@ -30,6 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from supervisor.checkpoint.copiers import Copier, CopyJob, DefaultCopier, StreamCopier, ThreadCopier, check_copier
+from supervisor.checkpoint.fingerprint import Plan, fingerprints
 from supervisor.checkpoint.options import CAPTURE_MODES, check_capture
 from supervisor.state import unwrap_module
 
@@ -38,23 +42,31 @@ __all__ = ["CAPTURE_MODES", "Copier", "CopyJob", "DefaultCopier", "PendingCopy",
 
 logger = logging.getLogger(__name__)
 
-# How often a writer waiting for the training thread's settle looks whether that thread is gone.
+# How often a writer waiting for the training thread's settle looks whether that thread is gone,
+# and how long it waits for that settle to name it in a discarded save's diagnostic.
 _SETTLE_POLL_SECS = 0.1
+_SETTLE_DIAGNOSTIC_SECS = 30.0
+# "auto" overlaps CUDA tensors only once the CUDA path has passed its tests on a GPU (SPEC §5.9):
+# tests/checkpoint/test_overlapped_*.py's "cuda" variants and benchmarks/gpu.py have not yet run.
+AUTO_OVERLAPS_ON_CUDA = False
 
 
 def discarded_message(step: int, moved: Sequence[str]) -> str:
     shown = ", ".join(moved[:5]) + (f" and {len(moved) - 5} more" if len(moved) > 5 else "")
-    return (f"discarding the checkpoint of step {step} (the committed checkpoints are intact): {shown} "
-            "changed while the overlapped capture copied it — an in-place write outside "
-            "optimizer.step() (e.g. p.data.clamp_() before the optimizer's step). Code that writes "
-            "parameters or optimizer state outside optimizer.step() must use capture='blocking'")
+    return (f"discarding the checkpoint of step {step} (the committed checkpoints are intact): the overlapped "
+            f"capture's copy of {shown} differs from its state at the boundary — an in-place write outside "
+            "optimizer.step() (e.g. p.data.clamp_() before the optimizer's step) landed before or during the "
+            "copy. Code that writes parameters or optimizer state outside optimizer.step() should use "
+            "capture='blocking'")
 
 
 def resolve_capture(capture: str, tensors: Sequence[torch.Tensor]) -> str:
-    """"auto" → "overlapped" when any of the optimizers' ``tensors`` is on CUDA."""
+    """"auto" → "blocking" (until `AUTO_OVERLAPS_ON_CUDA`: "overlapped" when any of the
+    optimizers' ``tensors`` is on CUDA); "overlapped" stays opt-in."""
     if capture != "auto":
         return capture
-    return "overlapped" if any(t.device.type == "cuda" for t in tensors) else "blocking"
+    cuda = any(t.device.type == "cuda" for t in tensors)
+    return "overlapped" if AUTO_OVERLAPS_ON_CUDA and cuda else "blocking"
 
 
 def plan(state: Any, capture: str) -> tuple[list[Any], frozenset[tuple]]:
@@ -63,7 +75,7 @@ def plan(state: Any, capture: str) -> tuple[list[Any], frozenset[tuple]]:
     Nothing (a blocking capture) when the state has no optimizer or the mode resolves to
     "blocking"; "auto" overlaps only CUDA tensors (a CPU tensor, e.g. Adam's ``step``, is copied
     at the boundary)."""
-    if capture == "blocking" or (capture == "auto" and not torch.cuda.is_initialized()):
+    if capture == "blocking" or (capture == "auto" and not (AUTO_OVERLAPS_ON_CUDA and torch.cuda.is_initialized())):
         return [], frozenset()  # (no CUDA tensor exists before CUDA is initialised)
     optimizers = [o for o in state.values() if isinstance(o, torch.optim.Optimizer)]
     tensors = deferred_tensors(optimizers)
@@ -98,44 +110,15 @@ def alias_key(tensor: torch.Tensor) -> tuple:
     return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
 
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bitsum(tensor: torch.Tensor) -> torch.Tensor:
-    """The wrapping int32 sum of the tensor's bits read as 32-bit words: any write that changes a
-    value changes it (short of writes that cancel exactly, e.g. a permutation). Summed in the
-    words' own dtype: ``sum(dtype=torch.int64)`` first wrote a widened copy of every tensor, 4.7 ms
-    per pass over a 2 GiB state on an H100 (the overlapped save's whole stall)."""
-    if tensor.is_complex():
-        tensor = torch.view_as_real(tensor)
-    if tensor.dtype == torch.bool:
-        tensor = tensor.view(torch.uint8)
-    if tensor.is_contiguous() and tensor.numel() * tensor.element_size() % 4 == 0:
-        try:
-            return tensor.reshape(-1).view(torch.int32).sum(dtype=torch.int32)
-        except RuntimeError:  # a storage offset that no 4-byte view allows
-            pass
-    return tensor.view(_INT_OF_SIZE[tensor.element_size()]).sum(dtype=torch.int64).to(torch.int32)
-
-
-def _fingerprint(tensors: Sequence[torch.Tensor]) -> dict[torch.device, tuple[list[int], torch.Tensor]]:
-    """Per device: the indices of ``tensors`` on it and their bit-sums, queued in stream order."""
-    groups: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault(t.device, []).append(i)
-    with torch.no_grad():
-        return {device: (indices, torch.stack([_bitsum(tensors[i]) for i in indices]))
-                for device, indices in groups.items()}
-
-
 class PendingCopy:
     """A save's background copy of the optimizers' tensors, from the boundary to its verdict.
 
-    Created on the training thread at the boundary (it snapshots the version counters and queues
-    the fingerprints, then starts the copy). `settle` (training thread: the hooks, or the manager
-    before its next save, ``wait``, ``restore`` and ``close``) orders the training side after the
-    copy and takes the verdict's evidence; `outcome` (writer thread) waits for both and names the
-    tensors that moved. `release` removes the hooks (training thread, outside any hook).
+    Created on the training thread at the boundary (it queues the live tensors' fingerprints,
+    then starts the copy). `settle` (training thread: the hooks, or the manager before its next
+    save, ``wait``, ``restore`` and ``close``) orders the training side after the copy; `outcome`
+    (writer thread) waits for the copy, fingerprints the staged buffers and names the tensors
+    whose copy is not the boundary's state. `release` removes the hooks (training thread,
+    outside any hook).
 
     Args:
         names: a printable name per tensor (``model.0.weight``, ``optimizer.state.0.exp_avg``).
@@ -149,15 +132,16 @@ class PendingCopy:
                  objects: Sequence[Any], host_events: Sequence[Any] = ()) -> None:
         self._host_events = list(host_events)
         self._names = names
+        self._dst = dst
         self._src: list[torch.Tensor] | None = src
-        self._versions = [t._version for t in src]
-        self._fingerprints = _fingerprint(src)
+        self._plan = Plan(src)
+        boundary = fingerprints(self._plan, src)  # in the stream's order, before the copy
+        self._boundary = {device: _to_host(values, device) for device, (_, values) in boundary.items()}
         self._owner = threading.current_thread()
         self._boundary_time = time.perf_counter()
         self._settled_how = "not settled"
         self._lock = threading.Lock()
         self._settled = threading.Event()
-        self._evidence: tuple[list[str], list[tuple[list[int], torch.Tensor, Any]]] = ([], [])
         self._handles = _register_hooks(objects, before_write=self._before_write, before_read=self._before_read)
         self._job = copier.start(dst, src)
 
@@ -170,7 +154,7 @@ class PendingCopy:
     def _before_read(self, *args: Any, **kwargs: Any) -> None:
         """``state_dict()``: on the training thread, a settle; another thread (a summary
         service reading the model) only waits for the copy on the host and leaves the settle,
-        whose stream wait and evidence follow the training thread's stream, to that thread."""
+        whose stream wait follows the training thread's stream, to that thread."""
         if threading.current_thread() is self._owner:
             self.settle(how="a state_dict() pre-hook")
         elif not self._settled.is_set():
@@ -180,30 +164,24 @@ class PendingCopy:
                 pass
 
     def settle(self, how: str = "the checkpoint manager (save/wait/restore/close)") -> None:
-        """Makes the training side wait for the copy and records what moved since the boundary;
-        ``how``: who settles, named with the thread and the time when a save is discarded."""
+        """Makes the training side wait for the copy (after this, the live tensors may be
+        written); ``how``: who settles, named with the thread and the time when a save is
+        discarded."""
         if self._settled.is_set():
             return
         with self._lock:
             if self._settled.is_set() or self._src is None:
                 return
-            src, self._src = self._src, None
+            self._src = None
             self._job.settle()
-            moved = [n for n, t, v in zip(self._names, src, self._versions) if t._version != v]
-            changed = []
-            with torch.no_grad():
-                for device, (indices, before) in self._fingerprints.items():
-                    differs = before != torch.stack([_bitsum(src[i]) for i in indices])
-                    changed.append(_to_host(differs, device, indices))
-            self._evidence = (moved, changed)
-            self._fingerprints = {}
             self._settled_how = (f"settled by {how} on thread {threading.current_thread().name!r} "
                                  f"{time.perf_counter() - self._boundary_time:.3f} s after the boundary")
             self._settled.set()
 
     def outcome(self) -> list[str]:
-        """On the writer thread: waits for the copy and the settle; returns the names of the
-        tensors written since the boundary (empty: the buffers hold the boundary's state).
+        """On the writer thread: waits for the copy and compares the staged buffers'
+        fingerprints with the live tensors' at the boundary; returns the names of the tensors
+        whose copy differs (empty: the buffers hold the boundary's state, bit for bit).
 
         Raises:
             BaseException: the copy's own error.
@@ -211,19 +189,29 @@ class PendingCopy:
         for event in self._host_events:
             event.synchronize()
         self._job.wait_host()
-        while not self._settled.wait(_SETTLE_POLL_SECS):
-            if not self._owner.is_alive():  # the training thread is gone: nothing writes any more
-                self.settle(how="the writer (the training thread had ended)")
-        moved, changed = self._evidence
-        names = list(moved)
-        for indices, host, event in changed:
+        copied = time.perf_counter() - self._boundary_time
+        names = self._differing()
+        if names:  # what a report of a discarded save needs to tell a real write from a race
+            self._wait_for_settle()
+            logger.warning("the overlapped copy whose %d tensor(s) differ from the boundary's state finished %.3f s "
+                           "after the boundary and was %s", len(names), copied, self._settled_how)
+        return names
+
+    def _differing(self) -> list[str]:
+        staged = fingerprints(self._plan, self._dst)
+        names = []
+        for device, (indices, after) in staged.items():
+            before, event = self._boundary[device]
             if event is not None:
                 event.synchronize()
-            names.extend(self._names[indices[j]] for j in host.nonzero().flatten().tolist())
-        if names:  # what a report of a discarded save needs to tell a real write from a race
-            logger.warning("the overlapped copy that found %d tensor(s) changed was %s", len(set(names)),
-                           self._settled_how)
+            names.extend(self._names[indices[j]] for j in (before != after).nonzero().flatten().tolist())
         return list(dict.fromkeys(names))
+
+    def _wait_for_settle(self) -> None:
+        deadline = time.monotonic() + _SETTLE_DIAGNOSTIC_SECS
+        while not self._settled.wait(_SETTLE_POLL_SECS) and time.monotonic() < deadline:
+            if not self._owner.is_alive():  # the training thread is gone: nothing writes any more
+                self.settle(how="the writer (the training thread had ended)")
 
     def release(self) -> None:
         """Removes the hooks (the training thread, never from inside one of them)."""
@@ -244,14 +232,16 @@ def start(deferral: Any, objects: Sequence[Any], copier: Copier) -> PendingCopy 
                        objects, deferral.events)
 
 
-def _to_host(differs: torch.Tensor, device: torch.device, indices: list[int]) -> tuple[list[int], torch.Tensor, Any]:
+def _to_host(values: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """``values`` on the host; for CUDA a queued copy into pinned memory and the event after it
+    (no host sync on the training thread)."""
     if device.type != "cuda":
-        return indices, differs, None
-    host = torch.empty(differs.shape, dtype=torch.bool, pin_memory=True)
-    host.copy_(differs, non_blocking=True)  # no host sync on the training thread
+        return values, None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
-    return indices, host, event
+    return host, event
 
 
 def _register_hooks(objects: Sequence[Any], *, before_write: Callable[..., None],
