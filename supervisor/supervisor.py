@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
-from supervisor._paths import check_logdir
+from supervisor._paths import check_logdir, is_url
 from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.checkpoint.storage import options_for
@@ -121,7 +121,8 @@ class Supervisor:
             basename=checkpoint_basename, max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
             trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
-            storage_options=dict(storage_options) if storage_options else None)  # checked by check_logdir
+            storage_options=dict(storage_options) if storage_options else None,  # checked by check_logdir
+            logdir=self._logdir)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -287,12 +288,13 @@ class _ManagedSession:
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
                              save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
                              lock: Any = "auto", lease_secs: Any = None,
-                             storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                             storage_options: dict[str, Any] | None = None, logdir: str | None = None) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction
-    (``storage_options``: already checked with `supervisor._paths.check_storage`)."""
+    (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
+    checked checkpoint directory, which ``lock``/``lease_secs`` must suit)."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
-    lock, lease_secs = v.check_lock(lock, lease_secs)
+    lock, lease_secs = v.check_lock(lock, lease_secs, logdir, object_store=logdir is not None and is_url(logdir))
     return {
         "lock": lock,
         "lease_secs": lease_secs,

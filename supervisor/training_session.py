@@ -90,7 +90,8 @@ def _build(
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture,
-                                       lock=lock, lease_secs=lease_secs, storage_options=storage_options)
+                                       lock=lock, lease_secs=lease_secs, storage_options=storage_options,
+                                       logdir=checkpoint_dir)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)

@@ -29,7 +29,7 @@ from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_paylo
 from supervisor.checkpoint.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.publish import Publisher
 from supervisor.checkpoint.save_failures import failure_verdict
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import Storage, is_url
 from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
@@ -134,7 +134,7 @@ class CheckpointManager(ManagerCommon):
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
-        self.lock, self.lease_secs = check_lock(lock, lease_secs)
+        self.lock, self.lease_secs = check_lock(lock, lease_secs, self.directory, object_store=is_url(self.directory))
         self._lock: WriterLock | None = None  # taken by open()
         self._writer = BackgroundWriter()
         self._staging = StagingArea()

@@ -105,7 +105,7 @@ class RunConfig:
         model_dir = check_logdir("model_dir", model_dir, allow_none=False, storage_options=storage_options)
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
-        lock, lease_secs = v.check_lock(lock, lease_secs)
+        lock, lease_secs = v.check_lock(lock, lease_secs, model_dir, object_store=is_url(model_dir))
         fields = {
             "model_dir": os.fspath(model_dir),
             "save_checkpoints_secs": secs,
