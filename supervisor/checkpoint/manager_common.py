@@ -11,6 +11,7 @@ which waits for that settle).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -46,6 +47,8 @@ class ManagerCommon:
     #: ``on_commit(step, path)``, called on the writer thread once a checkpoint is committed.
     on_commit: Callable[[int, str], Any] | None = None
     _in_flight: dict[int, Future] | None = None  # start_save's futures by step
+    _save_started: tuple[int, float] | None = None  # (step, time.monotonic()) of the last save's start
+    _warned_wait: bool = False  # whether a save that waited for the previous one was warned about
 
     def start_save(self, step: int, state: TrainingState, *, wait: bool = False,
                    rng_states: Mapping[int, Any] | None = None) -> PendingSave:
@@ -117,13 +120,29 @@ class ManagerCommon:
                                "(and do not save after close())")
         self._raise_undelivered()
         self._settle()
+        requested = time.monotonic()
         waited = self._writer.wait()
         if waited > 0:
-            # Logged under the manager's own module, as each manager logs the rest of its saves.
-            logging.getLogger(type(self).__module__).info(
-                "the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+            self._report_wait(step, waited, requested)
             self._raise_undelivered()
+        self._save_started = (step, time.monotonic())
         return step
+
+    def _report_wait(self, step: int, waited: float, requested: float) -> None:
+        """A save that waited for the previous one: saves fall due faster than they are written,
+        and training pauses at each. A WARNING the first time, with the figures (as Orbax warns);
+        INFO after that. Logged under the manager's own module, as it logs the rest of its saves."""
+        log = logging.getLogger(type(self).__module__)
+        previous, started = self._save_started or (None, requested)
+        if self._warned_wait:
+            log.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+            return
+        self._warned_wait = True
+        log.warning("the checkpoint of step %d waited %.2f s for the save of step %s to finish: the saves came "
+                    "%.2f s apart, but that save took %.2f s to capture and write, so training pauses at each "
+                    "save. Save less often (save_checkpoint_secs/save_checkpoint_steps, save_model_secs, "
+                    "save_checkpoints_secs/steps) or to faster storage (said once; later waits are logged at INFO)",
+                    step, waited, previous, requested - started, requested + waited - started)
 
     def _raise_undelivered(self) -> None:
         with self._mutex:
