@@ -20,13 +20,15 @@ bucket). ``storage_options`` (the object-store client's options) are refused for
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping
 
-from supervisor._validate import check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
-from supervisor.checkpoint.storage import check_storage, is_url, split_scheme  # re-exported: the seam owns them
+from supervisor._validate import check_int, check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
+# re-exported: the storage seam owns them
+from supervisor.checkpoint.storage import check_storage, is_url, split_scheme
 
-__all__ = ["check_directory", "check_logdir", "check_path", "check_storage", "check_watched_directory", "is_url",
-           "local_path"]
+__all__ = ["check_directory", "check_logdir", "check_path", "check_restore_step", "check_storage",
+           "check_watched_directory", "is_url", "local_path"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
@@ -75,6 +77,27 @@ def local_path(value: Any) -> Any:
         return value
     scheme, spelled = split_scheme(value)
     return spelled if scheme == "file" and spelled != os.fspath(value) else value
+
+
+def check_restore_step(value: Any, logdir: str | None, basename: str) -> int | str | None:
+    """``restore_step=``: None, a step (an integer >= 0), or the path of a checkpoint of ``logdir``
+    (``<logdir>/<basename>-<step>``, returned absolute; a URL as given). Whether that checkpoint
+    exists and verifies is the restore's question (it names the steps there)."""
+    if value is None or not isinstance(value, (str, os.PathLike)):
+        return check_int("restore_step", value, minimum=0, allow_none=True)
+    path = local_path(check_path("restore_step", value)).rstrip("/")
+    if logdir is not None and is_url(logdir) and is_url(path):
+        parent, name = path.rsplit("/", 1)
+        home = logdir.rstrip("/")
+    else:
+        parent, name = os.path.split(os.path.abspath(path))
+        home = None if logdir is None or is_url(logdir) else os.path.abspath(logdir)
+        path = os.path.abspath(path)
+    if parent != home or not re.fullmatch(re.escape(basename) + r"-\d+", name):
+        raise ValueError(f"restore_step={os.fspath(value)!r} is not a checkpoint of the logdir {logdir!r} (named "
+                         f"<logdir>/{basename}-<step>); pass one of its checkpoints or a step, or warm-start from "
+                         "another run with supervisor.restore_partial(<checkpoint>, model) in init_fn")
+    return path
 
 
 def _check_creatable(name: str, path: str) -> None:

@@ -153,8 +153,8 @@ def check_lock(lock: Any, lease_secs: Any, logdir: str | None = None, *,
                          "shared filesystems (NFS, Lustre) and object stores, 'flock' on a local disk, or 'auto' "
                          "(default) to choose by the logdir")
     if object_store and lock == "flock":
-        raise ValueError(f"lock='flock' needs a local logdir, but {logdir} is on an object store, which has no file "
-                         "locks; use lock='lease' (or 'auto', which chooses it there)")
+        raise ValueError(f"lock='flock' needs a local path, but the logdir {logdir} is on an object store, which "
+                         "has no file locks; use lock='lease' (or 'auto', which chooses it there)")
     if lease_secs is None:
         return lock, None
     if isinstance(lease_secs, bool) or not isinstance(lease_secs, numbers.Real) or not math.isfinite(lease_secs) \

@@ -75,7 +75,7 @@ def _build(
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None, restore_step: Any = None,
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
@@ -91,7 +91,7 @@ def _build(
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture,
                                        lock=lock, lease_secs=lease_secs, storage_options=storage_options,
-                                       logdir=checkpoint_dir)
+                                       logdir=checkpoint_dir, restore_step=restore_step)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -155,7 +155,7 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options",
+    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "restore_step",
 )
 
 
@@ -172,7 +172,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ready_fn: Callable[[Any], Any] | None = None,
     recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10,
     save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
-    clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto",
+    clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto", restore_step: Any = None,
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
 ) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
@@ -180,21 +180,21 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
 
     ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
     (``torch.distributed.checkpoint`` shards from every rank, sealed by the chief; SPEC §12).
-    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision.
-    ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
-    runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
-    overlapped when they are on CUDA); SPEC §5.9.
-    ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an
-    object store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
-    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``); workers too."""
+    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision. ``capture``:
+    ``"overlapped"`` (parameters and optimizer state copied while the next step runs; each
+    optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default: overlapped when
+    they are on CUDA); SPEC §5.9. ``lock`` / ``lease_secs``: the chief's single-writer lock
+    (``"auto"``: flock locally, a lease on an object store; ``"flock"``; ``"lease"``: the safe
+    choice on NFS/Lustre; SPEC §5.6, §16). ``storage_options``: the client options of URL
+    directories (``s3://...``; None: ``AWS_*``); workers too. ``restore_step``: a step (or one of
+    its checkpoint paths) restored, verified, instead of the newest at the first creation only."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
     v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
     v.check_int("max_recoveries", max_recoveries, minimum=0)
     v.check_bool("handle_signals", handle_signals)
-    arguments = dict(locals())
-    arguments.update(is_chief=chief, clock=clock)
+    arguments = dict(locals(), is_chief=chief, clock=clock)
     creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
     return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                             recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
@@ -225,6 +225,7 @@ class SingularMonitoredSession(MonitoredSession):
         session_creator: Any = None, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
+        restore_step: int | str | os.PathLike | None = None,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

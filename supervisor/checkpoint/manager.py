@@ -32,6 +32,7 @@ from supervisor.checkpoint.save_failures import failure_verdict
 from supervisor.checkpoint.storage import Storage, is_url
 from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
+from supervisor.checkpoint.choose import load_chosen
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
@@ -368,19 +369,24 @@ class CheckpointManager(ManagerCommon):
             self._deliver_failure(failure)
 
     # ---------------------------------------------------------------- restoring
-    def restore(self, state: TrainingState) -> Restored | None:
+    def restore(self, state: TrainingState, step: int | str | os.PathLike | None = None) -> Restored | None:
         """Restores the newest verified checkpoint (falling back to older ones) into ``state``,
         with the RNG states; returns its step and path, or None when there is no checkpoint.
+        ``step``: that step's checkpoint instead (or a checkpoint path of this directory), verified
+        alike and never replaced by another (`supervisor.checkpoint.choose.load_chosen`).
 
         Raises:
-            CheckpointCorruptError: checkpoints exist but none verifies.
+            CheckpointCorruptError: checkpoints exist but none verifies (or not the chosen one).
+            CheckpointNotFoundError: no checkpoint of the chosen step (the steps there named).
             CheckpointError: the checkpoint does not match ``state`` (strict), or needs an
                 untrusted global.
         """
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        loaded = find_and_load(self.directory, self.basename, verify=self.verify,
-                               trusted_globals=self.trusted_globals, storage=self.storage)
+        loaded = find_and_load(self.directory, self.basename, verify=self.verify, trusted_globals=self.trusted_globals,
+                               storage=self.storage) if step is None else load_chosen(
+            self.directory, self.basename, step, verify=self.verify, trusted_globals=self.trusted_globals,
+            storage=self.storage)
         if loaded is None:
             return None
         restored = apply_checkpoint(loaded, state, restore_rng=self.save_rng)
