@@ -17,7 +17,7 @@ import torch
 import hooks
 from supervisor import (CheckpointManager, MonitoredTrainingSession, Supervisor, checkpoints_iterator,
                         latest_checkpoint, load_checkpoint)
-from supervisor.estimator import Estimator, RunConfig
+from supervisor.estimator import Estimator, RunConfig, SidecarEvaluator
 from tests.cli.helpers import cli, make_logdir
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,6 +36,10 @@ DOORS = {
     "Estimator": lambda d: Estimator(d, model=_model()[0]),
     "CheckpointManager": lambda d: CheckpointManager(d),
     "CheckpointSaverHook": lambda d: hooks.CheckpointSaverHook(d, save_steps=1),
+    "SummarySaverHook": lambda d: hooks.SummarySaverHook(save_steps=1, output_dir=d),
+    "StepCounterHook": lambda d: hooks.StepCounterHook(output_dir=d),
+    "SidecarEvaluator": lambda d: SidecarEvaluator(_model()[0], [], d),
+    "SidecarEvaluator.log_dir": lambda d: SidecarEvaluator(_model()[0], [], "run", log_dir=d),
     "latest_checkpoint": lambda d: latest_checkpoint(d),
     "load_checkpoint": lambda d: load_checkpoint(d),
     "checkpoints_iterator": lambda d: next(iter(checkpoints_iterator(d, timeout=0.01))),
