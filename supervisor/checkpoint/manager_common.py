@@ -48,7 +48,8 @@ class ManagerCommon:
     on_commit: Callable[[int, str], Any] | None = None
     _in_flight: dict[int, Future] | None = None  # start_save's futures by step
     _save_started: tuple[int, float] | None = None  # (step, time.monotonic()) of the last save's start
-    _warned_wait: bool = False  # whether a save that waited for the previous one was warned about
+    _warned_wait: bool = False  # whether saves that wait for the previous one were warned about
+    _waits_in_a_row: int = 0  # saves in a row that waited for the previous one
 
     def start_save(self, step: int, state: TrainingState, *, wait: bool = False,
                    rng_states: Mapping[int, Any] | None = None) -> PendingSave:
@@ -122,6 +123,7 @@ class ManagerCommon:
         self._settle()
         requested = time.monotonic()
         waited = self._writer.wait()
+        self._waits_in_a_row = self._waits_in_a_row + 1 if waited > 0 else 0
         if waited > 0:
             self._report_wait(step, waited, requested)
             self._raise_undelivered()
@@ -129,16 +131,18 @@ class ManagerCommon:
         return step
 
     def _report_wait(self, step: int, waited: float, requested: float) -> None:
-        """A save that waited for the previous one: saves fall due faster than they are written,
-        and training pauses at each. A WARNING the first time, with the figures (as Orbax warns);
-        INFO after that. Logged under the manager's own module, as it logs the rest of its saves."""
+        """A save that waited for the previous one. Two in a row mean saves fall due faster than
+        the storage writes them, and training pauses at each: a WARNING the first time, with the
+        figures (as Orbax warns); INFO otherwise (a one-off, such as the final save right after a
+        scheduled one). Logged under the manager's own module, as it logs the rest of its saves."""
         log = logging.getLogger(type(self).__module__)
         previous, started = self._save_started or (None, requested)
-        if self._warned_wait:
+        if self._warned_wait or self._waits_in_a_row < 2:
             log.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
             return
         self._warned_wait = True
-        log.warning("the checkpoint of step %d waited %.2f s for the save of step %s to finish: the saves came "
+        log.warning("the checkpoint of step %d waited %.2f s for the save of step %s to finish, the second save in a "
+                    "row to wait: the saves came "
                     "%.2f s apart, but that save took %.2f s to capture and write, so training pauses at each "
                     "save. Save less often (save_checkpoint_secs/save_checkpoint_steps, save_model_secs, "
                     "save_checkpoints_secs/steps) or to faster storage (said once; later waits are logged at INFO)",
