@@ -83,6 +83,8 @@ def check_restore_step(value: Any, logdir: str | None, basename: str) -> int | s
     """``restore_step=``: None, a step (an integer >= 0), or the path of a checkpoint of ``logdir``
     (``<logdir>/<basename>-<step>``, returned absolute; a URL as given). Whether that checkpoint
     exists and verifies is the restore's question (it names the steps there)."""
+    if value is not None and logdir is None:
+        raise ValueError(f"restore_step={value!r} was given without a logdir to restore from; pass the logdir")
     if value is None or not isinstance(value, (str, os.PathLike)):
         return check_int("restore_step", value, minimum=0, allow_none=True)
     path = local_path(check_path("restore_step", value)).rstrip("/")

@@ -106,3 +106,8 @@ def test_a_bad_restore_step_is_refused_at_construction(value, error, needle, tmp
     with pytest.raises(error, match=needle):
         Supervisor(str(tmp_path / "run"), _model(), restore_step=value)
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_restore_step_without_a_logdir_is_refused():
+    with pytest.raises(ValueError, match=r"restore_step=100 .*without a logdir"):
+        Supervisor(None, _model(), restore_step=100)
