@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Any, Iterable, Mapping
 
-from supervisor._paths import check_logdir, check_path, check_storage, is_url
+from supervisor._paths import check_logdir, check_path, check_storage, is_url, local_path
 from supervisor.checkpoint import CheckpointManager, check_basename
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil
@@ -147,7 +147,7 @@ def _directory(path: str, storage_options: Mapping[str, Any] | None) -> str:
     if is_url(path):
         return check_logdir("checkpoint_dir", path, storage_options=storage_options)  # type: ignore[return-value]
     check_storage("checkpoint_dir", path, storage_options)
-    return os.path.abspath(path)
+    return os.path.abspath(local_path(path))
 
 
 def _same_directory(directory: str, other: str) -> bool:

@@ -8,7 +8,10 @@ without write permission on its nearest existing ancestor), and a checkpoint dir
 (``runs/x/model.ckpt-2``: training there would start from scratch and write a new run inside a
 sealed checkpoint). Nothing is created here.
 
-An object-store URL (``s3://bucket/prefix``, SPEC §16) is returned as given, never made absolute
+A ``file://`` URL is its local path (``file:///abs/run`` → ``/abs/run``), checked and returned as
+such; a misspelt URL (``s3:/bucket/x``, ``S3://...``, ``file://relative``) is a `ValueError` naming
+the spelling to use (`supervisor.checkpoint.storage.check_url_spelling`: one rule for every entry
+point). An object-store URL (``s3://bucket/prefix``, SPEC §16) is returned as given, never made absolute
 or looked up on the local disk: `check_logdir` checks its scheme and client instead (an unknown
 scheme is a `ValueError` naming it, a missing optional client an `ImportError` naming the pip
 extra) and builds no connection; the first request says what else is wrong (credentials,
@@ -17,12 +20,15 @@ bucket). ``storage_options`` (the object-store client's options) are refused for
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping
 
-from supervisor._validate import check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
-from supervisor.checkpoint.storage import check_storage, is_url  # re-exported: the storage seam owns them
+from supervisor._validate import check_int, check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
+# re-exported: the storage seam owns them
+from supervisor.checkpoint.storage import check_storage, is_url, split_scheme
 
-__all__ = ["check_directory", "check_logdir", "check_path", "check_storage", "check_watched_directory", "is_url"]
+__all__ = ["check_directory", "check_logdir", "check_path", "check_restore_step", "check_storage",
+           "check_watched_directory", "is_url", "local_path"]
 
 # The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
@@ -31,7 +37,7 @@ _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
 def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | None:
     """`check_path`, then `ValueError` for a path that exists and is not a directory (it need not
     exist yet: it is created on first use)."""
-    path = check_path(name, value, allow_none=allow_none)
+    path = local_path(check_path(name, value, allow_none=allow_none))
     if path is not None and not is_url(path) and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
                          "if missing) or remove that file")
@@ -43,7 +49,7 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
     """`check_path`, then refuses a file, a checkpoint directory and (``writable``) a path that
     cannot be created or written, with `ValueError`; a URL gets `check_storage` instead (see
     the module docstring)."""
-    path = check_path(name, value, allow_none=allow_none, hint=hint)
+    path = local_path(check_path(name, value, allow_none=allow_none, hint=hint))
     check_storage(name, path, storage_options)
     if path is None:
         return None
@@ -61,6 +67,38 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
                          f"pass the directory that holds the checkpoints, {parent!r}, to resume from them")
     if writable:
         _check_creatable(name, path)
+    return path
+
+
+def local_path(value: Any) -> Any:
+    """The local path a ``file://`` URL names; any other value as it is (a URL, a local path, a
+    value of the wrong type left to the caller's check). `ValueError` for a misspelt URL."""
+    if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
+        return value
+    scheme, spelled = split_scheme(value)
+    return spelled if scheme == "file" and spelled != os.fspath(value) else value
+
+
+def check_restore_step(value: Any, logdir: str | None, basename: str) -> int | str | None:
+    """``restore_step=``: None, a step (an integer >= 0), or the path of a checkpoint of ``logdir``
+    (``<logdir>/<basename>-<step>``, returned absolute; a URL as given). Whether that checkpoint
+    exists and verifies is the restore's question (it names the steps there)."""
+    if value is not None and logdir is None:
+        raise ValueError(f"restore_step={value!r} was given without a logdir to restore from; pass the logdir")
+    if value is None or not isinstance(value, (str, os.PathLike)):
+        return check_int("restore_step", value, minimum=0, allow_none=True)
+    path = local_path(check_path("restore_step", value)).rstrip("/")
+    if logdir is not None and is_url(logdir) and is_url(path):
+        parent, name = path.rsplit("/", 1)
+        home = logdir.rstrip("/")
+    else:
+        parent, name = os.path.split(os.path.abspath(path))
+        home = None if logdir is None or is_url(logdir) else os.path.abspath(logdir)
+        path = os.path.abspath(path)
+    if parent != home or not re.fullmatch(re.escape(basename) + r"-\d+", name):
+        raise ValueError(f"restore_step={os.fspath(value)!r} is not a checkpoint of the logdir {logdir!r} (named "
+                         f"<logdir>/{basename}-<step>); pass one of its checkpoints or a step, or warm-start from "
+                         "another run with supervisor.restore_partial(<checkpoint>, model) in init_fn")
     return path
 
 

@@ -141,14 +141,20 @@ def check_seconds(name: str, value: Any) -> None:
                          "of seconds instead")
 
 
-def check_lock(lock: Any, lease_secs: Any) -> tuple[str, float | None]:
-    """Validates ``lock=`` and ``lease_secs=`` together; returns them (``lease_secs`` as a float
-    or None for the default). ``lease_secs`` with ``lock="flock"`` is refused: a flock has no
-    expiry, so the value would be silently ignored."""
+def check_lock(lock: Any, lease_secs: Any, logdir: str | None = None, *,
+               object_store: bool = False) -> tuple[str, float | None]:
+    """Validates ``lock=`` and ``lease_secs=`` together, for the ``logdir`` when it is known
+    (``object_store``: whether it is an object-store URL); returns them (``lease_secs`` as a
+    float or None for the default). ``lease_secs`` where a flock is taken (``lock="flock"``, or
+    ``"auto"`` on a local logdir) is refused: a flock has no expiry, so the value would be
+    silently ignored; so is ``lock="flock"`` on an object store, which has no file locks."""
     if not isinstance(lock, str) or lock not in LOCK_KINDS:
         raise ValueError(f"lock must be one of {', '.join(map(repr, LOCK_KINDS))}, got {lock!r}; use 'lease' on "
                          "shared filesystems (NFS, Lustre) and object stores, 'flock' on a local disk, or 'auto' "
                          "(default) to choose by the logdir")
+    if object_store and lock == "flock":
+        raise ValueError(f"lock='flock' needs a local path, but the logdir {logdir} is on an object store, which "
+                         "has no file locks; use lock='lease' (or 'auto', which chooses it there)")
     if lease_secs is None:
         return lock, None
     if isinstance(lease_secs, bool) or not isinstance(lease_secs, numbers.Real) or not math.isfinite(lease_secs) \
@@ -158,6 +164,10 @@ def check_lock(lock: Any, lease_secs: Any) -> tuple[str, float | None]:
     if lock == "flock":
         raise ValueError(f"lease_secs={lease_secs!r} was given with lock='flock', which has no expiry; pass "
                          "lock='lease' (or 'auto') to use a lease, or drop lease_secs")
+    if lock == "auto" and logdir is not None and not object_store:
+        raise ValueError(f"lease_secs={lease_secs!r} was given, but lock='auto' takes a flock on the local logdir "
+                         f"{logdir!r}, which has no expiry (lease_secs would be ignored); pass lock='lease' to use a "
+                         "lease there (the safe choice on NFS/Lustre), or drop lease_secs")
     return lock, float(lease_secs)
 
 

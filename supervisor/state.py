@@ -73,6 +73,7 @@ class TrainingState(Mapping):
             _check_entry(name, obj, argument=name)
             objects[name] = obj
         objects.update(state or {})
+        _check_model_and_optimizer(model, optimizer, objects)
         return cls(objects)
 
     def __getitem__(self, name: str) -> Any:
@@ -181,6 +182,36 @@ def _check_optimizer(name: str, obj: Any, entry: Any, saved_class: Any) -> None:
 
 def _optional(obj: Any) -> bool:
     return getattr(obj, "optional_entry", False) is True
+
+
+def _check_model_and_optimizer(model: Any, optimizer: Any, objects: Mapping[str, Any]) -> None:
+    """Refuses the mix-ups that train silently, the model never changing (issue 34): ``model=`` an
+    optimizer, ``optimizer=`` a module (or both, swapped), and an optimizer none of whose
+    parameters is a parameter or buffer of a module of the state (``model=`` or ``state=``): built
+    over another model, or over the model before a wrapper replaced its parameters. An optimizer
+    over part of the model, or over it and extra tensors, is fine."""
+    optimizer_class, module_class = torch.optim.Optimizer, torch.nn.Module
+    if isinstance(model, optimizer_class) and isinstance(optimizer, module_class):
+        raise TypeError(f"model= and optimizer= are swapped: model= is the optimizer {type(model).__name__} and "
+                        f"optimizer= the module {type(optimizer).__name__}; pass model=<the module>, "
+                        "optimizer=<the optimizer>")
+    if isinstance(model, optimizer_class):
+        raise TypeError(f"model= is an optimizer ({type(model).__name__}), not the module it trains; pass the "
+                        "module as model= and the optimizer as optimizer=")
+    if isinstance(optimizer, module_class):
+        raise TypeError(f"optimizer= is a module ({type(optimizer).__name__}), not an optimizer; pass the module as "
+                        "model= and its optimizer as optimizer=, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
+    if not isinstance(model, module_class) or not isinstance(optimizer, optimizer_class):
+        return
+    owned = {id(t) for obj in objects.values() if isinstance(obj, module_class)
+             for t in (*obj.parameters(), *obj.buffers())}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if params and not any(id(p) in owned for p in params):
+        raise ValueError(
+            f"none of the optimizer's {len(params)} parameters is a parameter of model= ({type(model).__name__}) or "
+            f"of a module in state=, so training would never change the model: build the optimizer over "
+            "model.parameters() (after wrapping the model: DDP, FSDP and parallelize_module replace parameters); "
+            "if it trains another module, pass that module in state= too")
 
 
 def _check_entry(name: Any, obj: Any, *, argument: str) -> None:

@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
-from supervisor._paths import check_logdir
+from supervisor._paths import check_logdir, check_restore_step, is_url
 from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.checkpoint.storage import options_for
@@ -105,13 +105,12 @@ class Supervisor:
         init_fn: Callable[[Any], Any] | None = None, local_init_fn: Callable[[Any], Any] | None = None,
         ready_fn: Callable[[Any], Any] | None = None, summary_fn: Callable[[Any], Mapping[str, Any]] | None = None,
         save_model_secs: float = 600, save_summaries_secs: float = 120, checkpoint_basename: str = "model.ckpt",
-        max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0,
-        stop_grace_secs: float = 120, recovery_wait_secs: float = 30,
-        recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10, save_mode: str = "async",
-        handle_signals: bool = True, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
-        checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
+        max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0, stop_grace_secs: float = 120,
+        recovery_wait_secs: float = 30, recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10,
+        save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
+        clock: Clock | None = None, checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-        summary_sinks: Iterable[Any] = ()) -> None:
+        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                     storage_options=storage_options)
@@ -124,10 +123,10 @@ class Supervisor:
         self._save_model_secs = v.check_number("save_model_secs", save_model_secs, minimum=0)
         self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)
         self._checkpoint_options = check_checkpoint_options(
-            basename=checkpoint_basename, max_to_keep=max_to_keep,
-            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode,
-            trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
-            storage_options=dict(storage_options) if storage_options else None)  # checked by check_logdir
+            basename=checkpoint_basename, max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
+            storage_options=dict(storage_options) if storage_options else None,  # checked by check_logdir
+            logdir=self._logdir, restore_step=restore_step)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -167,6 +166,7 @@ class Supervisor:
                 stop_grace_secs=self._stop_grace_secs, recoverable_exceptions=self._recoverable,
                 max_recoveries=self._max_recoveries, handle_signals=self._handle_signals,
                 coord=self._coord, clock=self._clock)
+            self._checkpoint_options["restore_step"] = None  # chosen for the first session only
             return self._session
 
     def _session_closed(self, last_step: int) -> None:
@@ -292,12 +292,14 @@ class _ManagedSession:
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
                              save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
                              lock: Any = "auto", lease_secs: Any = None,
-                             storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                             storage_options: dict[str, Any] | None = None, logdir: str | None = None,
+                             restore_step: Any = None) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction
-    (``storage_options``: already checked with `supervisor._paths.check_storage`)."""
+    (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
+    checked checkpoint directory, which ``lock``/``lease_secs`` must suit)."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
-    lock, lease_secs = v.check_lock(lock, lease_secs)
+    lock, lease_secs = v.check_lock(lock, lease_secs, logdir, object_store=logdir is not None and is_url(logdir))
     return {
         "lock": lock,
         "lease_secs": lease_secs,
@@ -309,6 +311,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         "trusted_globals": check_trusted_globals(trusted_globals),
         "capture": check_capture(capture),
         "storage_options": storage_options,
+        "restore_step": check_restore_step(restore_step, logdir, basename),
     }
 
 
@@ -316,18 +319,26 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
 CHECKPOINT_FORMATS = ("torch", "dcp")
 
 
+def _restore_step(options: dict[str, Any], checkpoint_format: str) -> Any:
+    """Pops ``restore_step`` from ``options``: the chief's creator's (sharded checkpoints: not yet)."""
+    restore_step = options.pop("restore_step", None)
+    if restore_step is not None and checkpoint_format == "dcp":
+        raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
+                         "step with `python -m supervisor rollback LOGDIR STEP` instead")
+    return restore_step
+
+
 def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
                          checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
                          checkpoint_format: str = "torch", summary_sinks: list[Any] | None = None,
                          **init_fns: Any) -> SessionCreator:
-    """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief
-    (taking the ownership lock), wait-and-restore on workers, in memory without a directory.
-    ``checkpoint_format="dcp"``: sharded checkpoints every rank takes part in (§12).
-    ``checkpoint_options["storage_options"]`` go to each of the two directories that is a URL
-    (on a worker too: it reads the chief's checkpoints with them)."""
+    """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief (taking the
+    ownership lock), wait-and-restore on workers, in memory without a directory. ``checkpoint_format="dcp"``:
+    sharded checkpoints every rank takes part in (§12). ``checkpoint_options["storage_options"]`` go to each
+    directory that is a URL (a worker's too: it reads the chief's checkpoints), ``["restore_step"]`` to the chief."""
     options = dict(checkpoint_options or {})
-    storage_options = options.pop("storage_options", None)
+    storage_options, restore_step = options.pop("storage_options", None), _restore_step(options, checkpoint_format)
     writer = None
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         _check_writable(checkpoint_dir=checkpoint_dir, summary_dir=summary_dir)
@@ -344,7 +355,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     elif is_chief:
         manager = CheckpointManager(checkpoint_dir, clock=clock, storage_options=options_for(
             checkpoint_dir, storage_options), **options)
-        creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer, **init_fns)
+        creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer,
+                                           restore_step=restore_step, **init_fns)
     else:
         # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
         # Its client (a URL) has the same storage_options as the chief's: a job configured

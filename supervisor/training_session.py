@@ -76,7 +76,7 @@ def _build(
     keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
-    storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (),
+    storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (), restore_step: Any = None,
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
@@ -90,7 +90,8 @@ def _build(
     options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
                                        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture,
-                                       lock=lock, lease_secs=lease_secs, storage_options=storage_options)
+                                       lock=lock, lease_secs=lease_secs, storage_options=storage_options,
+                                       logdir=checkpoint_dir, restore_step=restore_step)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -156,39 +157,37 @@ _BUILD_ARGUMENTS = (
     "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks",
+    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks", "restore_step",
 )
 
 
 def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     checkpoint_dir: str | os.PathLike | None = None, model: Any = None, optimizer: Any = None, *,
-    state: Mapping[str, Any] | None = None, is_chief: bool | None = None,
-    hooks: Iterable[Any] = (), chief_only_hooks: Iterable[Any] = (),
-    save_checkpoint_secs: Any = _CKPT_SECS, save_checkpoint_steps: Any = _CKPT_STEPS,
+    state: Mapping[str, Any] | None = None, is_chief: bool | None = None, hooks: Iterable[Any] = (),
+    chief_only_hooks: Iterable[Any] = (), save_checkpoint_secs: Any = _CKPT_SECS, save_checkpoint_steps: Any = _CKPT_STEPS,
     save_summaries_steps: Any = _SUMMARY_STEPS, save_summaries_secs: Any = _SUMMARY_SECS,
     log_step_count_steps: int | None = 100, summary_dir: str | os.PathLike | None = None,
-    max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0,
-    stop_grace_secs: float = 120, max_wait_secs: float = 7200,
-    init_fn: Callable[[Any], Any] | None = None, local_init_fn: Callable[[Any], Any] | None = None,
-    ready_fn: Callable[[Any], Any] | None = None,
+    max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0, stop_grace_secs: float = 120,
+    max_wait_secs: float = 7200, init_fn: Callable[[Any], Any] | None = None,
+    local_init_fn: Callable[[Any], Any] | None = None, ready_fn: Callable[[Any], Any] | None = None,
     recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10,
     save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
-    clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto",
+    clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto", restore_step: Any = None,
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
     summary_sinks: Iterable[Any] = ()) -> MonitoredSession:
-    """A `MonitoredSession` with TF's default chief hooks, restore-or-init from
-    ``checkpoint_dir``, recovery from ``recoverable_exceptions`` and signal handling.
-
-    ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
+    """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
+    recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
     (``torch.distributed.checkpoint`` shards from every rank, sealed by the chief; SPEC §12).
-    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision.
-    ``capture``: ``"overlapped"`` (parameters and optimizer state copied while the next step
-    runs; each optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default:
-    blocking; overlapped stays opt-in until its CUDA path has run on a GPU); SPEC §5.9.
-    ``lock`` / ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an object
+    ``max_wait_secs``: how long a non-chief waits for the chief's restore decision. ``capture``:
+    ``"overlapped"`` (parameters and optimizer state copied while the next step runs; each
+    optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default: blocking;
+    overlapped stays opt-in until its CUDA path has run on a GPU); SPEC §5.9. ``lock`` /
+    ``lease_secs``: the chief's single-writer lock (``"auto"``: flock locally, a lease on an object
     store; ``"flock"``; ``"lease"``: the safe choice on NFS/Lustre; SPEC §5.6, §16).
-    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``); workers too.
-    ``summary_sinks``: the chief's scalars also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`)."""
+    ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``);
+    workers too. ``restore_step``: a step (or one of its checkpoint paths) restored, verified,
+    instead of the newest at the first creation only. ``summary_sinks``: the chief's scalars
+    also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`)."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
@@ -226,7 +225,7 @@ class SingularMonitoredSession(MonitoredSession):
         session_creator: Any = None, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-        summary_sinks: Iterable[Any] = (),
+        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

@@ -13,14 +13,15 @@ import logging
 import os
 from typing import Any, Iterable
 
-from supervisor.checkpoint.format import INDEX_FILE, list_committed, step_of
+from supervisor._validate import check_int
+from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, list_committed, step_of
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.loader import LoadedCheckpoint, is_remote, load_verified, resolve_storage, verify_checkpoint
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.checkpoint.verify import check_verify
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointVanishedError
 
-__all__ = ["candidates", "choose_checkpoint", "find_and_load"]
+__all__ = ["candidates", "choose_checkpoint", "chosen_path", "find_and_load", "load_chosen"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,3 +180,56 @@ def _warn_unindexed(directory: str, index: CheckpointState, primary_step: int, c
 def _reason(error: Exception, path: str) -> str:
     text = str(error)
     return text[len(path) + 2:] if text.startswith(path + ": ") else text
+
+
+def chosen_path(directory: str, basename: str, chosen: Any, storage: Storage) -> str:
+    """The checkpoint of ``directory`` that ``chosen`` names: a step, or the path of one of its
+    checkpoints (``<directory>/<basename>-<step>``; a local path may be relative).
+
+    Raises:
+        ValueError: a path that is not a checkpoint of ``directory``.
+    """
+    if not isinstance(chosen, (str, os.PathLike)):
+        return storage.join(directory, checkpoint_name(basename, check_int("step", chosen, minimum=0)))
+    path = os.fspath(chosen).rstrip("/")
+    if not is_remote(storage):
+        path = os.path.abspath(split_scheme(path)[1])
+    if storage.dirname(path) != directory or step_of(storage.basename(path), basename) is None:
+        raise ValueError(f"{os.fspath(chosen)!r} is not a checkpoint of the logdir {directory} (named "
+                         f"{storage.join(directory, basename)}-<step>); pass one of its checkpoints or a step, or "
+                         "warm-start from another run with supervisor.restore_partial(<checkpoint>, model) in init_fn")
+    return path
+
+
+def load_chosen(directory: str, basename: str, chosen: Any, *, verify: str = "full",
+                trusted_globals: Iterable[Any] = (), storage: Storage | None = None) -> LoadedCheckpoint:
+    """Loads the checkpoint ``chosen`` names (a step, or one of its paths: `chosen_path`),
+    verified like every restore; never another one in its place.
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint of that step (the steps there are named).
+        CheckpointCorruptError: it fails verification (the other steps are named).
+        CheckpointError: it needs an untrusted global.
+    """
+    storage, directory = resolve_storage(directory, storage)
+    path = chosen_path(directory, basename, chosen, storage)
+    steps = [step for step, _ in _own_committed(directory, basename, storage)]
+    step = step_of(storage.basename(path), basename)
+    others = ", ".join(str(s) for s in steps if s != step)
+    if step not in steps:
+        raise CheckpointNotFoundError(
+            f"no checkpoint of step {step} to restore in {directory}: " + (
+                f"the steps there are {', '.join(map(str, steps))}; choose one of them" if steps else
+                "there is no checkpoint yet"))
+    newer = [s for s in steps if s > step]
+    if newer:
+        logger.warning("restoring the chosen step %d of %s: the newer checkpoint(s) of step %s stay, and each is "
+                       "replaced when this run saves that step again (as after `rollback`)", step, directory,
+                       ", ".join(map(str, newer)))
+    try:
+        return load_verified(path, verify=check_verify(verify), trusted_globals=tuple(trusted_globals),
+                             storage=storage)
+    except (CheckpointNotFoundError, CheckpointCorruptError) as e:
+        raise type(e)(f"the chosen checkpoint {path} cannot be restored: {_reason(e, path)}; "
+                      f"{'the other steps there are ' + others if others else 'there is no other checkpoint'}"
+                      ) from e

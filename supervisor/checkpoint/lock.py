@@ -204,16 +204,16 @@ def acquire_writer_lock(storage: Storage, directory: str, *, kind: str = "auto",
             NFS and Lustre, whose flock may be node-local, the safe choice). ``"auto"``
             (default): ``"flock"`` on a local path, ``"lease"`` on an object store.
         lease_secs: how long a lease lives unrenewed (default 60 s; a dead writer's logdir is
-            taken over only after that). Refused with ``kind="flock"``, ignored when "auto" flocks.
+            taken over only after that). Refused where a flock is taken (``"flock"``, ``"auto"`` locally).
         clock: the lease's clock (tests).
 
     Raises:
         LogdirInUseError: another live writer holds it (named, with its lease's expiry).
         ValueError: a bad ``kind``/``lease_secs``, or ``"flock"`` on an object store.
     """
-    kind, lease_secs = check_lock(kind, lease_secs)
-    resolved = resolve_lock_kind(storage, kind)
     local = isinstance(storage, LocalStorage)
+    kind, lease_secs = check_lock(kind, lease_secs, directory, object_store=not local)
+    resolved = resolve_lock_kind(storage, kind)
     if resolved == "flock":
         if not local:
             raise ValueError(f"lock='flock' needs a local path, but the logdir {directory} is on an object store, "

@@ -1,13 +1,11 @@
 """`CheckpointManager`: save, restore and retain the checkpoints of one logdir (SPEC §5).
 
-The one object the session, the front doors and the checkpoint hook talk to. It composes the
-parts: the ownership lock (lock.py), the capture into reused staging buffers (staging.py, on
-the caller's thread — the only part that blocks training; with ``capture="overlapped"`` the
-optimizers' tensors are copied while the next step runs, overlap.py), the background writer (writer.py)
-running the commit protocol (commit.py), the index and retention (publish.py; decisions in
-retention.py, pure) and verify-then-fall-back restore (restore.py). Every file it writes goes
-through the logdir's `supervisor.checkpoint.storage.Storage` (``self.storage``): a local path or
-an ``s3://bucket/prefix`` URL (SPEC §16).
+The one object the session, the front doors and the checkpoint hook talk to. It composes the parts: the
+ownership lock (lock.py), the capture into reused staging buffers (staging.py, on the caller's thread — the only
+part that blocks training; ``capture="overlapped"``: overlap.py), the background writer (writer.py) running the
+commit protocol (commit.py), the index and retention (publish.py; decisions in retention.py, pure) and
+verify-then-fall-back restore (restore.py). Every file goes through the logdir's `Storage` (``self.storage``):
+a local path or an ``s3://bucket/prefix`` URL (SPEC §16).
 """
 from __future__ import annotations
 
@@ -29,9 +27,10 @@ from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_paylo
 from supervisor.checkpoint.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.publish import Publisher
 from supervisor.checkpoint.save_failures import failure_verdict
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import Storage, is_url
 from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
+from supervisor.checkpoint.choose import load_chosen
 from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
@@ -135,7 +134,7 @@ class CheckpointManager(ManagerCommon):
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
-        self.lock, self.lease_secs = check_lock(lock, lease_secs)
+        self.lock, self.lease_secs = check_lock(lock, lease_secs, self.directory, object_store=is_url(self.directory))
         self._lock: WriterLock | None = None  # taken by open()
         self._writer = BackgroundWriter()
         self._staging = StagingArea()
@@ -373,19 +372,20 @@ class CheckpointManager(ManagerCommon):
             self._deliver_failure(failure)
 
     # ---------------------------------------------------------------- restoring
-    def restore(self, state: TrainingState) -> Restored | None:
+    def restore(self, state: TrainingState, step: int | str | os.PathLike | None = None) -> Restored | None:
         """Restores the newest verified checkpoint (falling back to older ones) into ``state``,
         with the RNG states; returns its step and path, or None when there is no checkpoint.
-
-        Raises:
-            CheckpointCorruptError: checkpoints exist but none verifies.
-            CheckpointError: the checkpoint does not match ``state`` (strict), or needs an
-                untrusted global.
-        """
+        ``step``: that step's checkpoint instead (or a checkpoint path of this directory), verified
+        alike and never replaced by another (`supervisor.checkpoint.choose.load_chosen`).
+        Raises `CheckpointCorruptError` (none verifies, or not the chosen one),
+        `CheckpointNotFoundError` (no checkpoint of the chosen step: the steps there named) or
+        `CheckpointError` (the checkpoint does not match ``state``, or needs an untrusted global)."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        loaded = find_and_load(self.directory, self.basename, verify=self.verify,
-                               trusted_globals=self.trusted_globals, storage=self.storage)
+        loaded = find_and_load(self.directory, self.basename, verify=self.verify, trusted_globals=self.trusted_globals,
+                               storage=self.storage) if step is None else load_chosen(
+            self.directory, self.basename, step, verify=self.verify, trusted_globals=self.trusted_globals,
+            storage=self.storage)
         if loaded is None:
             return None
         restored = apply_checkpoint(loaded, state, restore_rng=self.save_rng)

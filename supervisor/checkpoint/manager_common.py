@@ -18,6 +18,7 @@ which waits for that settle).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -55,6 +56,9 @@ class ManagerCommon:
     on_commit: Callable[[int, str], Any] | None = None
     _in_flight: dict[int, Future] | None = None  # start_save's futures by step
     _durable: Callable[[], Any] | None = None  # start_save's ``durable``, taken by the save it starts
+    _save_started: tuple[int, float] | None = None  # (step, time.monotonic()) of the last save's start
+    _warned_wait: bool = False  # whether saves that wait for the previous one were warned about
+    _waits_in_a_row: int = 0  # saves in a row that waited for the previous one
 
     def start_save(self, step: int, state: TrainingState, *, wait: bool = False,
                    rng_states: Mapping[int, Any] | None = None,
@@ -137,13 +141,32 @@ class ManagerCommon:
                                "(and do not save after close())")
         self._clear_failure()
         self._settle()
+        requested = time.monotonic()
         waited = self._writer.wait()
+        self._waits_in_a_row = self._waits_in_a_row + 1 if waited > 0 else 0
         if waited > 0:
-            # Logged under the manager's own module, as each manager logs the rest of its saves.
-            logging.getLogger(type(self).__module__).info(
-                "the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+            self._report_wait(step, waited, requested)
             self._clear_failure()
+        self._save_started = (step, time.monotonic())
         return step
+
+    def _report_wait(self, step: int, waited: float, requested: float) -> None:
+        """A save that waited for the previous one. Two in a row mean saves fall due faster than
+        the storage writes them, and training pauses at each: a WARNING the first time, with the
+        figures (as Orbax warns); INFO otherwise (a one-off, such as the final save right after a
+        scheduled one). Logged under the manager's own module, as it logs the rest of its saves."""
+        log = logging.getLogger(type(self).__module__)
+        previous, started = self._save_started or (None, requested)
+        if self._warned_wait or self._waits_in_a_row < 2:
+            log.info("the checkpoint of step %d waited %.3f s for the previous save to finish", step, waited)
+            return
+        self._warned_wait = True
+        log.warning("the checkpoint of step %d waited %.2f s for the save of step %s to finish, the second save in a "
+                    "row to wait: the saves came "
+                    "%.2f s apart, but that save took %.2f s to capture and write, so training pauses at each "
+                    "save. Save less often (save_checkpoint_secs/save_checkpoint_steps, save_model_secs, "
+                    "save_checkpoints_secs/steps) or to faster storage (said once; later waits are logged at INFO)",
+                    step, waited, previous, requested - started, requested + waited - started)
 
     def _raise_undelivered(self) -> None:
         """``wait()``'s end: raises the fatal failure nothing took, to every caller, every time,

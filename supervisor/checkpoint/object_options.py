@@ -42,14 +42,18 @@ ranged ``GetObject``: see ``benchmarks/object_store.py``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
+import numbers
 import os
 from typing import Any, Mapping
 
 import fsspec.config
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MIN_RANGE_SIZE",
-           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "MIN_PART_SIZE", "TransferKnobs", "default_options",
-           "split_options"]
+           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "MIN_PART_SIZE", "TransferKnobs", "check_options",
+           "default_options", "option_keys", "split_options"]
 
 DEFAULT_PART_SIZE = 8 << 20
 MIN_PART_SIZE = 5 << 20  # S3's smallest part but the last
@@ -101,8 +105,108 @@ def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[st
 
 
 def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], TransferKnobs, int]:
-    """``(S3FileSystem keyword arguments, transfer knobs, s3fs's retries)`` of ``storage_options``."""
+    """``(S3FileSystem keyword arguments, transfer knobs, s3fs's retries)`` of ``storage_options``
+    (checked first: `check_options`)."""
+    check_options(storage_options)
     options = default_options(storage_options)
     names = [field.name for field in dataclasses.fields(TransferKnobs)]
     knobs = TransferKnobs(**{name: options.pop(name) for name in names if name in options})
     return options, knobs, int(options.pop("s3fs_retries"))
+
+
+# ---------------------------------------------------------------- checking storage_options
+#: The keys of ``storage_options`` this module takes itself (`TransferKnobs`, s3fs's retry layer).
+OWN_KEYS = ("part_size", "max_concurrency", "min_range_size", "multipart_checksum", "s3fs_retries")
+#: What ``S3FileSystem`` hands to fsspec's base class, and fsspec's instance cache's switch.
+_FSSPEC_KEYS = ("use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache")
+_BOOL, _STR, _DICT, _INT, _NUMBER = "True or False", "a str or None", "a dict or None", "an integer", "a number or None"
+#: The expected type of the keys whose values are simple (others are left to the client).
+_KINDS = {
+    "": {**dict.fromkeys(("anon", "use_ssl", "requester_pays", "version_aware", "default_fill_cache", "cache_regions",
+                          "fixed_upload_size", "local_expiry_check", "use_listings_cache", "skip_instance_cache"),
+                         _BOOL),
+         **dict.fromkeys(("endpoint_url", "key", "secret", "token", "username", "password", "profile",
+                          "multipart_checksum"), _STR),
+         **dict.fromkeys(("client_kwargs", "config_kwargs", "s3_additional_kwargs", "session_vars"), _DICT),
+         **dict.fromkeys(("part_size", "max_concurrency", "min_range_size", "s3fs_retries"), _INT),
+         "listings_expiry_time": _NUMBER},
+    "client_kwargs": {**dict.fromkeys(("endpoint_url", "region_name", "api_version", "aws_access_key_id",
+                                       "aws_secret_access_key", "aws_session_token", "aws_account_id"), _STR),
+                      "use_ssl": _BOOL},
+    "config_kwargs": {"connect_timeout": _NUMBER, "read_timeout": _NUMBER, "retries": _DICT, "s3": _DICT,
+                      "proxies": _DICT, "region_name": _STR, "signature_version": _STR},
+}
+
+
+def _parameters(function: Any, *skip: str) -> set[str]:
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {n for n, p in inspect.signature(function).parameters.items() if p.kind in kinds and n not in ("self", *skip)}
+
+
+@functools.lru_cache(maxsize=None)
+def option_keys() -> dict[str, frozenset[str]]:
+    """The keys ``storage_options`` may hold (``""``) and those of its nested ``client_kwargs``
+    and ``config_kwargs``, read from the installed clients' signatures: ``s3fs.S3FileSystem``'s
+    arguments, the ``AioSession`` arguments it passes its other keywords to, fsspec's, this
+    module's `OWN_KEYS`; botocore's ``create_client`` arguments; botocore's ``Config`` options."""
+    import aiobotocore.config
+    import aiobotocore.session
+    import botocore.config
+    import botocore.session
+    import s3fs
+
+    top = _parameters(s3fs.S3FileSystem.__init__) | _parameters(aiobotocore.session.AioSession.__init__)
+    client = _parameters(botocore.session.Session.create_client, "service_name")
+    config = set(botocore.config.Config.OPTION_DEFAULTS) | _parameters(aiobotocore.config.AioConfig.__init__)
+    return {"": frozenset(top | set(_FSSPEC_KEYS) | set(OWN_KEYS)), "client_kwargs": frozenset(client),
+            "config_kwargs": frozenset(config)}
+
+
+def check_options(storage_options: Mapping[str, Any] | None) -> None:
+    """Refuses, before any client is made, a key the client does not take (`ValueError` naming
+    it and the nearest valid key, or the nested dict it belongs in) and a value of the wrong
+    type for the simple keys (`TypeError` naming ``storage_options[key]`` and the value)."""
+    keys = option_keys()
+    _check_level("", storage_options or {}, keys)
+    for nested in ("client_kwargs", "config_kwargs"):
+        if (storage_options or {}).get(nested) is not None:
+            _check_level(nested, storage_options[nested], keys)
+
+
+def _check_level(nested: str, options: Mapping[str, Any], keys: dict[str, frozenset[str]]) -> None:
+    where = f"storage_options[{nested!r}]" if nested else "storage_options"
+    for key, value in options.items():
+        if key not in keys[nested]:
+            raise ValueError(f"{where} has the key {key!r}, which the s3:// client does not take; "
+                             f"{_nearest(nested, key, keys)}")
+        kind = _KINDS[nested].get(key)
+        if kind is not None and not _is_kind(value, kind):
+            raise TypeError(f"{where}[{key!r}] must be {kind}, got {value!r}")
+
+
+def _nearest(nested: str, key: Any, keys: dict[str, frozenset[str]]) -> str:
+    if not nested:
+        home = next((n for n in ("client_kwargs", "config_kwargs") if key in keys[n]), None)
+        if home is not None:
+            return f"it belongs in {home}: storage_options={{{home!r}: {{{key!r}: ...}}}}"
+    close = difflib.get_close_matches(str(key), sorted(keys[nested]), n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    if nested:
+        return f"it takes {', '.join(sorted(keys[nested]))}"
+    return ("it takes s3fs.S3FileSystem's arguments (endpoint_url, key, secret, client_kwargs, config_kwargs, "
+            f"...) and {', '.join(OWN_KEYS)}")
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    if kind == _INT:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if value is None:
+        return True
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _DICT:
+        return isinstance(value, Mapping)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -52,7 +52,8 @@ from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, P
 __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError", "Storage",
     "StorageWriter",
-    "LocalStorage", "check_storage", "is_url", "options_for", "register_scheme", "storage_for", "split_scheme",
+    "LocalStorage", "URL_SCHEMES", "check_storage", "check_url_spelling", "is_url", "options_for", "register_scheme",
+    "storage_for", "split_scheme",
 ]
 
 
@@ -72,10 +73,15 @@ def register_scheme(scheme: str, factory: Callable[[str, Mapping[str, Any]], Sto
 
 
 def split_scheme(path_or_url: str | os.PathLike) -> tuple[str, str]:
-    """``("file", path)`` for a local path or ``file://`` URL, else ``(scheme, url)``."""
+    """``("file", path)`` for a local path or ``file://`` URL, else ``(scheme, url)``.
+
+    Raises:
+        ValueError: a misspelt URL (`check_url_spelling`), naming the fix.
+    """
     text = os.fspath(path_or_url)
     if not isinstance(text, str):
         raise TypeError(f"a logdir must be a str path or URL, got {text!r}")
+    check_url_spelling(text)
     match = _SCHEME.match(text)
     if match is None or len(match.group(1)) == 1:  # "C://..." on Windows is a drive, not a scheme
         return "file", text
@@ -83,6 +89,52 @@ def split_scheme(path_or_url: str | os.PathLike) -> tuple[str, str]:
     if scheme == "file":
         return "file", urllib.parse.unquote(urllib.parse.urlparse(text).path)
     return scheme, text
+
+
+#: Schemes whose ``<scheme>:`` prefix makes a path a URL, never a local directory: this seam's
+#: own and the usual filesystem URL schemes (fsspec's protocols), so a misspelt one is refused.
+URL_SCHEMES = frozenset({"file", "s3", "s3a", "s3n", "gs", "gcs", "az", "abfs", "abfss", "adl", "wasb", "wasbs",
+                         "oss", "hdfs", "webhdfs", "http", "https", "ftp", "sftp", "ssh", "memory", "hf", "dbfs"})
+_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(.*)$", re.S)
+
+
+def check_url_spelling(text: str) -> None:
+    """Refuses a path that starts like a URL but is not spelled as one (issue 34): for a scheme of
+    `URL_SCHEMES` (or a registered one), ``<scheme>:`` must be followed by ``//`` and the scheme
+    written in lowercase (``s3:/b/x``, ``s3:b/x``, ``s3:\\b\\x`` and ``S3://b/x`` are refused, naming
+    ``s3://b/x``); a ``file://`` URL names an absolute path (``file:///abs``; the host may only be
+    ``localhost``). A local directory named so on purpose is written ``./s3:x``.
+
+    Raises:
+        ValueError: naming the path, what is wrong and the spelling to use.
+    """
+    match = _PREFIX.match(text)
+    if match is None or (match.group(1).lower() not in URL_SCHEMES and match.group(1).lower() not in _FACTORIES):
+        return
+    scheme, rest = match.group(1).lower(), match.group(2)
+    if match.group(1) == scheme and rest.startswith("//"):
+        if scheme == "file":
+            _check_file_url(text, rest)
+        return
+    body = rest.replace("\\", "/").lstrip("/")
+    if scheme == "file":
+        fix = f"'file:///{body}'" if rest.startswith(("/", "\\")) else f"the local path {body!r}"
+    else:
+        fix = repr(f"{scheme}://{body}")
+    if rest.startswith("//"):
+        raise ValueError(f"{text!r}: URL schemes are written in lowercase; write {fix}")
+    raise ValueError(f"{text!r} looks like a URL ({scheme}://) but '{match.group(1)}:' is not followed by '//'; "
+                     f"write {fix}. A local directory with that name is written {'./' + text!r}")
+
+
+def _check_file_url(text: str, rest: str) -> None:
+    host, _, path = rest[2:].partition("/")
+    if host not in ("", "localhost"):
+        raise ValueError(f"{text!r} names the host {host!r}: a file:// URL is followed by an absolute path "
+                         f"(three slashes); write 'file:///{rest[2:]}' for the absolute path /{rest[2:]}, or "
+                         f"{rest[2:]!r} for the path relative to the working directory")
+    if not path:
+        raise ValueError(f"{text!r} names no path; write file:///<absolute path>, or a local path")
 
 
 def storage_for(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Storage:

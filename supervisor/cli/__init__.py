@@ -18,7 +18,8 @@ shell reports for a Unix tool in the same place), without a traceback.
 
 Object stores: every PATH/LOGDIR may be an ``s3://bucket/prefix`` URL, the client configured by
 the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``..., ``~/.aws``, ``FSSPEC_S3_*``) or
-by ``--storage-options JSON`` (`supervisor.cli._remote`).
+by ``--storage-options JSON`` (`supervisor.cli._remote`). A ``file://`` URL is its local path, and
+a misspelt URL (``s3:/bucket/x``) a usage error naming the spelling to use, as in every front door.
 
 Adding a subcommand: a module ``supervisor/cli/<name>.py`` defining ``add_parser(subparsers)
 -> None`` (which adds the parser named ``<name>``) and ``run(args) -> int`` (the exit code), and
@@ -35,6 +36,7 @@ from types import ModuleType
 from typing import Sequence
 
 from supervisor.cli._common import EXIT_BROKEN_PIPE, EXIT_USAGE, output_cut_short
+from supervisor._paths import local_path
 from supervisor.cli._remote import is_url, options_for_local
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "EXIT_BROKEN_PIPE"]
@@ -82,7 +84,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if isinstance(module, ImportError):
         print(f"error: the {args.command!r} subcommand is not available: {module}", file=sys.stderr)
         return EXIT_USAGE
-    misplaced = _misplaced_options(args)
+    misplaced = _spelled_paths(args) or _misplaced_options(args)
     if misplaced:
         print(f"error: {misplaced}", file=sys.stderr)
         return EXIT_USAGE
@@ -93,6 +95,17 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return output_cut_short()
     return code
 
+
+
+def _spelled_paths(args: argparse.Namespace) -> str | None:
+    """Replaces a ``file://`` URL among the path arguments by its local path (as every front door
+    takes it); the usage error for a misspelt URL (``s3:/bucket/x``: `check_url_spelling`)."""
+    for attribute in [a for a in ("logdir", "path", "checkpoint", "log_dir") if hasattr(args, a)]:
+        try:
+            setattr(args, attribute, local_path(getattr(args, attribute)))
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def _misplaced_options(args: argparse.Namespace) -> str | None:

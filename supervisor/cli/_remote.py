@@ -86,7 +86,7 @@ def connect(url: str, args: argparse.Namespace) -> Storage:
     options = getattr(args, "storage_options", None)
     try:
         return storage_for(url, options)
-    except (ValueError, ImportError) as e:
+    except (ValueError, TypeError, ImportError) as e:  # TypeError: an option of the wrong type
         raise UrlProblem(str(e), 2) from None
 
 

@@ -90,6 +90,8 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
         manager: the `CheckpointManager` that saves and restores.
         init_fn, local_init_fn, ready_fn, summary_writer: as `supervisor.SessionCreator`.
         logdir: the log directory (default: the manager's directory).
+        restore_step: at the first creation, restore this step (or checkpoint path) instead of
+            the newest (`CheckpointManager.restore`); later creations restore the newest.
     """
 
     manager_type = (CheckpointManager, "supervisor.checkpoint.CheckpointManager")
@@ -98,17 +100,19 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
                  init_fn: Callable[[Any], Any] | None = None,
                  local_init_fn: Callable[[Any], Any] | None = None,
                  ready_fn: Callable[[Any], Any] | None = None,
-                 logdir: str | None = None, summary_writer: Any = None) -> None:
+                 logdir: str | None = None, summary_writer: Any = None, restore_step: Any = None) -> None:
         super().__init__(state, manager, is_chief=True, init_fn=init_fn, local_init_fn=local_init_fn,
                          ready_fn=ready_fn, logdir=logdir, summary_writer=summary_writer)
         self._scratch_key: str | None = None  # a creation whose decision waits for init_fn
+        self._restore_step = restore_step  # the first creation's choice (a step or a checkpoint path)
 
     def restore(self, session: Any) -> Restored | None:
         manager: CheckpointManager = self._open_manager(session)
         # Distributed (§12): the other ranks restore exactly what the chief chose here; when it
         # starts from scratch with an init_fn, they receive its state after init_fn (initialise).
+        chosen, self._restore_step = self._restore_step, None  # a recovery restores the newest
         restored, self._scratch_key = chief_choice.decide_as_chief(
-            lambda: manager.restore(self.state), initialises=self.init_fn is not None)
+            lambda: manager.restore(self.state, step=chosen), initialises=self.init_fn is not None)
         return restored
 
     def initialise(self, session: Any) -> None:

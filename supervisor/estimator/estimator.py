@@ -90,9 +90,9 @@ class Estimator:
                  config: RunConfig | None = None, clock: Clock | None = None,
                  warm_start_from: str | os.PathLike | WarmStartSettings | None = None) -> None:
         self._config = resolve_config(model_dir, config)
-        if not isinstance(unwrap_module(model), torch.nn.Module):
+        if not isinstance(unwrap_module(model), torch.nn.Module) and not isinstance(model, torch.optim.Optimizer):
             raise TypeError(f"model must be a torch.nn.Module, got {model!r}")
-        TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)  # validates
+        TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)  # validates; names a mix-up
         self._model, self._optimizer, self._state = model, optimizer, state
         self._train_step = v.check_callable("train_step", train_step, signature="train_step(batch) -> dict")
         self._eval_step = v.check_callable("eval_step", eval_step, signature="eval_step(model, batch) -> dict")

@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from supervisor._paths import check_watched_directory
+from supervisor._paths import check_watched_directory, local_path
 from supervisor._validate import check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint import VERIFY_MODES, CheckpointRead, check_trusted_globals, latest_checkpoint
 from supervisor.checkpoint import read_checkpoint, read_finished
@@ -309,7 +309,7 @@ def watched_directory(name: str, value: Any,
     if storage_options:
         raise ValueError(f"{name} {value!r} is a local path, but storage_options={dict(storage_options)!r} were "
                          "given; they apply to object-store URLs only (s3://bucket/prefix)")
-    return os.path.abspath(check_watched_directory(name, value)), None
+    return os.path.abspath(check_watched_directory(name, local_path(value))), None
 
 
 def evaluation_loop(checkpoint_dir: str | os.PathLike, evaluate_fn: Callable[[CheckpointRead], Any],

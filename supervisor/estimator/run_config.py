@@ -24,7 +24,7 @@ from typing import Any
 
 from supervisor import _validate as v
 from supervisor import distributed
-from supervisor._paths import check_logdir, is_url
+from supervisor._paths import check_logdir, is_url, local_path
 
 __all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max", "resolve_config"]
 
@@ -105,7 +105,7 @@ class RunConfig:
         model_dir = check_logdir("model_dir", model_dir, allow_none=False, storage_options=storage_options)
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
-        lock, lease_secs = v.check_lock(lock, lease_secs)
+        lock, lease_secs = v.check_lock(lock, lease_secs, model_dir, object_store=is_url(model_dir))
         fields = {
             "model_dir": os.fspath(model_dir),
             "save_checkpoints_secs": secs,
@@ -213,4 +213,4 @@ def resolve_config(model_dir: Any, config: Any) -> RunConfig:
 
 def _same_dir(path: str) -> str:
     """``path`` spelled for comparison: a URL without its trailing ``/``, a local path absolute."""
-    return path.rstrip("/") if is_url(path) else os.path.abspath(path)
+    return path.rstrip("/") if is_url(path) else os.path.abspath(local_path(path))

@@ -76,8 +76,8 @@ def test_training_state_arguments(call, error, text):
 
 
 def test_training_state_shorthands():
-    model, opt_model = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
-    opt = torch.optim.SGD(opt_model.parameters(), lr=0.1)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # over another model's: refused (issue 34.10)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     state = TrainingState.from_arguments(model=model, optimizer=opt, state={"scheduler": sched})
     assert list(state) == ["model", "optimizer", "scheduler"]
