@@ -164,7 +164,8 @@ _BUILD_ARGUMENTS = (
 def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     checkpoint_dir: str | os.PathLike | None = None, model: Any = None, optimizer: Any = None, *,
     state: Mapping[str, Any] | None = None, is_chief: bool | None = None, hooks: Iterable[Any] = (),
-    chief_only_hooks: Iterable[Any] = (), save_checkpoint_secs: Any = _CKPT_SECS, save_checkpoint_steps: Any = _CKPT_STEPS,
+    chief_only_hooks: Iterable[Any] = (), save_checkpoint_secs: Any = _CKPT_SECS,
+    save_checkpoint_steps: Any = _CKPT_STEPS,
     save_summaries_steps: Any = _SUMMARY_STEPS, save_summaries_secs: Any = _SUMMARY_SECS,
     log_step_count_steps: int | None = 100, summary_dir: str | os.PathLike | None = None,
     max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0, stop_grace_secs: float = 120,
@@ -176,8 +177,8 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
     summary_sinks: Iterable[Any] = ()) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
-    recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
-    (``torch.distributed.checkpoint`` shards from every rank, sealed by the chief; SPEC §12).
+    recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one
+    ``state.pt``, written by the chief) or ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12).
     ``max_wait_secs``: how long a non-chief waits for the chief's restore decision. ``capture``:
     ``"overlapped"`` (parameters and optimizer state copied while the next step runs; each
     optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default: blocking;
