@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from supervisor.checkpoint.fencing import index_text
 from supervisor.checkpoint.fileio import NotARegularFileError
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
 from supervisor.checkpoint.storage import ObjectInfo, Storage, split_scheme, storage_for
@@ -143,10 +144,12 @@ def write_index(directory: str, state: CheckpointState, storage: Storage | None 
     return storage.write_atomic(storage.join(directory, INDEX_FILE), format_index(state).encode("utf-8"))
 
 
-def replace_index(directory: str, state: CheckpointState, *, storage: Storage, version: str | None) -> ObjectInfo:
+def replace_index(directory: str, state: CheckpointState, *, storage: Storage, version: str | None,
+                  generation: int | None = None) -> ObjectInfo:
     """Replaces ``directory/checkpoint`` with ``state`` only while it still is ``version`` (the
     version the writer read or last wrote; None: only if there is no index yet) and returns the
-    new version.
+    new version. ``generation``: the writer's lease generation, recorded in a comment line
+    (`supervisor.checkpoint.fencing.index_text`).
 
     Raises:
         PreconditionFailedError: another writer replaced (or created) the index meanwhile;
@@ -155,7 +158,7 @@ def replace_index(directory: str, state: CheckpointState, *, storage: Storage, v
         FileNotFoundError: the index was deleted meanwhile.
     """
     path = storage.join(directory, INDEX_FILE)
-    data = format_index(state).encode("utf-8")
+    data = index_text(format_index(state), generation).encode("utf-8")
     if version is None:
         return storage.create_exclusive(path, data)
     return storage.replace_if(path, data, version)

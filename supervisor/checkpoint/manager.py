@@ -140,7 +140,8 @@ class CheckpointManager(ManagerCommon):
         self._staging = StagingArea()
         self._mutex = threading.Lock()
         self._publisher = Publisher(self.storage, self.directory, self.basename, max_to_keep=self.max_to_keep,
-                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
+                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
+                                    generation=self.writer_generation, check_writer=self.check_writer)
         self._opened = self._closed = False
         self._last_saved_step: int | None = None
         self._last_committed_step: int | None = None
@@ -184,6 +185,7 @@ class CheckpointManager(ManagerCommon):
         self._lock = acquire_writer_lock(self.storage, self.directory, kind=self.lock,
                                          lease_secs=self.lease_secs)
         try:
+            self._publisher.claim()  # a paused former holder's late index write now fails (fencing.py)
             index, version = self._publisher.read_trusted_index()  # once per open: fixed cost of every session creation
             self._publisher.open(index, self._clock.time(), index_version=version)
         except BaseException:
@@ -196,6 +198,11 @@ class CheckpointManager(ManagerCommon):
         each commit, so a writer that lost it never commits); a no-op under a flock."""
         if self._lock is not None:
             self._lock.check()
+
+    def writer_generation(self) -> int | None:
+        """The lease generation this writer holds (None: a flock, or not open): fences its late
+        writes on an object store (`supervisor.checkpoint.fencing`)."""
+        return getattr(self._lock, "generation", None)
 
     def _release_lock(self) -> None:
         if self._lock is not None:  # kept after release: ``held`` says it was released
@@ -305,7 +312,7 @@ class CheckpointManager(ManagerCommon):
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
                                       world_size=distributed.world_size(), storage=self.storage,
-                                      before_commit=self.check_writer)
+                                      before_commit=self.check_writer, generation=self.writer_generation())
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return
