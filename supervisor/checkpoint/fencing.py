@@ -81,12 +81,12 @@ def commit_manifest(storage: Storage, final: str, manifest: Manifest, before_com
                                  f"writer's is {ours}): this writer was overtaken and must not commit")
         if before_commit is not None:
             before_commit()
+        logger.info("replacing the existing checkpoint %s (lease generation %s) with a new save of the same "
+                    "step (generation %d)", final, "?" if theirs < 0 else theirs, ours)
         try:
             storage.replace_if(path, data, info.version)
         except (PreconditionFailedError, FileNotFoundError):
             continue
-        logger.info("replaced the checkpoint %s (lease generation %s) with a new save of the same step "
-                    "(generation %d)", final, "?" if theirs < 0 else theirs, ours)
         return existing
     raise OSError(f"{path} kept changing while this writer committed it ({_ATTEMPTS} attempts)")
 

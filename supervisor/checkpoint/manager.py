@@ -140,8 +140,7 @@ class CheckpointManager(ManagerCommon):
         self._staging = StagingArea()
         self._mutex = threading.Lock()
         self._publisher = Publisher(self.storage, self.directory, self.basename, max_to_keep=self.max_to_keep,
-                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
-                                    generation=self.writer_generation, check_writer=self.check_writer)
+                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours, writer=self)
         self._opened = self._closed = False
         self._last_saved_step: int | None = None
         self._last_committed_step: int | None = None
@@ -200,8 +199,7 @@ class CheckpointManager(ManagerCommon):
             self._lock.check()
 
     def writer_generation(self) -> int | None:
-        """The lease generation this writer holds (None: a flock, or not open): fences its late
-        writes on an object store (`supervisor.checkpoint.fencing`)."""
+        """The lease generation held (None: a flock, or not open): fences late writes (fencing.py)."""
         return getattr(self._lock, "generation", None)
 
     def _release_lock(self) -> None:

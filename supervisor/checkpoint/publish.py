@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from supervisor.checkpoint import fencing, retention
 from supervisor.checkpoint.commit import clean_transient, move_aside, recover_interrupted_replacements
@@ -43,16 +43,14 @@ class Publisher:
         directory: the logdir, in the storage's spelling.
         basename: checkpoints are ``<basename>-<step>``.
         max_to_keep, keep_checkpoint_every_n_hours: retention's rules (`retention.sweep`).
-        generation: ``generation()``, the writer's lease generation (None without a lease):
-            recorded in each index write, which fences a paused former holder (fencing.py).
-        check_writer: ``check_writer()`` raises when the writer lost its lease; retention
-            deletes nothing then.
+        writer: the manager writing (None: no lock): its ``writer_generation()`` (the lease
+            generation, recorded in each index write: it fences a paused former holder,
+            fencing.py) and ``check_writer()`` (raises once it lost its lease: retention then
+            deletes nothing).
     """
 
     def __init__(self, storage: Storage, directory: str, basename: str, *, max_to_keep: int | None,
-                 keep_checkpoint_every_n_hours: float | None,
-                 generation: Callable[[], int | None] = lambda: None,
-                 check_writer: Callable[[], None] = lambda: None) -> None:
+                 keep_checkpoint_every_n_hours: float | None, writer: Any = None) -> None:
         self.storage = storage
         self.directory = directory
         self.basename = basename
@@ -63,8 +61,8 @@ class Publisher:
         self.index_version: str | None = None
         self._dropped: list[str] = []
         self._mutex = threading.Lock()
-        self._generation = generation
-        self._check_writer = check_writer
+        self._generation: Callable[[], int | None] = getattr(writer, "writer_generation", lambda: None)
+        self._check_writer: Callable[[], None] = getattr(writer, "check_writer", lambda: None)
 
     def claim(self) -> None:
         """On an object store, as a writer that just took the lease: rewrites the index with its
