@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Any, Iterable
 
+from supervisor.checkpoint.fencing import OrphanedManifestError
 from supervisor.checkpoint.format import INDEX_FILE, list_committed, step_of
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.loader import LoadedCheckpoint, is_remote, load_verified, resolve_storage, verify_checkpoint
@@ -45,14 +46,18 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
     storage, directory = resolve_storage(directory, storage)
     trusted_globals = tuple(trusted_globals)
     failures: dict[str, str] = {}
+    orphans: set[str] = set()
     for _ in range(_MAX_RESCANS):
-        paths = [p for p in candidates(directory, basename, storage) if p not in failures]
+        paths = [p for p in candidates(directory, basename, storage) if p not in failures and p not in orphans]
         for i, path in enumerate(paths):
             try:
                 return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap, storage=storage)
             except CheckpointVanishedError:
                 logger.info("%s was deleted while being read (retention); looking at the index again", path)
                 break
+            except OrphanedManifestError as e:
+                logger.warning("passing over %s", e)  # never a checkpoint: not damage (fencing.py)
+                orphans.add(path)
             except (CheckpointNotFoundError, CheckpointCorruptError) as e:
                 failures[path] = reason = _reason(e, path)
                 nxt = "trying the next older one" if i + 1 < len(paths) else "no older checkpoint left"
@@ -98,6 +103,9 @@ def choose_checkpoint(directory: str, basename: str, *, verify: str = "full",
     for path in candidates(directory, basename, storage):
         try:
             manifest = verify_checkpoint(path, verify=verify, storage=storage)
+        except OrphanedManifestError as e:
+            logger.warning("passing over %s", e)  # never a checkpoint: not damage (fencing.py)
+            continue
         except (CheckpointNotFoundError, CheckpointCorruptError) as e:
             logger.warning("skipping checkpoint %s: %s", path, e)
             failures.append(f"{path}: {e}")

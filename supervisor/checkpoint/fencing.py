@@ -35,9 +35,10 @@ import re
 from supervisor.checkpoint.format import MANIFEST_FILE, MANIFEST_MAX_BYTES, Manifest
 from supervisor.checkpoint.lease import LeaseLostError
 from supervisor.checkpoint.storage_base import ObjectExistsError, PreconditionFailedError, Storage
+from supervisor.errors import CheckpointNotFoundError
 
-__all__ = ["WRITER_LINE", "claim_index", "commit_manifest", "data_path", "data_root", "index_generation",
-           "index_text", "older_index_version", "sweep"]
+__all__ = ["OrphanedManifestError", "WRITER_LINE", "check_not_orphaned", "claim_index", "commit_manifest", "data_path",
+           "data_root", "index_generation", "index_text", "is_claim_only", "older_index_version", "sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,20 @@ WRITER_LINE = "# written by the lease generation "
 _WRITER = re.compile(r"# written by the lease generation (\d+)\s*")
 _ATTEMPTS = 5
 _INDEX_MAX_BYTES = 16 << 20
+
+
+class OrphanedManifestError(CheckpointNotFoundError):
+    """A manifest whose data root holds nothing: a paused writer's late manifest, landed after
+    the new holder removed its files as the leftovers of an interrupted write. It never was a
+    checkpoint: restore passes over it (WARNING) instead of counting it as damage."""
+
+
+def check_not_orphaned(path: str, manifest: Manifest, keys) -> None:
+    """Raises `OrphanedManifestError` when ``manifest`` names a root no key of ``keys`` (the
+    checkpoint prefix's listing) lies under."""
+    if manifest.root and not any(key.startswith(manifest.root + "/") for key in keys):
+        raise OrphanedManifestError(f"{path}: its {MANIFEST_FILE} names the data root {manifest.root}, which holds "
+                                    "nothing (written late by a writer that had lost the lease; never a checkpoint)")
 
 
 def data_root(generation: int | None) -> str:
@@ -142,6 +157,13 @@ def index_text(text: str, generation: int | None) -> str:
     return body if generation is None else f"{body}{WRITER_LINE}{int(generation)}\n"
 
 
+def is_claim_only(text: str) -> bool:
+    """Whether the index ``text`` names nothing but its writer (`claim_index` on a logdir
+    without checkpoints): readers take it as no index at all."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(_WRITER.fullmatch(line) for line in lines)
+
+
 def index_generation(text: str) -> int | None:
     """The lease generation of the writer that wrote the index ``text`` (None: not recorded)."""
     found = [m for m in map(_WRITER.fullmatch, text.splitlines()) if m]
@@ -150,16 +172,21 @@ def index_generation(text: str) -> int | None:
 
 def claim_index(storage: Storage, directory: str, index_file: str, generation: int) -> str | None:
     """Rewrites the index with ``generation`` (``If-Match`` the version read) so a paused
-    writer's late index write fails its precondition; returns the new version (None: no index,
-    or one that is not text, which no writer's ``If-Match`` can name). Call it as the new holder,
-    right after taking the lease."""
+    writer's late index write fails its precondition; where there is none, creates one that
+    names only its writer (read as no index: `is_claim_only`), so a paused writer's late
+    create-only first index fails too. Returns the new version (None: an index that is not
+    text, which no writer's ``If-Match`` can name). Call it as the new holder, right after
+    taking the lease."""
     path = storage.join(directory, index_file)
     for _ in range(_ATTEMPTS):
         try:
             raw, info = storage.read_versioned(path, max_bytes=_INDEX_MAX_BYTES)
             text = raw.decode("utf-8")
         except FileNotFoundError:
-            return None
+            try:
+                return storage.create_exclusive(path, index_text("", generation).encode("utf-8")).version
+            except ObjectExistsError:
+                continue  # a paused writer's late first index landed in between: claim it
         except (UnicodeDecodeError, OSError) as e:
             logger.warning("not claiming the checkpoint index %s: %s", path, e)
             return None

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from supervisor.checkpoint.fencing import index_text
+from supervisor.checkpoint.fencing import index_text, is_claim_only
 from supervisor.checkpoint.fileio import NotARegularFileError
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
 from supervisor.checkpoint.storage import ObjectInfo, Storage, split_scheme, storage_for
@@ -110,7 +110,8 @@ def format_index(state: CheckpointState) -> str:
 
 def read_index(directory: str, storage: Storage | None = None) -> CheckpointState | None:
     """The index as written (paths as they are in the file, ``version`` the version read);
-    None when there is no index file. ``storage``: the logdir's (default `storage_for`).
+    None when there is no index file, or one naming only the lease holder that claimed it
+    (`supervisor.checkpoint.fencing.claim_index`). ``storage``: the logdir's (default `storage_for`).
 
     Raises:
         ValueError: the file exists but cannot be parsed, or is not a regular file (the message
@@ -129,6 +130,8 @@ def read_index(directory: str, storage: Storage | None = None) -> CheckpointStat
                          f"the checkpoint index {path} is not a regular file (a directory)") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
+    if is_claim_only(text):  # a new lease holder's claim before its first checkpoint (fencing.py)
+        return None
     try:
         return replace(parse_index(text), version=info.version)
     except EmptyIndexError as e:

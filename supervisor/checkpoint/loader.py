@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping
 
 from supervisor.checkpoint.dcp_reading import load_payload
 from supervisor.checkpoint.fileio import NotARegularFileError, format_checksum
+from supervisor.checkpoint.fencing import check_not_orphaned
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.private_copy import PrivateCopy, checksum_stream, copy_file
 from supervisor.checkpoint.safe_globals import describe_load_error, safe_torch_load
@@ -324,6 +325,7 @@ def _open_listed(snapshot: Snapshot, path: str, manifest: Manifest) -> None:
     """Opens every file the manifest lists in the snapshot, before any is read."""
     if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {STATE_FILE} nor {DCP_METADATA}")
+    check_not_orphaned(path, manifest, getattr(snapshot, "listing", None) or ())  # object stores (fencing.py)
     for name in manifest.files:
         if not name or "/" in name or os.sep in name or name in (os.curdir, os.pardir, MANIFEST_FILE):
             raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists {name!r}, not a file of the checkpoint")

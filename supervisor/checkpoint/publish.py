@@ -93,8 +93,8 @@ class Publisher:
         except (ValueError, OSError) as e:
             logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
             return None, self.index_version_now()
-        if index is None:
-            return None, None
+        if index is None:  # none, or only a lease holder's claim (fencing.claim_index), whose version counts
+            return None, self.index_version_now()
         return trusted_index(index, self.directory, self.basename, warn=True)[0], index.version
 
     def index_version_now(self) -> str | None:

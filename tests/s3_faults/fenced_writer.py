@@ -1,11 +1,12 @@
 """One of the two writers of test_stale_writer.py, in its own process:
-``python fenced_writer.py ROLE LOGDIR ENDPOINT LEASE_SECS SIGNAL_DIR``.
+``python fenced_writer.py ROLE LOGDIR ENDPOINT LEASE_SECS SIGNAL_DIR [first]``.
 
 ``stale`` (writer 1, through the test's holding proxy): opens a `CheckpointManager` with
 ``lock="lease"``, commits step 1 (weights 1.0) and prints ``READY``; on ``SIGNAL_DIR/go`` it saves
 step 2 (weights 2.0: the proxy holds its manifest PUT while the test SIGSTOPs it past its lease)
 and then step 3 (weights 3.0), as a training loop that tolerates failed saves would, printing
-``SAVED <step>`` or ``FAILED <step>: <why>`` for each; it exits 0 either way.
+``SAVED <step>`` or ``FAILED <step>: <why>`` for each; it exits 0 either way. With ``first`` it
+commits nothing before ``READY`` and saves steps 1 and 2 on ``go`` (the held one is its first).
 
 ``rightful`` (writer 2, straight to the server, as another host: the lease records this
 process's host name as ``other-node``): takes the lease over as soon as it expires, prints
@@ -59,14 +60,15 @@ def _manager(logdir: str, endpoint: str, lease_secs: float) -> CheckpointManager
                              storage_options=options)
 
 
-def stale(logdir: str, endpoint: str, lease_secs: float, signals: str) -> None:
+def stale(logdir: str, endpoint: str, lease_secs: float, signals: str, first: bool = False) -> None:
     state, model = _state(1.0)
     manager = _manager(logdir, endpoint, lease_secs)
     manager.open()
-    manager.save(1, state)
+    if not first:
+        manager.save(1, state)
     print("READY", flush=True)
     _wait_for(os.path.join(signals, "go"))
-    for step in (2, 3):
+    for step in (1, 2) if first else (2, 3):
         _fill(model, float(step))
         try:
             manager.save(step, state)
@@ -77,7 +79,7 @@ def stale(logdir: str, endpoint: str, lease_secs: float, signals: str) -> None:
     manager.close(failed=True)
 
 
-def rightful(logdir: str, endpoint: str, lease_secs: float, signals: str) -> None:
+def rightful(logdir: str, endpoint: str, lease_secs: float, signals: str, first: bool = False) -> None:
     socket.gethostname = lambda: "other-node"  # another host's identity in the lease record
     state, model = _state(0.0)
     deadline = time.monotonic() + WAIT_SECS
@@ -108,4 +110,4 @@ def rightful(logdir: str, endpoint: str, lease_secs: float, signals: str) -> Non
 
 if __name__ == "__main__":
     role, logdir, endpoint, lease, signal_dir = sys.argv[1:6]
-    {"stale": stale, "rightful": rightful}[role](logdir, endpoint, float(lease), signal_dir)
+    {"stale": stale, "rightful": rightful}[role](logdir, endpoint, float(lease), signal_dir, sys.argv[6:] == ["first"])

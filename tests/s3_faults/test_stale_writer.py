@@ -5,7 +5,8 @@ Writer 1 passes its pre-commit lease check for step 2 and sends its create-only 
 PUT, which a loopback proxy holds; writer 1 is SIGSTOPped (a GC pause, a VM freeze, ``scontrol
 suspend``) until its lease expired and writer 2 — another process, with another host's identity —
 took the logdir over. Then writer 1 is SIGCONTed and its held PUT released: before writer 2 saves
-anything, after it saved steps 2 and 3, or while it saves them. Whatever the moment, the late
+anything, after it saved steps 2 and 3, or while it saves them; or writer 1's held manifest is
+its very first (there is no index yet) and lands before writer 2 saves. Whatever the moment, the late
 writes are fenced: writer 2 (the rightful holder) never dies, every checkpoint the index lists
 verifies and holds writer 2's state (writer 1's only for step 1, committed while it held the
 lease), and a restore gets writer 2's newest.
@@ -32,11 +33,12 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WRITER = os.path.join(HERE, "fenced_writer.py")
-TRIES = 10
+TRIES = 12
 LEASE_SECS = 3.0
 WAIT_SECS = 90.0
 #: When writer 1 resumes and its held manifest PUT reaches the server, relative to writer 2.
-MOMENTS = ("before writer 2 saves", "after writer 2 saved steps 2 and 3", "while writer 2 saves")
+MOMENTS = ("before writer 2 saves", "after writer 2 saved steps 2 and 3", "while writer 2 saves",
+           "its first checkpoint, before writer 2 saves")
 
 
 class HoldingProxy:
@@ -87,9 +89,9 @@ class HoldingProxy:
         self.thread.join(10)
 
 
-def _start(role: str, logdir: str, endpoint: str, signals: str) -> tuple[forked_cli.Forked, str]:
+def _start(role: str, logdir: str, endpoint: str, signals: str, *extra: str) -> tuple[forked_cli.Forked, str]:
     out = os.path.join(signals, f"{role}.out")
-    process = forked_cli.Forked(WRITER, [role, logdir, endpoint, LEASE_SECS, signals], output=out,
+    process = forked_cli.Forked(WRITER, [role, logdir, endpoint, LEASE_SECS, signals, *extra], output=out,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])})
     return process, out
 
@@ -128,8 +130,9 @@ def _one_try(moment: str, server, storage, logdir: str, signals: str) -> dict:
     """Writer 1 held and paused, writer 2 taking over, writer 1's late PUT released at ``moment``;
     returns what each writer printed and its status."""
     os.makedirs(signals)
-    with HoldingProxy(server.port, "/model.ckpt-2/MANIFEST.json") as proxy:
-        stale, stale_out = _start("stale", logdir, proxy.endpoint, signals)
+    first = moment == MOMENTS[3]
+    with HoldingProxy(server.port, f"/model.ckpt-{1 if first else 2}/MANIFEST.json") as proxy:
+        stale, stale_out = _start("stale", logdir, proxy.endpoint, signals, *(["first"] if first else []))
         rightful = None
         try:
             assert _until("READY", lambda: "READY" in _read(stale_out), stale, stale_out), _read(stale_out)
@@ -144,7 +147,7 @@ def _one_try(moment: str, server, storage, logdir: str, signals: str) -> dict:
                 alive = _until("SAVED", saved, rightful, rightful_out)
             os.kill(stale.pid, signal.SIGCONT)
             proxy.release()
-            if moment == MOMENTS[0]:
+            if moment in (MOMENTS[0], MOMENTS[3]):
                 stale.wait(WAIT_SECS)
             _touch(signals, "go2")
             alive = alive and _until("SAVED", saved, rightful, rightful_out)
