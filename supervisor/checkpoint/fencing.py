@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 #: The index line naming the lease generation of the writer that wrote it (a text-format comment).
 WRITER_LINE = "# written by the lease generation "
 _WRITER = re.compile(r"# written by the lease generation (\d+)\s*")
+_ROOT_GENERATION = re.compile(r"^g(\d{16})-")
 _ATTEMPTS = 5
 _INDEX_MAX_BYTES = 16 << 20
 
@@ -113,9 +114,11 @@ def _parsed(raw: bytes) -> Manifest | None:
         return None  # damaged: replaced like a stale one
 
 
-def sweep(storage: Storage, final: str, root: str) -> None:
-    """Removes everything under ``final/`` but its manifest and ``root/`` (a replaced save's
-    files, a paused writer's leftovers). Best effort: what cannot be removed is logged."""
+def sweep(storage: Storage, final: str, root: str, generation: int) -> None:
+    """Removes everything under ``final/`` but its manifest, ``root/`` and the roots of newer
+    lease generations (a newer holder's save in progress, when this writer is the paused one):
+    a replaced save's files, a paused writer's leftovers. Best effort: what cannot be removed is
+    logged."""
     try:
         keys = storage.list_files(final)
     except OSError as e:
@@ -123,7 +126,8 @@ def sweep(storage: Storage, final: str, root: str) -> None:
         return
     tops = {key.split("/", 1)[0]: "/" in key for key in keys if key != MANIFEST_FILE}
     for top, is_prefix in sorted(tops.items()):
-        if top == root:
+        newer = _ROOT_GENERATION.match(top)
+        if top == root or (newer is not None and int(newer.group(1)) > generation):
             continue
         target = storage.join(final, top)
         logger.info("removing %s: not part of the checkpoint committed at %s", target, final)

@@ -197,7 +197,7 @@ class TempCheckpoint:
             self.discard()
             raise
         if self.root is not None:
-            fencing.sweep(self.storage, self.final_path, self.root)
+            fencing.sweep(self.storage, self.final_path, self.root, int(self.generation or 0))
         return CommitResult(self.final_path, manifest, time.perf_counter() - self._start)
 
     def discard(self) -> None:
