@@ -325,7 +325,9 @@ def _open_listed(snapshot: Snapshot, path: str, manifest: Manifest) -> None:
     """Opens every file the manifest lists in the snapshot, before any is read."""
     if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {STATE_FILE} nor {DCP_METADATA}")
-    check_not_orphaned(path, manifest, getattr(snapshot, "listing", None) or ())  # object stores (fencing.py)
+    listing = getattr(snapshot, "listing", None)  # an object store's (fencing.py)
+    if listing is not None:
+        check_not_orphaned(path, manifest, listing)
     for name in manifest.files:
         if not name or "/" in name or os.sep in name or name in (os.curdir, os.pardir, MANIFEST_FILE):
             raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists {name!r}, not a file of the checkpoint")
