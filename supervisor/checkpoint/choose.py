@@ -66,8 +66,12 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
             break
     if not failures:
         return None
+    raise _none_restorable(directory, basename, failures, storage)
+
+
+def _none_restorable(directory: str, basename: str, failures: dict[str, str], storage: Storage) -> CheckpointCorruptError:
     listing = "; ".join(f"{p}: {r}" for p, r in failures.items())
-    raise CheckpointCorruptError(
+    return CheckpointCorruptError(
         f"none of the {len(failures)} checkpoint(s) the index allows in {directory} can be restored "
         f"({listing}).{_newer_hint(directory, basename, failures, storage)} Refusing to start from scratch over "
         f"them: repair or move them away, or point the index ({storage.join(directory, INDEX_FILE)}) at a "
