@@ -198,3 +198,12 @@ def forward(handler: http.server.BaseHTTPRequestHandler, upstream_port: int, bod
     if handler.command != "HEAD":
         handler.wfile.write(data if body_filter is None else body_filter(handler.command, handler.headers, data))
     upstream.close()
+
+
+def data_url(storage, checkpoint: str, name: str = "state.pt") -> str:
+    """The URL of a checkpoint's file ``name``: under the save's data root its manifest names
+    (supervisor/checkpoint/fencing.py), beside the manifest in the old layout."""
+    import json
+
+    root = json.loads(storage.read_bytes(f"{checkpoint}/MANIFEST.json")).get("root")
+    return f"{checkpoint}/{root}/{name}" if root else f"{checkpoint}/{name}"

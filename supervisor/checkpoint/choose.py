@@ -14,6 +14,7 @@ import os
 from typing import Any, Iterable
 
 from supervisor._validate import check_int
+from supervisor.checkpoint.fencing import OrphanedManifestError
 from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, list_committed, step_of
 from supervisor.checkpoint.index import CheckpointState, entry_problem, read_index
 from supervisor.checkpoint.loader import LoadedCheckpoint, is_remote, load_verified, resolve_storage, verify_checkpoint
@@ -46,14 +47,18 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
     storage, directory = resolve_storage(directory, storage)
     trusted_globals = tuple(trusted_globals)
     failures: dict[str, str] = {}
+    orphans: set[str] = set()
     for _ in range(_MAX_RESCANS):
-        paths = [p for p in candidates(directory, basename, storage) if p not in failures]
+        paths = [p for p in candidates(directory, basename, storage) if p not in failures and p not in orphans]
         for i, path in enumerate(paths):
             try:
                 return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap, storage=storage)
             except CheckpointVanishedError:
                 logger.info("%s was deleted while being read (retention); looking at the index again", path)
                 break
+            except OrphanedManifestError as e:
+                logger.warning("passing over %s", e)  # never a checkpoint: not damage (fencing.py)
+                orphans.add(path)
             except (CheckpointNotFoundError, CheckpointCorruptError) as e:
                 failures[path] = reason = _reason(e, path)
                 nxt = "trying the next older one" if i + 1 < len(paths) else "no older checkpoint left"
@@ -62,8 +67,12 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
             break
     if not failures:
         return None
+    raise _none_restorable(directory, basename, failures, storage)
+
+
+def _none_restorable(directory: str, basename: str, failures: dict[str, str], storage: Storage) -> CheckpointCorruptError:
     listing = "; ".join(f"{p}: {r}" for p, r in failures.items())
-    raise CheckpointCorruptError(
+    return CheckpointCorruptError(
         f"none of the {len(failures)} checkpoint(s) the index allows in {directory} can be restored "
         f"({listing}).{_newer_hint(directory, basename, failures, storage)} Refusing to start from scratch over "
         f"them: repair or move them away, or point the index ({storage.join(directory, INDEX_FILE)}) at a "
@@ -99,6 +108,9 @@ def choose_checkpoint(directory: str, basename: str, *, verify: str = "full",
     for path in candidates(directory, basename, storage):
         try:
             manifest = verify_checkpoint(path, verify=verify, storage=storage)
+        except OrphanedManifestError as e:
+            logger.warning("passing over %s", e)  # never a checkpoint: not damage (fencing.py)
+            continue
         except (CheckpointNotFoundError, CheckpointCorruptError) as e:
             logger.warning("skipping checkpoint %s: %s", path, e)
             failures.append(f"{path}: {e}")

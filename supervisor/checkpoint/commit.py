@@ -48,16 +48,18 @@ def _storage(path: str, storage: Storage | None) -> Storage:
 def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall_time: float,
                      world_size: int = 1, opener: Opener | None = None,
                      storage: Storage | None = None,
-                     before_commit: Callable[[], Any] | None = None) -> CommitResult:
+                     before_commit: Callable[[], Any] | None = None,
+                     generation: int | None = None) -> CommitResult:
     """Writes ``payload`` as the committed checkpoint ``directory/name``; ``before_commit()``
-    runs right before the commit (see `TempCheckpoint.finalize`).
+    runs right before the commit (see `TempCheckpoint.finalize`); ``generation``: the writer's
+    lease generation (fences its files and manifest on an object store: fencing.py).
 
     On any error the staged checkpoint is removed and the error re-raised (the caller names the
     step); committed checkpoints are never touched, except a committed ``directory/name`` of
     the same step, which is replaced (locally only once the new one is sealed).
     ``opener`` (local directories only): opens each file written, the fault-injection seam.
     """
-    temp = TempCheckpoint.create(directory, name, _storage(directory, storage))
+    temp = TempCheckpoint.create(directory, name, _storage(directory, storage), generation=generation)
     try:
         temp.write_file(STATE_FILE, lambda w: serialize(payload, w), opener)
     except BaseException:

@@ -182,6 +182,7 @@ class ShardedSave:
     timeout_secs: float = 1800.0
     publish: Callable[[str, float], Any] | None = field(default=None, repr=False)
     before_commit: Callable[[], Any] | None = field(default=None, repr=False)  # the chief's lease check
+    generation: int | None = None  # the chief's lease generation (fences its late writes: fencing.py)
     storage: Storage | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -228,7 +229,7 @@ def _chief(save: ShardedSave, channel: Channel, deadline: float) -> str:
     """The chief's part: temp directory, own files, the others' records, seal; the verdict is
     posted whatever happens (an unexpected error too), so no rank waits for it in vain."""
     try:
-        temp = TempCheckpoint.create(save.directory, save.name, save.storage)
+        temp = TempCheckpoint.create(save.directory, save.name, save.storage, generation=save.generation)
     except OSError as e:
         verdict = f"rank 0 cannot create the temp directory: {type(e).__name__}: {e}"
         channel.post(f"{save.key}/path", {"error": verdict})

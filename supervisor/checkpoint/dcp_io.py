@@ -18,6 +18,7 @@ import torch
 from supervisor import distributed, resume
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_reading import safe_dcp_load
+from supervisor.checkpoint.fencing import data_path
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
 from supervisor.checkpoint.storage import Storage, storage_for
@@ -149,6 +150,7 @@ def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage:
     """``rank``'s ``rng-<rank>.pt`` (global generators and the state's loader generators), or
     a derived seed when the checkpoint has none for ``rank`` (the world size changed)."""
     where = f"{path} (step {step})"
+    path = data_path(path, storage)  # on an object store, the root the manifest names (fencing.py)
     files = {int(f[4:-3]): f for f in storage.listdir(path)
              if f.startswith("rng-") and f.endswith(".pt") and f[4:-3].isdigit()}
     if not files:

@@ -262,6 +262,7 @@ class ShardedCheckpointManager(ManagerCommon):
             timeout_secs=self.save_timeout_secs,
             publish=self._inner.publish if self._inner is not None else None,
             before_commit=before_commit(durable, self._inner.check_writer) if self._inner is not None else None,
+            generation=self._inner.writer_generation() if self._inner is not None else None,
             storage=self.storage), pending
 
     def _run(self, save: dcp_commit.ShardedSave, outcome: list[CheckpointError] | None,

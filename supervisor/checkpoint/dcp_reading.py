@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from supervisor.checkpoint.fencing import data_path
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.private_copy import MemoryFile
 from supervisor.checkpoint.safe_globals import safe_torch_load
@@ -99,6 +100,10 @@ def read_metadata_file(path: str, storage: Storage | None = None) -> Any:
     """`read_metadata` of the ``.metadata`` file in the checkpoint directory ``path`` (read
     through ``storage``; default: the local one, regular files only)."""
     storage = storage or _LOCAL
+    return _metadata_at(data_path(path, storage), storage)
+
+
+def _metadata_at(path: str, storage: Storage) -> Any:
     try:
         data = storage.read_bytes(storage.join(path, DCP_METADATA))
     except OSError as e:
@@ -231,7 +236,8 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
     import torch.distributed.checkpoint as dcp
 
     storage = storage or _LOCAL
-    metadata = read_metadata_file(path, storage)  # first: a refused global is raised as is, not wrapped by DCP
+    path = data_path(path, storage)  # on an object store, the root the manifest names (fencing.py)
+    metadata = _metadata_at(path, storage)  # first: a refused global is raised as is, not wrapped by DCP
     if storage.stages_in_place:  # an object store
         from supervisor.checkpoint.dcp_storage import StorageDcpReader  # lazy: imports DCP
 

@@ -57,6 +57,8 @@ __all__ = [
 
 FORMAT_NAME = "torch-supervisor-checkpoint"
 FORMAT_VERSION = 1
+#: The manifest version of a checkpoint whose files live under a per-save ``root`` (object stores).
+ROOTED_VERSION = 2
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "MANIFEST.json"
 INDEX_FILE = "checkpoint"
@@ -71,6 +73,8 @@ _LOCAL = LocalStorage()
 # Any suffix (SPEC §5.1: ``*.tmp-*``), after a checkpoint-shaped name ``<basename>-<step>``:
 # other writers' temp names (a hand copy, another version) are leftovers too.
 _TRANSIENT = re.compile(r"^(?P<name>[^/]+-\d+)\.(?P<kind>tmp|deleting)-.+$")
+#: A data root (fencing.py): ``g<lease generation:016d>-<hex>``, one path segment.
+_ROOT = re.compile(r"^g\d{16}-[0-9a-f]{8,32}$")
 
 
 def checkpoint_name(basename: str, step: int) -> str:
@@ -134,7 +138,12 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class Manifest:
-    """``MANIFEST.json``: what a committed checkpoint contains; written last."""
+    """``MANIFEST.json``: what a committed checkpoint contains; written last.
+
+    ``root`` (object stores, format version 2): the files live under ``<checkpoint>/<root>/``,
+    a name of this save alone (``g<lease generation>-<random>``, see fencing.py), so a writer
+    that lost the lease can never overwrite them; ``generation``: the writer's lease generation.
+    Without a root (version 1, every local checkpoint) the files sit beside the manifest."""
 
     step: int
     wall_time: float
@@ -142,17 +151,26 @@ class Manifest:
     world_size: int
     files: Mapping[str, FileRecord] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    root: str | None = None
+    generation: int | None = None
+
+    def key(self, name: str) -> str:
+        """Where the file ``name`` lives, relative to the checkpoint."""
+        return f"{self.root}/{name}" if self.root else name
 
     def to_json(self) -> str:
-        return json.dumps({
+        data = {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": ROOTED_VERSION if self.root else self.format_version,
             "step": self.step,
             "wall_time": self.wall_time,
             "torch_version": self.torch_version,
             "world_size": self.world_size,
             "files": {name: {"bytes": r.size, "checksum": r.checksum} for name, r in self.files.items()},
-        }, indent=2, sort_keys=True) + "\n"
+        }
+        if self.root:
+            data.update(root=self.root, generation=self.generation)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -162,14 +180,24 @@ class Manifest:
         if data.get("format") != FORMAT_NAME:
             raise ValueError(f"not a {FORMAT_NAME} manifest")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in (FORMAT_VERSION, ROOTED_VERSION) or isinstance(version, bool):
             raise ValueError(f"format version {version!r:.40} is not supported (this torch-supervisor "
-                             f"reads version {FORMAT_VERSION}); upgrade torch-supervisor")
-        return fields(lambda: cls(
-            step=_int(data["step"]), wall_time=float(data["wall_time"]), torch_version=str(data["torch_version"]),
-            world_size=_int(data["world_size"]), format_version=version,
-            files={str(name): FileRecord(_int(r["bytes"]), str(r["checksum"])) for name, r in data["files"].items()}),
-            "manifest")
+                             f"reads versions {FORMAT_VERSION} and {ROOTED_VERSION}); upgrade torch-supervisor")
+
+        def build() -> Manifest:
+            files = {str(name): FileRecord(_int(r["bytes"]), str(r["checksum"])) for name, r in data["files"].items()}
+            root, generation = _root(data) if version == ROOTED_VERSION else (None, None)
+            return cls(step=_int(data["step"]), wall_time=float(data["wall_time"]),
+                       torch_version=str(data["torch_version"]), world_size=_int(data["world_size"]),
+                       files=files, format_version=version, root=root, generation=generation)
+        return fields(build, "manifest")
+
+
+def _root(data: Mapping[str, Any]) -> tuple[str, int]:
+    root = data["root"]
+    if not isinstance(root, str) or not _ROOT.match(root):
+        raise ValueError(f"root {root!r} is not a data root name (g<16 digits>-<hex>)")
+    return root, _int(data["generation"])
 
 
 def _int(value: Any) -> int:

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from supervisor.checkpoint.fencing import index_text, is_claim_only
 from supervisor.checkpoint.fileio import NotARegularFileError
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
 from supervisor.checkpoint.storage import ObjectInfo, Storage, split_scheme, storage_for
@@ -109,7 +110,8 @@ def format_index(state: CheckpointState) -> str:
 
 def read_index(directory: str, storage: Storage | None = None) -> CheckpointState | None:
     """The index as written (paths as they are in the file, ``version`` the version read);
-    None when there is no index file. ``storage``: the logdir's (default `storage_for`).
+    None when there is no index file, or one naming only the lease holder that claimed it
+    (`supervisor.checkpoint.fencing.claim_index`). ``storage``: the logdir's (default `storage_for`).
 
     Raises:
         ValueError: the file exists but cannot be parsed, or is not a regular file (the message
@@ -128,6 +130,8 @@ def read_index(directory: str, storage: Storage | None = None) -> CheckpointStat
                          f"the checkpoint index {path} is not a regular file (a directory)") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"the checkpoint index {path} is not text: {e}") from e
+    if is_claim_only(text):  # a new lease holder's claim before its first checkpoint (fencing.py)
+        return None
     try:
         return replace(parse_index(text), version=info.version)
     except EmptyIndexError as e:
@@ -143,10 +147,12 @@ def write_index(directory: str, state: CheckpointState, storage: Storage | None 
     return storage.write_atomic(storage.join(directory, INDEX_FILE), format_index(state).encode("utf-8"))
 
 
-def replace_index(directory: str, state: CheckpointState, *, storage: Storage, version: str | None) -> ObjectInfo:
+def replace_index(directory: str, state: CheckpointState, *, storage: Storage, version: str | None,
+                  generation: int | None = None) -> ObjectInfo:
     """Replaces ``directory/checkpoint`` with ``state`` only while it still is ``version`` (the
     version the writer read or last wrote; None: only if there is no index yet) and returns the
-    new version.
+    new version. ``generation``: the writer's lease generation, recorded in a comment line
+    (`supervisor.checkpoint.fencing.index_text`).
 
     Raises:
         PreconditionFailedError: another writer replaced (or created) the index meanwhile;
@@ -155,7 +161,7 @@ def replace_index(directory: str, state: CheckpointState, *, storage: Storage, v
         FileNotFoundError: the index was deleted meanwhile.
     """
     path = storage.join(directory, INDEX_FILE)
-    data = format_index(state).encode("utf-8")
+    data = index_text(format_index(state), generation).encode("utf-8")
     if version is None:
         return storage.create_exclusive(path, data)
     return storage.replace_if(path, data, version)

@@ -156,6 +156,13 @@ class Lease:
         return self._lost
 
     @property
+    def generation(self) -> int | None:
+        """The generation this writer holds (None when it holds none). Successive holders' only
+        grow: what fences their late writes (supervisor.checkpoint.fencing)."""
+        record = self._record
+        return None if record is None else record.generation
+
+    @property
     def expires_at(self) -> float | None:
         return None if self._record is None else self._record.expires_at
 

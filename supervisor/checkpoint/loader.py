@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping
 
 from supervisor.checkpoint.dcp_reading import load_payload
 from supervisor.checkpoint.fileio import NotARegularFileError, format_checksum
+from supervisor.checkpoint.fencing import check_not_orphaned
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.private_copy import PrivateCopy, checksum_stream, copy_file
 from supervisor.checkpoint.safe_globals import describe_load_error, safe_torch_load
@@ -324,10 +325,13 @@ def _open_listed(snapshot: Snapshot, path: str, manifest: Manifest) -> None:
     """Opens every file the manifest lists in the snapshot, before any is read."""
     if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {STATE_FILE} nor {DCP_METADATA}")
+    listing = getattr(snapshot, "listing", None)  # an object store's (fencing.py)
+    if listing is not None:
+        check_not_orphaned(path, manifest, listing)
     for name in manifest.files:
         if not name or "/" in name or os.sep in name or name in (os.curdir, os.pardir, MANIFEST_FILE):
             raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists {name!r}, not a file of the checkpoint")
-        _open_in(snapshot, path, name)
+        _open_in(snapshot, path, manifest.key(name))
 
 
 def _open_in(snapshot: Snapshot, path: str, name: str) -> None:
@@ -344,7 +348,7 @@ def _open_in(snapshot: Snapshot, path: str, name: str) -> None:
 
 
 def _check_file(snapshot: Snapshot, path: str, name: str, manifest: Manifest, checksum: bool) -> None:
-    record = manifest.files[name]
+    record, name = manifest.files[name], manifest.key(name)
     _check_size(snapshot, path, name, record.size)
     if not checksum:
         return
@@ -372,17 +376,17 @@ def _check_checksum(path: str, name: str, crc: int, expected: str) -> None:
 def _read_verified(snapshot: Snapshot, path: str, name: str, manifest: Manifest, checksum: bool) -> PrivateCopy:
     """Reads the whole file once into a private copy, computing its CRC-32 on the way; checks
     size and checksum."""
-    record = manifest.files[name]
-    _check_size(snapshot, path, name, record.size)
+    record, key = manifest.files[name], manifest.key(name)
+    _check_size(snapshot, path, key, record.size)
     try:
-        copy = copy_file(snapshot.files[name], record.size, f"{path}: {name}", checksum=checksum,
+        copy = copy_file(snapshot.files[key], record.size, f"{path}: {key}", checksum=checksum,
                          in_buffer=name != STATE_FILE)
     except (FileNotFoundError, PreconditionFailedError):  # an object deleted or replaced meanwhile
         raise CheckpointVanishedError(f"{path}: {name} was deleted or replaced while being read (retention "
                                       "removed the checkpoint; it was not damaged)") from None
     if checksum:
         try:
-            _check_checksum(path, name, copy.crc or 0, record.checksum)
+            _check_checksum(path, key, copy.crc or 0, record.checksum)
         except CheckpointCorruptError:
             copy.close()
             raise

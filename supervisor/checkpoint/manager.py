@@ -140,7 +140,7 @@ class CheckpointManager(ManagerCommon):
         self._staging = StagingArea()
         self._mutex = threading.Lock()
         self._publisher = Publisher(self.storage, self.directory, self.basename, max_to_keep=self.max_to_keep,
-                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
+                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours, writer=self)
         self._opened = self._closed = False
         self._last_saved_step: int | None = None
         self._last_committed_step: int | None = None
@@ -154,8 +154,7 @@ class CheckpointManager(ManagerCommon):
         """The step of the newest save committed or in flight (or restored); None before any."""
         return self._last_saved_step
 
-    def path_of(self, step: int) -> str:
-        """The path the checkpoint of ``step`` is committed to."""
+    def path_of(self, step: int) -> str:  # the path the checkpoint of ``step`` is committed to
         return self.storage.join(self.directory, checkpoint_name(self.basename, step))
 
     @property
@@ -181,9 +180,9 @@ class CheckpointManager(ManagerCommon):
             self.storage.makedirs(self.directory)
         except OSError as e:
             raise CheckpointError(f"cannot create the checkpoint directory {self.directory}: {e}") from e
-        self._lock = acquire_writer_lock(self.storage, self.directory, kind=self.lock,
-                                         lease_secs=self.lease_secs)
+        self._lock = acquire_writer_lock(self.storage, self.directory, kind=self.lock, lease_secs=self.lease_secs)
         try:
+            self._publisher.claim()  # a paused former holder's late index write now fails (fencing.py)
             index, version = self._publisher.read_trusted_index()  # once per open: fixed cost of every session creation
             self._publisher.open(index, self._clock.time(), index_version=version)
         except BaseException:
@@ -196,6 +195,10 @@ class CheckpointManager(ManagerCommon):
         each commit, so a writer that lost it never commits); a no-op under a flock."""
         if self._lock is not None:
             self._lock.check()
+
+    def writer_generation(self) -> int | None:
+        """The lease generation held (None: a flock, or not open): fences late writes (fencing.py)."""
+        return getattr(self._lock, "generation", None)
 
     def _release_lock(self) -> None:
         if self._lock is not None:  # kept after release: ``held`` says it was released
@@ -309,7 +312,7 @@ class CheckpointManager(ManagerCommon):
         try:
             result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
                                       world_size=distributed.world_size(), storage=self.storage,
-                                      before_commit=check or self.check_writer)
+                                      before_commit=check or self.check_writer, generation=self.writer_generation())
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)
             return
@@ -393,7 +396,4 @@ class CheckpointManager(ManagerCommon):
         return restored
 
     def __repr__(self) -> str:
-        return (f"CheckpointManager({self.directory!r}, basename={self.basename!r}, "
-                f"max_to_keep={self.max_to_keep}, save_mode={self.save_mode!r})")
-
-
+        return f"CheckpointManager({self.directory!r}, basename={self.basename!r}, max_to_keep={self.max_to_keep})"

@@ -267,8 +267,9 @@ class ObjectSnapshot:
 
     def open(self, name: str) -> None:
         """Adds a reader of ``name`` at the version the listing saw (a reader that read the
-        manifest first opens the files it lists: all from the same listing)."""
-        if "/" in name or name in ("", ".", ".."):
+        manifest first opens the files it lists: all from the same listing). ``name`` may be
+        ``<root>/<file>`` (a checkpoint's data root: supervisor.checkpoint.fencing)."""
+        if name.count("/") > 1 or any(part in ("", ".", "..") for part in name.split("/")):
             raise ValueError(f"{self.directory}: {name!r} is not a file name of the directory")
         if name not in self.listing:
             raise FileNotFoundError(errno.ENOENT, f"{self.directory}: {name} is missing", name)

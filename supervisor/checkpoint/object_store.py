@@ -268,10 +268,10 @@ class ObjectStoreStorage:
     def stage(self, directory: str, name: str) -> str:
         """Returns ``<directory>/<name>``: the data objects go straight to their final keys and
         the manifest, written last by `commit`, makes them a checkpoint. ``FileExistsError`` if
-        that checkpoint is committed already (`Storage.uncommit` it first — what
-        `supervisor.checkpoint.temp.TempCheckpoint.create` does for a re-save: writing in place
+        that checkpoint is committed already (`Storage.uncommit` it first: writing in place
         would overwrite the objects its manifest vouches for); manifest-less leftovers of an
-        interrupted write are removed with a WARNING."""
+        interrupted write are removed with a WARNING. Exports commit this way; checkpoints are
+        staged under a root of their save instead (`supervisor.checkpoint.fencing`)."""
         final = self.join(directory, name)
         if self.exists(self.join(final, MANIFEST_FILE)):
             raise FileExistsError(errno.EEXIST, f"{final} is a committed checkpoint; remove it before saving "

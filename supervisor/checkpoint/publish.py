@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
-from supervisor.checkpoint import retention
+from supervisor.checkpoint import fencing, retention
 from supervisor.checkpoint.commit import clean_transient, move_aside, recover_interrupted_replacements
 from supervisor.checkpoint.format import INDEX_FILE
 from supervisor.checkpoint.index import CheckpointState, read_index, replace_index, trusted_index
+from supervisor.checkpoint.lease import LeaseLostError
 from supervisor.checkpoint.storage import PreconditionFailedError, Storage
 from supervisor.checkpoint.temp import remove_tree
 
@@ -42,10 +43,14 @@ class Publisher:
         directory: the logdir, in the storage's spelling.
         basename: checkpoints are ``<basename>-<step>``.
         max_to_keep, keep_checkpoint_every_n_hours: retention's rules (`retention.sweep`).
+        writer: the manager writing (None: no lock): its ``writer_generation()`` (the lease
+            generation, recorded in each index write: it fences a paused former holder,
+            fencing.py) and ``check_writer()`` (raises once it lost its lease: retention then
+            deletes nothing).
     """
 
     def __init__(self, storage: Storage, directory: str, basename: str, *, max_to_keep: int | None,
-                 keep_checkpoint_every_n_hours: float | None) -> None:
+                 keep_checkpoint_every_n_hours: float | None, writer: Any = None) -> None:
         self.storage = storage
         self.directory = directory
         self.basename = basename
@@ -56,6 +61,15 @@ class Publisher:
         self.index_version: str | None = None
         self._dropped: list[str] = []
         self._mutex = threading.Lock()
+        self._generation: Callable[[], int | None] = getattr(writer, "writer_generation", lambda: None)
+        self._check_writer: Callable[[], None] = getattr(writer, "check_writer", lambda: None)
+
+    def claim(self) -> None:
+        """On an object store, as a writer that just took the lease: rewrites the index with its
+        generation (`fencing.claim_index`), so a paused former holder's late index write fails."""
+        generation = self._generation()
+        if generation is not None and self.storage.stages_in_place:
+            fencing.claim_index(self.storage, self.directory, INDEX_FILE, generation)
 
     def open(self, index: CheckpointState | None, now: float, *, index_version: str | None) -> None:
         """Recovers, cleans up and rebuilds retention from ``index`` (trusted entries only);
@@ -79,8 +93,8 @@ class Publisher:
         except (ValueError, OSError) as e:
             logger.warning("%s; retention starts afresh and will not delete the checkpoints it lists", e)
             return None, self.index_version_now()
-        if index is None:
-            return None, None
+        if index is None:  # none, or only a lease holder's claim (fencing.claim_index), whose version counts
+            return None, self.index_version_now()
         return trusted_index(index, self.directory, self.basename, warn=True)[0], index.version
 
     def index_version_now(self) -> str | None:
@@ -111,14 +125,30 @@ class Publisher:
                            "behind", name, e)
 
     def _write_index(self, state: CheckpointState) -> None:
-        self.index_version = replace_index(self.directory, state, storage=self.storage,
-                                           version=self.index_version).version
+        generation = self._generation()
+        try:
+            written = replace_index(self.directory, state, storage=self.storage, version=self.index_version,
+                                    generation=generation)
+        except PreconditionFailedError:
+            # A paused former holder's late write (its lease generation is older): replace it.
+            older = fencing.older_index_version(self.storage, self.directory, INDEX_FILE, generation)
+            if older is None:
+                raise
+            written = replace_index(self.directory, state, storage=self.storage, version=older,
+                                    generation=generation)
+        self.index_version = written.version
 
     def _retain(self, latest: str) -> None:
         result = retention.sweep(self.retention, max_to_keep=self.max_to_keep,
                                  keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
         if not (result.delete or result.preserve):
             return
+        if result.delete:
+            try:
+                self._check_writer()  # a writer that lost the lease deletes nothing
+            except LeaseLostError as e:
+                logger.warning("retention deletes nothing: %s", e)
+                return
         for kept in result.preserve:
             logger.debug("keeping %s for good (one checkpoint every %g hours)", kept,
                         self.keep_checkpoint_every_n_hours)

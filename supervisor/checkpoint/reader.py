@@ -181,7 +181,8 @@ class CheckpointReader:
                 self._storage = storage
                 self._variables = {"global_step": self.step, **_dcp_variables(self.path, storage)}
                 return
-            directory, name = self.path, STATE_FILE
+            # under the save's data root, when the manifest names one (fencing.py)
+            directory, name = storage.join(self.path, manifest.root) if manifest.root else self.path, STATE_FILE
         self._ranged = RangedFile(storage, directory, name)
         try:
             payload = self._ranged.load_structure(trusted_globals, self.step)

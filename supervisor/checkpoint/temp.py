@@ -4,8 +4,9 @@ The commit protocol (SPEC §5.1, §16) in two halves, so several processes can t
 `supervisor.checkpoint.storage.Storage`:
 
 * `TempCheckpoint.create` stages the checkpoint (`Storage.stage`: locally a fresh
-  ``<directory>/<name>.tmp-<hex>/``; on an object store the final prefix itself, which becomes
-  a checkpoint only when its manifest appears) — one process, the chief; other processes
+  ``<directory>/<name>.tmp-<hex>/``; on an object store a root of this save alone under the
+  final prefix, ``<name>/g<lease generation>-<hex>/``, which becomes a checkpoint only when the
+  manifest naming it appears: fencing.py) — one process, the chief; other processes
   `attach` to it by path (e.g. the path broadcast to every rank).
 * Any writer fills it: `write_file` writes one file through `Storage.open_write` (checksum
   while writing; fsync / multipart completion) and records its size and CRC-32; files written by
@@ -35,6 +36,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from supervisor.checkpoint import fencing
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import MANIFEST_FILE, FileRecord, Manifest, transient_base
 from supervisor.checkpoint.local_storage import rename_into_place
@@ -74,16 +76,26 @@ class TempCheckpoint:
         self.path = path
         self.storage = storage if storage is not None else storage_for(directory)
         self.records: dict[str, FileRecord] = {}
+        #: The object-store save's root under the final prefix, and its lease generation (fencing.py).
+        self.root: str | None = None
+        self.generation: int | None = None
         self._start = time.perf_counter()
 
     @classmethod
-    def create(cls, directory: str, name: str, storage: Storage | None = None) -> TempCheckpoint:
+    def create(cls, directory: str, name: str, storage: Storage | None = None, *,
+               generation: int | None = None) -> TempCheckpoint:
         """Stages a fresh checkpoint (locally a new ``<directory>/<name>.tmp-<hex>/``).
 
-        An object store writes in place, so re-saving a committed step there first removes the
-        committed one (with an INFO line, as a local re-save logs): a crash in between leaves
-        the previous checkpoints, and the index entry of this one is skipped by restore."""
+        On an object store the files go under a fresh root of this save,
+        ``<name>/g<generation>-<hex>/`` (``generation``: the writer's lease generation), and
+        nothing there is deleted: a committed checkpoint of the same step stays whole until the
+        new manifest replaces its own (`fencing.commit_manifest`)."""
         storage = storage if storage is not None else storage_for(directory)
+        if storage.stages_in_place:
+            root = fencing.data_root(generation)
+            temp = cls(directory, name, storage.join(storage.join(directory, name), root), storage)
+            temp.root, temp.generation = root, int(generation or 0)
+            return temp
         try:
             path = storage.stage(directory, name)
         except FileExistsError:
@@ -160,7 +172,8 @@ class TempCheckpoint:
         if missing:
             raise OSError(errno.ENOENT, f"{self.path}: recorded file(s) {missing} are missing")
         return Manifest(step=int(step), wall_time=float(wall_time), torch_version=str(torch.__version__),
-                        world_size=int(world_size), files=dict(sorted(records.items())))
+                        world_size=int(world_size), files=dict(sorted(records.items())), root=self.root,
+                        generation=self.generation)
 
     def finalize(self, *, step: int, wall_time: float, world_size: int, opener: Opener | None = None,
                  before_commit: Callable[[], Any] | None = None) -> CommitResult:
@@ -175,11 +188,16 @@ class TempCheckpoint:
             manifest = self.seal(step=step, wall_time=wall_time, world_size=world_size, opener=opener)
             if before_commit is not None:
                 before_commit()
-            self._writer_storage(opener).commit(self.path, self.final_path, manifest_name=MANIFEST_FILE,
-                                                manifest=manifest.to_json().encode("utf-8"))
+            if self.root is not None:
+                fencing.commit_manifest(self.storage, self.final_path, manifest, before_commit)
+            else:
+                self._writer_storage(opener).commit(self.path, self.final_path, manifest_name=MANIFEST_FILE,
+                                                    manifest=manifest.to_json().encode("utf-8"))
         except BaseException:
             self.discard()
             raise
+        if self.root is not None:
+            fencing.sweep(self.storage, self.final_path, self.root, int(self.generation or 0))
         return CommitResult(self.final_path, manifest, time.perf_counter() - self._start)
 
     def discard(self) -> None:

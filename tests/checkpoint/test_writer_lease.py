@@ -24,6 +24,7 @@ import torch
 from supervisor import MonitoredTrainingSession, Supervisor
 from supervisor.checkpoint import CheckpointManager
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
+from supervisor.checkpoint.index import read_index
 from supervisor.checkpoint.lease import LEASE_DIR, Lease, LeaseLostError, LeaseRecord
 from supervisor.checkpoint.lock import OwnershipLock, acquire_writer_lock
 from supervisor.checkpoint.storage import LocalStorage, Storage
@@ -197,7 +198,7 @@ def test_a_writer_whose_lease_was_taken_fails_its_next_commit_and_commits_nothin
     writer, out = _start_writer(where, 3.0, signals)
     manager = None
     try:
-        index = where.storage.read_bytes(where.storage.join(where.root, "checkpoint"))
+        index = read_index(where.root, where.storage)
         os.kill(writer.pid, signal.SIGSTOP)  # its renewals stop: the lease runs out
         last = _dead_holders_record(where, writer)
         manager, opened_at, refusals = _take_over(where, deadline_secs=30)
@@ -212,7 +213,8 @@ def test_a_writer_whose_lease_was_taken_fails_its_next_commit_and_commits_nothin
         assert f"pid {os.getpid()} on host {HOST}" in lost  # the writer that holds it now
         names = where.names()
         assert "model.ckpt-2" not in names and not [n for n in names if ".tmp-" in n], names
-        assert where.storage.read_bytes(where.storage.join(where.root, "checkpoint")) == index
+        # The same entries (the new holder rewrote it with its lease generation when it opened: fencing.py).
+        assert read_index(where.root, where.storage) == index
         manager.save(2, small_state())  # the new holder commits
         assert "model.ckpt-2" in where.names()
     finally:

@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -78,6 +79,11 @@ def _manifest(storage, checkpoint: str) -> dict:
     return json.loads(storage.read_bytes(storage.join(checkpoint, "MANIFEST.json")))
 
 
+def _data(storage, checkpoint: str, name: str = "state.pt") -> str:
+    """Where the checkpoint's file ``name`` is: under the data root its manifest names (fencing.py)."""
+    return storage.join(checkpoint, _manifest(storage, checkpoint)["root"], name)
+
+
 def test_a_save_uploads_the_data_then_the_manifest_create_only_and_keeps_max_to_keep(logdir, make_manager):
     manager = make_manager(logdir, max_to_keep=2, save_mode="sync")
     manager.open()
@@ -87,21 +93,20 @@ def test_a_save_uploads_the_data_then_the_manifest_create_only_and_keeps_max_to_
     for step in (1, 2, 3):
         assert manager.save(step, state) == f"{logdir}/model.ckpt-{step}"
 
-    writes = [(m, p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1], c) for m, p, c in calls
-              if m in ("put_object", "complete_multipart_upload")]
-    for step in (1, 2, 3):  # per checkpoint: state.pt, then the manifest (create-only), then the index
+    writes = [(m, p[len(logdir) + 1:], c) for m, p, c in calls if m in ("put_object", "complete_multipart_upload")]
+    for step in (1, 2, 3):  # per checkpoint: state.pt (under its save's root), the manifest (create-only), the index
         mine = [w for w in writes if w[1].startswith(f"model.ckpt-{step}/")]
-        assert [w[1] for w in mine] == [f"model.ckpt-{step}/state.pt", f"model.ckpt-{step}/MANIFEST.json"]
-        assert mine[1][2] == {"IfNoneMatch": "*"}
+        assert len(mine) == 2 and re.fullmatch(rf"model\.ckpt-{step}/g\d{{16}}-[0-9a-f]{{16}}/state\.pt", mine[0][1])
+        assert mine[1][1] == f"model.ckpt-{step}/MANIFEST.json" and mine[1][2] == {"IfNoneMatch": "*"}
         after = writes[writes.index(mine[1]) + 1]
-        assert after[1] == "exp/checkpoint" and after[2].keys() <= {"IfMatch", "IfNoneMatch"} and after[2]
+        assert after[1] == "checkpoint" and after[2].keys() <= {"IfMatch", "IfNoneMatch"} and after[2]
     assert sorted(n for n in storage.listdir(logdir) if n.startswith("model.ckpt")) == ["model.ckpt-2", "model.ckpt-3"]
     assert manager.checkpoints == (f"{logdir}/model.ckpt-2", f"{logdir}/model.ckpt-3")
     index = storage.read_bytes(storage.join(logdir, "checkpoint")).decode()
     assert 'model_checkpoint_path: "model.ckpt-3"' in index and "model.ckpt-1" not in index
 
     manifest = _manifest(storage, f"{logdir}/model.ckpt-3")
-    data = storage.read_bytes(f"{logdir}/model.ckpt-3/state.pt")
+    data = storage.read_bytes(_data(storage, f"{logdir}/model.ckpt-3"))
     assert manifest["step"] == 3
     assert manifest["files"]["state.pt"] == {"bytes": len(data), "checksum": f"crc32:{zlib.crc32(data):08x}"}
     payload = torch.load(io.BytesIO(data), weights_only=True)
@@ -121,7 +126,7 @@ def test_a_refused_index_write_fails_the_save_loudly_and_deletes_nothing(logdir,
         manager.save(2, state)
     assert s3_storage.read_bytes(f"{logdir}/checkpoint") == other  # never overwritten
     assert _manifest(s3_storage, f"{logdir}/model.ckpt-1")["step"] == 1  # retention deleted nothing
-    assert s3_storage.exists(f"{logdir}/model.ckpt-1/state.pt")
+    assert s3_storage.exists(_data(s3_storage, f"{logdir}/model.ckpt-1"))
 
 
 def test_resaving_a_committed_step_replaces_it(logdir, make_manager, caplog):
@@ -134,7 +139,7 @@ def test_resaving_a_committed_step_replaces_it(logdir, make_manager, caplog):
     with caplog.at_level(logging.DEBUG, logger="supervisor.checkpoint"):
         manager.save(4, state)
     assert "replacing the existing checkpoint" in caplog.text
-    data = manager.storage.read_bytes(f"{logdir}/model.ckpt-4/state.pt")
+    data = manager.storage.read_bytes(_data(manager.storage, f"{logdir}/model.ckpt-4"))
     saved = torch.load(io.BytesIO(data), weights_only=True)["model"]["0.weight"]
     assert torch.equal(saved, state["model"][0].weight)
     assert _manifest(manager.storage, f"{logdir}/model.ckpt-4")["files"]["state.pt"]["bytes"] == len(data)
@@ -151,7 +156,8 @@ def test_a_writer_killed_before_the_manifest_leaves_no_checkpoint_and_the_next_w
     assert done.returncode == -9, done.stdout + done.stderr
     assert "committed 1" in done.stdout and "killing before" in done.stdout
     leftover = f"{logdir}/model.ckpt-2"
-    assert s3_storage.list_files(leftover) == ["state.pt"]  # every data object, no manifest: no checkpoint
+    uploaded = s3_storage.list_files(leftover)  # every data object (under the save's root), no manifest: no checkpoint
+    assert len(uploaded) == 1 and uploaded[0].endswith("/state.pt"), uploaded
     assert 'model_checkpoint_path: "model.ckpt-1"' in s3_storage.read_bytes(f"{logdir}/checkpoint").decode()
 
     # The dead writer's lease would block the next writer until it expires (the lease's own
@@ -162,7 +168,8 @@ def test_a_writer_killed_before_the_manifest_leaves_no_checkpoint_and_the_next_w
         manager.open()
     assert any(r.levelno == logging.WARNING and leftover in r.getMessage() for r in caplog.records), caplog.text
     assert not s3_storage.isdir(leftover)
-    assert s3_storage.list_files(f"{logdir}/model.ckpt-1") == ["MANIFEST.json", "state.pt"]
+    kept = f"{logdir}/model.ckpt-1"
+    assert s3_storage.list_files(kept) == ["MANIFEST.json", _data(s3_storage, kept)[len(kept) + 1:]]
     assert s3_storage.read_bytes(f"{logdir}/notes/readme.txt") == b"a user's object under the logdir"
     assert manager.checkpoints == (f"{logdir}/model.ckpt-1",)
 

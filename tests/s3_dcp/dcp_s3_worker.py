@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from typing import Any
 
@@ -68,7 +69,7 @@ def _kill_rank_1_mid_upload(step: int) -> None:
     sync = object_io.MultipartWriter.sync
 
     def dying_sync(self: Any) -> None:
-        if f"model.ckpt-{step}/__1_" in self.path:
+        if re.search(rf"model\.ckpt-{step}/(g[0-9a-f-]+/)?__1_", self.path):  # under the save's data root
             print(f"killing rank 1 in the middle of uploading {self.path} ({self.nbytes} bytes written)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         sync(self)

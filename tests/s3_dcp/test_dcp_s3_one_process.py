@@ -99,9 +99,11 @@ def test_a_sharded_save_commits_manifest_last_reads_nothing_back_and_restores(lo
     counted.clear()
     manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
     assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "rng-0.pt"]
-    assert sorted(s3_storage.list_files(path)) == sorted([*manifest["files"], "MANIFEST.json"])
+    root = manifest["root"]  # every file under the save's data root (supervisor/checkpoint/fencing.py)
+    assert sorted(s3_storage.list_files(path)) == sorted([*(f"{root}/{n}" for n in manifest["files"]), "MANIFEST.json"])
     listed = s3_storage.list_objects(path)
-    assert {n: listed[n].size for n in manifest["files"]} == {n: r["bytes"] for n, r in manifest["files"].items()}
+    assert {n: listed[f"{root}/{n}"].size for n in manifest["files"]} == \
+        {n: r["bytes"] for n, r in manifest["files"].items()}
     assert verify_checkpoint(path, storage_options=opts).step == 3  # every CRC-32 recorded matches
     assert [n for n in s3_storage.listdir(logdir) if n.startswith("model.ckpt-")] == ["model.ckpt-2", "model.ckpt-3"]
 

@@ -51,7 +51,8 @@ def test_every_ranks_shards_are_committed_and_a_3_rank_run_resumes_with_exactly_
     manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
     assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"]
     assert manifest["world_size"] == 2 and manifest["step"] == 6
-    assert sorted(s3_storage.list_files(path)) == sorted([*manifest["files"], "MANIFEST.json"])
+    root = manifest["root"]  # every file under the save's data root (supervisor/checkpoint/fencing.py)
+    assert sorted(s3_storage.list_files(path)) == sorted([*(f"{root}/{f}" for f in manifest["files"]), "MANIFEST.json"])
     assert verify_checkpoint(path, storage_options=opts).step == 6  # every rank's CRC-32s, recorded while uploading
     assert latest_checkpoint(url, storage_options=opts) == path
 
@@ -69,8 +70,9 @@ def test_a_chief_killed_before_the_manifest_leaves_no_checkpoint_and_the_next_ru
     assert "killing the chief before the manifest of step 4" in killed[0].output, describe(killed)
     assert killed[0].returncode != 0 and killed[1].returncode != 0
     leftover = f"{url}/model.ckpt-4"
-    uploaded = s3_storage.list_files(leftover)
-    assert "MANIFEST.json" not in uploaded and {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(uploaded)
+    uploaded = s3_storage.list_files(leftover)  # under the save's data root
+    assert "MANIFEST.json" not in uploaded
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {name.split("/", 1)[-1] for name in uploaded}
     assert latest_checkpoint(url, storage_options=opts) == f"{url}/model.ckpt-2"  # no checkpoint appeared
 
     # The dead chief's lease would hold the next run off until it expires (the lease's own tests

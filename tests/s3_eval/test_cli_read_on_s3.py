@@ -14,7 +14,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402 - after the skip
 from supervisor.cli import main  # noqa: E402
 from tests.s3_eval.cli_helpers import as_json, cli, write_run  # noqa: E402
-from tests.s3_fixtures import options  # noqa: E402
+from tests.s3_fixtures import data_url, options  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,7 +71,7 @@ def test_verify_reads_each_object_once_and_reports_damage(s3_server, s3_storage,
     assert row["verified"] and row["step"] == 2 and not row["indexed"] and row["in_index"]
     manifest = s3_storage.stat(run_url + "/model.ckpt-2/MANIFEST.json").size
     assert 0 < read["bytes"] <= row["bytes"] + manifest  # each object once: <= 1.0x the checkpoint
-    state = run_url + "/model.ckpt-2/state.pt"
+    state = data_url(s3_storage, run_url + "/model.ckpt-2")
     data = bytearray(s3_storage.read_bytes(state))
     data[-100] ^= 0xFF
     s3_storage.write_atomic(state, bytes(data))
