@@ -21,8 +21,10 @@ object only if the name is free (`Storage.create_exclusive`: ``If-None-Match: *`
   repeat (a holder that was paused cannot slip back in under a recycled number — and after
   creating a generation, a renewer lists the directory to check nothing newer exists).
 * `check()` raises `LeaseLostError` once the lease is lost, or when less than
-  ``lease_secs / 3`` of it is left unrenewed (a stalled process): the writer calls it before
-  every commit and stops — never two writers committing.
+  ``lease_secs / 3`` of it is left unrenewed (a stalled process, or a renewal stuck on the
+  network: the error says how long it waited): the writer calls it before every commit and
+  stops — never two writers committing. No lock is held across a storage request: `check`
+  never waits for a renewal in flight; it decides from this writer's record and one listing.
 * **Release** writes a final generation marked released, so the next writer need not wait for
   the expiry.
 
@@ -127,7 +129,8 @@ class Lease:
         self._clock = resolve_clock(clock)
         self._record: LeaseRecord | None = None
         self._lost: str | None = None
-        self._lock = threading.Lock()
+        self._renewing: tuple[int, float] | None = None  # (generation, started at) of a renewal in flight
+        self._lock = threading.Lock()  # the three fields above; never held across a storage request
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -147,32 +150,53 @@ class Lease:
 
     def check(self) -> None:
         """Raises `LeaseLostError` unless this writer still safely holds the lease: it was not
-        marked lost, more than a third of it is left, and no newer generation exists on the
-        storage (one listing, so a writer that took it over — e.g. from a host whose clock runs
-        ahead — is seen at once, not at the next renewal). A listing that fails leaves the
-        expiry as the guarantee (WARNING)."""
-        with self._lock:  # a renewal in progress has created generation n + 1 but not recorded it yet
-            record = self._record
-            if record is None:
-                raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
-            left = record.expires_at - self._clock.time()
-            if self._lost is None and left < self.lease_secs / 3:
-                self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
-            if self._lost is None:
-                self._check_newest(record, left)
+        marked lost, more than a third of it is left (by this writer's own record: never waiting
+        for a renewal in flight), and no newer generation exists on the storage (one listing, so
+        a writer that took it over — e.g. from a host whose clock runs ahead — is seen at once,
+        not at the next renewal). A listing that fails leaves the expiry as the guarantee
+        (WARNING)."""
+        if self._record is None:
+            raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
+        left = self._in_time()
+        if left is not None:
+            self._check_newest(left)
+            self._in_time()  # the listing took time: the expiry again
         if self._lost is not None:
             raise LeaseLostError(f"this writer lost the lease of {self.directory}: {self._lost}; "
                                  f"{self._successor()}; it must not commit")
 
-    def _check_newest(self, record: LeaseRecord, left: float) -> None:
+    def _in_time(self) -> float | None:
+        """Seconds left on the lease held, from this writer's record alone; None once it is lost
+        (marked lost here when less than a third is left)."""
+        with self._lock:
+            if self._lost is not None or self._record is None:
+                return None
+            now = self._clock.time()
+            left = self._record.expires_at - now
+            if left >= self.lease_secs / 3:
+                return left
+            waiting = (f"; its renewal has waited {now - self._renewing[1]:.1f} s on the storage"
+                       if self._renewing is not None else "")
+            self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left"
+                            f"{waiting})")
+            return None
+
+    def _check_newest(self, left: float) -> None:
         try:
-            newer = [g for g in self._generations() if g > record.generation]
+            generations = self._generations()
+            with self._lock:
+                known = self._record.generation if self._record is not None else 0
+                renewing = self._renewing[0] if self._renewing is not None else None
+            newer = [g for g in generations if g > known]
+            if newer == [renewing] and getattr(self.newest(), "owner_id", None) == self.owner_id:
+                newer = []  # created by the renewal in flight, not recorded yet
         except OSError as e:
             logger.warning("could not list the lease of %s before a commit (%s); relying on its expiry "
                            "(%.1f s left)", self.directory, e, left)
             return
         if newer:
-            self._mark_lost("another writer took it over")
+            with self._lock:
+                self._mark_lost("another writer took it over")
 
     def _successor(self) -> str:
         """Who holds the lease now, as far as the storage says (for `check`'s message)."""
@@ -274,30 +298,36 @@ class Lease:
         newer = [g for g in self._generations() if g > generation]
         if newer:  # a number recycled under a paused writer: never ours
             return False
-        self._record = record
+        with self._lock:
+            self._record = record
         return True
 
     def renew(self) -> bool:
-        """Renews now (the thread calls this every ``lease_secs / 3``); False once lost."""
+        """Renews now (the thread calls this every ``lease_secs / 3``); False once lost. The
+        requests are made without the lock (`check` never waits for them)."""
         with self._lock:
-            if self._record is None or self._lost is not None:
+            held = self._record
+            if held is None or self._lost is not None:
                 return False
             now = self._clock.time()
-            held = self._record
             if now >= held.expires_at:
                 self._mark_lost(f"its renewal came too late (it expired at {_when(held.expires_at)})")
                 return False
-            try:
-                renewed = self._create(held.generation + 1, now, acquired_at=held.acquired_at)
-            except OSError as e:
-                self._mark_lost(f"renewing it failed ({e})")
-                return False
+            self._renewing = (held.generation + 1, now)
+        try:
+            renewed = self._create(held.generation + 1, now, acquired_at=held.acquired_at)
+            winner = None if renewed else self.newest()
+        except OSError as e:
+            renewed, winner = False, e
+        with self._lock:
+            self._renewing = None
             if not renewed:
-                winner = self.newest()
-                self._mark_lost("another writer took it over" + (f" ({winner.describe()})" if winner else ""))
+                self._mark_lost(f"renewing it failed ({winner})" if isinstance(winner, OSError) else
+                                "another writer took it over" + (f" ({winner.describe()})" if winner else ""))
+            if self._lost is not None:  # also when `check` found it overdue meanwhile: lost for good
                 return False
-            self._cleanup()
-            return True
+        self._cleanup()
+        return True
 
     def _run(self) -> None:
         while not self._clock.wait(self._stop, self.lease_secs / 3):
@@ -314,17 +344,16 @@ class Lease:
             held, self._record = self._record, None
             if held is None or self._lost is not None:
                 return
-            try:
-                now = self._clock.time()
-                released = LeaseRecord(**{**asdict(held), "generation": held.generation + 1, "expires_at": now,
-                                          "released": True})
-                self.storage.create_exclusive(self._generation_path(released.generation), released.to_bytes())
-            except OSError as e:  # ObjectExistsError included: someone took it over meanwhile
-                logger.warning("could not mark the lease of %s released (%s); it expires at %s", self.directory,
-                               e, _when(held.expires_at))
-                return
-            self._record = None
-            self._cleanup(keep_from=released.generation - 1)
+        try:
+            now = self._clock.time()
+            released = LeaseRecord(**{**asdict(held), "generation": held.generation + 1, "expires_at": now,
+                                      "released": True})
+            self.storage.create_exclusive(self._generation_path(released.generation), released.to_bytes())
+        except OSError as e:  # ObjectExistsError included: someone took it over meanwhile
+            logger.warning("could not mark the lease of %s released (%s); it expires at %s", self.directory,
+                           e, _when(held.expires_at))
+            return
+        self._cleanup(keep_from=released.generation - 1)
 
     # ------------------------------------------------------------ helpers
     def _mark_lost(self, why: str) -> None:
@@ -336,7 +365,12 @@ class Lease:
         """Deletes generations older than the previous one (never the newest)."""
         if keep_from is None:
             keep_from = (self._record.generation if self._record else 0) - 1
-        for generation in self._generations():
+        try:
+            generations = self._generations()
+        except OSError as e:
+            logger.debug("could not list the old lease generations of %s: %s", self.directory, e)
+            return
+        for generation in generations:
             if generation >= keep_from:
                 break
             try:
