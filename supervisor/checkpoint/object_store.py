@@ -74,6 +74,7 @@ class ObjectStoreStorage:
         self.min_range_size, self.multipart_checksum = knobs.min_range_size, knobs.multipart_checksum
         self.request_timeout = knobs.request_timeout
         self._call_s3 = fs._call_s3  # s3fs's coroutine (fsspec names a method's async twin _<name>)
+        self._connected = False
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
@@ -102,8 +103,16 @@ class ObjectStoreStorage:
         """The one way a request reaches the store: s3fs's ``_call_s3(method, **kwargs)`` on its
         event loop, abandoned after ``request_timeout`` (`StorageTimeoutError` naming
         ``method``, ``where`` and the bound), other errors translated (`translate_error`)."""
-        return run_bounded(self.fs.loop, self.request_timeout, self._call_s3, method, path=where,
+        return run_bounded(self._loop(), self.request_timeout, self._call_s3, method, path=where,
                            operation=method, **kwargs)
+
+    def _loop(self) -> Any:
+        """s3fs's event loop, its client made first: creating it is local work (botocore loads
+        its service model: seconds on a busy machine), not part of a request's bound."""
+        if not self._connected:
+            self.fs.connect()
+            self._connected = True
+        return self.fs.loop
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """`request` ``(method, Bucket=..., Key=..., **kwargs)`` of the object ``path``."""
@@ -157,7 +166,7 @@ class ObjectStoreStorage:
 
     def _get(self, path: str, **kwargs: Any) -> tuple[Mapping[str, Any], bytes | None]:
         bucket, key = _split(path)
-        return run_bounded(self.fs.loop, self.request_timeout, fetch_object, self._call_s3, path=path,
+        return run_bounded(self._loop(), self.request_timeout, fetch_object, self._call_s3, path=path,
                            operation="get_object", Bucket=bucket, Key=key, **kwargs)
 
     def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None,
