@@ -22,9 +22,8 @@ object only if the name is free (`Storage.create_exclusive`: ``If-None-Match: *`
   creating a generation, a renewer lists the directory to check nothing newer exists).
 * `check()` raises `LeaseLostError` once the lease is lost, or when less than
   ``lease_secs / 3`` of it is left unrenewed (a stalled process, or a renewal stuck on the
-  network: the error says how long it waited): the writer calls it before every commit and
-  stops — never two writers committing. No lock is held across a storage request: `check`
-  never waits for a renewal in flight; it decides from this writer's record and one listing.
+  network: it waits for one in flight at most until the lease expires, then fails naming it):
+  the writer calls it before every commit and stops — never two writers committing.
 * **Release** writes a final generation marked released, so the next writer need not wait for
   the expiry.
 
@@ -130,7 +129,8 @@ class Lease:
         self._record: LeaseRecord | None = None
         self._lost: str | None = None
         self._renewing: tuple[int, float] | None = None  # (generation, started at) of a renewal in flight
-        self._lock = threading.Lock()  # the three fields above; never held across a storage request
+        self._renewed = threading.Event()  # cleared while a renewal is in flight
+        self._lock = threading.Lock()  # the fields above; never held across a storage request
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -149,12 +149,10 @@ class Lease:
         return None if self._record is None else self._record.expires_at
 
     def check(self) -> None:
-        """Raises `LeaseLostError` unless this writer still safely holds the lease: it was not
-        marked lost, more than a third of it is left (by this writer's own record: never waiting
-        for a renewal in flight), and no newer generation exists on the storage (one listing, so
-        a writer that took it over — e.g. from a host whose clock runs ahead — is seen at once,
-        not at the next renewal). A listing that fails leaves the expiry as the guarantee
-        (WARNING)."""
+        """Raises `LeaseLostError` unless this writer still safely holds the lease: not marked
+        lost, more than a third of it left (`_in_time`), and no newer generation on the storage
+        (one listing: a writer that took it over — e.g. from a host whose clock runs ahead — is
+        seen at once). A listing that fails leaves the expiry as the guarantee (WARNING)."""
         if self._record is None:
             raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
         left = self._in_time()
@@ -166,20 +164,23 @@ class Lease:
                                  f"{self._successor()}; it must not commit")
 
     def _in_time(self) -> float | None:
-        """Seconds left on the lease held, from this writer's record alone; None once it is lost
-        (marked lost here when less than a third is left)."""
-        with self._lock:
-            if self._lost is not None or self._record is None:
-                return None
-            now = self._clock.time()
-            left = self._record.expires_at - now
-            if left >= self.lease_secs / 3:
-                return left
-            waiting = (f"; its renewal has waited {now - self._renewing[1]:.1f} s on the storage"
-                       if self._renewing is not None else "")
-            self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left"
-                            f"{waiting})")
-            return None
+        """Seconds left on the lease, from this writer's record alone; None once it is lost
+        (marked here when less than a third is left and no renewal is in flight, or one is
+        but the lease expired meanwhile: a renewal is waited for at most until then)."""
+        while True:
+            with self._lock:
+                if self._lost is not None or self._record is None:
+                    return None
+                now, renewing = self._clock.time(), self._renewing
+                left = self._record.expires_at - now
+                if left >= self.lease_secs / 3:
+                    return left
+                if renewing is None or left <= 0:
+                    waiting = f"; its renewal has waited {now - renewing[1]:.1f} s on the storage" if renewing else ""
+                    self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s "
+                                    f"left{waiting})")
+                    return None
+            self._clock.wait(self._renewed, left)
 
     def _check_newest(self, left: float) -> None:
         try:
@@ -303,8 +304,7 @@ class Lease:
         return True
 
     def renew(self) -> bool:
-        """Renews now (the thread calls this every ``lease_secs / 3``); False once lost. The
-        requests are made without the lock (`check` never waits for them)."""
+        """Renews now (the thread calls this every ``lease_secs / 3``); False once lost."""
         with self._lock:
             held = self._record
             if held is None or self._lost is not None:
@@ -314,6 +314,7 @@ class Lease:
                 self._mark_lost(f"its renewal came too late (it expired at {_when(held.expires_at)})")
                 return False
             self._renewing = (held.generation + 1, now)
+            self._renewed.clear()
         try:
             renewed = self._create(held.generation + 1, now, acquired_at=held.acquired_at)
             winner = None if renewed else self.newest()
@@ -321,6 +322,7 @@ class Lease:
             renewed, winner = False, e
         with self._lock:
             self._renewing = None
+            self._renewed.set()
             if not renewed:
                 self._mark_lost(f"renewing it failed ({winner})" if isinstance(winner, OSError) else
                                 "another writer took it over" + (f" ({winner.describe()})" if winner else ""))
@@ -330,7 +332,9 @@ class Lease:
         return True
 
     def _run(self) -> None:
-        while not self._clock.wait(self._stop, self.lease_secs / 3):
+        """Renews once a third of the record's lease has passed (two thirds left at each start)."""
+        while not self._clock.wait(self._stop, max(0.0, (self.expires_at or 0.0) - 2 * self.lease_secs / 3
+                                                       - self._clock.time())):
             if not self.renew():
                 return
 

@@ -45,6 +45,8 @@ class ObjectStore(Protocol):
 
     def isdir(self, path: str) -> bool: ...
 
+    def silent(self) -> bool: ...
+
 
 class MultipartWriter:
     """A new object written in parts uploaded in parallel, CRC-32 computed on the way.
@@ -158,6 +160,10 @@ class MultipartWriter:
                 future.cancel()
             self._pool.shutdown(wait=True)
         if self._upload_id is not None and not self._done:
+            if self.storage.silent():
+                logger.warning("not aborting the unfinished upload of %s now: a request to the store timed out; the "
+                               "next writer opening the logdir aborts it", self.path)
+                return
             try:
                 self.storage.call("abort_multipart_upload", self.path, UploadId=self._upload_id)
             except OSError as e:

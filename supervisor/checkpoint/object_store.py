@@ -30,7 +30,7 @@ import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for repo
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
-from supervisor.checkpoint.object_errors import ConflictError, run_bounded
+from supervisor.checkpoint.object_errors import ConflictError, StorageTimeoutError, run_bounded
 from supervisor.checkpoint.object_io import MultipartWriter, ObjectReader, ObjectSnapshot, fetch_object, stream_body
 from supervisor.checkpoint.object_options import (DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,
                                                   DEFAULT_MULTIPART_CHECKSUM, DEFAULT_PART_SIZE,
@@ -75,6 +75,7 @@ class ObjectStoreStorage:
         self.request_timeout = knobs.request_timeout
         self._call_s3 = fs._call_s3  # s3fs's coroutine (fsspec names a method's async twin _<name>)
         self._connected = False
+        self._timed_out_at = -float("inf")  # time.monotonic() of the last request that timed out
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
@@ -103,8 +104,18 @@ class ObjectStoreStorage:
         """The one way a request reaches the store: s3fs's ``_call_s3(method, **kwargs)`` on its
         event loop, abandoned after ``request_timeout`` (`StorageTimeoutError` naming
         ``method``, ``where`` and the bound), other errors translated (`translate_error`)."""
-        return run_bounded(self._loop(), self.request_timeout, self._call_s3, method, path=where,
-                           operation=method, **kwargs)
+        try:
+            return run_bounded(self._loop(), self.request_timeout, self._call_s3, method, path=where,
+                               operation=method, **kwargs)
+        except StorageTimeoutError:
+            self._timed_out_at = time.monotonic()
+            raise
+
+    def silent(self) -> bool:
+        """Whether a request timed out within the last ``request_timeout``: then clean-ups that
+        can wait for the next writer (a failed save's objects, its unfinished upload) are left
+        to it instead of waiting another bound each on a store that does not answer."""
+        return time.monotonic() - self._timed_out_at < self.request_timeout
 
     def _loop(self) -> Any:
         """s3fs's event loop, its client made first: creating it is local work (botocore loads
@@ -166,8 +177,12 @@ class ObjectStoreStorage:
 
     def _get(self, path: str, **kwargs: Any) -> tuple[Mapping[str, Any], bytes | None]:
         bucket, key = _split(path)
-        return run_bounded(self._loop(), self.request_timeout, fetch_object, self._call_s3, path=path,
-                           operation="get_object", Bucket=bucket, Key=key, **kwargs)
+        try:
+            return run_bounded(self._loop(), self.request_timeout, fetch_object, self._call_s3, path=path,
+                               operation="get_object", Bucket=bucket, Key=key, **kwargs)
+        except StorageTimeoutError:
+            self._timed_out_at = time.monotonic()
+            raise
 
     def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None,
                    into: Any = None, on_piece: Callable[[memoryview], Any] | None = None) -> Any:
@@ -314,7 +329,13 @@ class ObjectStoreStorage:
         self.create_exclusive(self.join(final, manifest_name), manifest)
 
     def discard(self, staged: str) -> None:
-        """Removes a staged checkpoint's objects — never a committed one's."""
+        """Removes a staged checkpoint's objects — never a committed one's. Not while the store is
+        `silent`: the next writer opening the logdir removes a prefix without a manifest."""
+        if self.silent():
+            logger.warning("not removing the unfinished checkpoint %s now: a request to the store timed out within "
+                           "request_timeout=%g s; the next writer opening the logdir removes it", staged,
+                           self.request_timeout)
+            return
         if self.exists(self.join(staged, MANIFEST_FILE)):
             logger.warning("not discarding %s: it holds a %s (committed)", staged, MANIFEST_FILE)
             return

@@ -25,8 +25,9 @@ from tests.s3_fixtures import FaultProxy, options  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 
 BOUND = 2.0
-#: What a loaded 2-core machine may add to the bound (the thread hop, the cancellation).
-SLACK = 4.0
+#: What a loaded 2-core machine may add to the bound (the thread hop, the cancellation; 6.4 s in
+#: all was seen once for a 5 MiB part). The code before the fix: forever, or 32 s.
+SLACK = 6.0
 MiB = 1 << 20
 
 
@@ -80,7 +81,8 @@ def test_a_put_and_a_create_only_put_end_within_the_bound_then_work_again(proxy,
     assert s3_storage.read_bytes(url) == b"{}"
 
 
-def test_a_multipart_part_ends_within_the_bound(proxy, storage, s3_root, s3_storage):
+def test_a_multipart_part_ends_within_the_bound_and_no_clean_up_waits_on_the_silent_store(
+        proxy, storage, s3_root, s3_storage, caplog):
     url = f"{s3_root}/run/model.ckpt-1/state.pt"
     writer = storage.open_write(url)
     writer.write(b"a" * (5 * MiB))  # one part: the upload is created and its first part sent
@@ -91,10 +93,17 @@ def test_a_multipart_part_ends_within_the_bound(proxy, storage, s3_root, s3_stor
     writer.write(b"b" * MiB)
     try:
         _ends_in_time(writer.sync, operation="upload_part", url=url)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="supervisor.checkpoint"):
+            writer.close()  # no abort request sent into the silence: left to the next writer
+            storage.discard(f"{s3_root}/run/model.ckpt-1")  # neither the failed save's removal
+        assert time.monotonic() - started < BOUND, "a clean-up waited on the silent store"
+        assert "not aborting the unfinished upload" in caplog.text and "not removing" in caplog.text, caplog.text
     finally:
         proxy.black_hole = False
-        writer.close()  # aborts the upload: nothing appears
-    assert not s3_storage.exists(url)
+        writer.close()
+    assert not s3_storage.exists(url)  # nothing appears
+    assert s3_storage.abort_uploads(f"{s3_root}/run", lambda name: True) == [url]  # the next writer's clean-up
 
 
 def test_a_direct_part_upload_ends_within_the_bound(proxy, storage, s3_root, s3_storage):

@@ -51,9 +51,23 @@ def _wait_for_commit(url: str, storage, trainer: subprocess.Popen, after_step: i
     raise AssertionError(f"no checkpoint after step {after_step} committed under {url} in 180 s")
 
 
-@pytest.mark.parametrize("lease_secs", [6.0, 60.0], ids=["renewal-in-the-silence", "renewal-after-it"])
+def _silence(proxy: FaultProxy, mid_upload: bool) -> None:
+    """Silences the endpoint now, or (``mid_upload``) from the next multipart part 2 on (that
+    request read and never answered), waiting (bounded) until it is silent."""
+    if not mid_upload:
+        proxy.black_hole = True
+        return
+    proxy.silence_on = lambda command, path: command == "PUT" and "partNumber=2" in path
+    deadline = time.monotonic() + 120
+    while not proxy.black_hole:
+        assert time.monotonic() < deadline, "no multipart part 2 was sent in 120 s"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("lease_secs, mid_upload", [(6.0, False), (60.0, True)],
+                         ids=["renewal-in-the-silence", "mid-upload"])
 def test_a_silent_endpoint_mid_training_ends_the_trainer_with_the_bound_named_or_it_trains_on(
-        proxy, s3_root, s3_storage, tmp_path, lease_secs):
+        proxy, s3_root, s3_storage, tmp_path, lease_secs, mid_upload):
     url = s3_root + "/run"
     env = {**os.environ, **CREDENTIALS}
     err = tmp_path / "stderr"
@@ -63,7 +77,7 @@ def test_a_silent_endpoint_mid_training_ends_the_trainer_with_the_bound_named_or
                                    stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
     try:
         before = _wait_for_commit(url, s3_storage, trainer, after_step=5)
-        proxy.black_hole = True
+        _silence(proxy, mid_upload)
         silent_from = time.monotonic()
         time.sleep(SILENT_SECS)  # the fault's duration, not a synchronisation
         proxy.black_hole = False

@@ -1,8 +1,9 @@
-"""A lease renewal stuck on the network never makes the pre-commit `Lease.check` wait (issue 30
-item 3: the renewal held the lease's lock across its request while `check` waited on the same
-lock, so a commit waited as long as the network did). `check` decides from what this writer
-knows: the lease is valid until its recorded expiry, less the margin; past that, it fails
-naming the renewal that is waiting. The storage here is the local one whose requests made on the
+"""A lease renewal stuck on the network never makes the pre-commit `Lease.check` wait past the
+lease's own expiry (issue 30 item 3: the renewal held the lease's lock across its request while
+`check` waited on the same lock, so a commit waited as long as the network did). `check` decides
+from what this writer knows: with more than a third of the lease left by its record it passes at
+once; with less, it waits for the renewal in flight at most until the recorded expiry (on the
+lease's clock), then fails naming the renewal that is waiting. The storage here is the local one whose requests made on the
 renewal's thread wait on a gate — a renewal stuck for as long as the test says (the object
 store's silent endpoint is tests/s3_faults/test_black_hole.py)."""
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _renew_in_background(lease: Lease, storage: GatedStorage) -> tuple[threading
     return thread, result
 
 
-def _check_promptly(lease: Lease) -> BaseException | None:
+def _check_in_background(lease: Lease) -> tuple[threading.Thread, list[BaseException | None]]:
     outcome: list[BaseException | None] = []
 
     def run() -> None:
@@ -65,15 +66,20 @@ def _check_promptly(lease: Lease) -> BaseException | None:
             outcome.append(e)
 
     thread = threading.Thread(target=run, daemon=True)
-    started = time.monotonic()
     thread.start()
+    return thread, outcome
+
+
+def _check_promptly(lease: Lease) -> BaseException | None:
+    started = time.monotonic()
+    thread, outcome = _check_in_background(lease)
     thread.join(PROMPT_SECS)
     assert not thread.is_alive(), f"check() waited {time.monotonic() - started:.1f} s behind a stuck renewal"
     return outcome[0]
 
 
 @pytest.mark.parametrize("gated", ["create_exclusive", "listdir"])
-def test_a_check_never_waits_for_a_stuck_renewal_and_fails_once_the_renewal_is_overdue(tmp_path, gated):
+def test_a_check_waits_for_a_stuck_renewal_no_longer_than_the_lease_then_fails_naming_it(tmp_path, gated):
     """``create_exclusive``: stuck sending generation n + 1; ``listdir``: n + 1 created, stuck
     listing after it (the check then sees n + 1 and must recognise it as this writer's)."""
     storage, clock = GatedStorage(gated), FakeClock(start_secs=time.time())
@@ -82,12 +88,18 @@ def test_a_check_never_waits_for_a_stuck_renewal_and_fails_once_the_renewal_is_o
     clock.advance(LEASE / 3)  # the renewal falls due and goes out
     renewal, renewed = _renew_in_background(lease, storage)
     try:
-        assert _check_promptly(lease) is None  # 20 s of 30 left: safe to commit
-        clock.advance(LEASE / 3 + 1)  # the renewal is now overdue: less than a third is left
-        error = _check_promptly(lease)
+        assert _check_promptly(lease) is None  # 20 s of 30 left: safe to commit, no wait
+        clock.advance(LEASE / 3 + 1)  # 9 s left: the check waits for the renewal, at most 9 s (lease's clock)
+        check, outcome = _check_in_background(lease)
+        clock.wait_for_waiters(1)
+        assert not outcome
+        clock.advance(9)  # the lease expired by this writer's record: the renewal is overdue
+        check.join(PROMPT_SECS)
+        assert not check.is_alive(), "check() kept waiting for a stuck renewal past the lease's expiry"
+        error = outcome[0]
         assert isinstance(error, LeaseLostError), error
         message = str(error)
-        assert "not renewed in time" in message and "its renewal has waited 11.0 s on the storage" in message, message
+        assert "not renewed in time" in message and "its renewal has waited 20.0 s on the storage" in message, message
         assert "must not commit" in message
     finally:
         storage.gate.set()
@@ -104,9 +116,14 @@ def test_a_renewal_that_comes_back_in_time_keeps_the_lease(tmp_path):
     clock.advance(LEASE / 3)
     renewal, renewed = _renew_in_background(lease, storage)
     assert _check_promptly(lease) is None
-    storage.gate.set()
+    clock.advance(LEASE / 3 + 1)  # less than a third left: the check waits for the renewal in flight...
+    check, outcome = _check_in_background(lease)
+    clock.wait_for_waiters(1)
+    storage.gate.set()  # ...which comes back before the expiry: the check passes on the renewed record
     renewal.join(10)
+    check.join(PROMPT_SECS)
+    assert not check.is_alive() and outcome == [None], outcome
     assert renewed == [True]
-    clock.advance(LEASE / 2)  # past the first record's margin, well within the renewed one
+    clock.advance(5)  # past the first record's expiry, within the renewed one's margin
     assert _check_promptly(lease) is None
     lease.release()
