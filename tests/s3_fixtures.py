@@ -102,7 +102,14 @@ def lifetime_thread_prefixes() -> tuple[str, ...]:
 
 class FaultProxy:
     """A loopback HTTP proxy in front of the server: answers the first ``fail_first`` requests
-    (every request while ``fail_all`` is set) with ``503 SlowDown``, forwards the rest."""
+    (every request while ``fail_all`` is set) with ``503 SlowDown``, forwards the rest.
+
+    While ``black_hole`` is set it accepts every new connection and then does nothing with it:
+    never reads a byte, never answers, never closes it (an endpoint gone silent: a dead load
+    balancer target, a firewall dropping packets after the handshake). Those connections stay
+    silent when ``black_hole`` is cleared (only new ones are forwarded again) until the proxy
+    exits; ``held`` counts them. ``silence_on(command, path)``: the first request it matches is
+    read and never answered, and ``black_hole`` is set from then (e.g. mid multipart upload)."""
 
     def __init__(self, upstream_port: int, fail_first: int = 0, fail_all: bool = False,
                  body_filter: Callable[[str, Any, bytes], bytes] | None = None) -> None:
@@ -114,7 +121,11 @@ class FaultProxy:
         self.fail_all = fail_all
         self.requests = 0
         self.failed = 0
+        self.black_hole = False
+        self.silence_on: Callable[[str, str], bool] | None = None
         self.lock = threading.Lock()
+        self._held: list[socket.socket] = []
+        self._closing = threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -126,6 +137,9 @@ class FaultProxy:
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if proxy._silences(self.command, self.path):
+                    proxy._closing.wait()  # read, never answered, never closed while the proxy runs
+                    return
                 with proxy.lock:
                     proxy.requests += 1
                     fail = proxy.fail_all or proxy.requests <= proxy.fail_first
@@ -149,8 +163,17 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                with proxy.lock:
+                    if proxy.black_hole:
+                        proxy._held.append(request)  # accepted; never read, answered or closed
+                        return
+                super().process_request(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="test-fault-proxy", daemon=True)
 
@@ -158,10 +181,30 @@ class FaultProxy:
         self.thread.start()
         return self
 
+    def _silences(self, command: str, path: str) -> bool:
+        with self.lock:
+            if self.silence_on is None or not self.silence_on(command, path):
+                return False
+            self.silence_on, self.black_hole = None, True
+            self._held.append(None)  # type: ignore[arg-type] - counted; its handler thread keeps it open
+            return True
+
+    @property
+    def held(self) -> int:
+        """Connections the black hole accepted (still open, silent)."""
+        with self.lock:
+            return len(self._held)
+
     def __exit__(self, *exc: object) -> None:
+        self._closing.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(10)
+        with self.lock:
+            held, self._held = self._held, []
+        for connection in held:
+            if connection is not None:
+                connection.close()
 
 
 def assert_copy_holds(copy: Any, data: bytes) -> None:

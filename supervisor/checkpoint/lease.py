@@ -23,8 +23,9 @@ object only if the name is free (`Storage.create_exclusive`: ``If-None-Match: *`
   repeat (a holder that was paused cannot slip back in under a recycled number — and after
   creating a generation, a renewer lists the directory to check nothing newer exists).
 * `check()` raises `LeaseLostError` once the lease is lost, or when less than
-  ``lease_secs / 3`` of it is left unrenewed (a stalled process): the writer calls it before
-  every commit and stops — never two writers committing.
+  ``lease_secs / 3`` of it is left unrenewed (a stalled process, or a renewal stuck on the
+  network: it waits for one in flight at most until the lease expires, then fails naming it):
+  the writer calls it before every commit and stops — never two writers committing.
 * **Release** writes a final generation marked released, so the next writer need not wait for
   the expiry.
 
@@ -37,22 +38,20 @@ and Lustre give it; an NFSv2 or a FUSE mount without hard links falls back to ``
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import socket
 import threading
-import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from supervisor.checkpoint.holder import gone_reason, identity, on_this_machine
-from supervisor.checkpoint.records import fields, parse_object
+from supervisor.checkpoint.holder import identity
+from supervisor.checkpoint.lease_record import LeaseLostError, LeaseRecord, in_use_message, when as _when
 from supervisor.checkpoint.storage_base import ObjectExistsError, Storage
 from supervisor.clock import Clock, resolve_clock
-from supervisor.errors import CheckpointError, LogdirInUseError
+from supervisor.errors import LogdirInUseError
 
 __all__ = ["Lease", "LeaseLostError", "LeaseRecord", "LEASE_DIR", "DEFAULT_LEASE_SECS"]
 
@@ -62,53 +61,6 @@ LEASE_DIR = ".supervisor.lease"
 DEFAULT_LEASE_SECS = 60.0
 _GENERATION = re.compile(r"^(\d{16})\.json$")
 _RECORD_MAX_BYTES = 1 << 16
-
-
-class LeaseLostError(LogdirInUseError, CheckpointError):
-    """This writer's lease was overtaken, could not be renewed or ran out: it must not commit.
-
-    Also a `CheckpointError`: it is how a save of a writer that lost the logdir fails (the
-    managers call `Lease.check` right before each commit), and the save-failure paths (a
-    session's ``on_error``, ``close``) carry checkpoint errors."""
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """One generation of the lease (the JSON content of its object)."""
-
-    generation: int
-    owner_id: str
-    host: str
-    pid: int
-    acquired_at: float
-    expires_at: float
-    lease_secs: float
-    released: bool = False
-    boot_id: str = ""  # the holder's machine and process, to tell that it is gone (holder.py)
-    pid_ns: str = ""
-    started: int | None = None
-
-    def describe(self) -> str:
-        return f"pid {self.pid} on host {self.host}"
-
-    def gone(self) -> str | None:
-        """Why its holder certainly no longer runs (`holder.gone_reason`), else None."""
-        return gone_reason(host=self.host, pid=self.pid, boot_id=self.boot_id, pid_ns=self.pid_ns,
-                           started=self.started)
-
-    def to_bytes(self) -> bytes:
-        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode("utf-8")
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> LeaseRecord:
-        """Parses a lease record (untrusted: `supervisor.checkpoint.records`); `ValueError` says why."""
-        raw = parse_object(data)
-        return fields(lambda: cls(
-            generation=int(raw["generation"]), owner_id=str(raw["owner_id"]), host=str(raw["host"]),
-            pid=int(raw["pid"]), acquired_at=float(raw["acquired_at"]), expires_at=float(raw["expires_at"]),
-            lease_secs=float(raw["lease_secs"]), released=bool(raw.get("released", False)),
-            boot_id=str(raw.get("boot_id", "")), pid_ns=str(raw.get("pid_ns", "")),
-            started=None if raw.get("started") is None else int(raw["started"])), "lease record")
 
 
 class Lease:
@@ -141,7 +93,9 @@ class Lease:
         self._clock = resolve_clock(clock)
         self._record: LeaseRecord | None = None
         self._lost: str | None = None
-        self._lock = threading.Lock()
+        self._renewing: tuple[int, float] | None = None  # (generation, started at) of a renewal in flight
+        self._renewed = threading.Event()  # cleared while a renewal is in flight
+        self._lock = threading.Lock()  # the fields above; never held across a storage request
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -167,33 +121,55 @@ class Lease:
         return None if self._record is None else self._record.expires_at
 
     def check(self) -> None:
-        """Raises `LeaseLostError` unless this writer still safely holds the lease: it was not
-        marked lost, more than a third of it is left, and no newer generation exists on the
-        storage (one listing, so a writer that took it over — e.g. from a host whose clock runs
-        ahead — is seen at once, not at the next renewal). A listing that fails leaves the
-        expiry as the guarantee (WARNING)."""
-        with self._lock:  # a renewal in progress has created generation n + 1 but not recorded it yet
-            record = self._record
-            if record is None:
-                raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
-            left = record.expires_at - self._clock.time()
-            if self._lost is None and left < self.lease_secs / 3:
-                self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s left)")
-            if self._lost is None:
-                self._check_newest(record, left)
+        """Raises `LeaseLostError` unless this writer still safely holds the lease: not marked
+        lost, more than a third of it left (`_in_time`), and no newer generation on the storage
+        (one listing: a writer that took it over — e.g. from a host whose clock runs ahead — is
+        seen at once). A listing that fails leaves the expiry as the guarantee (WARNING)."""
+        if self._record is None:
+            raise LeaseLostError(f"the lease of {self.directory} is not held by this writer")
+        left = self._in_time()
+        if left is not None:
+            self._check_newest(left)
+            self._in_time()  # the listing took time: the expiry again
         if self._lost is not None:
             raise LeaseLostError(f"this writer lost the lease of {self.directory}: {self._lost}; "
                                  f"{self._successor()}; it must not commit")
 
-    def _check_newest(self, record: LeaseRecord, left: float) -> None:
+    def _in_time(self) -> float | None:
+        """Seconds left on the lease, from this writer's record alone; None once it is lost
+        (marked here when less than a third is left and no renewal is in flight, or one is
+        but the lease expired meanwhile: a renewal is waited for at most until then)."""
+        while True:
+            with self._lock:
+                if self._lost is not None or self._record is None:
+                    return None
+                now, renewing = self._clock.time(), self._renewing
+                left = self._record.expires_at - now
+                if left >= self.lease_secs / 3:
+                    return left
+                if renewing is None or left <= 0:
+                    waiting = f"; its renewal has waited {now - renewing[1]:.1f} s on the storage" if renewing else ""
+                    self._mark_lost(f"it was not renewed in time ({max(left, 0.0):.1f} s of {self.lease_secs:g} s "
+                                    f"left{waiting})")
+                    return None
+            self._clock.wait(self._renewed, left)
+
+    def _check_newest(self, left: float) -> None:
         try:
-            newer = [g for g in self._generations() if g > record.generation]
+            generations = self._generations()
+            with self._lock:
+                known = self._record.generation if self._record is not None else 0
+                renewing = self._renewing[0] if self._renewing is not None else None
+            newer = [g for g in generations if g > known]
+            if newer == [renewing] and getattr(self.newest(), "owner_id", None) == self.owner_id:
+                newer = []  # created by the renewal in flight, not recorded yet
         except OSError as e:
             logger.warning("could not list the lease of %s before a commit (%s); relying on its expiry "
                            "(%.1f s left)", self.directory, e, left)
             return
         if newer:
-            self._mark_lost("another writer took it over")
+            with self._lock:
+                self._mark_lost("another writer took it over")
 
     def _successor(self) -> str:
         """Who holds the lease now, as far as the storage says (for `check`'s message)."""
@@ -300,33 +276,42 @@ class Lease:
         newer = [g for g in self._generations() if g > generation]
         if newer:  # a number recycled under a paused writer: never ours
             return False
-        self._record = record
+        with self._lock:
+            self._record = record
         return True
 
     def renew(self) -> bool:
         """Renews now (the thread calls this every ``lease_secs / 3``); False once lost."""
         with self._lock:
-            if self._record is None or self._lost is not None:
+            held = self._record
+            if held is None or self._lost is not None:
                 return False
             now = self._clock.time()
-            held = self._record
             if now >= held.expires_at:
                 self._mark_lost(f"its renewal came too late (it expired at {_when(held.expires_at)})")
                 return False
-            try:
-                renewed = self._create(held.generation + 1, now, acquired_at=held.acquired_at)
-            except OSError as e:
-                self._mark_lost(f"renewing it failed ({e})")
-                return False
+            self._renewing = (held.generation + 1, now)
+            self._renewed.clear()
+        try:
+            renewed = self._create(held.generation + 1, now, acquired_at=held.acquired_at)
+            winner = None if renewed else self.newest()
+        except OSError as e:
+            renewed, winner = False, e
+        with self._lock:
+            self._renewing = None
+            self._renewed.set()
             if not renewed:
-                winner = self.newest()
-                self._mark_lost("another writer took it over" + (f" ({winner.describe()})" if winner else ""))
+                self._mark_lost(f"renewing it failed ({winner})" if isinstance(winner, OSError) else
+                                "another writer took it over" + (f" ({winner.describe()})" if winner else ""))
+            if self._lost is not None:  # also when `check` found it overdue meanwhile: lost for good
                 return False
-            self._cleanup()
-            return True
+        self._cleanup()
+        return True
 
     def _run(self) -> None:
-        while not self._clock.wait(self._stop, self.lease_secs / 3):
+        """Renews once a third of the record's lease has passed (two thirds left at each start)."""
+        while not self._clock.wait(self._stop, max(0.0, (self.expires_at or 0.0) - 2 * self.lease_secs / 3
+                                                       - self._clock.time())):
             if not self.renew():
                 return
 
@@ -340,17 +325,16 @@ class Lease:
             held, self._record = self._record, None
             if held is None or self._lost is not None:
                 return
-            try:
-                now = self._clock.time()
-                released = LeaseRecord(**{**asdict(held), "generation": held.generation + 1, "expires_at": now,
-                                          "released": True})
-                self.storage.create_exclusive(self._generation_path(released.generation), released.to_bytes())
-            except OSError as e:  # ObjectExistsError included: someone took it over meanwhile
-                logger.warning("could not mark the lease of %s released (%s); it expires at %s", self.directory,
-                               e, _when(held.expires_at))
-                return
-            self._record = None
-            self._cleanup(keep_from=released.generation - 1)
+        try:
+            now = self._clock.time()
+            released = LeaseRecord(**{**asdict(held), "generation": held.generation + 1, "expires_at": now,
+                                      "released": True})
+            self.storage.create_exclusive(self._generation_path(released.generation), released.to_bytes())
+        except OSError as e:  # ObjectExistsError included: someone took it over meanwhile
+            logger.warning("could not mark the lease of %s released (%s); it expires at %s", self.directory,
+                           e, _when(held.expires_at))
+            return
+        self._cleanup(keep_from=released.generation - 1)
 
     # ------------------------------------------------------------ helpers
     def _mark_lost(self, why: str) -> None:
@@ -362,7 +346,12 @@ class Lease:
         """Deletes generations older than the previous one (never the newest)."""
         if keep_from is None:
             keep_from = (self._record.generation if self._record else 0) - 1
-        for generation in self._generations():
+        try:
+            generations = self._generations()
+        except OSError as e:
+            logger.debug("could not list the old lease generations of %s: %s", self.directory, e)
+            return
+        for generation in generations:
             if generation >= keep_from:
                 break
             try:
@@ -371,15 +360,7 @@ class Lease:
                 logger.debug("could not delete the old lease generation %s: %s", generation, e)
 
     def _in_use_message(self, holder: LeaseRecord, now: float) -> str:
-        here = on_this_machine(host=holder.host, boot_id=holder.boot_id, pid_ns=holder.pid_ns)
-        how = (f"it runs on this host: stop it (kill {holder.pid}) and start this run again, which takes the lease "
-               "over at once" if here else
-               f"this host cannot see whether it still runs: stop it on {holder.host}, then start this run again "
-               f"at {_when(holder.expires_at)} or later, when its unrenewed lease has expired")
-        return (f"the logdir {self.directory} is in use by another writer ({holder.describe()}, since "
-                f"{_when(holder.acquired_at)}); its lease ({self.path}) expires at {_when(holder.expires_at)}, "
-                f"in {holder.expires_at - now:.0f} s unless renewed. To take the logdir over, {how}; or give this "
-                "run another logdir")
+        return in_use_message(self.directory, self.path, holder, now)
 
     def __enter__(self) -> Lease:
         self.acquire()
@@ -388,6 +369,3 @@ class Lease:
     def __exit__(self, *exc: Any) -> None:
         self.release()
 
-
-def _when(timestamp: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp)) + f" (t={timestamp:.1f})"

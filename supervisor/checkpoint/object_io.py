@@ -10,16 +10,14 @@ import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping, Protocol
-
-import fsspec.asyn
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
-from supervisor.checkpoint.object_errors import translate_error
+from supervisor.checkpoint.object_errors import run_bounded
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
                                                 SnapshotVanishedError)
 
-__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot", "ObjectStore", "READ_PIECE_BYTES", "read_body",
+__all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot", "ObjectStore", "READ_PIECE_BYTES", "fetch_object",
            "stream_body"]
 
 logger = logging.getLogger(__name__)
@@ -46,6 +44,8 @@ class ObjectStore(Protocol):
                    into: Any = None, on_piece: Callable[[memoryview], Any] | None = None) -> Any: ...
 
     def isdir(self, path: str) -> bool: ...
+
+    def silent(self) -> bool: ...
 
 
 class MultipartWriter:
@@ -160,6 +160,10 @@ class MultipartWriter:
                 future.cancel()
             self._pool.shutdown(wait=True)
         if self._upload_id is not None and not self._done:
+            if self.storage.silent():
+                logger.warning("not aborting the unfinished upload of %s now: a request to the store timed out; the "
+                               "next writer opening the logdir aborts it", self.path)
+                return
             try:
                 self.storage.call("abort_multipart_upload", self.path, UploadId=self._upload_id)
             except OSError as e:
@@ -291,28 +295,29 @@ class ObjectSnapshot:
         self.close()
 
 
-def read_body(loop: Any, response: Mapping[str, Any], path: str) -> bytes:
-    """The whole body of a ``GetObject`` answer, read on the client's event loop ``loop``;
-    errors translated (`translate_error`)."""
-    try:
-        return fsspec.asyn.sync(loop, _read_all, response["Body"])
-    except Exception as e:  # noqa: BLE001 - translated, re-raised
-        raise translate_error(e, path, "get_object (body)") from e
+async def fetch_object(call_s3: Callable[..., Awaitable[Any]], *, max_bytes: int | None = None,
+                       **kwargs: Any) -> tuple[Mapping[str, Any], bytes | None]:
+    """One ``GetObject`` (``call_s3("get_object", **kwargs)``) and its whole body, as one
+    coroutine: one bound (`object_errors.run_bounded`) covers the request and the body. The body
+    is None (not read) when the object is larger than ``max_bytes``."""
+    response = await call_s3("get_object", **kwargs)
+    async with response["Body"] as stream:
+        if max_bytes is not None and int(response.get("ContentLength", 0)) > max_bytes:
+            return response, None
+        return response, await stream.read()
 
 
-def stream_body(loop: Any, response: Mapping[str, Any], path: str, view: memoryview,
+def stream_body(loop: Any, timeout: float, response: Mapping[str, Any], path: str, view: memoryview,
                 on_piece: Callable[[memoryview], Any] | None) -> memoryview:
     """Streams the body of a ``GetObject`` answer into ``view`` as it arrives,
     `READ_PIECE_BYTES` at a time, calling ``on_piece`` on each piece; returns the filled part
-    (shorter when the body ends first). The body is closed either way."""
+    (shorter when the body ends first). Each piece is read on the client's event loop ``loop``
+    within ``timeout`` seconds (`StorageTimeoutError` past it). The body is closed either way."""
     body, filled = response["Body"], 0
     try:
         while filled < view.nbytes:
             piece = view[filled:filled + READ_PIECE_BYTES]
-            try:
-                n = fsspec.asyn.sync(loop, _fill, body, piece)
-            except Exception as e:  # noqa: BLE001 - translated, re-raised
-                raise translate_error(e, path, "get_object (body)") from e
+            n = run_bounded(loop, timeout, _fill, body, piece, path=path, operation="get_object (body)")
             if not n:
                 break
             if on_piece is not None:
@@ -320,15 +325,10 @@ def stream_body(loop: Any, response: Mapping[str, Any], path: str, view: memoryv
             filled += n
     finally:
         try:
-            fsspec.asyn.sync(loop, body.aclose)  # on the client's loop, where it is read
+            run_bounded(loop, timeout, body.aclose, path=path, operation="get_object (close)")
         except Exception as e:  # noqa: BLE001 - the read's own outcome is what counts
             logger.debug("could not close the body of a read of %s: %s", path, e)
     return view[:filled]
-
-
-async def _read_all(body: Any) -> bytes:
-    async with body as stream:
-        return await stream.read()
 
 
 async def _fill(body: Any, view: memoryview) -> int:

@@ -16,13 +16,22 @@ server). What they do not set, this module sets:
   ``storage_options={"config_kwargs": {"retries": {...}}}``, or with ``AWS_MAX_ATTEMPTS``/
   ``AWS_RETRY_MODE`` in the environment (then botocore's own defaults and those apply, as for
   any AWS client: standard mode 3 attempts, legacy 5); ``s3fs_retries`` sets s3fs's layer.
-* **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s, so a server that goes away
-  ends a request with an error, never a hang.
+* **Timeouts**: ``connect_timeout=10`` s, ``read_timeout=60`` s (botocore's: per connection
+  attempt and per socket read), and this project's ``request_timeout`` (`DEFAULT_REQUEST_TIMEOUT`,
+  120 s): the longest one request may take **end to end** — connecting, sending its body (a
+  ``PutObject``, a multipart part), waiting for the answer, reading it (a streamed body: each
+  ``READ_PIECE_BYTES`` piece), botocore's retries included. botocore's own timeouts do not bound
+  a whole request: a body sent into a connection that is accepted but never read (or a
+  ``100-continue`` never answered) waits forever. Past ``request_timeout`` the request is
+  abandoned (its connection closed) and fails with
+  `supervisor.checkpoint.object_errors.StorageTimeoutError` (a ``TimeoutError``) naming the
+  operation, the URL and the bound. Set it in ``storage_options`` (seconds, a positive number;
+  checked when the storage is made, the error naming the key).
 * ``use_listings_cache=False``: listings always ask the server (a writer and a reader in two
   processes must see each other's objects).
 
 ``storage_options`` may also carry the transfer knobs (`TransferKnobs`) ``part_size``,
-``max_concurrency``, ``min_range_size`` and ``multipart_checksum``. Uploads (``open_write``)
+``max_concurrency``, ``min_range_size``, ``multipart_checksum`` and ``request_timeout``. Uploads (``open_write``)
 fill parts of ``part_size`` bytes (8 MiB), upload them on ``max_concurrency`` threads (8) while
 the caller keeps writing, with at most ``2 × max_concurrency`` parts in memory, and compute the
 CRC-32 of the stream as it is written (the project's `supervisor.checkpoint.fileio.crc32`; no second
@@ -45,6 +54,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import numbers
 import os
 from typing import Any, Mapping
@@ -52,8 +62,8 @@ from typing import Any, Mapping
 import fsspec.config
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MIN_RANGE_SIZE",
-           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "MIN_PART_SIZE", "TransferKnobs", "check_options",
-           "default_options", "option_keys", "split_options"]
+           "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "DEFAULT_REQUEST_TIMEOUT", "MIN_PART_SIZE", "TransferKnobs",
+           "check_options", "default_options", "option_keys", "split_options"]
 
 DEFAULT_PART_SIZE = 8 << 20
 MIN_PART_SIZE = 5 << 20  # S3's smallest part but the last
@@ -61,6 +71,8 @@ DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_MIN_RANGE_SIZE = 16 << 20
 DEFAULT_MULTIPART_CHECKSUM = "CRC32"
+#: Seconds one request may take end to end (the module docstring): twice botocore's read_timeout.
+DEFAULT_REQUEST_TIMEOUT = 120.0
 CHECKSUM_ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
 
 
@@ -72,6 +84,7 @@ class TransferKnobs:
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     min_range_size: int = DEFAULT_MIN_RANGE_SIZE
     multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.part_size < 1 or self.max_concurrency < 1:
@@ -85,8 +98,13 @@ class TransferKnobs:
         if self.multipart_checksum is not None and self.multipart_checksum not in CHECKSUM_ALGORITHMS:
             raise ValueError(f"multipart_checksum must be one of {', '.join(CHECKSUM_ALGORITHMS)} or None, got "
                              f"{self.multipart_checksum!r}")
+        timeout = self.request_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"storage_options['request_timeout'] must be a positive, finite number of seconds (the "
+                             f"longest one request to the object store may take, end to end), got {timeout!r}")
         for name in ("part_size", "max_concurrency", "min_range_size"):
             object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "request_timeout", float(timeout))
 
 
 def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -116,7 +134,7 @@ def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, 
 
 # ---------------------------------------------------------------- checking storage_options
 #: The keys of ``storage_options`` this module takes itself (`TransferKnobs`, s3fs's retry layer).
-OWN_KEYS = ("part_size", "max_concurrency", "min_range_size", "multipart_checksum", "s3fs_retries")
+OWN_KEYS = ("part_size", "max_concurrency", "min_range_size", "multipart_checksum", "s3fs_retries", "request_timeout")
 #: What ``S3FileSystem`` hands to fsspec's base class, and fsspec's instance cache's switch.
 _FSSPEC_KEYS = ("use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache")
 _BOOL, _STR, _DICT, _INT, _NUMBER = "True or False", "a str or None", "a dict or None", "an integer", "a number or None"
@@ -129,7 +147,7 @@ _KINDS = {
                           "multipart_checksum"), _STR),
          **dict.fromkeys(("client_kwargs", "config_kwargs", "s3_additional_kwargs", "session_vars"), _DICT),
          **dict.fromkeys(("part_size", "max_concurrency", "min_range_size", "s3fs_retries"), _INT),
-         "listings_expiry_time": _NUMBER},
+         "listings_expiry_time": _NUMBER, "request_timeout": _NUMBER},
     "client_kwargs": {**dict.fromkeys(("endpoint_url", "region_name", "api_version", "aws_access_key_id",
                                        "aws_secret_access_key", "aws_session_token", "aws_account_id"), _STR),
                       "use_ssl": _BOOL},

@@ -3,20 +3,23 @@
 Needs the optional extra ``pip install "torch-supervisor[s3]"``; `supervisor.checkpoint.storage`
 imports this module only when an ``s3://`` URL is used.
 
-Every request goes through the real botocore client that ``s3fs`` holds (``fs.call_s3``), so the
-conditional writes are the server's: create-only ``If-None-Match: *`` (`create_exclusive`, the
+Every request goes through the real botocore client that ``s3fs`` holds (its ``_call_s3``
+coroutine, run on s3fs's event loop within ``request_timeout``: `ObjectStoreStorage.request`), so
+the conditional writes are the server's: create-only ``If-None-Match: *`` (`create_exclusive`, the
 manifest-last commit) and ``If-Match: <ETag>`` (`replace_if`, the index). A refused condition
 (HTTP 412) is `PreconditionFailedError` (`ObjectExistsError` for a create-only write); the
-translation of every other error is `supervisor.checkpoint.object_errors.translate_error`.
+translation of every other error is `supervisor.checkpoint.object_errors.translate_error`. No
+request waits past ``request_timeout`` (`supervisor.checkpoint.object_errors.StorageTimeoutError`).
 
 Configuration (credentials, endpoint, bounded retries, timeouts, and this module's transfer
-knobs ``part_size``, ``max_concurrency``, ``min_range_size``, ``multipart_checksum``): see
-`supervisor.checkpoint.object_options`.
+knobs ``part_size``, ``max_concurrency``, ``min_range_size``, ``multipart_checksum``,
+``request_timeout``): see `supervisor.checkpoint.object_options`.
 """
 from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import logging
 import posixpath
 import time
@@ -27,11 +30,12 @@ import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for repo
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import MANIFEST_FILE
-from supervisor.checkpoint.object_errors import ConflictError, translate_error
-from supervisor.checkpoint.object_io import MultipartWriter, ObjectSnapshot, read_body, stream_body
+from supervisor.checkpoint.object_errors import ConflictError, StorageTimeoutError, run_bounded
+from supervisor.checkpoint.object_io import MultipartWriter, ObjectReader, ObjectSnapshot, fetch_object, stream_body
 from supervisor.checkpoint.object_options import (DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,
-                                                  DEFAULT_MULTIPART_CHECKSUM, DEFAULT_PART_SIZE, TransferKnobs,
-                                                  default_options, split_options)
+                                                  DEFAULT_MULTIPART_CHECKSUM, DEFAULT_PART_SIZE,
+                                                  DEFAULT_REQUEST_TIMEOUT, TransferKnobs, default_options,
+                                                  split_options)
 from supervisor.checkpoint.object_uploads import abort_uploads
 from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
 
@@ -53,6 +57,7 @@ class ObjectStoreStorage:
         min_range_size: the smallest range of a whole-object read (the module docstring).
         multipart_checksum: the ``ChecksumAlgorithm`` of multipart uploads (the module
             docstring); None sends none.
+        request_timeout: the seconds one request may take end to end (`request`).
     """
 
     scheme = "s3"
@@ -61,11 +66,16 @@ class ObjectStoreStorage:
 
     def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE,
-                 multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM) -> None:
-        knobs = TransferKnobs(part_size, max_concurrency, min_range_size, multipart_checksum)  # checked
+                 multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        knobs = TransferKnobs(part_size, max_concurrency, min_range_size, multipart_checksum, request_timeout)  # checked
         self.fs = fs
         self.part_size, self.max_concurrency = knobs.part_size, knobs.max_concurrency
         self.min_range_size, self.multipart_checksum = knobs.min_range_size, knobs.multipart_checksum
+        self.request_timeout = knobs.request_timeout
+        self._call_s3 = fs._call_s3  # s3fs's coroutine (fsspec names a method's async twin _<name>)
+        self._connected = False
+        self._timed_out_at = -float("inf")  # time.monotonic() of the last request that timed out
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
@@ -90,14 +100,35 @@ class ObjectStoreStorage:
         """Nothing to do: an object store has no directories (a prefix exists with its objects)."""
 
     # ------------------------------------------------------------ requests
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """``fs.call_s3(method, Bucket=..., Key=..., **kwargs)`` with errors translated
-        (`translate_error`)."""
-        bucket, key = _split(path)
+    def request(self, method: str, where: str, **kwargs: Any) -> Any:
+        """The one way a request reaches the store: s3fs's ``_call_s3(method, **kwargs)`` on its
+        event loop, abandoned after ``request_timeout`` (`StorageTimeoutError` naming
+        ``method``, ``where`` and the bound), other errors translated (`translate_error`)."""
         try:
-            return self.fs.call_s3(method, Bucket=bucket, Key=key, **kwargs)
-        except Exception as e:  # noqa: BLE001 - translated, re-raised
-            raise translate_error(e, path, method) from e
+            return run_bounded(self._loop(), self.request_timeout, self._call_s3, method, path=where,
+                               operation=method, **kwargs)
+        except StorageTimeoutError:
+            self._timed_out_at = time.monotonic()
+            raise
+
+    def silent(self) -> bool:
+        """Whether a request timed out within the last ``request_timeout``: then clean-ups that
+        can wait for the next writer (a failed save's objects, its unfinished upload) are left
+        to it instead of waiting another bound each on a store that does not answer."""
+        return time.monotonic() - self._timed_out_at < self.request_timeout
+
+    def _loop(self) -> Any:
+        """s3fs's event loop, its client made first: creating it is local work (botocore loads
+        its service model: seconds on a busy machine), not part of a request's bound."""
+        if not self._connected:
+            self.fs.connect()
+            self._connected = True
+        return self.fs.loop
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """`request` ``(method, Bucket=..., Key=..., **kwargs)`` of the object ``path``."""
+        bucket, key = _split(path)
+        return self.request(method, path, Bucket=bucket, Key=key, **kwargs)
 
     def _put(self, path: str, data: bytes, **conditions: str) -> ObjectInfo:
         for attempt in range(_CONFLICT_RETRIES):
@@ -136,14 +167,22 @@ class ObjectStoreStorage:
         return self.read_versioned(path, max_bytes=max_bytes)[0]
 
     def read_versioned(self, path: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
-        """The whole object and its ETag, from one ``GetObject``."""
-        response = self.call("get_object", path)
-        size = int(response.get("ContentLength", 0))
-        if max_bytes is not None and size > max_bytes:
-            response["Body"].close()
-            raise OSError(errno.EFBIG, f"{path} has {size} bytes, more than the {max_bytes} expected")
-        data = read_body(self.fs.loop, response, path)
+        """The whole object and its ETag, from one ``GetObject`` (request and body within one
+        ``request_timeout``)."""
+        response, data = self._get(path, max_bytes=max_bytes)
+        if data is None:
+            raise OSError(errno.EFBIG, f"{path} has {response.get('ContentLength')} bytes, more than the {max_bytes} "
+                          "expected")
         return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=_mtime(response))
+
+    def _get(self, path: str, **kwargs: Any) -> tuple[Mapping[str, Any], bytes | None]:
+        bucket, key = _split(path)
+        try:
+            return run_bounded(self._loop(), self.request_timeout, fetch_object, self._call_s3, path=path,
+                               operation="get_object", Bucket=bucket, Key=key, **kwargs)
+        except StorageTimeoutError:
+            self._timed_out_at = time.monotonic()
+            raise
 
     def read_range(self, path: str, start: int, length: int, *, if_match: str | None = None,
                    into: Any = None, on_piece: Callable[[memoryview], Any] | None = None) -> Any:
@@ -153,19 +192,23 @@ class ObjectStoreStorage:
         With ``into`` (a writable buffer of at least ``length`` bytes) the body is streamed into
         it as it arrives, ``object_io.READ_PIECE_BYTES`` at a time, ``on_piece(piece)`` called on each piece
         (a CRC computed on arrival), and ``into``'s filled part is returned (a ``memoryview``):
-        no intermediate copy of the range, whatever its size."""
+        no intermediate copy of the range, whatever its size (each piece within
+        ``request_timeout``); without it the request and the body are one bounded wait."""
         if length <= 0:
             return b"" if into is None else memoryview(into)[:0]
         conditions = {"IfMatch": if_match} if if_match else {}
-        response = self.call("get_object", path, Range=f"bytes={start}-{start + length - 1}", **conditions)
+        ranged = {"Range": f"bytes={start}-{start + length - 1}", **conditions}
         if into is None:
-            return read_body(self.fs.loop, response, path)
-        return stream_body(self.fs.loop, response, path, memoryview(into).cast("B")[:length], on_piece)
+            return self._get(path, **ranged)[1]
+        response = self.call("get_object", path, **ranged)
+        return stream_body(self.fs.loop, self.request_timeout, response, path, memoryview(into).cast("B")[:length],
+                           on_piece)
 
     def open_read(self, path: str) -> IO[bytes]:
-        """A seekable read-only file (s3fs's, ranged reads as it goes)."""
-        self.stat(path)  # FileNotFoundError / IsADirectoryError in our terms first
-        return self.fs.open(path, "rb", cache_type="readahead")
+        """A seekable read-only file of the version `stat` sees: buffered ranged ``GetObject``
+        requests with ``If-Match`` on its ETag, each bounded like every request."""
+        info = self.stat(path)  # FileNotFoundError / IsADirectoryError in our terms first
+        return io.BufferedReader(ObjectReader(self, path, info.size, info.version), buffer_size=1 << 20)
 
     def open_snapshot(self, directory: str, names: Iterable[str]) -> ObjectSnapshot:
         """Lists ``directory/`` once (sizes and ETags) and returns readers of ``names`` that
@@ -229,10 +272,7 @@ class ObjectStoreStorage:
                 return
 
     def _list_page(self, bucket: str, prefix: str, **kwargs: Any) -> Mapping[str, Any]:
-        try:
-            return self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **kwargs)
-        except Exception as e:  # noqa: BLE001 - translated, re-raised
-            raise translate_error(e, f"s3://{bucket}/{prefix}", "list_objects_v2") from e
+        return self.request("list_objects_v2", f"s3://{bucket}/{prefix}", Bucket=bucket, Prefix=prefix, **kwargs)
 
     # ------------------------------------------------------------ removing
     def remove(self, path: str) -> bool:
@@ -253,9 +293,10 @@ class ObjectStoreStorage:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start:start + 1000]]
             try:
-                response = self.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
-            except Exception as e:  # noqa: BLE001 - logged
-                logger.warning("could not remove objects under %s: %s", path, translate_error(e, path, "delete_objects"))
+                response = self.request("delete_objects", path, Bucket=bucket,
+                                        Delete={"Objects": batch, "Quiet": True})
+            except OSError as e:
+                logger.warning("could not remove objects under %s: %s", path, e)
                 continue
             for error in response.get("Errors", ()):
                 logger.warning("could not remove s3://%s/%s: %s", bucket, error.get("Key"), error.get("Message"))
@@ -288,7 +329,13 @@ class ObjectStoreStorage:
         self.create_exclusive(self.join(final, manifest_name), manifest)
 
     def discard(self, staged: str) -> None:
-        """Removes a staged checkpoint's objects — never a committed one's."""
+        """Removes a staged checkpoint's objects — never a committed one's. Not while the store is
+        `silent`: the next writer opening the logdir removes a prefix without a manifest."""
+        if self.silent():
+            logger.warning("not removing the unfinished checkpoint %s now: a request to the store timed out within "
+                           "request_timeout=%g s; the next writer opening the logdir removes it", staged,
+                           self.request_timeout)
+            return
         if self.exists(self.join(staged, MANIFEST_FILE)):
             logger.warning("not discarding %s: it holds a %s (committed)", staged, MANIFEST_FILE)
             return

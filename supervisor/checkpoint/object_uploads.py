@@ -17,9 +17,9 @@ logger = logging.getLogger(__name__)
 
 def abort_uploads(store: Any, path: str, accept: Callable[[str], bool]) -> list[str]:
     """Aborts (a WARNING each) every unfinished multipart upload under ``path/`` whose first name
-    below it ``accept`` takes; returns their URLs. ``store``: an `ObjectStoreStorage` (its ``fs``
+    below it ``accept`` takes; returns their URLs. ``store``: an `ObjectStoreStorage` (its ``request``
     and ``call``). Best effort: a store that cannot list them is a WARNING, never an error (the
-    leftover parts cost storage, not correctness). Only for the logdir's one writer: another
+    leftover parts cost storage, not correctness). Every request is bounded (``store.request``). Only for the logdir's one writer: another
     writer's upload in flight would be aborted too."""
     bucket, _, key = path.split("://", 1)[-1].partition("/")
     prefix = key.strip("/") + "/" if key.strip("/") else ""
@@ -27,7 +27,7 @@ def abort_uploads(store: Any, path: str, accept: Callable[[str], bool]) -> list[
     marker: dict[str, str] | None = {}
     try:
         while marker is not None:
-            page = store.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker)
+            page = store.request("list_multipart_uploads", path, Bucket=bucket, Prefix=prefix, **marker)
             for upload in page.get("Uploads", ()):
                 if accept(upload["Key"][len(prefix):].split("/", 1)[0]):
                     url = f"s3://{bucket}/{upload['Key']}"
@@ -39,5 +39,5 @@ def abort_uploads(store: Any, path: str, accept: Callable[[str], bool]) -> list[
                       if page.get("IsTruncated") else None)
     except Exception as e:  # noqa: BLE001 - logged, see the docstring
         logger.warning("could not abort the unfinished uploads under %s: %s", path,
-                       translate_error(e, path, "list_multipart_uploads"))
+                       e if isinstance(e, OSError) else translate_error(e, path, "list_multipart_uploads"))
     return aborted
