@@ -1,0 +1,136 @@
+"""The roll: one aggregated record of who failed, who saw it, and who is still alive (issue 31).
+
+Every line of the roll is appended to a single store key (``store.append``) and counted under a
+second one (``store.add``), so a rank learns the whole job's state of a failure in one request
+(``get``), and whether anything changed since in one more (``add(count, 0)``): diagnosis costs
+O(1) requests per survivor, however many ranks there are (O(W) bytes: one line per rank).
+
+Lines are ``<rank>\\t<kind>\\t<message>``; the kinds:
+
+- `PRIMARY`: this rank's own failure — it raised an error of its own, or left the session
+  without an agreed stop. Only these (and the ranks that never answer) are blamed.
+- `SECONDARY`: this rank stopped because another did (its collective failed: "Connection reset
+  by peer", gloo's timeout; or its watchdog gave up waiting). Reported as such, never blamed.
+- `ALIVE`: this rank's `Responder` answered a diagnosis: the process is alive (blocked in a
+  collective, or hung in its step), with the step it is at and how long it has been there.
+- `BLAMED`: posted by another rank's watchdog about this rank (its heartbeat stopped, or it
+  has been behind at its step for ``stop_grace_secs``): the rank is blamed even if it answers.
+
+A rank that posts no line at all within the diagnosis's window did not answer: it was killed,
+or its process is frozen (SIGSTOP), or its host is gone.
+
+The `Responder` is what makes the answer possible without any traffic while training: one
+thread per rank blocked in a single ``wait`` for the `DIAGNOSIS` key on a connection of its own
+(``store.clone()``; the store's server wakes it when the key appears). Zero requests per step;
+one request per diagnosis.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["PRIMARY", "SECONDARY", "ALIVE", "BLAMED", "DIAGNOSIS", "Roll", "supports", "post", "count", "read",
+           "Responder"]
+
+logger = logging.getLogger(__name__)
+
+PRIMARY, SECONDARY, ALIVE, BLAMED = "failed", "secondary", "alive", "blamed"
+ROLL, COUNT = "roll", "roll_count"
+#: The key a diagnosing rank sets: every rank's `Responder` wakes and answers.
+DIAGNOSIS = "diagnosis"
+
+
+@dataclass
+class Roll:
+    """What the roll says, by rank (a rank's first line of each kind)."""
+
+    primary: dict[int, str] = field(default_factory=dict)
+    secondary: dict[int, str] = field(default_factory=dict)
+    alive: dict[int, str] = field(default_factory=dict)
+    blamed: dict[int, str] = field(default_factory=dict)
+
+    def answered(self, rank: int) -> bool:
+        return rank in self.primary or rank in self.secondary or rank in self.alive
+
+
+def supports(store: Any) -> bool:
+    """Whether ``store`` has the requests the roll needs (every c10d store does; a minimal
+    stand-in with only set/get/check does not, and is diagnosed key by key)."""
+    return hasattr(store, "append") and hasattr(store, "add")
+
+
+def post(store: Any, rank: int, kind: str, message: str) -> None:
+    """Appends ``rank``'s line of ``kind`` (2 requests; best effort: the store's host may be gone)."""
+    text = " ".join(str(message).split())[:2000]
+    try:
+        store.append(ROLL, f"{rank}\t{kind}\t{text}\n")
+        store.add(COUNT, 1)
+    except Exception as e:  # noqa: BLE001 - the store's host may be the one that died
+        logger.debug("could not post rank %d's %s line to the store: %s", rank, kind, e)
+
+
+def count(store: Any) -> int:
+    """How many lines the roll has (1 request; 0 before the first)."""
+    return int(store.add(COUNT, 0))
+
+
+def read(store: Any) -> Roll:
+    """The roll as it stands (1 request, 2 before its first line)."""
+    roll = Roll()
+    if not store.check([ROLL]):
+        return roll
+    for line in store.get(ROLL).decode("utf-8", "replace").splitlines():
+        parts = line.split("\t", 2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        rank, kind, message = int(parts[0]), parts[1], parts[2]
+        target = {PRIMARY: roll.primary, SECONDARY: roll.secondary, ALIVE: roll.alive,
+                  BLAMED: roll.blamed}.get(kind)
+        if target is not None:
+            target.setdefault(rank, message)
+    return roll
+
+
+class Responder:
+    """Answers a diagnosis for this rank: a daemon thread blocked in one ``wait`` for `DIAGNOSIS`
+    on a connection of its own; when a diagnosing rank sets it, posts an `ALIVE` line saying
+    ``status()`` (e.g. the step this rank is at). No request until then.
+
+    Stores that cannot open a second connection (``clone``) get no responder: their ranks are
+    then told apart by silence alone (logged at debug level)."""
+
+    def __init__(self, store: Any, rank: int, status: Callable[[], str]) -> None:
+        self.rank = rank
+        self._status = status
+        try:
+            self._connection = store.clone()
+        except Exception as e:  # noqa: BLE001 - a store of its own kind (HashStore, a wrapper)
+            logger.debug("rank %d: no diagnosis responder (the store cannot clone: %s)", rank, e)
+            self._connection = None
+        self._thread = threading.Thread(target=self._run, name="supervisor-diagnosis-responder", daemon=True)
+
+    @property
+    def available(self) -> bool:
+        return self._connection is not None
+
+    def start(self) -> None:
+        """Starts the thread (it stays blocked until a diagnosis or the end of the process: a
+        blocked ``wait`` cannot be interrupted; after its session, ``status`` says so)."""
+        if self._connection is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._connection.wait([DIAGNOSIS], datetime.timedelta(hours=1))
+                break
+            except Exception as e:  # noqa: BLE001 - an hour passed, or the store's host is gone
+                if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
+                    logger.debug("diagnosis responder of rank %d ends: %s", self.rank, e)
+                    return
+                time.sleep(0.01)
+        post(self._connection, self.rank, ALIVE, self._status())
