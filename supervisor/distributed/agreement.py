@@ -295,6 +295,7 @@ class CollectiveAgreement(Agreement):
             replacement = self.report_failure(error)
         elif self._watchdog is not None and not self._finished:
             post_failure(self._store, self.rank, f"left the session at step {self._watchdog_step()} without an agreed stop")
+        self._responder.close()
         self._pending = None
         return replacement
 

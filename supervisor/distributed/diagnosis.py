@@ -68,7 +68,7 @@ def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float,
         return _diagnose_by_keys(store, rank, world_size, grace_secs, beating, heartbeat_secs)
     post_secondary(store, rank, note)
     try:
-        store.set(roll.DIAGNOSIS, str(rank))
+        roll.wake_all(store, world_size, rank)
         view = _await_answers(store, rank, world_size, grace_secs, heartbeat_secs, settle_secs, beating)
     except Exception as e:  # noqa: BLE001
         logger.warning("the process group's store is unreachable (%s); its host (rank 0 or the "

@@ -47,3 +47,29 @@ def test_store_requests_per_rank_and_step_are_the_same_at_2_and_4_ranks():
         assert all(r["collectives"] == r["steps"] + 1 for r in results), results
     assert max(per_step[2] + per_step[4]) <= 1.0, per_step
     assert max(per_step[4]) == max(per_step[2]), per_step
+
+
+@pytest.mark.slow
+def test_ranks_with_different_restart_counts_form_one_group_and_resume_together(tmp_path):
+    """Issue 31.4, the runtime's part of a node replacement: the agent store outlives the
+    workers (keys of the earlier round left in it, a stale hello among them); the replaced node's
+    ranks count restart 0, the others 1 and 2. They agree on one round, form one group, restore the
+    checkpoint the chief chose and stop together (before: each rank waited on its own
+    ``attempt_<restart count>`` keys until the timeout)."""
+    import torch.distributed as dist
+
+    from .harness import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False)
+    logdir = str(tmp_path / "run")
+    first = run_job("ddp_session", 3, logdir, "6", timeout=150, store=store)
+    assert all(r.returncode == 0 for r in first), describe(first)
+    store.set("supervisor/round/hello/1", "a-nonce-of-a-worker-long-gone")
+    counts = {"SUPERVISOR_TEST_RESTART_COUNTS": "1,0,2", "SUPERVISOR_TEST_PG_TIMEOUT": "20"}
+    second = run_job("ddp_session", 3, logdir, "9", timeout=150, store=store, extra_env=counts,
+                     module="tests.distributed.round_worker")
+    assert all(r.returncode == 0 for r in second), describe(second)
+    assert [r.result["start"] for r in second] == [6, 6, 6], describe(second)
+    assert [r.result["end"] for r in second] == [9, 9, 9], describe(second)
+    assert len({r.result["digest"] for r in second}) == 1, describe(second)
+    assert "round 2" in second[1].output, describe(second)  # the round, not rank 1's restart count 0
