@@ -161,7 +161,7 @@ def _fail(kind: str, agreement: Any) -> None:
 
 
 #: How a watchdog's exit line names the rank it gave up on.
-WATCHDOG_NAMES = re.compile(r"RankFailureError: rank (\d+) (?:stopped responding|hung)")
+WATCHDOG_NAMES = re.compile(r"RankFailureError: rank (\d+) (?:stopped responding|hung|failed)")
 
 
 def main() -> None:

@@ -6,14 +6,15 @@ Figures, one section (one function) each:
 - ``coordination``: per step and per rank — store requests (counted under the runtime's
   ``PrefixStore``), collectives started, and the agreement message's bytes — while
   `CollectiveAgreement.decide` runs once per step with no DDP model to carry it (FSDP2 /
-  DTensor / eval steps). Steps last ``--step-secs`` (default 1.2 s: longer than today's
+  DTensor / eval steps). Steps last ``--step-secs`` (default 2.2 s: longer than today's
   heartbeat interval, the usual case at scale). A line projects each figure to W = 1,000 from the
   slope measured between the smallest and the largest W. Target: store requests per rank per step
   <= 1 and flat in W.
 - ``blame``: one rank SIGKILLed, SIGSTOPped, or raising, at step 5; every survivor's
   `RankFailureError.ranks` is compared with the victim: precision (named ranks that failed / named
   ranks) and recall (survivors that named the victim / survivors), over ``--trials`` trials per kind
-  and W, the victim drawn at random. Target: 100 %.
+  and W (W >= 4; ``--baseline-trials`` for today's design, which is slower to fail), the victim
+  drawn at random. Target: 100 %.
 
 Run: ``python benchmarks/scale.py [--quick] [--worlds 2,4,8,16] [--trials 20] [--baseline DIR]``
 (``--baseline``: a checkout of today's design, e.g. ``git worktree add /tmp/base <commit>``;
@@ -114,7 +115,7 @@ def _result(output: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- figure: coordination
 def coordination(args: argparse.Namespace, designs: dict[str, str]) -> dict[str, dict[int, dict[str, float]]]:
     """Store requests, collectives and message bytes per step and rank, for each design and W."""
-    steps = 3 if args.quick else args.steps
+    steps = 2 if args.quick else args.steps
     print(f"\n== coordination: {steps} steps of {args.step_secs:g} s, CollectiveAgreement without DDP, "
           f"stop_grace_secs={args.grace:g}; per step and per rank (median over ranks; setup excluded)")
     print(f"{'design':<8}{'W':>4}{'store req':>12}{'(incl. setup)':>15}{'collectives':>13}{'msg bytes':>11}{'job-wide req':>14}")
@@ -165,15 +166,16 @@ def _projection(figures: dict[str, dict[int, dict[str, float]]], key: str, what:
 # ---------------------------------------------------------------- figure: blame
 def blame(args: argparse.Namespace, designs: dict[str, str]) -> dict[str, dict[tuple[int, str], dict[str, float]]]:
     """Precision and recall of `RankFailureError.ranks` over trials of each failure kind."""
-    trials = 1 if args.quick else args.trials
-    worlds = [w for w in args.worlds if w <= args.blame_max_world]
-    print(f"\n== blame: one rank SIGKILLed / SIGSTOPped / raising at step 5, {trials} trial(s) per kind and W, "
+    worlds = [4] if args.quick else [w for w in args.worlds if 4 <= w <= args.blame_max_world]
+    print(f"\n== blame: one rank SIGKILLed / SIGSTOPped / raising at step 5, trials per kind and W: "
+          f"{'1' if args.quick else args.trials} (today's design: {'1' if args.quick else args.baseline_trials}), "
           f"stop_grace_secs={args.grace_blame:g}; over every survivor's error")
     print(f"{'design':<8}{'W':>4}{'kind':>7}{'precision':>11}{'recall':>9}{'exact':>8}{'secs (median)':>15}")
     figures: dict[str, dict[tuple[int, str], dict[str, float]]] = {}
     rng = random.Random(31)
     for name, root in designs.items():
         figures[name] = {}
+        trials = 1 if args.quick else (args.trials if name == "this" else args.baseline_trials)
         for world in worlds:
             for kind in BLAME_KINDS:
                 row = _blame_trials(root, world, kind, trials, args.grace_blame, rng)
@@ -227,10 +229,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="W = 2, 4; few steps; one blame trial per kind")
     parser.add_argument("--worlds", default="2,4,8", help="world sizes, comma-separated (16 fits on a quiet machine)")
-    parser.add_argument("--steps", type=int, default=8, help="coordination: steps measured per run")
-    parser.add_argument("--step-secs", type=float, default=1.2, help="coordination: seconds per step")
-    parser.add_argument("--grace", type=float, default=8.0, help="coordination: stop_grace_secs")
+    parser.add_argument("--steps", type=int, default=5, help="coordination: steps measured per run")
+    parser.add_argument("--step-secs", type=float, default=2.2, help="coordination: seconds per step")
+    parser.add_argument("--grace", type=float, default=20.0, help="coordination: stop_grace_secs")
     parser.add_argument("--trials", type=int, default=20, help="blame: trials per failure kind and W")
+    parser.add_argument("--baseline-trials", type=int, default=5, help="blame: the same, for today's design")
     parser.add_argument("--grace-blame", type=float, default=4.0, help="blame: stop_grace_secs")
     parser.add_argument("--blame-max-world", type=int, default=8, help="blame: the largest W tried")
     parser.add_argument("--baseline", default=None, help="a checkout of today's design ('none': skip it)")

@@ -1,11 +1,12 @@
 """The roll: one aggregated record of who failed, who saw it, and who is still alive (issue 31).
 
-Every line of the roll is appended to a single store key (``store.append``) and counted under a
-second one (``store.add``), so a rank learns the whole job's state of a failure in one request
-(``get``), and whether anything changed since in one more (``add(count, 0)``): diagnosis costs
-O(1) requests per survivor, however many ranks there are (O(W) bytes: one line per rank).
+Every rank's answer is appended to one store key (``store.append``: ``<rank>:<kind>,``, about 6
+bytes), the failures' messages to a second, and both are counted under a third (``store.add``):
+a rank learns the whole job's state of a failure in two requests (``get``), and whether anything
+changed since in one more (``add(count, 0)``). Diagnosis costs O(1) requests per survivor however
+many ranks there are (O(W) bytes: ~60 KB at W = 10,000).
 
-Lines are ``<rank>\\t<kind>\\t<message>``; the kinds:
+The kinds:
 
 - `PRIMARY`: this rank's own failure — it raised an error of its own, or left the session
   without an agreed stop. Only these (and the ranks that never answer) are blamed.
@@ -40,7 +41,9 @@ __all__ = ["PRIMARY", "SECONDARY", "ALIVE", "BLAMED", "DIAGNOSIS", "Roll", "supp
 logger = logging.getLogger(__name__)
 
 PRIMARY, SECONDARY, ALIVE, BLAMED = "failed", "secondary", "alive", "blamed"
-ROLL, COUNT = "roll", "roll_count"
+FAILURES, ANSWERS, COUNT = "roll/failures", "roll/answers", "roll/count"
+#: How much of a failure's message the roll keeps.
+MESSAGE_CHARS = 500
 #: The keys (``diagnosis/<rank>``) a diagnosing rank sets: every rank's `Responder` wakes and answers.
 DIAGNOSIS = "diagnosis"
 
@@ -65,10 +68,14 @@ def supports(store: Any) -> bool:
 
 
 def post(store: Any, rank: int, kind: str, message: str) -> None:
-    """Appends ``rank``'s line of ``kind`` (2 requests; best effort: the store's host may be gone)."""
-    text = " ".join(str(message).split())[:2000]
+    """Appends ``rank``'s line of ``kind`` (3 requests for a failure, 2 otherwise; best effort:
+    the store's host may be gone). Every line goes to the compact answers (``<rank>:<kind>,``,
+    ~6 bytes a rank); a failure's message also to the failures (a few lines per job)."""
+    text = " ".join(str(message).split())[:MESSAGE_CHARS]
     try:
-        store.append(ROLL, f"{rank}\t{kind}\t{text}\n")
+        if kind in (PRIMARY, BLAMED):
+            store.append(FAILURES, f"{rank}\t{kind}\t{text}\n")
+        store.append(ANSWERS, f"{rank}:{kind[0]},")
         store.add(COUNT, 1)
     except Exception as e:  # noqa: BLE001 - the store's host may be the one that died
         logger.debug("could not post rank %d's %s line to the store: %s", rank, kind, e)
@@ -80,19 +87,20 @@ def count(store: Any) -> int:
 
 
 def read(store: Any) -> Roll:
-    """The roll as it stands (1 request, 2 before its first line)."""
+    """The roll as it stands (2 requests; O(W) bytes: ~6 a rank, plus the failures' messages)."""
     roll = Roll()
-    if not store.check([ROLL]):
-        return roll
-    for line in store.get(ROLL).decode("utf-8", "replace").splitlines():
+    answers = store.get(ANSWERS).decode() if store.check([ANSWERS]) else ""
+    kinds = {kind[0]: target for kind, target in ((SECONDARY, roll.secondary), (ALIVE, roll.alive))}
+    for token in answers.split(","):
+        rank, _, kind = token.partition(":")
+        if rank.isdigit() and kind in kinds:
+            kinds[kind].setdefault(int(rank), "")
+    failures = store.get(FAILURES).decode("utf-8", "replace") if store.check([FAILURES]) else ""
+    for line in failures.splitlines():
         parts = line.split("\t", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
-            continue
-        rank, kind, message = int(parts[0]), parts[1], parts[2]
-        target = {PRIMARY: roll.primary, SECONDARY: roll.secondary, ALIVE: roll.alive,
-                  BLAMED: roll.blamed}.get(kind)
-        if target is not None:
-            target.setdefault(rank, message)
+        if len(parts) == 3 and parts[0].isdigit():
+            target = roll.primary if parts[1] == PRIMARY else roll.blamed
+            target.setdefault(int(parts[0]), parts[2])
     return roll
 
 
