@@ -119,7 +119,8 @@ def init_process_group(backend: str = "gloo", *, timeout_secs: float = 300.0) ->
     per attempt worked 8 of 8. The round ``n`` is agreed by every rank through the store first
     (`agree_round`), not taken from ``TORCHELASTIC_RESTART_COUNT``, which each node's agent
     counts for itself: a replaced node's ranks would wait on other keys (issue 31.4).
-    Outside torchrun it is ``init_process_group(backend)`` with ``env://``.
+    Otherwise (outside torchrun, or torchrun with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) it is
+    ``init_process_group(backend)`` with ``env://``, and the round is agreed on its store after.
 
     Args:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPUs).
@@ -137,10 +138,11 @@ def init_process_group(backend: str = "gloo", *, timeout_secs: float = 300.0) ->
         _ROUND[:] = [agree_round(agent_store, rank_, world, timeout_secs=timeout_secs)]
         store = dist.PrefixStore(f"supervisor/round_{attempt()}", agent_store)
         dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
-    else:
+    else:  # the store is made by rank 0 (fresh each time); the round still replaces the restart count
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    logger.info("joined the %s process group as rank %d of %d (round %d)", backend, rank(),
-                world_size(), attempt())
+        _ROUND[:] = [agree_round(default_store(), rank(), world_size(), timeout_secs=timeout_secs)]
+    logger.info("joined the %s process group as rank %d of %d (attempt %s, round %d)", backend, rank(), world_size(),
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), attempt())
 
 
 def destroy_process_group(*, timeout_secs: float = 60.0) -> None:
