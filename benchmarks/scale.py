@@ -177,7 +177,7 @@ def blame(args: argparse.Namespace, designs: dict[str, str]) -> dict[str, dict[t
         figures[name] = {}
         trials = 1 if args.quick else (args.trials if name == "this" else args.baseline_trials)
         for world in worlds:
-            for kind in BLAME_KINDS:
+            for kind in BLAME_KINDS[:1] if args.quick else BLAME_KINDS:
                 row = _blame_trials(root, world, kind, trials, args.grace_blame, rng)
                 figures[name][(world, kind)] = row
                 print(f"{name:<8}{world:>4}{kind:>7}{row['precision']:>10.1%}{row['recall']:>9.1%}"
@@ -227,7 +227,7 @@ def _designs(args: argparse.Namespace) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="W = 2, 4; few steps; one blame trial per kind")
+    parser.add_argument("--quick", action="store_true", help="W = 2, 4; two steps; one blame trial (a kill at W=4)")
     parser.add_argument("--worlds", default="2,4,8", help="world sizes, comma-separated (16 fits on a quiet machine)")
     parser.add_argument("--steps", type=int, default=5, help="coordination: steps measured per run")
     parser.add_argument("--step-secs", type=float, default=2.2, help="coordination: seconds per step")

@@ -76,4 +76,4 @@ def test_scale_benchmark_quick(capsys):
     assert set(FIGURES) <= set(figures)
     assert sorted(figures["coordination"]["this"]) == [2, 4], out
     assert "projected to W=1000: this: store requests per rank per step" in out
-    assert sorted(figures["blame"]["this"]) == [(4, "kill"), (4, "raise"), (4, "stop")], out
+    assert sorted(figures["blame"]["this"]) == [(4, "kill")], out
