@@ -48,11 +48,12 @@ BLAME_KINDS = ("kill", "stop", "raise")
 
 # ---------------------------------------------------------------- launching ranks
 def launch(design_root: str, world_size: int, mode: str, *args: str, timeout: float = 300.0,
-           after_first_secs: float = 60.0) -> list[dict[str, Any] | None]:
+           after_first_secs: float = 60.0, ignore: int | None = None) -> list[dict[str, Any] | None]:
     """Runs ``_scale_worker.py MODE ARGS`` on ``world_size`` ranks importing ``supervisor`` from
     ``design_root``; this process hosts their store (as torchrun's agent does, so any rank may die).
-    Returns each rank's RESULT (None for a rank that printed none). A rank still running
-    ``after_first_secs`` after the first RESULT, or at ``timeout``, is killed."""
+    Returns each rank's RESULT (None for a rank that printed none). Once every rank but ``ignore``
+    (a victim) has ended, or ``after_first_secs`` after the first ended, or at ``timeout``, the
+    ranks still running are killed (a SIGSTOPped victim, a hung survivor)."""
     import torch.distributed as dist
 
     port = free_port()
@@ -61,7 +62,8 @@ def launch(design_root: str, world_size: int, mode: str, *args: str, timeout: fl
                               env=_env(design_root, rank, world_size, port), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
              for rank in range(world_size)]
-    outputs = _collect(procs, timeout, after_first_secs)
+    awaited = [p for rank, p in enumerate(procs) if rank != ignore]
+    outputs = _collect(procs, awaited, timeout, after_first_secs)
     del store
     return [_result(out) for out in outputs]
 
@@ -74,24 +76,33 @@ def _env(design_root: str, rank: int, world_size: int, port: int) -> dict[str, s
     return env
 
 
-def _collect(procs: list[subprocess.Popen], timeout: float, after_first_secs: float) -> list[str]:
-    start, first = time.monotonic(), None
+def _collect(procs: list[subprocess.Popen], awaited: list[subprocess.Popen], timeout: float,
+             after_first_secs: float) -> list[str]:
+    import threading
+
     outputs = [""] * len(procs)
+
+    def read(i: int) -> None:
+        outputs[i] = procs[i].communicate()[0]
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    start, first = time.monotonic(), None
     try:
-        for i, proc in enumerate(procs):
-            limit = start + timeout if first is None else min(start + timeout, first + after_first_secs)
-            try:
-                outputs[i], _ = proc.communicate(timeout=max(0.1, limit - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                outputs[i], _ = proc.communicate()
-            if first is None and "RESULT " in outputs[i]:
+        while time.monotonic() < start + timeout:
+            ended = sum(p.poll() is not None for p in awaited)
+            if ended and first is None:
                 first = time.monotonic()
+            if ended == len(awaited) or (first is not None and time.monotonic() > first + after_first_secs):
+                break
+            time.sleep(0.1)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 _kill(proc)
-                proc.communicate()
+        for reader in readers:
+            reader.join(timeout=30)
     return outputs
 
 
@@ -196,7 +207,8 @@ def _blame_trials(root: str, world: int, kind: str, trials: int, grace: float,
     misses: list[tuple[int, list[int], str]] = []
     for _ in range(trials):
         victim = rng.randrange(world)
-        results = launch(root, world, "blame", kind, str(victim), str(grace), timeout=180, after_first_secs=30)
+        results = launch(root, world, "blame", kind, str(victim), str(grace), timeout=180, after_first_secs=30,
+                         ignore=victim)
         for rank, result in enumerate(results):
             if rank == victim:
                 continue
