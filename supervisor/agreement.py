@@ -8,7 +8,13 @@ new agreement rule is a change here and a table test, no process group needed.
 
 The flag layout, written once here: ``2 × world_size`` integers, reduced with MAX across ranks;
 ``flags[rank]`` is rank's save flag (1: a save), ``flags[world_size + rank]`` its stop flag
-(1: a stop, `PREEMPTED_FLAG`: a stop caused by SIGTERM/SIGINT).
+(1: a stop, `PREEMPTED_FLAG`: a stop caused by SIGTERM/SIGINT). It rides in DDP's gradient
+all-reduce (a sum: one slot per rank keeps every value exact in any float dtype).
+
+The summary layout, for the agreement's own collective (issue 31.5: O(1) in the world size):
+`SUMMARY_SIZE` integers, MAX-reduced — ``[save, stop flag, W - lowest saver, highest saver + 1,
+W - lowest stopper]`` — enough for the same decision on every rank (save, stop, preempted) and
+to name a requesting rank (the lowest and highest savers, the lowest stopper).
 
 Example::
 
@@ -23,8 +29,9 @@ from collections.abc import Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NO_REQUESTS", "PREEMPTED_FLAG", "Agreement", "Decision", "LocalAgreement", "Requests",
-           "combine", "flag_count", "merge", "stop_flag", "write_flags"]
+__all__ = ["NO_REQUESTS", "PREEMPTED_FLAG", "SUMMARY_SIZE", "Agreement", "Decision", "LocalAgreement", "Requests",
+           "combine", "combine_summary", "flag_count", "merge", "stop_flag", "summary_of_flags", "write_flags",
+           "write_summary"]
 
 #: The stop flag of a stop caused by SIGTERM/SIGINT (MAX keeps it over a plain stop).
 PREEMPTED_FLAG = 2
@@ -159,3 +166,47 @@ def merge(a: Decision, b: Decision) -> Decision:
                     stop_reason=a.stop_reason or b.stop_reason,
                     preempted=(a.stop and a.preempted) or (b.stop and b.preempted),
                     rng_states=a.rng_states if a.rng_states is not None else b.rng_states)
+
+
+# ---------------------------------------------------------------- the summary layout (O(1))
+SUMMARY_SIZE = 5
+
+
+def write_summary(summary: MutableSequence[Any], requests: Requests, *, rank: int, world_size: int) -> None:
+    """Folds ``rank``'s ``requests`` into ``summary`` (a zeroed list or tensor) as MAX would."""
+    if requests.save:
+        summary[0] = 1
+        summary[2] = max(summary[2], world_size - rank)
+        summary[3] = max(summary[3], rank + 1)
+    flag = stop_flag(requests)
+    if flag:
+        summary[1] = max(summary[1], flag)
+        summary[4] = max(summary[4], world_size - rank)
+
+
+def summary_of_flags(flags: Sequence[Any], *, world_size: int) -> list[int]:
+    """The summary of a ``2 × world_size`` flag layout (flags staged for DDP, sent on their own)."""
+    summary = [0] * SUMMARY_SIZE
+    for r in range(world_size):
+        stop = int(flags[world_size + r])
+        if flags[r] or stop:
+            write_summary(summary, Requests(save_reasons=("",) if flags[r] else (),
+                                            stop_reason="" if stop else None, preempted=stop >= PREEMPTED_FLAG),
+                          rank=r, world_size=world_size)
+    return summary
+
+
+def combine_summary(summary: Sequence[Any], *, step: int, started: int, rank: int, world_size: int,
+                    own_reasons: tuple[tuple[str, ...], str | None] = ((), None)) -> Decision:
+    """`combine` for the reduced summary: the same save/stop/preempted on every rank; the other
+    ranks' requests named by the lowest and highest saver and the lowest stopper."""
+    if not any(summary):
+        return Decision(step)
+    own_saves, own_stop = own_reasons
+    savers = sorted({world_size - int(summary[2]), int(summary[3]) - 1} - {rank}) if summary[0] else []
+    save_reasons = tuple(own_saves) + tuple(f"save requested on rank {r} at step {started}" for r in savers)
+    stop_reason = None
+    if summary[1]:
+        stop_reason = own_stop or f"stop requested on rank {world_size - int(summary[4])} at step {started}"
+    return Decision(step, save=bool(summary[0]), stop=bool(summary[1]), save_reasons=save_reasons,
+                    stop_reason=stop_reason, preempted=int(summary[1]) >= PREEMPTED_FLAG)

@@ -147,7 +147,7 @@ _KINDS = {
                           "multipart_checksum"), _STR),
          **dict.fromkeys(("client_kwargs", "config_kwargs", "s3_additional_kwargs", "session_vars"), _DICT),
          **dict.fromkeys(("part_size", "max_concurrency", "min_range_size", "s3fs_retries"), _INT),
-         "listings_expiry_time": _NUMBER, "request_timeout": _NUMBER},
+         "listings_expiry_time": _NUMBER},  # request_timeout: checked by TransferKnobs
     "client_kwargs": {**dict.fromkeys(("endpoint_url", "region_name", "api_version", "aws_access_key_id",
                                        "aws_secret_access_key", "aws_session_token", "aws_account_id"), _STR),
                       "use_ssl": _BOOL},

@@ -8,8 +8,11 @@ Nothing here is a transport of its own: everything runs on ``torch.distributed``
   ``RANK``/``WORLD_SIZE``; the chief is rank 0 unless ``is_chief`` is given. Only the chief
   writes checkpoints and events.
 - `init_process_group` / `destroy_process_group`: the torchrun-safe way to join and leave a
-  group (a per-attempt ``PrefixStore`` on the agent's store; a barrier before destroying).
+  group (a ``PrefixStore`` of the rendezvous round every rank agreed on, on the agent's store; a
+  barrier before destroying).
 - `CollectiveAgreement` (agreement.py): every rank saves and stops at the same step.
+- failure.py, diagnosis.py, roll.py: the failed rank named exactly (`RankFailureError`), with
+  O(1) store requests per rank, per step and per failure (docs/distributed.md).
 - restore.py: the chief chooses the checkpoint, every rank restores exactly that one.
 - rng.py: every rank's RNG state is gathered into the checkpoint.
 - `wait_for_global_step` (wait.py): workers waiting for the chief's committed progress.

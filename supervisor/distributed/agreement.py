@@ -2,9 +2,10 @@
 
 Each rank's requests of step N (a save: a time-based checkpoint, a listener, ``request_save``;
 a stop: ``StopAtSecsHook``, SIGTERM, a NaN, early stopping, ``request_stop``) go into one small
-asynchronous ``all_reduce`` (MAX over the flags of `supervisor.agreement`: a save flag and a stop
-flag per rank, combined by its pure `combine`) started at the boundary of step N on a gloo group of its own. The next step runs
-while it travels; at the boundary of N+1 its result is applied on every rank. So:
+asynchronous ``all_reduce`` (MAX over the fixed-size summary of `supervisor.agreement`: five
+integers whatever the world size, combined by its pure `combine_summary`) started at the
+boundary of step N on a gloo group of its own. The next step runs while it travels; at the
+boundary of N+1 its result is applied on every rank. So:
 
 - any rank asks → every rank acts, at the same step (N+1 for a request made during step N);
 - a stop caused by SIGTERM/SIGINT on any rank is a preemption on every rank
@@ -16,8 +17,11 @@ while it travels; at the boundary of N+1 its result is applied on every rank. So
 
 The side group is always gloo (also when training uses NCCL), with ``timeout =
 stop_grace_secs``: a rank that dies, raises or hangs makes the others' wait fail within that
-time, and `RankFailureError` names it (failure.py). Every rank must call `decide` once per step
-(the session does) and create the agreement at the same point (session creation).
+time, and `RankFailureError` names it (failure.py, diagnosis.py). It is made once and reused by
+later agreements of the same timeout (`side_group`). The collective is also the liveness check:
+no store request is made while steps complete (issue 31.1; docs/distributed.md). Every rank must
+call `decide` once per step (the session does) and create the agreement at the same point
+(session creation).
 
 Example::
 
@@ -36,19 +40,27 @@ import torch
 
 from supervisor.distributed import env
 from supervisor._validate import check_number
-from supervisor.agreement import NO_REQUESTS, Agreement, Decision, Requests, combine, flag_count, merge, write_flags
-from supervisor.distributed import channel as channel_module
-from supervisor.distributed import rng as rng_module
-from supervisor.distributed.failure import (
-    HangWatchdog,
-    RankFailureError,
-    describe_failure,
-    diagnose,
-    is_collective_failure,
-    post_failure,
+from supervisor.agreement import (
+    NO_REQUESTS,
+    SUMMARY_SIZE,
+    Agreement,
+    Decision,
+    Requests,
+    combine,
+    combine_summary,
+    flag_count,
+    merge,
+    summary_of_flags,
+    write_flags,
+    write_summary,
 )
+from supervisor.distributed import channel as channel_module
+from supervisor.distributed import roll
+from supervisor.distributed import rng as rng_module
+from supervisor.distributed.diagnosis import find_culprits
+from supervisor.distributed.failure import HangWatchdog, RankFailureError, is_collective_failure, post_failure
 
-__all__ = ["CollectiveAgreement"]
+__all__ = ["CollectiveAgreement", "side_group", "forget_side_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +107,9 @@ class CollectiveAgreement(Agreement):
         self._store = dist.PrefixStore(f"supervisor/agreement/{env.attempt()}/{generation}",
                                        env.default_store())
         self._watchdog: HangWatchdog | None = None
+        self._responder = roll.Responder(self._store, self.rank, self._status)
         self._pending: tuple[Any, torch.Tensor, int] | None = None
-        self._buffers = (torch.zeros(flag_count(self.world_size), dtype=torch.int32),
-                         torch.zeros(flag_count(self.world_size), dtype=torch.int32))
+        self._buffers = (torch.zeros(SUMMARY_SIZE, dtype=torch.int32), torch.zeros(SUMMARY_SIZE, dtype=torch.int32))
         self._options: Any = None
         self._local_reasons: tuple[tuple[str, ...], str | None] = ((), None)
         self._channel = channel_module.attach(modules, flag_count(self.world_size))
@@ -153,12 +165,12 @@ class CollectiveAgreement(Agreement):
         """Makes the side group (a collective: every rank's first boundary) and the watchdog."""
         import torch.distributed as dist
 
-        timeout = datetime.timedelta(seconds=max(self.stop_grace_secs - self._diagnose_secs, 0.1))
-        self._group = dist.new_group(backend="gloo", timeout=timeout)
+        self._group = side_group(max(self.stop_grace_secs - self._diagnose_secs, 0.1))
         self._options = dist.AllreduceOptions()
         self._options.reduceOp = dist.ReduceOp.MAX
         self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
         self._watchdog.start()
+        self._responder.start()
 
     def _stage(self, step: int, requests: Requests) -> None:
         if requests is NO_REQUESTS:
@@ -175,13 +187,14 @@ class CollectiveAgreement(Agreement):
         flags = self._buffers[self.collectives & 1]
         flags.zero_()
         if requests is not NO_REQUESTS:
-            write_flags(flags, requests, rank=self.rank, world_size=self.world_size)
+            write_summary(flags, requests, rank=self.rank, world_size=self.world_size)
             self._local_reasons = (requests.save_reasons, requests.stop_reason)
         else:
             self._local_reasons = ((), None)
         unsent = self._channel.unsent() if self._channel is not None else None
         if unsent is not None:  # staged for a step that did not run DDP's all-reduce
-            flags.copy_(torch.maximum(flags, unsent.to(torch.int32)))
+            staged = torch.tensor(summary_of_flags(unsent.tolist(), world_size=self.world_size), dtype=torch.int32)
+            flags.copy_(torch.maximum(flags, staged))
             own_saves, own_stop = self._staged[1]
             self._local_reasons = (own_saves + self._local_reasons[0], self._local_reasons[1] or own_stop)
         # The process group's own call: the per-step path skips the Python wrapper's checks.
@@ -201,7 +214,8 @@ class CollectiveAgreement(Agreement):
             work.wait()
         except Exception as e:  # noqa: BLE001 - a peer died, raised or hung
             raise self._failure(step, e) from e
-        return self._decode(step, flags.tolist(), started, self._local_reasons)
+        return combine_summary(flags.tolist(), step=step, started=started, rank=self.rank,
+                               world_size=self.world_size, own_reasons=self._local_reasons)
 
     def _decode(self, step: int, values: list[Any], started: int,
                 local_reasons: tuple[tuple[str, ...], str | None]) -> Decision:
@@ -209,14 +223,24 @@ class CollectiveAgreement(Agreement):
         return combine(values, step=step, started=started, rank=self.rank, own_reasons=local_reasons)
 
     def _failure(self, step: int, error: BaseException) -> RankFailureError:
-        beating: set[int] = set()
-        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
-                                  beating=beating)
-        what = describe_failure(failed, silent, self._diagnose_secs, beating)
+        forget_side_group(self._group)  # a group whose collective failed is never reused
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        ranks, secondary, what = self._culprits(f"{type(error).__name__}: {first_line}")
         message = (f"rank {self.rank} cannot agree on step {step} with the other ranks: {what}; "
-                   f"the collective reported: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+                   f"the collective reported: {type(error).__name__}: {first_line}")
         logger.error("%s", message)
-        return RankFailureError(message, ranks=tuple(sorted(failed)) + tuple(silent), step=step)
+        return RankFailureError(message, ranks=ranks, step=step, secondary=secondary)
+
+    def _culprits(self, note: str) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        """Who failed first, who stopped because of it (supervisor.distributed.diagnosis)."""
+        return find_culprits(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
+                             settle_secs=min(1.0, self._diagnose_secs) if self._responder.available else None,
+                             note=note)
+
+    def _status(self) -> str:
+        """What this rank's responder answers a diagnosis with."""
+        state = "left its session" if self._closed else f"at step {self._last_step}"
+        return f"alive, {state}"
 
     # ---------------------------------------------------------------- leaving
     def report_failure(self, exc: BaseException) -> RankFailureError | None:
@@ -230,20 +254,17 @@ class CollectiveAgreement(Agreement):
         if isinstance(exc, RankFailureError):
             return None
         first_line = str(exc).splitlines()[0] if str(exc) else ""
-        post_failure(self._store, self.rank, f"{type(exc).__name__}: {first_line}")
-        if not is_collective_failure(exc):
+        if not is_collective_failure(exc):  # this rank's own error: the one the others blame
+            post_failure(self._store, self.rank, f"{type(exc).__name__}: {first_line}")
             return None
-        beating: set[int] = set()
-        failed, silent = diagnose(self._store, self.rank, self.world_size, grace_secs=self._diagnose_secs,
-                                  beating=beating)
-        failed = {r: m for r, m in failed.items() if r != self.rank}
-        if not failed and not silent:
+        ranks, secondary, what = self._culprits(f"{type(exc).__name__}: {first_line}")
+        ranks = tuple(r for r in ranks if r != self.rank)
+        if not ranks:
             return None
         step = self._watchdog_step()
         error = RankFailureError(
-            f"rank {self.rank} stopped at step {step} because another rank did: "
-            f"{describe_failure(failed, silent, self._diagnose_secs, beating)}; this rank's collective "
-            f"reported: {type(exc).__name__}: {first_line}", ranks=tuple(sorted(failed)) + tuple(silent), step=step)
+            f"rank {self.rank} stopped at step {step} because another rank did: {what}; this rank's "
+            f"collective reported: {type(exc).__name__}: {first_line}", ranks=ranks, step=step, secondary=secondary)
         error.__cause__ = exc
         logger.error("%s", error)
         return error
@@ -268,13 +289,42 @@ class CollectiveAgreement(Agreement):
         if self._watchdog is not None:
             self._watchdog.close()
         replacement = None
+        if error is not None or self._pending is not None:
+            forget_side_group(self._group)  # this rank leaves alone: the group is not reusable
         if error is not None:
             replacement = self.report_failure(error)
         elif self._watchdog is not None and not self._finished:
             post_failure(self._store, self.rank, f"left the session at step {self._watchdog_step()} without an agreed stop")
+        self._responder.close()
         self._pending = None
         return replacement
 
     def __repr__(self) -> str:
         return (f"CollectiveAgreement(rank={self.rank}, world_size={self.world_size}, "
                 f"stop_grace_secs={self.stop_grace_secs:g})")
+
+
+# ---------------------------------------------------------------- the side group, reused
+_SIDE_GROUPS: dict[float, tuple[Any, Any]] = {}  # timeout secs -> (default group, side group)
+
+
+def side_group(timeout_secs: float) -> Any:
+    """The agreement's gloo group of ``timeout_secs`` (a collective on first use): made once per
+    default process group and reused by every later agreement with the same timeout, so a job
+    of many sessions holds one extra TCP mesh, not one per session (issue 31.5)."""
+    import torch.distributed as dist
+
+    default = dist.distributed_c10d._get_default_group()
+    cached = _SIDE_GROUPS.get(timeout_secs)
+    if cached is not None and cached[0] is default:
+        return cached[1]
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_secs))
+    _SIDE_GROUPS[timeout_secs] = (default, group)
+    return group
+
+
+def forget_side_group(group: Any) -> None:
+    """Stops reusing ``group`` (a collective failed on it, or a rank left it mid-agreement)."""
+    for key, (_, cached) in list(_SIDE_GROUPS.items()):
+        if cached is group:
+            del _SIDE_GROUPS[key]

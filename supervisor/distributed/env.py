@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 __all__ = ["rank", "world_size", "default_is_chief", "is_initialized", "is_distributed", "attempt",
-           "init_process_group", "destroy_process_group", "default_store"]
+           "agree_round", "init_process_group", "destroy_process_group", "default_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +50,57 @@ def default_is_chief(is_chief: bool | None) -> bool:
     return rank() == 0 if is_chief is None else is_chief
 
 
+_ROUND: list[int] = []  # the rendezvous round agreed at init_process_group (one per process)
+
+
 def attempt() -> int:
-    """torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), 0 outside torchrun."""
+    """What namespaces this job's keys in the store (the process group's prefix, the restore and
+    agreement keys): the round every rank of this rendezvous agreed on in `init_process_group`
+    under torchrun's agent store (issue 31.4: the same on a replaced node, whose agent's restart
+    count starts again at 0); else torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``),
+    0 outside torchrun."""
+    if _ROUND:
+        return _ROUND[0]
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def agree_round(store: Any, rank: int, world_size: int, *, timeout_secs: float, poll_secs: float = 0.05) -> int:
+    """The round number every rank of this rendezvous agrees on, through ``store`` (torchrun's
+    agent store, which outlives the workers of a round): rank 0 draws the next number
+    (``add``) and answers each rank's hello; hellos are per-rank nonces, so a key left by a round
+    whose workers are gone is never taken for this round's. Rank 0 makes O(world_size) requests a
+    poll until every rank acknowledged; every other rank O(1). Assumes, as torchrun guarantees,
+    that no worker of an earlier round still runs (its agent stopped them before re-rendezvous).
+
+    Raises TimeoutError naming the ranks not heard from after ``timeout_secs``."""
+    import time
+    import uuid
+
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.set(f"supervisor/round/hello/{rank}", nonce)
+        store.wait([f"supervisor/round/welcome/{rank}/{nonce}"], datetime.timedelta(seconds=timeout_secs))
+        agreed = int(store.get(f"supervisor/round/welcome/{rank}/{nonce}"))
+        store.set(f"supervisor/round/{agreed}/ack/{rank}", nonce)
+        return agreed
+    agreed = int(store.add("supervisor/round/counter", 1))
+    waiting = set(range(1, world_size))
+    deadline = time.monotonic() + timeout_secs
+    while waiting:
+        for other in sorted(waiting):
+            if store.check([f"supervisor/round/{agreed}/ack/{other}"]):
+                waiting.discard(other)
+            elif store.check([f"supervisor/round/hello/{other}"]):
+                nonce = store.get(f"supervisor/round/hello/{other}").decode()
+                if nonce:  # answered, then cleared unless it changed meanwhile (a newer hello)
+                    store.set(f"supervisor/round/welcome/{other}/{nonce}", str(agreed))
+                    store.compare_set(f"supervisor/round/hello/{other}", nonce, "")
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 waited {timeout_secs:g} s (timeout_secs) for ranks {sorted(waiting)} "
+                               f"to join rendezvous round {agreed}; check that every rank started")
+        if waiting:
+            time.sleep(poll_secs)
+    return agreed
 
 
 def default_store() -> Any:
@@ -65,11 +113,14 @@ def default_store() -> Any:
 def init_process_group(backend: str = "gloo", *, timeout_secs: float = 300.0) -> None:
     """Initialises the default process group from torchrun's (or ``env://``'s) environment.
 
-    Under torchrun the group rendezvouses on a ``PrefixStore("attempt_<restart count>")`` over
-    the elastic agent's store: a plain ``init_process_group`` after an elastic restart can hang
-    or dial the dead rank's old address (measured on torch 2.13/gloo: 6 of 8 restarts), while a
-    fresh per-attempt prefix worked 8 of 8. Outside torchrun it is ``init_process_group(backend)``
-    with ``env://``.
+    Under torchrun the group rendezvouses on a ``PrefixStore("round_<n>")`` over the elastic
+    agent's store: a plain ``init_process_group`` after an elastic restart can hang or dial the
+    dead rank's old address (measured on torch 2.13/gloo: 6 of 8 restarts), while a fresh prefix
+    per attempt worked 8 of 8. The round ``n`` is agreed by every rank through the store first
+    (`agree_round`), not taken from ``TORCHELASTIC_RESTART_COUNT``, which each node's agent
+    counts for itself: a replaced node's ranks would wait on other keys (issue 31.4).
+    Otherwise (outside torchrun, or torchrun with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) it is
+    ``init_process_group(backend)`` with ``env://``, and the round is agreed on its store after.
 
     Args:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPUs).
@@ -83,13 +134,15 @@ def init_process_group(backend: str = "gloo", *, timeout_secs: float = 300.0) ->
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                     is_master=False, timeout=timeout)
-        store = dist.PrefixStore(f"supervisor/attempt_{attempt()}", agent_store)
-        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
-    else:
+        rank_, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        _ROUND[:] = [agree_round(agent_store, rank_, world, timeout_secs=timeout_secs)]
+        store = dist.PrefixStore(f"supervisor/round_{attempt()}", agent_store)
+        dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
+    else:  # the store is made by rank 0 (fresh each time); the round still replaces the restart count
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    logger.info("joined the %s process group as rank %d of %d (attempt %d)", backend, rank(),
-                world_size(), attempt())
+        _ROUND[:] = [agree_round(default_store(), rank(), world_size(), timeout_secs=timeout_secs)]
+    logger.info("joined the %s process group as rank %d of %d (attempt %s, round %d)", backend, rank(), world_size(),
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), attempt())
 
 
 def destroy_process_group(*, timeout_secs: float = 60.0) -> None:

@@ -1,18 +1,21 @@
-"""Naming the rank that failed (SPEC §12): when a collective fails, ask the store who is left.
+"""Naming the rank that failed (SPEC §12, issue 31): when a collective fails, ask who is left.
 
-A rank that raises posts its error under ``failed/<rank>`` in the group's store as it closes
-its session; every rank that sees a collective fail posts ``alive/<rank>``. A rank that posted
-neither within a short grace period is unresponsive: killed (its `HangWatchdog` heartbeat has
-stopped: it is not waited for) or hung (its heartbeat goes on). The store is the one the
-process group rendezvoused on, so this needs no connection of its own. Under torchrun, a
-`RankFailureError` that leaves the program ends the process at once after its traceback
-(`exit_at_once_on_rank_failure`).
+Every report goes to the roll (`supervisor.distributed.roll`), one aggregated record in the
+group's store: a rank that raises posts its own error there as it closes its session (a
+*primary* failure); a rank whose collective failed because of another (gloo's "Connection reset
+by peer", a transport timeout) posts itself as *secondary*, and sets the diagnosis key, which
+every live rank's responder answers at once. So a survivor tells apart, in a second or two and
+O(1) requests: the ranks that raised, the ranks that stopped because of them (never blamed:
+issue 31.3), the ranks alive but stuck (hung), and the ranks that never answer (killed or
+frozen). `RankFailureError.ranks` are the primary, blamed and unanswering ranks, else the hung
+ones; ``secondary`` the others that stopped. Under torchrun, a `RankFailureError` that leaves the
+program ends the process at once after its traceback (`exit_at_once_on_rank_failure`).
 
 Whatever fails first on a surviving rank — the agreement's collective, DDP's all-reduce, gloo's
 transport timeout ("Application timeout caused pair closure", "Timed out waiting ... for recv"),
 a sharded save's ``dcp.save`` ("Connection closed by peer") — the error it raises names the
 failed rank: the agreement's ``close`` turns a collective failure into a `RankFailureError`
-naming the rank(s) found here, chained to the original error (`explain_collective_failure`).
+naming the rank(s) found here, chained to the original error.
 """
 from __future__ import annotations
 
@@ -24,124 +27,40 @@ import threading
 import time
 from typing import Any
 
+from supervisor.distributed import roll
+from supervisor.distributed.diagnosis import (
+    CLOSED,
+    HEARTBEAT_SECS,
+    describe_failure,
+    diagnose,
+    post_blame,
+    post_failure,
+    post_secondary,
+)
+
+__all__ = ["RankFailureError", "HangWatchdog", "diagnose", "describe_failure", "post_failure", "post_secondary",
+           "is_collective_failure", "exit_at_once_on_rank_failure", "HEARTBEAT_SECS"]
 from supervisor.errors import SupervisorError
 
-__all__ = ["RankFailureError", "diagnose", "post_failure", "is_collective_failure", "exit_at_once_on_rank_failure"]
 
 logger = logging.getLogger(__name__)
-
-#: How often each rank's `HangWatchdog` posts its heartbeat (at most ``stop_grace_secs / 4``).
-HEARTBEAT_SECS = 1.0
-
 
 class RankFailureError(SupervisorError):
     """Another rank failed (raised, was killed or hung) and this rank cannot go on.
 
     Attributes:
-        ranks: the ranks found failed or unresponsive (empty when the store could not tell).
+        ranks: the ranks that failed first — raised, were killed, froze or hung — (empty when
+            the store could not tell).
         step: the step at which this rank noticed.
+        secondary: the other ranks that stopped because of them (their collectives failed too).
     """
 
-    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), step: int | None = None) -> None:
+    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), step: int | None = None,
+                 secondary: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.ranks = ranks
         self.step = step
-
-
-def post_failure(store: Any, rank: int, message: str) -> None:
-    """Tells the other ranks this rank is leaving because of ``message`` (best effort)."""
-    try:
-        store.set(f"failed/{rank}", message[:2000])
-    except Exception as e:  # noqa: BLE001 - the store's host may be the one that died
-        logger.debug("could not post rank %d's failure to the store: %s", rank, e)
-
-
-def diagnose(store: Any, rank: int, world_size: int, *, grace_secs: float,
-             beating: set[int] | None = None,
-             heartbeat_secs: float = HEARTBEAT_SECS) -> tuple[dict[int, str], list[int]]:
-    """Returns ``({rank: its posted error}, [unresponsive ranks])`` as seen within ``grace_secs``.
-    ``beating``, when given, receives the unresponsive ranks whose heartbeat changed meanwhile
-    (alive, so hung or blocked, not killed).
-
-    The wait ends early once every unresponsive rank is dead: its `HangWatchdog` heartbeat
-    (posted every ``heartbeat_secs``) has not changed for two intervals since this call first
-    read it. A killed rank is then named in about ``2 × heartbeat_secs`` (2 s), not after the
-    whole window (up to 5 s: ``min(5, stop_grace_secs / 4)``); a rank that still beats, or never
-    posted a heartbeat, is waited for until ``grace_secs`` have passed."""
-    try:
-        store.set(f"alive/{rank}", "1")
-    except Exception as e:  # noqa: BLE001
-        logger.warning("the process group's store is unreachable (%s); its host (rank 0 or the "
-                       "torchrun agent) may be gone", e)
-        return {}, [r for r in range(world_size) if r != rank and r == 0]
-    failed: dict[int, str] = {}
-    beats: dict[int, tuple[bytes | None, float]] = {}
-    changed: set[int] = set()
-    start = time.monotonic()
-    while True:
-        silent = _unanswered(store, rank, world_size, failed)
-        now = time.monotonic()
-        dead = [r for r in silent if _stopped_beating(store, r, beats, changed, now, 2 * heartbeat_secs)]
-        if len(dead) == len(silent) or now - start >= grace_secs:
-            if beating is not None:
-                beating.update(r for r in silent if r in changed)
-            return failed, silent
-        time.sleep(0.05)
-
-
-def _unanswered(store: Any, rank: int, world_size: int, failed: dict[int, str]) -> list[int]:
-    """The ranks that posted neither an error (added to ``failed``) nor ``alive``."""
-    silent = []
-    for other in range(world_size):
-        if other == rank or other in failed:
-            continue
-        try:
-            if store.check([f"failed/{other}"]):
-                failed[other] = store.get(f"failed/{other}").decode("utf-8", "replace")
-            elif not store.check([f"alive/{other}"]):
-                silent.append(other)
-        except Exception:  # noqa: BLE001 - treat an unreadable store as silence
-            silent.append(other)
-    return silent
-
-
-def _stopped_beating(store: Any, other: int, beats: dict[int, tuple[bytes | None, float]],
-                     changed: set[int], now: float, still_secs: float) -> bool:
-    """Whether ``other``'s heartbeat has stayed the same for ``still_secs`` since first read here
-    (a rank with no heartbeat, or one that closed its agreement, is never called dead here)."""
-    try:
-        value = store.get(f"heartbeat/{other}") if store.check([f"heartbeat/{other}"]) else None
-    except Exception:  # noqa: BLE001 - an unreadable store proves nothing
-        return False
-    seen, since = beats.get(other, (None, now))
-    if other not in beats or value != seen:
-        if other in beats and value != _CLOSED.encode():
-            changed.add(other)
-        beats[other] = (value, now)
-        return False
-    return value is not None and value != _CLOSED.encode() and other not in changed and now - since >= still_secs
-
-
-def describe_failure(failed: dict[int, str], silent: list[int], grace_secs: float,
-                     beating: set[int] | None = None) -> str:
-    """One sentence naming each failed rank and why (``beating``: the silent ranks whose
-    heartbeat goes on, i.e. hung; without it a silent rank is "killed or hung")."""
-    parts = [f"rank {r} failed ({message})" for r, message in sorted(failed.items())]
-    for group, waited, why in _silent_groups(silent, beating):
-        within = f" within {grace_secs:g} s" if waited else ""  # a stopped heartbeat is not waited for
-        parts.append(f"rank {', '.join(str(r) for r in group)} did not respond{within} ({why})")
-    return "; ".join(parts) if parts else "no rank reported a failure (a network problem?)"
-
-
-def _silent_groups(silent: list[int], beating: set[int] | None) -> list[tuple[list[int], bool, str]]:
-    if beating is None:
-        return [(silent, True, "killed or hung")] if silent else []
-    hung = [r for r in silent if r in beating]
-    gone = [r for r in silent if r not in beating]
-    groups = [(gone, False, "killed, or its host is gone: its heartbeat stopped")] if gone else []
-    if hung:
-        groups.append((hung, True, "alive, its heartbeat goes on, but not answering: hung, or still blocked in a collective"))
-    return groups
+        self.secondary = secondary
 
 
 _COLLECTIVE_MARKERS = ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset", "pair closure",
@@ -166,52 +85,52 @@ def is_collective_failure(exc: BaseException) -> bool:
     return False
 
 
-_CLOSED = "closed"
-
-
 class HangWatchdog:
     """Ends this process when another rank hangs while this one is blocked waiting for it.
 
     ``torch.distributed`` cannot interrupt a blocked gloo collective (``abort`` does not unblock
     it), so a rank stuck in DDP's all_reduce behind a hung peer would wait for the training
-    group's own timeout (30 min by default). Every rank posts, from this thread, a heartbeat
-    (``heartbeat/<rank>`` = ``"<counter> <step of its last boundary> <seconds at that step>"``,
-    every interval). When this rank's step has not moved for ``grace_secs`` *and* another rank
-    is behind it and has been at its step for more than ``grace_secs`` (by its own heartbeat,
-    so it is named at once, not ``grace_secs`` after this rank started looking), that rank is
-    hung: this rank logs an error naming it, posts it for the
-    others, and exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started
-    the job — sees the failure in bounded time. Committed checkpoints are untouched; a save in
-    flight is left as a temp directory, removed at the next start.
+    group's own timeout (30 min by default). This thread watches one other rank — the next one,
+    ``(rank + 1) % world_size``: a ring, so every rank is watched by exactly one — and costs
+    nothing while this rank moves (issue 31: no store request while steps complete).
 
-    A rank that is *gone* (SIGKILL, OOM killer) may have reached the same step as this one before
-    it died — e.g. killed by its own checkpoint writer thread while its training thread ran on —
-    and then it is not "behind". So the heartbeat also counts (``closed`` when the agreement
-    closes normally): once this rank's step has not moved for one interval, it reads every
-    other rank's heartbeat once; when another rank's heartbeat is still the same ``grace_secs``
-    later (this rank's step not having moved meanwhile), that rank is dead or frozen (SIGSTOP),
-    and this rank exits the same way — about ``grace_secs`` + 1–2 intervals after the peer
-    stopped, not 2 × ``grace_secs`` (issue 25.5). Between that first read and ``grace_secs`` of
-    stillness nothing is read: a heartbeat's counter never repeats, so two reads tell whether it
-    changed in between. The peers are thus read once per still interval and then only while this
-    rank is blocked, not each second by every rank (world_size² requests on the store); a job
-    whose steps last longer than an interval pays one read of world_size keys per step and rank.
-    A rank blocked in a collective still beats (its threads run), so a heartbeat never stops
-    because a rank waits.
+    Once this rank's step has not moved for ``grace_secs / 4`` (it is *still*: a long step, a
+    save, or blocked), it posts its heartbeat (``heartbeat/<rank>`` = ``"<counter> <step of its
+    last boundary> <seconds at that step>"``) every ``grace_secs / 8``, reads the watched rank's
+    once, and then again each interval (``min(1 s, grace_secs / 10)``) only once it has been still
+    for more than ``grace_secs`` (blocked): a step of 60 s with the default 120 s costs 3 requests,
+    whatever the world size. When this rank is blocked and
+
+    - the watched rank is behind it and has been at its step for more than ``grace_secs`` (by its
+      own heartbeat): it is hung;
+    - or its heartbeat has not changed for ``grace_secs / 2`` since this rank first read it (a
+      still rank beats every ``grace_secs / 8``, and one that just moved is still again within
+      ``grace_secs / 4``): it is gone (SIGKILL, OOM killer) or frozen (SIGSTOP) — about
+      ``grace_secs`` + 1–2 intervals after this rank stopped moving;
+
+    this rank blames it on the roll (`supervisor.distributed.roll`), logs an error naming it and
+    exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started the job —
+    sees the failure in bounded time. Every other blocked rank reads the roll's count once an
+    interval (1 request) and, once a failure is known, exits the same way naming the rank the roll
+    blames. Committed checkpoints are untouched; a save in flight is left as a temp directory,
+    removed at the next start. ``closed`` is posted when the agreement closes normally.
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, *, grace_secs: float,
                  interval_secs: float = HEARTBEAT_SECS) -> None:
         self._store, self.rank, self.world_size = store, rank, world_size
         self.grace_secs = grace_secs
-        self._interval = min(interval_secs, grace_secs / 4)
+        self._interval = min(interval_secs, grace_secs / 10)
+        self._still_secs = grace_secs / 4  # beats (and reads) only once still this long
+        self._watched = (rank + 1) % world_size
+        self._beats, self._last_beat = 0, float("-inf")
         self._step: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor-rank-watchdog", daemon=True)
 
     def start(self) -> None:
-        # The first heartbeat now, not an interval later: a rank killed within its first second
-        # (its writer thread, a short run) would otherwise leave no key, and no silence to see.
+        # The first heartbeat now: a rank killed before it was ever still leaves a key that
+        # never changes, which is what its watcher sees as silence.
         try:
             self._store.set(f"heartbeat/{self.rank}", "0")
         except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
@@ -228,59 +147,78 @@ class HangWatchdog:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         try:  # a rank that left normally is not "silent"
-            self._store.set(f"heartbeat/{self.rank}", _CLOSED)
+            self._store.set(f"heartbeat/{self.rank}", CLOSED)
         except Exception as e:  # noqa: BLE001 - the store's host may be gone already
             logger.debug("rank watchdog: could not post the close (%s)", e)
 
     def _run(self) -> None:
-        beats: dict[int, tuple[str, float]] = {}
-        posted = None
-        own_since = time.monotonic()
-        beat = 0
+        seen: dict[int, tuple[str, float]] = {}
+        posted, own_since = None, time.monotonic()
         while not self._stop.wait(self._interval):
-            now = time.monotonic()
-            step = self._step
-            beat += 1
+            now, step = time.monotonic(), self._step
             if step != posted:
                 posted, own_since = step, now
+                seen.clear()  # this rank moved: silence counts from its next still spell
+            if now - own_since < self._still_secs:
+                continue  # moving: nothing on the store
             try:
-                self._store.set(f"heartbeat/{self.rank}", f"{beat} {-1 if step is None else step} {now - own_since:.1f}")
-                blocked = now - own_since > self.grace_secs
-                if now - own_since < self._interval / 2:
-                    beats.clear()  # this rank moved: silence counts from its next still interval
-                peers = self._read_peers() if blocked or (not beats and now > own_since) else {}
-                silent = self._find_silent(peers, beats, now)
-                hung = self._find_hung(step, peers) if blocked and silent is None else None
+                action = self._tick(step, now - own_since, seen, now)
             except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
                 logger.debug("rank watchdog: store unavailable (%s)", e)
                 continue
-            if silent is not None:
-                self._abort_silent(silent)
-            if hung is not None:
-                self._abort(*hung)
+            if action is not None:
+                action()
 
-    def _read_peers(self) -> dict[int, str]:
-        """Every other rank's heartbeat, as posted (ranks that posted none are left out)."""
-        peers = {}
-        for other in range(self.world_size):
-            if other != self.rank and self._store.check([f"heartbeat/{other}"]):
-                peers[other] = self._store.get(f"heartbeat/{other}").decode()
-        return peers
+    def _tick(self, step: int | None, still: float, seen: dict[int, tuple[str, float]], now: float) -> Any:
+        """One still interval: beat (every ``grace_secs / 8``), read the watched rank (once
+        when this rank goes still, then each interval once blocked); what to do (or None)."""
+        if now - self._last_beat >= self.grace_secs / 8:
+            self._beats, self._last_beat = self._beats + 1, now
+            self._store.set(f"heartbeat/{self.rank}", f"{self._beats} {-1 if step is None else step} {still:.1f}")
+        if self._watched in seen and still <= self.grace_secs:
+            return None
+        value = self._read_watched(seen)
+        if value is None:
+            return None
+        if seen.get(self._watched, (None, 0.0))[0] != value:
+            seen[self._watched] = (value, now)
+        if still <= self.grace_secs:
+            return None
+        if value != CLOSED and now - seen[self._watched][1] >= self.grace_secs / 2:
+            return lambda: self._abort_silent(self._watched)
+        hung = self._find_hung(step, {self._watched: value})
+        if hung is not None:
+            return lambda: self._abort(*hung)
+        return self._failure_known()
 
-    def _find_silent(self, peers: dict[int, str], beats: dict[int, tuple[str, float]], now: float) -> int | None:
-        """A rank whose heartbeat has not changed for ``grace_secs`` since this rank saw it
-        (read when this rank goes still, then every interval once it is blocked)."""
-        for other, value in peers.items():
-            if beats.get(other, (None, 0.0))[0] != value:
-                beats[other] = (value, now)
-            elif value != _CLOSED and now - beats[other][1] > self.grace_secs:
-                return other
-        return None
+    def _read_watched(self, seen: dict[int, tuple[str, float]]) -> str | None:
+        """The watched rank's heartbeat (None before it posted one)."""
+        if self._watched == self.rank:
+            return None
+        if self._watched not in seen and not self._store.check([f"heartbeat/{self._watched}"]):
+            return None
+        return self._store.get(f"heartbeat/{self._watched}").decode()
+
+    def _failure_known(self) -> Any:
+        """While blocked: a failure some rank already posted or blamed (1 request while the roll
+        is empty), as the action to take, or None."""
+        if not roll.supports(self._store) or roll.count(self._store) == 0:
+            return None
+        view = roll.read(self._store)
+        culprits = {**view.blamed, **view.primary}
+        culprits.pop(self.rank, None)
+        if not culprits:
+            return None
+        named = ", ".join(f"rank {r} failed ({m[:300]})" for r, m in sorted(culprits.items()))
+        return lambda: self._exit(f"{named}; rank {self.rank} waits for it at step {self._step} and exits "
+                                  f"(status 1) so the job ends")
 
     def _abort_silent(self, other: int) -> None:
-        self._exit(f"rank {other} stopped responding: no heartbeat for more than stop_grace_secs="
+        message = (f"rank {other} stopped responding: no heartbeat for more than stop_grace_secs="
                    f"{self.grace_secs:g} s (killed, or its process is frozen) while rank {self.rank} waits "
                    f"at step {self._step}; rank {self.rank} exits (status 1) so the job ends")
+        post_blame(self._store, other, message)
+        self._exit(message)
 
     def _find_hung(self, step: int | None, peers: dict[int, str]) -> tuple[int, int] | None:
         """A rank behind this one that has been at its step for more than ``grace_secs``."""
@@ -294,13 +232,15 @@ class HangWatchdog:
         return None
 
     def _abort(self, other: int, other_step: int) -> None:
-        self._exit(f"rank {other} hung: it has been at step {other_step} for more than "
+        message = (f"rank {other} hung: it has been at step {other_step} for more than "
                    f"stop_grace_secs={self.grace_secs:g} s while rank {self.rank} waits for it at "
                    f"step {self._step}; rank {self.rank} exits (status 1) so the job ends")
+        post_blame(self._store, other, message)
+        self._exit(message)
 
     def _exit(self, message: str) -> None:
         logger.critical("%s", message)
-        post_failure(self._store, self.rank, message)
+        post_secondary(self._store, self.rank, message)
         _flush_output()
         print(f"RankFailureError: {message}", file=sys.stderr, flush=True)
         os._exit(1)

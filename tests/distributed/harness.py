@@ -51,16 +51,19 @@ def env_for(rank: int, world_size: int, port: int, extra: dict[str, str] | None 
 
 def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
             extra_env: dict[str, str] | None = None, after_rank0_secs: float | None = None,
-            module: str = "tests.distributed.worker", agent_store: bool = False) -> list[RankResult]:
+            module: str = "tests.distributed.worker", agent_store: bool = False,
+            store: Any = None) -> list[RankResult]:
     """Runs ``scenario`` on ``world_size`` ranks; returns each rank's exit code and output.
     A rank still running at ``timeout`` — or ``after_rank0_secs`` after rank 0 ended, when
     given (a hung rank, as torchrun would kill it) — is killed (returncode None). ``module``: the
     worker module (one that registers more scenarios into worker.py's and runs its main).
     ``agent_store``: this process hosts the ranks' store, as torchrun's agent does (with env://
-    rank 0 hosts it, and the store goes when rank 0 exits)."""
-    port = free_port()
-    store = None
-    if agent_store:
+    rank 0 hosts it, and the store goes when rank 0 exits). ``store``: that agent store, made by
+    the caller (a ``TCPStore`` kept across jobs, as torchrun's agent keeps it across rounds)."""
+    port = free_port() if store is None else store.port
+    if store is not None:
+        extra_env = {**(extra_env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    elif agent_store:
         import torch.distributed as dist
 
         store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)

@@ -62,3 +62,18 @@ def test_distributed_benchmark_instruction_counts(capsys):
     (agreement,) = [x for x in counts.splitlines() if x.strip().startswith("agreement ")]
     assert ("  ok;" in agreement) != ("MISSES TARGET;" in agreement), agreement
     assert set(LOOPS) <= set(ratios) and ratios["bare"] == ratios["bare [main thread]"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_scale_benchmark_quick(capsys):
+    """benchmarks/scale.py --quick: every section prints its rows and its projection to W=1,000
+    (figures not asserted here but the blame, which tests/distributed/test_scale.py owns)."""
+    from benchmarks.scale import FIGURES, main
+
+    figures = main(["--quick", "--baseline", "none"])
+    out = capsys.readouterr().out
+    assert set(FIGURES) <= set(figures)
+    assert sorted(figures["coordination"]["this"]) == [2, 4], out
+    assert "projected to W=1000: this: store requests per rank per step" in out
+    assert sorted(figures["blame"]["this"]) == [(4, "kill")], out
