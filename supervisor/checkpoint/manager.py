@@ -368,9 +368,10 @@ class CheckpointManager(ManagerCommon):
             self._deliver_failure(failure)
 
     # ---------------------------------------------------------------- restoring
-    def restore(self, state: TrainingState) -> Restored | None:
+    def restore(self, state: TrainingState, *, keep_copy: bool = False) -> Restored | None:
         """Restores the newest verified checkpoint (falling back to older ones) into ``state``,
         with the RNG states; returns its step and path, or None when there is no checkpoint.
+        ``keep_copy``: the verified bytes stay open as ``Restored.source`` (a chief shares them).
 
         Raises:
             CheckpointCorruptError: checkpoints exist but none verifies.
@@ -380,7 +381,7 @@ class CheckpointManager(ManagerCommon):
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
         loaded = find_and_load(self.directory, self.basename, verify=self.verify,
-                               trusted_globals=self.trusted_globals, storage=self.storage)
+                               trusted_globals=self.trusted_globals, storage=self.storage, keep_copy=keep_copy)
         if loaded is None:
             return None
         restored = apply_checkpoint(loaded, state, restore_rng=self.save_rng)

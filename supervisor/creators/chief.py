@@ -24,6 +24,7 @@ from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.restore import Restored
 from supervisor.creators import chief_choice
+from supervisor.distributed import env
 from supervisor.creators.base import SessionCreator
 from supervisor.state import TrainingState
 
@@ -108,7 +109,8 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
         # Distributed (§12): the other ranks restore exactly what the chief chose here; when it
         # starts from scratch with an init_fn, they receive its state after init_fn (initialise).
         restored, self._scratch_key = chief_choice.decide_as_chief(
-            lambda: manager.restore(self.state), initialises=self.init_fn is not None)
+            lambda: manager.restore(self.state, keep_copy=env.is_distributed()),  # shared: read once
+            initialises=self.init_fn is not None)
         return restored
 
     def initialise(self, session: Any) -> None:
