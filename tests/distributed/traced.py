@@ -45,22 +45,23 @@ def bytes_read(trace: str) -> int:
 
 
 def run_traced(module: str, scenario: str, world_size: int, args: list[str], files: list[str], out_dir: str,
-               *, timeout: float = 240.0, pythonpath: str | None = None) -> tuple[list[RankResult], list[int]]:
+               *, timeout: float = 240.0, pythonpath: str | None = None,
+               cwd: str = ROOT) -> tuple[list[RankResult], list[int]]:
     """Runs ``scenario`` on ``world_size`` gloo ranks, each under strace tracing ``files``;
-    returns the ranks' results and the bytes each read of those files. ``pythonpath``: the
-    code under test (default: this checkout)."""
+    returns the ranks' results and the bytes each read of those files. ``pythonpath`` and
+    ``cwd``: the code under test (default: this checkout; ``python -m`` puts ``cwd`` first)."""
     port = free_port()
     traced = [a for f in files for a in ("-P", f)]
     procs, traces = [], []
     for r in range(world_size):
         env = env_for(r, world_size, port)
         if pythonpath is not None:
-            env["PYTHONPATH"] = pythonpath + os.pathsep + ROOT
+            env["PYTHONPATH"] = pythonpath
         trace = os.path.join(out_dir, f"strace-{r}.txt")
         traces.append(trace)
         cmd = ["strace", "-qq", "-f", "--seccomp-bpf", "-y", "-e", "trace=" + ",".join(READS), "-e", "signal=none",
                "-o", trace, *traced, sys.executable, "-m", module, scenario, *args]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, start_new_session=True))
     start, results = time.monotonic(), []
     try:
