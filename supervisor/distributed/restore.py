@@ -48,7 +48,7 @@ from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["CHUNK_BYTES", "RestoreDecision", "next_key", "publish_decision", "await_decision",
-           "broadcast_initial_state", "receive_initial_state", "broadcast_bytes"]
+           "broadcast_initial_state", "receive_initial_state", "broadcast_bytes", "all_reduce_max"]
 
 logger = logging.getLogger(__name__)
 
@@ -199,3 +199,13 @@ def _chunk_device(backend: str) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def all_reduce_max(value: int) -> int:
+    """The largest of every rank's ``value`` (one all-reduce of one int64 on the default group,
+    on the current CUDA device under NCCL): how the ranks agree on a restore's outcome."""
+    import torch.distributed as dist
+
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_chunk_device(dist.get_backend()))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

@@ -68,7 +68,9 @@ def read_once(logdir: str, last_step: str, width: str = "512", fmt: str = "ddp")
         while not s.should_stop():
             s.run(lambda: _step(trained, optimizer, s.global_step, w))
         end = s.global_step
-    emit({"start": start, "end": end, "digest": digest, "first_draw": first_draw, "pid": os.getpid()})
+    # the final checkpoint captured the state and this rank's RNG at `end`; nothing drew since
+    emit({"start": start, "end": end, "digest": digest, "first_draw": first_draw, "end_digest": _digest(model),
+          "next_draw": torch.rand(2).tolist(), "pid": os.getpid()})
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def test_a_replicated_restore_reads_the_checkpoint_once_and_every_rank_gets_it_b
     size = _checkpoint_bytes(path)
     assert size > 1 << 20  # the payload, not the manifest, is what is counted
 
-    second, read = run_traced(MODULE, "read_once", W, [logdir, "4"], _files(path), str(tmp_path))
+    second, per_file = run_traced(MODULE, "read_once", W, [logdir, "4"], _files(path), str(tmp_path))
+    read = [sum(files.values()) for files in per_file]
     assert all(r.returncode == 0 for r in second), describe(second)
     assert [r.result["start"] for r in second] == [3] * W
     payload = torch.load(os.path.join(path, "state.pt"), weights_only=True)
@@ -57,3 +58,66 @@ def test_a_replicated_restore_reads_the_checkpoint_once_and_every_rank_gets_it_b
     assert read[0] >= size, (read, size)
     assert sum(read) <= 1.05 * size, f"{sum(read) / size:.2f}x the checkpoint read: per rank {read} of {size}"
     assert read[1:] == [0] * (W - 1), read
+
+
+def _under(per_file: dict[str, int], root: str) -> dict[str, int]:
+    root = os.path.realpath(root) + os.sep
+    return {p: n for p, n in per_file.items() if p.startswith(root)}
+
+
+def _shard_bytes(per_file: dict[str, int], writer: int | None = None) -> int:
+    """Bytes read of ``.distcp`` shards (of ``writer``'s, when given)."""
+    prefix = "__" if writer is None else f"__{writer}_"
+    return sum(n for p, n in per_file.items() if os.path.basename(p).startswith(prefix) and p.endswith(".distcp"))
+
+
+@pytest.mark.slow
+def test_a_sharded_save_reads_nothing_back_and_each_rank_restores_only_its_ranges(tmp_path):
+    from supervisor.checkpoint.dcp_ranges import verifiable_by_ranges
+    from supervisor.checkpoint.dcp_reading import read_metadata_file
+
+    logdir = str(tmp_path / "run")
+    os.makedirs(logdir)
+    # The save: checksums computed while writing, no rank reads a fresh shard back.
+    first, per_file = run_traced(MODULE, "read_once", W, [logdir, "3", "512", "fsdp2"], [], str(tmp_path))
+    assert all(r.returncode == 0 for r in first), describe(first)
+    saved = [_shard_bytes(_under(files, logdir)) for files in per_file]
+    assert saved == [0] * W, f"shard bytes read back while saving, per rank: {saved}"
+    path = os.path.join(logdir, "model.ckpt-3")
+    names = sorted(os.listdir(path))
+    assert names == sorted([".metadata", "MANIFEST.json", *(f"__{r}_0.distcp" for r in range(W)),
+                            *(f"rng-{r}.pt" for r in range(W))])  # the layout is unchanged
+    assert verifiable_by_ranges(read_metadata_file(path))  # every item's CRC-32 is in .metadata
+    shards = sum(os.path.getsize(os.path.join(path, f"__{r}_0.distcp")) for r in range(W))
+    assert shards > 1 << 20
+
+    second, per_file = run_traced(MODULE, "read_once", W, [logdir, "4", "512", "fsdp2"], _files(path),
+                                  str(tmp_path))
+    assert all(r.returncode == 0 for r in second), describe(second)
+    assert [r.result["start"] for r in second] == [3] * W
+    assert {r.result["digest"] for r in second} == {first[0].result["end_digest"]}  # bit-exact
+    assert [r.result["first_draw"] for r in second] == [r.result["next_draw"] for r in first]  # own RNG
+    total = sum(_shard_bytes(files) for files in per_file)
+    assert total <= 1.05 * shards, f"{total / shards:.2f}x the shards read: {per_file}"
+    for r, files in enumerate(per_file):  # each rank its own ranges: of the others' shards at most
+        others = _shard_bytes(files) - _shard_bytes(files, r)  # their replicated scalars
+        assert others <= 64 << 10, f"rank {r} read {others} bytes of other ranks' shards: {files}"
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_found_by_one_rank_sends_every_rank_back_to_the_older_checkpoint(tmp_path):
+    logdir = str(tmp_path / "run")
+    first = run_job("read_once", W, logdir, "3", "512", "fsdp2", module=MODULE, timeout=180)
+    assert all(r.returncode == 0 for r in first), describe(first)
+    shard = os.path.join(logdir, "model.ckpt-3", "__2_0.distcp")  # only rank 2 reads it
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    resumed = run_job("read_once", W, logdir, "1", "512", "fsdp2", module=MODULE, timeout=180)
+    assert all(r.returncode == 0 for r in resumed), describe(resumed)
+    assert [r.result["start"] for r in resumed] == [0] * W, describe(resumed)  # the older one, on every rank
+    assert "__2_0.distcp (one item) have checksum" in resumed[2].output, describe(resumed)
+    for r in resumed:  # every rank says why it skipped the newest
+        assert "skipping checkpoint" in r.output and "model.ckpt-3" in r.output, describe(resumed)

@@ -15,7 +15,10 @@ import time
 from .harness import ROOT, RankResult, _kill, env_for, free_port
 
 READS = ("read", "pread64", "readv", "preadv", "preadv2", "sendfile", "copy_file_range", "mmap")
-_LINE = re.compile(r"^\d+\s+(?:<\.\.\. )?(" + "|".join(READS) + r")\b(.*)=\s+(-?\d+|0x[0-9a-f]+)")
+_CALL = re.compile(r"^(\d+)\s+(" + "|".join(READS) + r")\((\d+)<([^>]*)>(.*)")
+_RESUMED = re.compile(r"^(\d+)\s+<\.\.\. (" + "|".join(READS) + r") resumed>(.*)")
+_MMAP = re.compile(r"^(\d+)\s+mmap\([^,]*,\s*(\d+),[^<]*<([^>]*)>")
+_RESULT = re.compile(r"=\s+(-?\d+|0x[0-9a-f]+)(?:\s.*)?$")
 
 
 def strace_works() -> bool:
@@ -27,31 +30,44 @@ def strace_works() -> bool:
     return probe.returncode == 0
 
 
-def bytes_read(trace: str) -> int:
-    """The bytes the read calls in an ``strace -o`` file returned (an ``mmap`` of a traced file
-    counts as its whole length, as if read)."""
-    total = 0
+def bytes_read(trace: str) -> dict[str, int]:
+    """Per file, the bytes the read calls in an ``strace -y -o`` file returned (an ``mmap`` of a
+    traced file counts as its whole length, as if read)."""
+    per_file: dict[str, int] = {}
+    pending: dict[str, tuple[str, str, str]] = {}  # pid -> (call, path, args) of an unfinished call
     with open(trace) as f:
         for line in f:
-            m = _LINE.match(line)
-            if not m or m.group(3).startswith("-"):
+            mapped = _MMAP.match(line)
+            if mapped:  # a map of a traced file: as if its length were read
+                per_file[mapped.group(3)] = per_file.get(mapped.group(3), 0) + int(mapped.group(2))
                 continue
-            if m.group(1) == "mmap":
-                args = m.group(2).split(",")
-                total += int(args[1].strip()) if len(args) > 1 and args[1].strip().isdigit() else 0
+            call = _CALL.match(line)
+            if call:
+                pid, name, _, path, rest = call.groups()
+                if rest.endswith("<unfinished ...>"):
+                    pending[pid] = (name, path, rest)
+                    continue
             else:
-                total += int(m.group(3))
-    return total
+                resumed = _RESUMED.match(line)
+                if not resumed or resumed.group(1) not in pending:
+                    continue
+                name, path, rest = pending.pop(resumed.group(1))
+                rest += resumed.group(3)
+            result = _RESULT.search(rest)
+            if result is None or result.group(1).startswith("-"):
+                continue
+            per_file[path] = per_file.get(path, 0) + int(result.group(1))
+    return per_file
 
 
 def run_traced(module: str, scenario: str, world_size: int, args: list[str], files: list[str], out_dir: str,
                *, timeout: float = 240.0, pythonpath: str | None = None,
-               cwd: str = ROOT) -> tuple[list[RankResult], list[int]]:
+               cwd: str = ROOT) -> tuple[list[RankResult], list[dict[str, int]]]:
     """Runs ``scenario`` on ``world_size`` gloo ranks, each under strace tracing ``files``;
-    returns the ranks' results and the bytes each read of those files. ``pythonpath`` and
+    returns the ranks' results and, per rank, the bytes it read of each of those files. ``pythonpath`` and
     ``cwd``: the code under test (default: this checkout; ``python -m`` puts ``cwd`` first)."""
     port = free_port()
-    traced = [a for f in files for a in ("-P", f)]
+    traced = [a for f in files for a in ("-P", f)]  # none: every read call (filter the paths after)
     procs, traces = [], []
     for r in range(world_size):
         env = env_for(r, world_size, port)
@@ -79,4 +95,4 @@ def run_traced(module: str, scenario: str, world_size: int, args: list[str], fil
             if proc.poll() is None:
                 _kill(proc)
                 proc.communicate()
-    return results, [bytes_read(t) if os.path.exists(t) else 0 for t in traces]
+    return results, [bytes_read(t) if os.path.exists(t) else {} for t in traces]
