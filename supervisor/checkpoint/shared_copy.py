@@ -22,15 +22,15 @@ from typing import Any
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import STATE_FILE, Manifest
 from supervisor.checkpoint.private_copy import _MEMFD, PrivateCopy, _seal, check_fits
-from supervisor.distributed.restore import broadcast_bytes
+from supervisor.distributed.restore import CHUNK_BYTES, broadcast_bytes
 from supervisor.errors import CheckpointCorruptError
 
 __all__ = ["share_copy", "receive_copy"]
 
 
-def share_copy(copy: PrivateCopy, *, where: str) -> None:
+def share_copy(copy: PrivateCopy, *, where: str, chunk_bytes: int = CHUNK_BYTES) -> None:
     """The chief's side: broadcasts the bytes of its verified private ``copy`` of ``where`` (a
-    collective; every other rank calls `receive_copy`)."""
+    collective; every other rank calls `receive_copy` with the same ``chunk_bytes``)."""
     with copy.open(where) as source:
 
         def fill(offset: int, view: memoryview) -> None:
@@ -42,10 +42,11 @@ def share_copy(copy: PrivateCopy, *, where: str) -> None:
                     raise OSError(errno.EIO, f"the private copy of {where} ended after {offset + done} bytes")
                 done += n
 
-        broadcast_bytes(copy.size, src=0, fill=fill)
+        broadcast_bytes(copy.size, src=0, fill=fill, chunk_bytes=chunk_bytes)
 
 
-def receive_copy(path: str, manifest_text: str, *, src: int = 0, verify: str = "full") -> tuple[Manifest, PrivateCopy]:
+def receive_copy(path: str, manifest_text: str, *, src: int = 0, verify: str = "full",
+                 chunk_bytes: int = CHUNK_BYTES) -> tuple[Manifest, PrivateCopy]:
     """Another rank's side: receives ``path``'s ``state.pt`` from ``src`` into a private copy,
     checked against ``manifest_text`` (size always, checksum with ``verify="full"``).
 
@@ -58,7 +59,7 @@ def receive_copy(path: str, manifest_text: str, *, src: int = 0, verify: str = "
     except (ValueError, KeyError) as e:
         raise CheckpointCorruptError(f"{path}: the manifest the chief sent is unusable ({e})") from e
     where = f"{path.rstrip('/')}/{STATE_FILE}"
-    copy = _receive(record.size, where, src)
+    copy = _receive(record.size, where, src, chunk_bytes)
     if verify == "full" and format_checksum(copy.crc or 0) != record.checksum:
         copy.close()
         raise CheckpointCorruptError(
@@ -68,7 +69,7 @@ def receive_copy(path: str, manifest_text: str, *, src: int = 0, verify: str = "
     return manifest, copy
 
 
-def _receive(size: int, where: str, src: int) -> PrivateCopy:
+def _receive(size: int, where: str, src: int, chunk_bytes: int) -> PrivateCopy:
     """``size`` bytes broadcast from ``src``, into a sealed memory file (a ``bytearray`` where
     there are none), with their CRC-32."""
     check_fits(size, where)
@@ -80,13 +81,14 @@ def _receive(size: int, where: str, src: int) -> PrivateCopy:
             buffer[offset:offset + len(view)] = view
             crc[0] = crc32(view, crc[0])
 
-        broadcast_bytes(size, src=src, drain=into_buffer)
+        broadcast_bytes(size, src=src, drain=into_buffer, chunk_bytes=chunk_bytes)
         return PrivateCopy(size, crc[0], data=buffer)
     memfd = os.memfd_create("supervisor-checkpoint", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
     try:
         os.ftruncate(memfd, size)
         _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
-        broadcast_bytes(size, src=src, drain=lambda offset, view: _write(memfd, offset, view, crc, where))
+        broadcast_bytes(size, src=src, drain=lambda offset, view: _write(memfd, offset, view, crc, where),
+                        chunk_bytes=chunk_bytes)
         _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
         return PrivateCopy(size, crc[0], memfd=memfd)
     except BaseException:

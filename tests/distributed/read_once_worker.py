@@ -73,5 +73,33 @@ def read_once(logdir: str, last_step: str, width: str = "512", fmt: str = "ddp")
           "next_draw": torch.rand(2).tolist(), "pid": os.getpid()})
 
 
+@scenario
+def shared_bytes(size: str, chunk: str, damaged: str = "no") -> None:
+    """The chief shares a private copy of ``size`` random bytes in ``chunk``-byte pieces; every
+    other rank receives and checks them against a manifest (a wrong checksum when ``damaged``)."""
+    from supervisor.checkpoint.fileio import crc32, format_checksum
+    from supervisor.checkpoint.format import FileRecord, Manifest
+    from supervisor.checkpoint.private_copy import read_private_copy
+    from supervisor.checkpoint.shared_copy import receive_copy, share_copy
+
+    data = torch.randint(0, 256, (int(size),), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    blob = data.numpy().tobytes()
+    checksum = format_checksum(crc32(blob) ^ (1 if damaged == "yes" else 0))
+    manifest = Manifest(step=7, wall_time=0.0, torch_version="", world_size=dist.get_world_size(),
+                        files={"state.pt": FileRecord(len(blob), checksum)})
+    if dist.get_rank() == 0:
+        fd = os.memfd_create("source")
+        os.write(fd, blob)
+        copy = read_private_copy(fd, len(blob), "source")
+        os.close(fd)
+        share_copy(copy, where="source", chunk_bytes=int(chunk))
+        emit({"sent": copy.size})
+        return
+    got, copy = receive_copy("/ckpt/model.ckpt-7", manifest.to_json(), chunk_bytes=int(chunk))
+    with copy.open("received") as f:
+        same = f.read() == blob
+    emit({"received": copy.size, "same": same, "step": got.step, "memory_file": copy.path is not None})
+
+
 if __name__ == "__main__":
     main()

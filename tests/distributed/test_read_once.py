@@ -121,3 +121,17 @@ def test_a_damaged_shard_found_by_one_rank_sends_every_rank_back_to_the_older_ch
     assert "__2_0.distcp (one item) have checksum" in resumed[2].output, describe(resumed)
     for r in resumed:  # every rank says why it skipped the newest
         assert "skipping checkpoint" in r.output and "model.ckpt-3" in r.output, describe(resumed)
+
+
+@pytest.mark.slow
+def test_the_bytes_arrive_whole_in_chunks_and_a_copy_that_differs_from_the_manifest_fails_loudly():
+    size, chunk = 5 * 1000 * 1000 + 17, 1 << 20  # six chunks, the last one short
+    ok = run_job("shared_bytes", 3, str(size), str(chunk), module=MODULE, timeout=120)
+    assert all(r.returncode == 0 for r in ok), describe(ok)
+    assert [r.result for r in ok[1:]] == [{"received": size, "same": True, "step": 7, "memory_file": True}] * 2
+    damaged = run_job("shared_bytes", 3, str(size), str(chunk), "yes", module=MODULE, timeout=120)
+    assert damaged[0].returncode == 0, describe(damaged)
+    for r in damaged[1:]:
+        assert r.returncode not in (0, None), describe(damaged)
+        assert "CheckpointCorruptError" in r.output and "this rank's copy differs" in r.output, describe(damaged)
+        assert "/ckpt/model.ckpt-7/state.pt" in r.output
