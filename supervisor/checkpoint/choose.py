@@ -32,10 +32,9 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
                   mmap: bool = True, storage: Storage | None = None, keep_copy: bool = False) -> LoadedCheckpoint | None:
     """Loads the checkpoint to restore from ``directory``, falling back to older ones.
 
-    A candidate that vanishes while it is read (retention deleted it after a newer commit) is
-    not a failure: the index is read again and its new choice tried. Returns None when there is
-    no checkpoint at all. ``storage``: the logdir's (default: the one its path or URL names).
-    ``keep_copy``: as `load_verified` (the chief of a distributed job shares the copy).
+    A candidate that vanishes while it is read (retention deleted it after a newer commit) is not a
+    failure: the index is read again and its new choice tried. Returns None when there is no checkpoint
+    at all. ``storage``: the logdir's (default: the one its path or URL names); ``keep_copy``: as `load_verified`.
 
     Raises:
         ValueError: ``verify`` is not one of `VERIFY_MODES`.
@@ -50,8 +49,8 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
         paths = [p for p in candidates(directory, basename, storage) if p not in failures]
         for i, path in enumerate(paths):
             try:
-                return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap, storage=storage,
-                                     keep_copy=keep_copy)
+                return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap,
+                                     storage=storage, keep_copy=keep_copy)
             except CheckpointVanishedError:
                 logger.info("%s was deleted while being read (retention); looking at the index again", path)
                 break

@@ -21,7 +21,7 @@ from typing import Any
 
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import STATE_FILE, Manifest
-from supervisor.checkpoint.private_copy import _MEMFD, PrivateCopy, _seal, check_fits
+from supervisor.checkpoint.private_copy import MEMORY_FILES, PrivateCopy, check_fits, seal_memory_file
 from supervisor.distributed.restore import CHUNK_BYTES, broadcast_bytes
 from supervisor.errors import CheckpointCorruptError
 
@@ -74,7 +74,7 @@ def _receive(size: int, where: str, src: int, chunk_bytes: int) -> PrivateCopy:
     there are none), with their CRC-32."""
     check_fits(size, where)
     crc = [0]
-    if not (_MEMFD and size > 0):
+    if not (MEMORY_FILES and size > 0):
         buffer = bytearray(size)
 
         def into_buffer(offset: int, view: memoryview) -> None:
@@ -86,10 +86,10 @@ def _receive(size: int, where: str, src: int, chunk_bytes: int) -> PrivateCopy:
     memfd = os.memfd_create("supervisor-checkpoint", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
     try:
         os.ftruncate(memfd, size)
-        _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
+        seal_memory_file(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
         broadcast_bytes(size, src=src, drain=lambda offset, view: _write(memfd, offset, view, crc, where),
                         chunk_bytes=chunk_bytes)
-        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
+        seal_memory_file(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
         return PrivateCopy(size, crc[0], memfd=memfd)
     except BaseException:
         os.close(memfd)
