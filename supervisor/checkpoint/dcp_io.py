@@ -18,7 +18,7 @@ import torch
 from supervisor import distributed, resume
 from supervisor.checkpoint import dcp_commit
 from supervisor.checkpoint.dcp_reading import read_metadata, safe_dcp_load
-from supervisor.checkpoint.dcp_restore import checked_file
+from supervisor.checkpoint.dcp_restore import checked_bytes, checked_file
 from supervisor.checkpoint.format import Manifest, checkpoint_name
 from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
 from supervisor.checkpoint.storage import Storage, storage_for
@@ -110,7 +110,7 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 # ---------------------------------------------------------------- restoring
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
                     trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
-                    manifest: Manifest | None = None, verify: str = "full") -> Restored:
+                    manifest: Manifest | None = None, metadata: bytes | None = None, verify: str = "full") -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
@@ -123,16 +123,16 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     ``storage``: the logdir's (default: the one ``path`` names). On an object store each rank
     reads only the byte ranges of the shards it needs (ranged reads of the versions listed once).
 
-    ``manifest``: the checkpoint's (the chief's choice carries it): ``.metadata`` and this rank's
-    RNG file are checked against it (``verify``), and each item read against its CRC-32 when
-    the checkpoint has them (`supervisor.checkpoint.dcp_ranges`); `CheckpointCorruptError`
-    names what differs.
+    ``manifest``: the checkpoint's (the chief's choice carries it): ``.metadata`` (``metadata``:
+    its bytes, as the chief sent them; else read here) and this rank's RNG file are checked
+    against it (``verify``), and each item read against its CRC-32 when the checkpoint has them
+    (`supervisor.checkpoint.dcp_ranges`); `CheckpointCorruptError` names what differs.
     """
     storage = storage if storage is not None else storage_for(path)
     live = resume.live_iterators(state)  # exact resume: checked before the load
-    metadata = None
     if manifest is not None:
-        metadata = read_metadata(checked_file(path, DCP_METADATA, manifest, storage, verify=verify), path)
+        data = metadata if metadata is not None else checked_file(path, DCP_METADATA, manifest, storage, verify=verify)
+        metadata = read_metadata(checked_bytes(path, DCP_METADATA, data, manifest, verify=verify), path)
     try:
         _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals,
               storage=storage, metadata=metadata)

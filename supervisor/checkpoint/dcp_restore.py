@@ -6,17 +6,20 @@ reading the shards, every rank verifies exactly the byte ranges it reads.
    every item's CRC-32 (`supervisor.checkpoint.dcp_ranges`, saved since issue 31) is checked by
    its manifest, the sizes of its files and its ``.metadata`` (checksummed) only, never read
    whole. An older checkpoint is verified whole, as before.
-2. It posts its choice with the checkpoint's manifest (`supervisor.distributed.restore`); every
-   rank loads exactly it (`supervisor.checkpoint.dcp_io.restore_sharded`): ``.metadata`` and
-   its ``rng-<rank>.pt`` checked against that manifest, each item it reads against its CRC-32.
+2. It posts its choice with the checkpoint's manifest (`supervisor.distributed.restore`) and
+   sends the ``.metadata`` it read to every rank over the process group (DCP needs it whole on
+   every rank); every rank loads exactly that checkpoint
+   (`supervisor.checkpoint.dcp_io.restore_sharded`): ``.metadata`` and its ``rng-<rank>.pt``
+   checked against that manifest, each item it reads against its CRC-32.
 3. The ranks agree on the outcome (one all-reduce of one number): when any rank found the
    checkpoint damaged, every rank skips it (WARNING naming the rank and why) and the chief
    chooses the next older one — a damaged checkpoint falls back as before, never a silent fresh
    start; any other failure fails every rank, naming the rank.
 
-Storage bytes per restore: each rank its own ranges of the shards (plus ``.metadata``, the
-manifest's text through the store, and its RNG file); the chief additionally the sizes and
-``.metadata``. Total: the shards once (1.0×) when no state is replicated across ranks.
+Storage bytes per restore: each rank its own ranges of the shards and its RNG file; the chief
+additionally the manifest and ``.metadata`` (once), and the files' sizes. Total: the checkpoint
+once (1.0×) when no state is replicated across ranks (DCP writes a replicated tensor once, and
+every rank that needs it reads it).
 """
 from __future__ import annotations
 
@@ -36,17 +39,19 @@ from supervisor.distributed import restore as restore_channel
 from supervisor.distributed.restore import RestoreDecision
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 
-__all__ = ["checked_file", "choose_sharded", "restore_in_job"]
+__all__ = ["Choice", "checked_bytes", "checked_file", "choose_sharded", "restore_in_job"]
 
 logger = logging.getLogger(__name__)
 
 _OK, _DAMAGED, _FAILED = 0, 1, 2
+#: a choice: path, step, manifest (None: an older chief's decision), ``.metadata``'s bytes (None: read them)
+Choice = tuple[str, int, Manifest | None, bytes | None]
 
 
 def choose_sharded(directory: str, basename: str, *, verify: str = "full", storage: Storage | None = None,
-                   skip: Iterable[str] = ()) -> tuple[str, int, Manifest] | None:
-    """``(path, step, manifest)`` of the checkpoint a sharded restore takes (module docstring,
-    1.), passing over ``skip`` (found damaged by a rank); None when there is none.
+                   skip: Iterable[str] = ()) -> Choice | None:
+    """``(path, step, manifest, .metadata's bytes)`` of the checkpoint a sharded restore takes
+    (module docstring, 1.), passing over ``skip`` (found damaged by a rank); None when there is none.
 
     Raises:
         CheckpointCorruptError: checkpoints exist but none is usable (each listed with why).
@@ -59,23 +64,24 @@ def choose_sharded(directory: str, basename: str, *, verify: str = "full", stora
             continue
         try:
             manifest = verify_checkpoint(path, verify="size", storage=storage)
-            if not verifiable_by_ranges(_metadata(path, manifest, storage, verify)) and verify == "full":
+            metadata = _metadata_bytes(path, manifest, storage, verify)
+            if not verifiable_by_ranges(read_metadata(metadata, path)) and verify == "full":
                 verify_checkpoint(path, verify="full", storage=storage)  # written before issue 31: whole
         except (CheckpointNotFoundError, CheckpointCorruptError) as e:
             logger.warning("skipping checkpoint %s: %s", path, e)
             failures.append(f"{path}: {e}")
             continue
-        return path, manifest.step, manifest
+        return path, manifest.step, manifest, metadata
     if failures:
         raise CheckpointCorruptError(f"none of the checkpoints in {directory} can be restored ({'; '.join(failures)}). "
                                      "Refusing to start from scratch over them: repair or move them away")
     return None
 
 
-def _metadata(path: str, manifest: Manifest, storage: Storage, verify: str) -> Any:
+def _metadata_bytes(path: str, manifest: Manifest, storage: Storage, verify: str) -> bytes:
     if DCP_METADATA not in manifest.files:
         raise CheckpointCorruptError(f"{path} is not a sharded checkpoint (no {DCP_METADATA} in its manifest)")
-    return read_metadata(checked_file(path, DCP_METADATA, manifest, storage, verify=verify), path)
+    return checked_file(path, DCP_METADATA, manifest, storage, verify=verify)
 
 
 def checked_file(path: str, name: str, manifest: Manifest | None, storage: Storage, *, verify: str = "full") -> bytes:
@@ -89,6 +95,11 @@ def checked_file(path: str, name: str, manifest: Manifest | None, storage: Stora
         data = storage.read_bytes(storage.join(path, name))
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: {name} cannot be read ({e})") from e
+    return checked_bytes(path, name, data, manifest, verify=verify)
+
+
+def checked_bytes(path: str, name: str, data: bytes, manifest: Manifest | None, *, verify: str = "full") -> bytes:
+    """``data``, the bytes of the checkpoint's file ``name``, checked as `checked_file` does."""
     record = manifest.files.get(name) if manifest is not None else None
     if record is None:
         return data
@@ -100,11 +111,12 @@ def checked_file(path: str, name: str, manifest: Manifest | None, storage: Stora
     return data
 
 
-def restore_in_job(choose: Callable[[list[str]], tuple[str, int, Manifest] | None],
-                   load: Callable[[str, int, Manifest | None], Any], *, max_wait_secs: float, clock: Any = None) -> Any:
+def restore_in_job(choose: Callable[[list[str]], Choice | None], load: Callable[..., Any], *,
+                   max_wait_secs: float, clock: Any = None) -> Any:
     """Chooses and loads as the module docstring says; returns ``load``'s result, or None when
     there is no checkpoint. ``choose(skip)`` runs on the chief (or alone); ``load(path, step,
-    manifest)`` on every rank.
+    manifest, metadata)`` on every rank: the chief sends the ``.metadata`` bytes it checked to
+    the others (`supervisor.distributed.restore.broadcast_bytes`), so they read none.
 
     Raises:
         CheckpointCorruptError: every checkpoint is damaged.
@@ -115,8 +127,8 @@ def restore_in_job(choose: Callable[[list[str]], tuple[str, int, Manifest] | Non
         choice = _decide(choose, damaged, max_wait_secs=max_wait_secs, clock=clock)
         if choice is None:
             return None
-        path, step, manifest = choice
-        status, outcome = _attempt(load, path, step, manifest)
+        path, step = choice[0], choice[1]
+        status, outcome = _attempt(load, *choice)
         worst, rank = _agree(status)
         if worst == _OK:
             return outcome
@@ -130,8 +142,9 @@ def restore_in_job(choose: Callable[[list[str]], tuple[str, int, Manifest] | Non
 
 
 def _decide(choose: Callable[[list[str]], Any], damaged: list[str], *, max_wait_secs: float,
-            clock: Any) -> tuple[str, int, Manifest | None] | None:
-    """The chief's choice (posted for the others), or the choice the chief posted."""
+            clock: Any) -> Choice | None:
+    """The chief's choice (posted for the others, then its ``.metadata`` sent), or the choice
+    the chief posted (with the ``.metadata`` it sends)."""
     if not distributed.is_distributed():
         return choose(damaged)
     if distributed.rank() == 0:
@@ -143,6 +156,8 @@ def _decide(choose: Callable[[list[str]], Any], damaged: list[str], *, max_wait_
             raise
         decision = RestoreDecision(choice[0], choice[1], manifest=choice[2].to_json()) if choice else RestoreDecision()
         restore_channel.publish_decision(key, decision)
+        if choice is not None:
+            _send(choice[3])
         return choice
     decision = restore_channel.await_decision(restore_channel.next_key(), max_wait_secs=max_wait_secs, clock=clock)
     if decision.error is not None:
@@ -150,13 +165,36 @@ def _decide(choose: Callable[[list[str]], Any], damaged: list[str], *, max_wait_
                               f"{decision.error}")
     if decision.path is None:
         return None
-    manifest = Manifest.from_json(decision.manifest) if decision.manifest is not None else None
-    return decision.path, int(decision.step or 0), manifest
+    if decision.manifest is None:  # an older chief: read .metadata from storage
+        return decision.path, int(decision.step or 0), None, None
+    manifest = Manifest.from_json(decision.manifest)
+    return decision.path, int(decision.step or 0), manifest, _received(manifest.files[DCP_METADATA].size)
 
 
-def _attempt(load: Callable[..., Any], path: str, step: int, manifest: Manifest | None) -> tuple[int, Any]:
+def _send(data: bytes) -> None:
+    """The chief sends ``data`` to every rank (`_received`)."""
+    source = memoryview(data)
+
+    def fill(at: int, view: memoryview) -> None:
+        view[:] = source[at:at + len(view)]
+
+    restore_channel.broadcast_bytes(len(source), src=0, fill=fill)
+
+
+def _received(size: int) -> bytes:
+    """The ``size`` bytes the chief sends (`_send`)."""
+    received = bytearray(size)
+
+    def drain(at: int, view: memoryview) -> None:
+        received[at:at + len(view)] = view
+
+    restore_channel.broadcast_bytes(size, src=0, drain=drain)
+    return bytes(received)
+
+
+def _attempt(load: Callable[..., Any], *choice: Any) -> tuple[int, Any]:
     try:
-        return _OK, load(path, step, manifest)
+        return _OK, load(*choice)
     except CheckpointCorruptError as e:
         return _DAMAGED, e
     except Exception as e:  # noqa: BLE001 - every rank must learn of it before any raises

@@ -99,6 +99,10 @@ def test_a_sharded_save_reads_nothing_back_and_each_rank_restores_only_its_range
     assert [r.result["first_draw"] for r in second] == [r.result["next_draw"] for r in first]  # own RNG
     total = sum(_shard_bytes(files) for files in per_file)
     assert total <= 1.05 * shards, f"{total / shards:.2f}x the shards read: {per_file}"
+    everything = sum(sum(files.values()) for files in per_file)  # manifest, .metadata, RNG files too
+    assert everything <= 1.05 * _checkpoint_bytes(path), f"{everything / _checkpoint_bytes(path):.2f}x: {per_file}"
+    metadata = os.path.realpath(os.path.join(path, ".metadata"))
+    assert [files.get(metadata, 0) for files in per_file[1:]] == [0] * (W - 1)  # the chief sends it
     for r, files in enumerate(per_file):  # each rank its own ranges: of the others' shards at most
         others = _shard_bytes(files) - _shard_bytes(files, r)  # their replicated scalars
         assert others <= 64 << 10, f"rank {r} read {others} bytes of other ranks' shards: {files}"
