@@ -101,5 +101,18 @@ def shared_bytes(size: str, chunk: str, damaged: str = "no") -> None:
     emit({"received": copy.size, "same": same, "step": got.step, "memory_file": copy.path is not None})
 
 
+def _main_nccl() -> None:
+    """As worker.main, on NCCL (one GPU per rank: ``LOCAL_RANK``'s)."""
+    import sys
+
+    from supervisor import distributed
+    from tests.distributed.worker import SCENARIOS
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    distributed.init_process_group("nccl", timeout_secs=120)
+    SCENARIOS[sys.argv[1]](*sys.argv[2:])
+    distributed.destroy_process_group(timeout_secs=30)
+
+
 if __name__ == "__main__":
-    main()
+    _main_nccl() if os.environ.get("SUPERVISOR_TEST_BACKEND") == "nccl" else main()

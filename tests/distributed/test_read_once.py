@@ -139,3 +139,13 @@ def test_the_bytes_arrive_whole_in_chunks_and_a_copy_that_differs_from_the_manif
         assert r.returncode not in (0, None), describe(damaged)
         assert "CheckpointCorruptError" in r.output and "this rank's copy differs" in r.output, describe(damaged)
         assert "/ckpt/model.ckpt-7/state.pt" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank (2)")
+def test_under_nccl_the_chunks_travel_through_the_gpus():
+    size, chunk = 3 * 1000 * 1000 + 5, 1 << 20
+    ok = run_job("shared_bytes", 2, str(size), str(chunk), module=MODULE, timeout=180,
+                 extra_env={"SUPERVISOR_TEST_BACKEND": "nccl"})
+    assert all(r.returncode == 0 for r in ok), describe(ok)
+    assert ok[1].result == {"received": size, "same": True, "step": 7, "memory_file": True}
