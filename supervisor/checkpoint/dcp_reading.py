@@ -121,12 +121,28 @@ def safe_file_reader(path: str, metadata: Any = None) -> Any:
         def _slice_file(self, file: Any, sinfo: Any) -> Any:
             if getattr(sinfo, ITEM_CRC, None) is None:  # a checkpoint verified whole before
                 return super()._slice_file(file, sinfo)
-            file.seek(sinfo.offset)
-            data = file.read(sinfo.length)
+            data = _pread(file, sinfo.offset, sinfo.length)  # exactly the item: no read-ahead
             check_item(data, sinfo, path)  # this rank's range, verified as it is read
             return io.BytesIO(data)
 
     return SafeMetadataReader(path)
+
+
+def _pread(file: Any, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` of an open file, read by ``pread`` (short at its end)."""
+    try:
+        fd = file.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        file.seek(offset)
+        return file.read(length)
+    parts, done = [], 0
+    while done < length:
+        part = os.pread(fd, length - done, offset + done)
+        if not part:
+            break
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
 
 
 class _MemoryFileSystem:
