@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="2,4,8", help="world sizes, comma-separated")
     parser.add_argument("--kinds", default="ddp,fsdp2")
-    parser.add_argument("--width", type=int, default=1024, help="the model's width (checkpoint ~ 8*width^2 bytes)")
+    parser.add_argument("--width", type=int, default=1024,
+                        help="the model's width (checkpoint ~ 12*width^2 bytes: weights and Adam's two moments)")
     parser.add_argument("--baseline", default="/work/main", help="checkout of today's design ('' to skip it)")
     parser.add_argument("--dir", default=None, help="where the logdirs go (default: a temp dir)")
     args = parser.parse_args(argv)
