@@ -149,3 +149,14 @@ def test_under_nccl_the_chunks_travel_through_the_gpus():
                  extra_env={"SUPERVISOR_TEST_BACKEND": "nccl"})
     assert all(r.returncode == 0 for r in ok), describe(ok)
     assert ok[1].result == {"received": size, "same": True, "step": 7, "memory_file": True}
+
+
+@pytest.mark.slow
+def test_the_restore_benchmark_stays_runnable(capsys, tmp_path):
+    from benchmarks.scale_restore import main
+
+    rows = main(["--worlds", "2", "--kinds", "ddp", "--baseline", "", "--width", "256", "--dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert [(r["world"], r["kind"], r["side"]) for r in rows] == [(2, "ddp", "read-once")]
+    assert rows[0]["per_rank"][1] == 0 and rows[0]["ratio"] <= 1.05, rows
+    assert "  2 ddp    read-once" in out and out.rstrip().endswith("ok"), out
