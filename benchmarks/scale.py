@@ -18,7 +18,7 @@ Figures, one section (one function) each:
 
 Run: ``python benchmarks/scale.py [--quick] [--worlds 2,4,8,16] [--trials 20] [--baseline DIR]``
 (``--baseline``: a checkout of today's design, e.g. ``git worktree add /tmp/base <commit>``;
-default ``$SUPERVISOR_BASELINE`` or ``/work/main`` when it exists; ``none`` skips it).
+default ``$SUPERVISOR_BASELINE``, e.g. a ``git worktree add /tmp/before 123d13b``; none without it).
 """
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def _blame_trials(root: str, world: int, kind: str, trials: int, grace: float,
 # ---------------------------------------------------------------- main
 def _designs(args: argparse.Namespace) -> dict[str, str]:
     designs = {}
-    baseline = args.baseline if args.baseline is not None else os.environ.get("SUPERVISOR_BASELINE", "/work/main")
+    baseline = args.baseline if args.baseline is not None else os.environ.get("SUPERVISOR_BASELINE", "none")
     if baseline and baseline != "none" and os.path.isdir(os.path.join(baseline, "supervisor")):
         designs["today"] = os.path.abspath(baseline)
     designs["this"] = ROOT

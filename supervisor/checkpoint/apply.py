@@ -4,29 +4,44 @@ rank's RNG states, and returns what the session continues from (`Restored`)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from supervisor import distributed, resume
-from supervisor.checkpoint.format import RNG_KEY
+from supervisor.checkpoint.format import RNG_KEY, Manifest
 from supervisor.checkpoint.loader import LoadedCheckpoint
+from supervisor.checkpoint.private_copy import PrivateCopy
 from supervisor.distributed import rng as distributed_rng
 from supervisor.errors import CheckpointError
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["Restored", "apply_checkpoint"]
+__all__ = ["KeptCopy", "Restored", "apply_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class KeptCopy:
+    """What a restore with ``keep_copy`` read, open for a chief to share (then `close`): the
+    verified private copy of ``state.pt`` and the manifest it verified against."""
+
+    copy: PrivateCopy
+    manifest: Manifest
+
+    def close(self) -> None:
+        self.copy.close()
+
+
+@dataclass(frozen=True)
 class Restored:
-    """What a restore found: the global step and the checkpoint it came from."""
+    """What a restore found: the global step and the checkpoint it came from; ``source``: its
+    bytes, kept open when loaded with ``keep_copy`` (the chief shares and closes them)."""
 
     global_step: int
     path: str
+    source: KeptCopy | None = field(default=None, compare=False, repr=False)
 
 
 def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_rng: bool = True,
@@ -37,6 +52,17 @@ def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_
     Raises:
         CheckpointError: the checkpoint does not fit the state; names the path and step.
     """
+    try:
+        _apply(loaded, state, restore_rng=restore_rng, strict=strict)
+    except BaseException:
+        if loaded.source is not None:
+            loaded.source.close()
+        raise
+    kept = KeptCopy(loaded.source, loaded.manifest) if loaded.source is not None else None
+    return Restored(global_step=loaded.step, path=loaded.path, source=kept)
+
+
+def _apply(loaded: LoadedCheckpoint, state: TrainingState, *, restore_rng: bool, strict: bool) -> None:
     payload = _materialize_non_modules(loaded.payload, state) if loaded.mapped else loaded.payload
     where = f"{loaded.path} (step {loaded.step})"
     live = resume.live_iterators(state)  # exact resume (supervisor/resume.py): checked before the load
@@ -55,7 +81,6 @@ def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_
         else:
             logger.warning("%s has no RNG state (saved with save_rng=False?); the random generators "
                            "continue from their current state", loaded.path)
-    return Restored(global_step=loaded.step, path=loaded.path)
 
 
 def _materialize_non_modules(payload: dict, state: TrainingState) -> dict:

@@ -31,12 +31,12 @@ _MAX_RESCANS = 20
 
 
 def find_and_load(directory: str, basename: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
-                  mmap: bool = True, storage: Storage | None = None) -> LoadedCheckpoint | None:
+                  mmap: bool = True, storage: Storage | None = None, keep_copy: bool = False) -> LoadedCheckpoint | None:
     """Loads the checkpoint to restore from ``directory``, falling back to older ones.
 
-    A candidate that vanishes while it is read (retention deleted it after a newer commit) is
-    not a failure: the index is read again and its new choice tried. Returns None when there is
-    no checkpoint at all. ``storage``: the logdir's (default: the one its path or URL names).
+    A candidate that vanishes while it is read (retention deleted it after a newer commit) is not a
+    failure: the index is read again and its new choice tried. Returns None when there is no checkpoint
+    at all. ``storage``: the logdir's (default: the one its path or URL names); ``keep_copy``: as `load_verified`.
 
     Raises:
         ValueError: ``verify`` is not one of `VERIFY_MODES`.
@@ -52,7 +52,8 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
         paths = [p for p in candidates(directory, basename, storage) if p not in failures and p not in orphans]
         for i, path in enumerate(paths):
             try:
-                return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap, storage=storage)
+                return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap,
+                                     storage=storage, keep_copy=keep_copy)
             except CheckpointVanishedError:
                 logger.info("%s was deleted while being read (retention); looking at the index again", path)
                 break
@@ -214,9 +215,10 @@ def chosen_path(directory: str, basename: str, chosen: Any, storage: Storage) ->
 
 
 def load_chosen(directory: str, basename: str, chosen: Any, *, verify: str = "full",
-                trusted_globals: Iterable[Any] = (), storage: Storage | None = None) -> LoadedCheckpoint:
+                trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
+                keep_copy: bool = False) -> LoadedCheckpoint:
     """Loads the checkpoint ``chosen`` names (a step, or one of its paths: `chosen_path`),
-    verified like every restore; never another one in its place.
+    verified like every restore; never another one in its place (``keep_copy``: as `load_verified`).
 
     Raises:
         CheckpointNotFoundError: no committed checkpoint of that step (the steps there are named).
@@ -240,7 +242,7 @@ def load_chosen(directory: str, basename: str, chosen: Any, *, verify: str = "fu
                        ", ".join(map(str, newer)))
     try:
         return load_verified(path, verify=check_verify(verify), trusted_globals=tuple(trusted_globals),
-                             storage=storage)
+                             storage=storage, keep_copy=keep_copy)
     except (CheckpointNotFoundError, CheckpointCorruptError) as e:
         raise type(e)(f"the chosen checkpoint {path} cannot be restored: {_reason(e, path)}; "
                       f"{'the other steps there are ' + others if others else 'there is no other checkpoint'}"

@@ -9,9 +9,10 @@ one; `stage` copied the state into CPU buffers first, on the training thread). E
    posts its path; the other ranks wait for it;
 2. every rank runs ``dcp.save`` into it (its ``__<rank>_*.distcp`` shards; the chief's DCP
    coordinator also writes ``.metadata``), writes ``rng-<rank>.pt`` and posts the size and
-   CRC-32 of each file it wrote — locally fsynced by DCP and checksummed from the page cache;
-   on an object store uploaded through the logdir's `Storage`
-   (`supervisor.checkpoint.dcp_storage.StorageDcpWriter`), checksummed while uploading;
+   CRC-32 of each file it wrote, computed while writing (locally fsynced by DCP; on an object
+   store uploaded through the logdir's `Storage`:
+   `supervisor.checkpoint.dcp_storage.StorageDcpWriter`), and the CRC-32 of each item in DCP's
+   ``.metadata`` (`supervisor.checkpoint.dcp_ranges`: a restore verifies the ranges it reads);
 3. the chief waits for every rank's records — or the first failure — then seals the manifest
    naming every file, checks its lease, commits (locally: manifest, rename; on an object store:
    ``MANIFEST.json`` written last, create-only), publishes (index, retention) and posts its
@@ -42,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from supervisor import distributed
-from supervisor.checkpoint.fileio import checksum_file
 from supervisor.checkpoint.format import FileRecord
 from supervisor.checkpoint.serialize import serialize
 from supervisor.checkpoint.staging import StagingArea
@@ -250,8 +250,7 @@ def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
     """This rank's files: its DCP shards, its RNG file, and the size and CRC-32 of each. Never
     raises: the outcome goes to the chief.
 
-    Locally DCP's ``FileSystemWriter`` fsyncs the shards and their checksums are read back from
-    the page cache; on an object store (``storage.stages_in_place``) the shards are uploaded by
+    Locally DCP's ``FileSystemWriter`` fsyncs the shards, checksummed while written; on an object store (``storage.stages_in_place``) the shards are uploaded by
     `supervisor.checkpoint.dcp_storage.StorageDcpWriter`, checksummed while written (no read)."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
@@ -272,14 +271,21 @@ def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
 
 def _save_to_directory(path: str, save: ShardedSave) -> dict[str, list]:
     """``dcp.save`` into a local temp directory (fsynced by DCP); each shard's size and CRC-32
-    read back from the page cache (``.metadata`` is checksummed by the chief's seal)."""
+    computed while it is written, and each item's CRC-32 kept in ``.metadata``
+    (`supervisor.checkpoint.dcp_ranges`: nothing read back; ``.metadata`` is checksummed by
+    the chief's seal)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(save.state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
-             process_group=save.group, no_dist=not distributed.is_initialized())
-    own = TempCheckpoint.attach(path)
-    return {f: list(checksum_file(own.storage.join(path, f)))  # fsynced by DCP: read, not synced again
-            for f in own.storage.listdir(path) if f.startswith(f"__{save.rank}_")}
+    from supervisor.checkpoint.dcp_ranges import ItemChecksums  # lazy: imports DCP
+
+    class Writer(ItemChecksums, dcp.FileSystemWriter):
+        pass
+
+    writer = Writer(path, sync_files=True)
+    writer.record_items()
+    dcp.save(save.state_dict, storage_writer=writer, process_group=save.group,
+             no_dist=not distributed.is_initialized())
+    return {f: [r.size, r.checksum] for f, r in writer.file_records(f"__{save.rank}_").items()}
 
 
 def _save_to_object_store(path: str, save: ShardedSave, storage: Storage) -> dict[str, list]:

@@ -17,9 +17,10 @@ import torch
 
 from supervisor import distributed, resume
 from supervisor.checkpoint import dcp_commit
-from supervisor.checkpoint.dcp_reading import safe_dcp_load
+from supervisor.checkpoint.dcp_reading import read_metadata, safe_dcp_load
+from supervisor.checkpoint.dcp_restore import checked_bytes, checked_file
 from supervisor.checkpoint.fencing import data_path
-from supervisor.checkpoint.format import checkpoint_name
+from supervisor.checkpoint.format import Manifest, checkpoint_name
 from supervisor.checkpoint.restore import Restored, check_checkpoint, choose_checkpoint, safe_torch_load
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.verify import DCP_METADATA
@@ -109,7 +110,8 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 
 # ---------------------------------------------------------------- restoring
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
-                    trusted_globals: Iterable[Any] = (), storage: Storage | None = None) -> Restored:
+                    trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
+                    manifest: Manifest | None = None, metadata: bytes | None = None, verify: str = "full") -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
@@ -121,12 +123,20 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
 
     ``storage``: the logdir's (default: the one ``path`` names). On an object store each rank
     reads only the byte ranges of the shards it needs (ranged reads of the versions listed once).
+
+    ``manifest``: the checkpoint's (the chief's choice carries it): ``.metadata`` (``metadata``:
+    its bytes, as the chief sent them; else read here) and this rank's RNG file are checked
+    against it (``verify``), and each item read against its CRC-32 when the checkpoint has them
+    (`supervisor.checkpoint.dcp_ranges`); `CheckpointCorruptError` names what differs.
     """
     storage = storage if storage is not None else storage_for(path)
     live = resume.live_iterators(state)  # exact resume: checked before the load
+    if manifest is not None:
+        data = metadata if metadata is not None else checked_file(path, DCP_METADATA, manifest, storage, verify=verify)
+        metadata = read_metadata(checked_bytes(path, DCP_METADATA, data, manifest, verify=verify), path)
     try:
         _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals,
-              storage=storage)
+              storage=storage, metadata=metadata)
     except CheckpointError:
         raise
     except Exception as e:
@@ -135,18 +145,20 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     where = f"{path} (step {step})"
     resume.prime_loaders(state, live, where)  # may draw from the RNG, so before it is restored
     if restore_rng:
-        _restore_rng(path, step, state, distributed.rank(), storage)
+        _restore_rng(path, step, state, distributed.rank(), storage, manifest=manifest, verify=verify)
     return Restored(global_step=step, path=path)
 
 
 def _load(path: str, state: TrainingState, *, no_dist: bool, trusted_globals: Iterable[Any],
-          storage: Storage) -> None:
+          storage: Storage, metadata: Any = None) -> None:
     state_dict = build_state_dict(state)
-    safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals, storage=storage)
+    safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals, storage=storage,
+                  metadata=metadata)
     apply_state_dict(state, state_dict)
 
 
-def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage: Storage) -> None:
+def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage: Storage, *,
+                 manifest: Manifest | None = None, verify: str = "full") -> None:
     """``rank``'s ``rng-<rank>.pt`` (global generators and the state's loader generators), or
     a derived seed when the checkpoint has none for ``rank`` (the world size changed)."""
     where = f"{path} (step {step})"
@@ -157,7 +169,10 @@ def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage:
         logger.warning("%s has no RNG state; the random generators continue from their current state", path)
     elif rank in files:
         name = storage.join(path, files[rank])
-        source = io.BytesIO(storage.read_bytes(name)) if storage.stages_in_place else name  # an object: in memory
+        if manifest is not None:  # checked against the chief's manifest, read once
+            source: Any = io.BytesIO(checked_file(path, files[rank], manifest, storage, verify=verify))
+        else:
+            source = io.BytesIO(storage.read_bytes(name)) if storage.stages_in_place else name  # an object: in memory
         resume.restore_rng(safe_torch_load(source, step=step, shown_as=name), state, where=where)
     else:
         restore_for_rank(dict.fromkeys(files), rank, step=step, where=where)  # only the keys matter

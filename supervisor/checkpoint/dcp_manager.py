@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping
 
 from supervisor import distributed
 from supervisor._validate import check_choice, check_number
-from supervisor.checkpoint import dcp_commit
-from supervisor.checkpoint.dcp_io import build_state_dict, choose_checkpoint, restore_sharded
+from supervisor.checkpoint import dcp_commit, dcp_restore
+from supervisor.checkpoint.dcp_io import build_state_dict, restore_sharded
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint import overlap
 from supervisor.checkpoint.options import check_capture
@@ -28,8 +28,6 @@ from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.manager_common import ManagerCommon, before_commit
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.clock import resolve_clock
-from supervisor.distributed import restore as restore_channel
-from supervisor.distributed.restore import RestoreDecision
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
 from supervisor.rng import capture_rng_state
@@ -336,31 +334,19 @@ class ShardedCheckpointManager(ManagerCommon):
 
     # ---------------------------------------------------------------- restoring and closing
     def restore(self, state: TrainingState) -> Restored | None:
-        """The chief chooses (verified, §5.4) and posts its choice; every rank loads exactly it."""
+        """The chief chooses (§5.4) and posts its choice; every rank loads exactly it, verifying
+        the ranges it reads (`supervisor.checkpoint.dcp_restore`)."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        if not distributed.is_distributed():
-            choice = choose_checkpoint(self.directory, self.basename, verify=self.verify, storage=self.storage)
-        elif self._chief:
-            key = restore_channel.next_key()
-            try:
-                choice = choose_checkpoint(self.directory, self.basename, verify=self.verify, storage=self.storage)
-            except BaseException as e:
-                restore_channel.publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
-                raise
-            restore_channel.publish_decision(key, RestoreDecision(*choice) if choice else RestoreDecision())
-        else:
-            decision = restore_channel.await_decision(restore_channel.next_key(), max_wait_secs=self.max_wait_secs,
-                                                      clock=self._clock)
-            if decision.error is not None:
-                raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore "
-                                      f"failed with {decision.error}")
-            choice = (decision.path, decision.step) if decision.path is not None else None
-        if choice is None:
-            return None
-        restored = restore_sharded(choice[0], state, step=choice[1], restore_rng=self.save_rng,
-                                   trusted_globals=self.trusted_globals, storage=self.storage)
-        self._last_saved_step = self._last_committed_step = restored.global_step
+        restored = dcp_restore.restore_in_job(
+            lambda skip: dcp_restore.choose_sharded(self.directory, self.basename, verify=self.verify,
+                                                    storage=self.storage, skip=skip),
+            lambda path, step, manifest, metadata: restore_sharded(
+                path, state, step=step, restore_rng=self.save_rng, trusted_globals=self.trusted_globals,
+                storage=self.storage, manifest=manifest, metadata=metadata, verify=self.verify),
+            max_wait_secs=self.max_wait_secs, clock=self._clock)
+        if restored is not None:
+            self._last_saved_step = self._last_committed_step = restored.global_step
         return restored
 
     def close(self, *, failed: bool = False) -> None:

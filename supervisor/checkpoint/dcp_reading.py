@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from supervisor.checkpoint.fencing import data_path
+from supervisor.checkpoint.dcp_ranges import ITEM_CRC, check_item
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.private_copy import MemoryFile
 from supervisor.checkpoint.safe_globals import safe_torch_load
@@ -122,7 +123,31 @@ def safe_file_reader(path: str, metadata: Any = None) -> Any:
             # Always the global metadata (never a rank-local file DCP falls back to), allowlisted.
             return metadata if metadata is not None else read_metadata_file(path)
 
+        def _slice_file(self, file: Any, sinfo: Any) -> Any:
+            if getattr(sinfo, ITEM_CRC, None) is None:  # a checkpoint verified whole before
+                return super()._slice_file(file, sinfo)
+            data = _pread(file, sinfo.offset, sinfo.length)  # exactly the item: no read-ahead
+            check_item(data, sinfo, path)  # this rank's range, verified as it is read
+            return io.BytesIO(data)
+
     return SafeMetadataReader(path)
+
+
+def _pread(file: Any, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` of an open file, read by ``pread`` (short at its end)."""
+    try:
+        fd = file.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        file.seek(offset)
+        return file.read(length)
+    parts, done = [], 0
+    while done < length:
+        part = os.pread(fd, length - done, offset + done)
+        if not part:
+            break
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
 
 
 class _MemoryFileSystem:
@@ -220,7 +245,7 @@ def safe_load_planner(path: str, trusted_globals: Iterable[Any] = ()) -> Any:
 
 
 def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True,
-                  trusted_globals: Iterable[Any] = (), storage: Storage | None = None) -> None:
+                  trusted_globals: Iterable[Any] = (), storage: Storage | None = None, metadata: Any = None) -> None:
     """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)`` that cannot run code
     from the checkpoint: ``.metadata`` through the allowlist (`safe_file_reader`), non-tensor
     entries through `safe_torch_load` (`safe_load_planner`). Every restore of a sharded
@@ -237,7 +262,8 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
 
     storage = storage or _LOCAL
     path = data_path(path, storage)  # on an object store, the root the manifest names (fencing.py)
-    metadata = _metadata_at(path, storage)  # first: a refused global is raised as is, not wrapped by DCP
+    if metadata is None:  # (``metadata``: already read, checked against the manifest)
+        metadata = _metadata_at(path, storage)  # first: a refused global is raised as is, not wrapped by DCP
     if storage.stages_in_place:  # an object store
         from supervisor.checkpoint.dcp_storage import StorageDcpReader  # lazy: imports DCP
 

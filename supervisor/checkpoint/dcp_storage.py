@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
+from supervisor.checkpoint.dcp_ranges import ItemChecksums, check_item
 from supervisor.checkpoint.format import FileRecord
 from supervisor.checkpoint.storage import Storage
 
@@ -162,16 +163,18 @@ class StorageFileSystem(FileSystemBase):
             snapshot.close()
 
 
-class StorageDcpWriter(FileSystemWriter):
+class StorageDcpWriter(ItemChecksums, FileSystemWriter):
     """DCP's ``FileSystemWriter`` writing through ``storage`` into the checkpoint prefix
     ``path`` (see the module docstring). `records` holds the size and CRC-32 of every file this
-    process wrote (its shards; on the coordinator also ``.metadata``). DCP's fsync is off: a
-    file is durable once its upload completed (`Storage.open_write`'s ``sync``)."""
+    process wrote (its shards; on the coordinator also ``.metadata``); each item's CRC-32 goes
+    into ``.metadata`` (`supervisor.checkpoint.dcp_ranges`). DCP's fsync is off: a file is
+    durable once its upload completed (`Storage.open_write`'s ``sync``)."""
 
     def __init__(self, storage: Storage, path: str) -> None:
         super().__init__(path, sync_files=False)
         self.fs = StorageFileSystem(storage, path)  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
+        self.record_items()
 
     @property
     def records(self) -> dict[str, FileRecord]:
@@ -227,6 +230,7 @@ class StorageDcpReader(FileSystemReader):
         if len(data) != sinfo.length:
             raise OSError(f"{self.path}/{sinfo.relative_path}: the object ends after {len(data)} of the "
                           f"{sinfo.length} bytes an item at offset {sinfo.offset} needs (truncated)")
+        check_item(data, sinfo, self.path)
         return io.BytesIO(data)
 
     def _fetch(self, read_at: Any, ranges: list[tuple[int, int]]) -> list[tuple[int, bytes]]:

@@ -17,9 +17,7 @@ the evaluator and ``load_checkpoint`` (`read_checkpoint`).
 3. Only then is ``state.pt`` unpickled (`safe_torch_load`: ``weights_only``, ``trusted_globals``
    opt-in, never unsafe unpickling), mapped from the copy when ``mmap`` (the tensors are views
    of it: no second copy; ``mapped``); a sharded checkpoint is assembled from the copies by
-   `supervisor.checkpoint.dcp_reading.load_payload`.
-
-Bytes read per checkpoint: its size, manifest included (1.0×), on both storages.
+   `supervisor.checkpoint.dcp_reading.load_payload`. Bytes read: its size, manifest included (1.0×).
 
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
@@ -46,8 +44,8 @@ from supervisor.checkpoint.storage_base import PreconditionFailedError, Snapshot
 from supervisor.checkpoint.verify import DCP_METADATA, VERIFY_MODES, check_checkpoint, check_sizes, check_verify
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointVanishedError
 
-__all__ = ["CheckpointRead", "LoadedCheckpoint", "VerifiedFiles", "is_remote", "load_private_copy", "load_verified",
-           "read_checkpoint", "read_verified_files", "resolve_storage", "verify_checkpoint"]
+__all__ = ["CheckpointRead", "LoadedCheckpoint", "VerifiedFiles", "is_remote", "load_private_copy", "load_state_copy",
+           "load_verified", "read_checkpoint", "read_verified_files", "resolve_storage", "verify_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +62,8 @@ class LoadedCheckpoint:
     manifest: Manifest
     payload: dict
     mapped: bool = False  # tensors are views of one private copy of state.pt (see load_verified)
+    #: ``keep_copy``: the verified private copy of state.pt, open (`supervisor.checkpoint.shared_copy`)
+    source: PrivateCopy | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
         if STATE_FILE in files.copies:
             copy = files.copies.pop(STATE_FILE)
             mapped = copy.path is not None  # views of the private copy
-            payload = _load_state(path, manifest, copy, trusted_globals, map_location, mmap=True)
+            payload = load_state_copy(path, manifest, copy, trusted_globals, map_location, mmap=True)
         else:  # a sharded checkpoint (_open_listed let only those through)
             mapped = False
             contents = {name: copy.data for name, copy in files.copies.items()}
@@ -154,12 +154,15 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
 
 
 def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
-                  map_location: Any = "cpu", mmap: bool = False, storage: Storage | None = None) -> LoadedCheckpoint:
+                  map_location: Any = "cpu", mmap: bool = False, storage: Storage | None = None,
+                  keep_copy: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` for a restore (see the module docstring).
 
     With ``mmap=True`` the tensors are views of the private copy (zero further copies;
     ``mapped``), else they are loaded into tensors of their own. Either way they stay valid after
-    the checkpoint is deleted or truncated: the checkpoint file itself is never mapped.
+    the checkpoint is deleted or truncated: the checkpoint file itself is never mapped. With
+    ``keep_copy`` the verified copy stays open as ``source`` (the caller closes it): a chief
+    shares it with the other ranks instead of each reading the checkpoint again.
 
     Raises:
         ValueError: ``verify`` is not one of `VERIFY_MODES`.
@@ -184,8 +187,9 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
     copy = files.copies.pop(STATE_FILE)
     files.close()
     mapped = mmap and copy.path is not None
-    payload = _load_state(path, files.manifest, copy, trusted_globals, map_location, mmap=mmap)
-    return LoadedCheckpoint(path, files.manifest.step, files.manifest, payload, mapped=mapped)
+    payload = load_state_copy(path, files.manifest, copy, trusted_globals, map_location, mmap=mmap, keep=keep_copy)
+    return LoadedCheckpoint(path, files.manifest.step, files.manifest, payload, mapped=mapped,
+                            source=copy if keep_copy else None)
 
 
 def load_private_copy(copy: PrivateCopy, state_path: str, *, map_location: Any, trusted_globals: Iterable[Any],
@@ -201,10 +205,12 @@ def load_private_copy(copy: PrivateCopy, state_path: str, *, map_location: Any, 
         return safe_torch_load(source, map_location=map_location, trusted_globals=trusted_globals, step=step)
 
 
-def _load_state(path: str, manifest: Manifest, copy: PrivateCopy, trusted_globals: Iterable[Any],
-                map_location: Any, *, mmap: bool) -> dict:
-    """The payload of a verified ``state.pt`` copy (released after), checked against the manifest."""
+def load_state_copy(path: str, manifest: Manifest, copy: PrivateCopy, trusted_globals: Iterable[Any],
+                    map_location: Any, *, mmap: bool, keep: bool = False) -> dict:
+    """The payload of a verified ``state.pt`` copy, checked against the manifest; the copy is
+    released after (with ``keep``, only when the load fails)."""
     state_path = f"{path.rstrip('/')}/{STATE_FILE}" if "://" in path else os.path.join(path, STATE_FILE)
+    payload = None
     try:
         payload = load_private_copy(copy, state_path, map_location=map_location,
                                     trusted_globals=tuple(trusted_globals), step=manifest.step, mmap=mmap)
@@ -216,10 +222,11 @@ def _load_state(path: str, manifest: Manifest, copy: PrivateCopy, trusted_global
         # torch's unpickling errors advise loading unsafely: never chain (and print) that advice.
         raise error from (None if isinstance(e, pickle.UnpicklingError) else e)
     finally:
-        copy.close()
+        step = payload.get(STEP_KEY, manifest.step) if isinstance(payload, dict) else None
+        if not keep or step != manifest.step:  # not loaded, or not what the manifest says
+            copy.close()
     if not isinstance(payload, dict):
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} holds a {type(payload).__name__}, not a mapping")
-    step = payload.get(STEP_KEY, manifest.step)
     if step != manifest.step:
         raise CheckpointCorruptError(f"{path}: {STATE_FILE} is of step {step}, the manifest says "
                                      f"{manifest.step} (files of two checkpoints mixed)")

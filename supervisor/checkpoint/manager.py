@@ -375,20 +375,21 @@ class CheckpointManager(ManagerCommon):
             self._deliver_failure(failure)
 
     # ---------------------------------------------------------------- restoring
-    def restore(self, state: TrainingState, step: int | str | os.PathLike | None = None) -> Restored | None:
+    def restore(self, state: TrainingState, step: int | str | os.PathLike | None = None, *,
+                keep_copy: bool = False) -> Restored | None:
         """Restores the newest verified checkpoint (falling back to older ones) into ``state``,
         with the RNG states; returns its step and path, or None when there is no checkpoint.
-        ``step``: that step's checkpoint instead (or a checkpoint path of this directory), verified
-        alike and never replaced by another (`supervisor.checkpoint.choose.load_chosen`).
-        Raises `CheckpointCorruptError` (none verifies, or not the chosen one),
+        ``step``: that step's checkpoint instead (or a checkpoint path of this directory), verified alike and never
+        replaced by another (`choose.load_chosen`). ``keep_copy``: the verified bytes stay open as ``Restored.source``
+        (a chief shares them). Raises `CheckpointCorruptError` (none verifies, or not the chosen one),
         `CheckpointNotFoundError` (no checkpoint of the chosen step: the steps there named) or
         `CheckpointError` (the checkpoint does not match ``state``, or needs an untrusted global)."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        loaded = find_and_load(self.directory, self.basename, verify=self.verify, trusted_globals=self.trusted_globals,
-                               storage=self.storage) if step is None else load_chosen(
-            self.directory, self.basename, step, verify=self.verify, trusted_globals=self.trusted_globals,
-            storage=self.storage)
+        options = {"verify": self.verify, "trusted_globals": self.trusted_globals, "storage": self.storage,
+                   "keep_copy": keep_copy}
+        loaded = (find_and_load(self.directory, self.basename, **options) if step is None
+                  else load_chosen(self.directory, self.basename, step, **options))
         if loaded is None:
             return None
         restored = apply_checkpoint(loaded, state, restore_rng=self.save_rng)

@@ -43,7 +43,8 @@ try:
 except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["MemoryFile", "PrivateCopy", "available_memory_bytes", "checksum_stream", "copy_file", "read_private_copy"]
+__all__ = ["MEMORY_FILES", "MemoryFile", "PrivateCopy", "available_memory_bytes", "checksum_stream", "copy_file",
+           "read_private_copy", "seal_memory_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ _CHUNK_BYTES = 8 << 20
 _COPY_CHUNK_BYTES = 1 << 20  # stays in the CPU cache between read, CRC and write
 _PARALLEL_MIN_BYTES = 16 << 20  # per CRC thread
 _MEMFD = hasattr(os, "memfd_create") and hasattr(os, "sendfile") and os.path.isdir("/proc/self/fd")
+MEMORY_FILES = _MEMFD  # whether private copies are sealed memory files here (else bytearrays)
 _RANGED_PARALLEL = 8  # ranged requests in flight per object-store file: latency, not CPU, bounds them
 _SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE", "F_SEAL_SEAL")
 
@@ -133,12 +135,12 @@ def copy_file(file: Any, size: int, where: str, *, checksum: bool = True, in_buf
     try:
         if memfd is not None:
             os.ftruncate(memfd, size)
-            _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
+            seal_memory_file(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
         target = bytearray(min(size, _CHUNK_BYTES)) if memfd is not None else _allocate(size, where)
         crc = _stream_into(file, target, memfd, size, where, checksum)
         if memfd is None:
             return PrivateCopy(size, crc if checksum else None, data=target)
-        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
+        seal_memory_file(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
         return PrivateCopy(size, crc if checksum else None, memfd=memfd)
     except BaseException:
         if memfd is not None:
@@ -187,14 +189,14 @@ def _ranged_copy(file: Any, size: int, where: str, *, checksum: bool, in_buffer:
     memfd = os.memfd_create("supervisor-checkpoint", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
     try:
         os.ftruncate(memfd, size)
-        _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
+        seal_memory_file(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
         mapped = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         try:
             with memoryview(mapped) as view:
                 crc = _ranged_read(file, size, where, view)
         finally:
             _unmap(mapped)
-        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")  # no writable map is left
+        seal_memory_file(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")  # no writable map is left
         return PrivateCopy(size, crc if checksum else None, memfd=memfd)
     except BaseException:
         os.close(memfd)
@@ -291,16 +293,17 @@ def _memfd_copy(fd: int, size: int, where: str, checksum: bool) -> PrivateCopy:
     memfd = os.memfd_create("supervisor-checkpoint", flags)
     try:
         os.ftruncate(memfd, size)
-        _seal(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
+        seal_memory_file(memfd, "F_SEAL_SHRINK", "F_SEAL_GROW")
         crc = _copy_ranges(fd, memfd, size, where, checksum)
-        _seal(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
+        seal_memory_file(memfd, "F_SEAL_WRITE", "F_SEAL_SEAL")
         return PrivateCopy(size, crc if checksum else None, memfd=memfd)
     except BaseException:
         os.close(memfd)
         raise
 
 
-def _seal(memfd: int, *names: str) -> None:
+def seal_memory_file(memfd: int, *names: str) -> None:
+    """Adds the seals ``names`` (``"F_SEAL_WRITE"``, ...) to a memory file, where it can."""
     if fcntl is None or not hasattr(fcntl, "F_ADD_SEALS"):
         return
     seals = 0

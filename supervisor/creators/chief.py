@@ -24,6 +24,7 @@ from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.restore import Restored
 from supervisor.creators import chief_choice
+from supervisor.distributed import env
 from supervisor.creators.base import SessionCreator
 from supervisor.state import TrainingState
 
@@ -112,7 +113,8 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
         # starts from scratch with an init_fn, they receive its state after init_fn (initialise).
         chosen, self._restore_step = self._restore_step, None  # a recovery restores the newest
         restored, self._scratch_key = chief_choice.decide_as_chief(
-            lambda: manager.restore(self.state, step=chosen), initialises=self.init_fn is not None)
+            lambda: manager.restore(self.state, step=chosen, keep_copy=env.is_distributed()),  # shared: read once
+            initialises=self.init_fn is not None)
         return restored
 
     def initialise(self, session: Any) -> None:

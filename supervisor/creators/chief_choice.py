@@ -7,6 +7,12 @@ every other rank's creator waits for that decision and restores exactly that che
 ``s3://`` logdir's client with the front door's ``storage_options``). The decision travels
 through `supervisor.distributed.restore` (the store key, the JSON decision, the state
 broadcast), which knows no checkpoint format; loading and verifying are `supervisor.checkpoint`'s.
+
+Read once per job (issue 31): the chief keeps the verified copy of the ``state.pt`` it restored,
+posts the checkpoint's manifest with its decision and broadcasts the bytes
+(`supervisor.checkpoint.shared_copy`); every other rank receives them into a private copy of
+its own, checked against that manifest, and loads from it — no other rank reads the checkpoint
+from storage. A decision without a manifest (an older chief) is restored from storage as before.
 """
 from __future__ import annotations
 
@@ -14,7 +20,10 @@ import logging
 from typing import Any
 
 from supervisor.distributed import env
+from supervisor.checkpoint.format import STATE_FILE
+from supervisor.checkpoint.loader import LoadedCheckpoint, load_state_copy
 from supervisor.checkpoint.restore import apply_checkpoint, load_verified
+from supervisor.checkpoint.shared_copy import receive_copy, share_copy
 from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.clock import Clock
 from supervisor.distributed.restore import (
@@ -52,8 +61,16 @@ def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, st
         return None, key
     if restored is None:
         publish_decision(key, RestoreDecision())
-    else:
-        publish_decision(key, RestoreDecision(restored.path, int(restored.global_step)))
+        return None, None
+    kept = getattr(restored, "source", None)  # a duck-typed manager's Restored may have none
+    publish_decision(key, RestoreDecision(restored.path, int(restored.global_step),
+                                          manifest=kept.manifest.to_json() if kept is not None else None))
+    if kept is not None:
+        try:
+            share_copy(kept.copy, where=f"{restored.path.rstrip('/')}/{STATE_FILE}")
+        finally:
+            kept.close()
+        logger.info("sent the %d bytes of %s to every rank (read once from storage)", kept.copy.size, restored.path)
     return restored, None
 
 
@@ -92,8 +109,11 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
         else:
             logger.info("the chief starts from scratch (no init_fn); so does rank %d", env.rank())
         return None
-    loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True,
-                           storage=_storage_of(decision.path, storage))
+    if decision.manifest is not None:  # the chief sends the bytes it read: none read here
+        loaded = _receive(decision.path, decision.manifest, verify=verify, trusted_globals=trusted_globals)
+    else:
+        loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True,
+                               storage=_storage_of(decision.path, storage))
     if loaded.step != decision.step:
         raise RuntimeError(f"{decision.path} holds step {loaded.step}, the chief restored step {decision.step}")
     return apply_checkpoint(loaded, state, restore_rng=save_rng)
@@ -104,3 +124,13 @@ def _storage_of(path: str, storage: Storage | None) -> Storage | None:
     if storage is None or getattr(storage, "scheme", "file") != split_scheme(path)[0]:
         return None
     return storage
+
+
+def _receive(path: str, manifest_text: str, *, verify: str, trusted_globals: Any) -> LoadedCheckpoint:
+    """The chosen checkpoint's ``state.pt`` as the chief broadcasts it, checked against the
+    manifest it posted, loaded (mapped) from this rank's private copy."""
+    manifest, copy = receive_copy(path, manifest_text, verify=verify)
+    mapped = copy.path is not None
+    payload = load_state_copy(path, manifest, copy, trusted_globals, "cpu", mmap=True)
+    logger.info("rank %d received %s (%d bytes) from the chief", env.rank(), path, copy.size)
+    return LoadedCheckpoint(path, manifest.step, manifest, payload, mapped=mapped)

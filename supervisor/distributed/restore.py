@@ -15,8 +15,18 @@ keep each rank's own position; tensors sent from the CPU, one ``broadcast_object
 default group); the others load it before their first step. So a randomised or file-reading
 ``init_fn`` can never split the ranks, and the wait for it is bounded by ``max_wait_secs``.
 
-This module is the decision's channel (`RestoreDecision` under a store key) and the state
-broadcast; the creators' policy on top of it is `supervisor.creators.chief_choice`.
+Restoring a ``state.pt`` checkpoint, only the chief reads it from storage (read once per job,
+issue 31): its decision carries the checkpoint's manifest, and `broadcast_bytes` then sends the
+verified bytes it read to every rank over the default group, in chunks of at most
+`CHUNK_BYTES` (uint8 tensors: on the CPU under gloo, through the current CUDA device under
+NCCL). Every other rank writes them into a private copy of its own, checksums them on the way
+and checks them against that manifest (`supervisor.creators.chief_choice`). Storage bytes read
+per restore: the checkpoint's size once, at any world size; memory on a receiving rank: the
+checkpoint plus one chunk.
+
+This module is the decision's channel (`RestoreDecision` under a store key), the state
+broadcast and the byte broadcast; the creators' policy on top of it is
+`supervisor.creators.chief_choice`.
 
 Keys are ``supervisor/restore/<torchrun attempt>/<creation number>``: every rank creates its
 sessions in the same order, so the n-th creation of each rank reads the chief's n-th decision.
@@ -28,7 +38,7 @@ import json
 from collections import OrderedDict
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -37,33 +47,39 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["RestoreDecision", "next_key", "publish_decision", "await_decision", "broadcast_initial_state",
-           "receive_initial_state"]
+__all__ = ["CHUNK_BYTES", "RestoreDecision", "next_key", "publish_decision", "await_decision",
+           "broadcast_initial_state", "receive_initial_state", "broadcast_bytes", "all_reduce_max"]
 
 logger = logging.getLogger(__name__)
 
 _CREATIONS = itertools.count()
 POLL_SECS = 0.2  # how often a waiting rank looks (SPEC: at least once a second)
+CHUNK_BYTES = 64 << 20  # the largest piece of a checkpoint in flight at once (`broadcast_bytes`)
 
 
 @dataclass(frozen=True)
 class RestoreDecision:
     """The chief's restore decision: a checkpoint (``path``, ``step``), scratch (both None), or
     the chief's ``error``. ``source``: from scratch, the rank whose state (after its
-    ``init_fn``) is broadcast to every rank; None when nothing is broadcast."""
+    ``init_fn``) is broadcast to every rank; None when nothing is broadcast. ``manifest``: the
+    chosen checkpoint's ``MANIFEST.json`` text when the chief broadcasts the checkpoint's bytes
+    (`broadcast_bytes`) instead of every rank reading them from storage; None (a decision of an
+    older chief, or a sharded checkpoint): each rank reads its part itself."""
 
     path: str | None = None
     step: int | None = None
     error: str | None = None
     source: int | None = None
+    manifest: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"path": self.path, "step": self.step, "error": self.error, "source": self.source})
+        return json.dumps({"path": self.path, "step": self.step, "error": self.error, "source": self.source,
+                           "manifest": self.manifest})
 
     @classmethod
     def from_json(cls, text: str) -> RestoreDecision:
         data = json.loads(text)
-        return cls(data["path"], data["step"], data["error"], data.get("source"))
+        return cls(data["path"], data["step"], data["error"], data.get("source"), data.get("manifest"))
 
 
 def next_key() -> str:
@@ -144,3 +160,52 @@ def receive_initial_state(state: TrainingState, source: int) -> None:
     dist.broadcast_object_list(box, src=source)
     TrainingState({name: state[name] for name in box[0]}).load_state_dict(box[0])
     logger.info("rank %d starts from the state of rank %d after its init_fn", env.rank(), source)
+
+
+def broadcast_bytes(size: int, *, src: int, fill: Callable[[int, memoryview], None] | None = None,
+                    drain: Callable[[int, memoryview], None] | None = None, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """Sends ``size`` bytes from rank ``src`` to every rank of the default group, in chunks of at
+    most ``chunk_bytes``: one ``broadcast`` of a uint8 tensor each, on the CPU under gloo, through
+    the current CUDA device under NCCL. On ``src``, ``fill(offset, view)`` puts the bytes at
+    ``offset`` into ``view``; on every other rank ``drain(offset, view)`` takes them (the view is
+    reused for the next chunk). A collective: every rank calls it with the same ``size``.
+    Memory: one chunk on the host (pinned under NCCL) and one on the device."""
+    import torch.distributed as dist
+
+    if size <= 0:
+        return
+    sending = env.rank() == src
+    device = _chunk_device(dist.get_backend())
+    host = torch.empty(min(size, chunk_bytes), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    wire = host if device.type == "cpu" else torch.empty(host.numel(), dtype=torch.uint8, device=device)
+    view = memoryview(host.numpy()).cast("B")
+    for offset in range(0, size, chunk_bytes):
+        n = min(chunk_bytes, size - offset)
+        if sending:
+            fill(offset, view[:n])  # type: ignore[misc]
+            if wire is not host:
+                wire[:n].copy_(host[:n])
+        dist.broadcast(wire[:n], src=src)
+        if not sending:
+            if wire is not host:
+                host[:n].copy_(wire[:n])  # waits for the broadcast on the current stream
+            drain(offset, view[:n])  # type: ignore[misc]
+    logger.debug("broadcast %d bytes from rank %d in %d chunk(s) over %s", size, src,
+                 -(-size // chunk_bytes), device)
+
+
+def _chunk_device(backend: str) -> torch.device:
+    """Where a chunk travels: NCCL moves device memory only (the current CUDA device), gloo the CPU's."""
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_max(value: int) -> int:
+    """The largest of every rank's ``value`` (one all-reduce of one int64 on the default group,
+    on the current CUDA device under NCCL): how the ranks agree on a restore's outcome."""
+    import torch.distributed as dist
+
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_chunk_device(dist.get_backend()))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
