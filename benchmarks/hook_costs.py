@@ -23,6 +23,8 @@ import tempfile
 import time
 from typing import Callable
 
+import torch
+
 import hooks
 from supervisor import Hook, MonitoredSession
 from supervisor.testing import InMemorySummaryWriter
@@ -66,6 +68,8 @@ def _hook_factories(tmp: str) -> dict[str, Callable[[], Hook | None]]:
         "FeedFnHook": lambda: hooks.FeedFnHook(dict),
         "ProfilerHook": lambda: hooks.ProfilerHook(save_steps=_NEVER, output_dir=tmp),
         "EarlyStoppingHook": lambda: hooks.stop_if_lower_hook(tmp, "loss", 0.0, run_every_secs=_NEVER),
+        "EvaluationHook": lambda: hooks.EvaluationHook([0], lambda m, b: {"loss": 0.0}, every_n_steps=_NEVER,
+                                                       at_end=False, model=torch.nn.Linear(1, 1)),
         "ProgressBarHook (tqdm)": progress(True),
         "ProgressBarHook (log)": progress(False),
     }

@@ -35,9 +35,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from supervisor.estimator.isolation import preserved_rng
-from supervisor.estimator.metrics import EvalEventsFile, MeanAggregator, check_metric_objects, flatten_metric
+from supervisor.events import EvalEventsFile
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
+from supervisor.metrics import MeanAggregator, check_metric_objects, flatten_metric
+from supervisor.rng import capture_rng_state, restore_rng_state
 from supervisor.state import unwrap_module
 
 from hooks._common import check_schedule
@@ -137,9 +138,13 @@ class EvaluationHook(Hook):
     def evaluate(self, step: int) -> dict[str, Any]:
         """Evaluates the model now and writes the metrics at ``step``; returns them."""
         assert self._model is not None, "EvaluationHook.evaluate runs inside a session (on the chief)"
-        with preserved_rng(), _modes_kept(self._model), torch.no_grad():
-            self._model.eval()
-            results = self._run_batches(self._model)
+        rng = capture_rng_state()  # every RNG of the process, restored whatever the evaluation drew
+        try:
+            with _modes_kept(self._model), torch.no_grad():
+                self._model.eval()
+                results = self._run_batches(self._model)
+        finally:
+            restore_rng_state(rng, where="the state saved before an in-loop evaluation")
         if self._events is not None:
             self._events.write(results, step)
         self._last_evaluated = step

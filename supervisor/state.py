@@ -230,8 +230,9 @@ def _check_entry(name: Any, obj: Any, *, argument: str) -> None:
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
         if isinstance(obj, (bool, int, float, str, list, tuple, dict, torch.Tensor, type(None))):
             raise TypeError(
-                f"{argument} is a plain value ({type(obj).__name__} {_short(obj)}), which cannot be restored in "
-                f"place; put loop variables in a supervisor.LoopState, which is checkpointed: e.g. "
+                f"{argument} is a plain value ({type(obj).__name__} {_short(obj)}) without state_dict() and "
+                f"load_state_dict(sd), so it cannot be restored in place; put loop variables in a "
+                f"supervisor.LoopState, which is checkpointed: e.g. "
                 f"state={{'loop': LoopState({name}={_short(obj)})}}, then read and set loop.{name}")
         raise TypeError(
             f"{argument} must have state_dict() and load_state_dict(sd) methods to be checkpointed, "

@@ -5,6 +5,7 @@ reader moves on to the next. The counts are printed (``pytest -s``) and asserted
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_readers_racing_retention_never_see_a_corrupt_checkpoint(tmp_path):
                 proc.kill()
                 proc.wait(timeout=30)
     assert trainer.returncode == 0 and reader.returncode == 0, trainer_out
-    saves = int(trainer_out.split("saves")[1].split()[0])
+    saves = int(re.findall(r"^saves (\d+)$", trainer_out, re.M)[-1])  # the trainer's own line, not a log line
     result = json.load(open(out))
     counts = result["counts"]
     vanished = counts["load_vanished"] + counts["yield_vanished"] + counts["verify_vanished"]
