@@ -91,8 +91,10 @@ def checked_file(path: str, name: str, manifest: Manifest | None, storage: Stora
     Raises:
         CheckpointCorruptError: unreadable, or not what the manifest says.
     """
+    root = getattr(manifest, "root", None)  # on an object store the files live under the save's root (fencing.py)
+    base = storage.join(path, root) if root and storage.basename(path) != root else path
     try:
-        data = storage.read_bytes(storage.join(path, name))
+        data = storage.read_bytes(storage.join(base, name))
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: {name} cannot be read ({e})") from e
     return checked_bytes(path, name, data, manifest, verify=verify)
