@@ -53,7 +53,8 @@ def test_a_save_that_waits_warns_once_with_the_figures(tmp_path, caplog):
                         r"(\d+\.\d+) s", message)
     assert figures, message
     waited, apart, took = map(float, figures.groups())
-    assert waited > 0 and took >= apart and abs(took - (apart + waited)) < 0.02, message
+    # (the held write ends within milliseconds of its release: the wait itself may print as 0.00 s)
+    assert waited >= 0 and took >= apart and abs(took - (apart + waited)) < 0.02, message
     assert "less often" in message and "faster storage" in message
 
 
