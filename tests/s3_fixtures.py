@@ -85,6 +85,16 @@ def s3_root(s3_storage) -> str:
 
 
 @pytest.fixture(params=["local", "s3"])
+def backend_logdir(request, tmp_path):
+    """``(storage, logdir, storage_options)`` for each backend: a local directory, or a prefix of
+    a fresh bucket with the options a process needs to reach it."""
+    if request.param == "local":
+        return LocalStorage(), str(tmp_path / "logdir"), None
+    storage, server = request.getfixturevalue("s3_storage"), request.getfixturevalue("s3_server")
+    return storage, make_bucket(storage) + "/logdir", options(server.endpoint)
+
+
+@pytest.fixture(params=["local", "s3"])
 def backend(request, tmp_path):
     """``(storage, root)`` for each backend: a temp directory, a fresh bucket."""
     if request.param == "local":

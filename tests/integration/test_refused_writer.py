@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from supervisor import MonitoredTrainingSession
-from supervisor.checkpoint.storage import LocalStorage
 from supervisor.errors import LogdirInUseError
 from supervisor.events import EVENTS_PREFIX
 from supervisor.summary import SummaryWriterCache
 from tests import forked_cli
-from tests.s3_fixtures import lifetime_thread_prefixes, make_bucket, options, s3_server, s3_storage  # noqa: F401
+from tests.s3_fixtures import backend_logdir, lifetime_thread_prefixes, s3_server, s3_storage  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,13 +24,10 @@ TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "curve_traine
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(params=["local", "s3"])
-def logdir(request, tmp_path):
-    """``(storage, logdir, storage_options)`` of each backend."""
-    if request.param == "local":
-        return LocalStorage(), str(tmp_path / "run"), None
-    server, storage = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_storage")
-    return storage, make_bucket(storage) + "/run", options(server.endpoint)
+@pytest.fixture
+def logdir(backend_logdir):
+    """``(storage, logdir, storage_options)`` of each backend (`tests.s3_fixtures.backend_logdir`)."""
+    return backend_logdir
 
 
 def _read(path: str) -> str:

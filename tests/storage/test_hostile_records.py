@@ -21,13 +21,12 @@ from supervisor.checkpoint.finished import finished_path, read_finished
 from supervisor.checkpoint.format import FORMAT_NAME, FORMAT_VERSION
 from supervisor.checkpoint.lease import LEASE_DIR, Lease
 from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
-from supervisor.checkpoint.storage import LocalStorage
 from supervisor.cli import main
 from supervisor.cli._common import writer_note
 from supervisor.errors import LogdirInUseError
 from supervisor.estimator.export_files import export_step, read_export_record
 from supervisor.estimator.training import exported_steps
-from tests.s3_fixtures import make_bucket, options
+from tests.s3_fixtures import make_bucket
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,13 +57,10 @@ RECORDS = _payloads({"global_step": 3, "checkpoint_path": "x", "metrics": {"loss
 INDEX = {"nested": b"[" * 200_000, "not utf-8": b"\xff\xfe", "huge number": b"last_preserved_timestamp: 1" + b"0" * 400}
 
 
-@pytest.fixture(params=["local", "s3"])
-def where(request, tmp_path):
-    """``(storage, logdir, storage_options)``: a local directory, or a prefix of a fresh bucket."""
-    if request.param == "local":
-        return LocalStorage(), str(tmp_path / "logdir"), None
-    storage, server = request.getfixturevalue("s3_storage"), request.getfixturevalue("s3_server")
-    return storage, make_bucket(storage) + "/logdir", options(server.endpoint)
+@pytest.fixture
+def where(backend_logdir):
+    """``(storage, logdir, storage_options)`` of each backend (`tests.s3_fixtures.backend_logdir`)."""
+    return backend_logdir
 
 
 def _state(seed: int) -> TrainingState:

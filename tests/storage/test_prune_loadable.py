@@ -16,9 +16,7 @@ from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager, load_checkpoint, read_index, write_index
 from supervisor.checkpoint.fileio import crc32
 from supervisor.checkpoint.format import FileRecord, Manifest
-from supervisor.checkpoint.storage import LocalStorage
 from supervisor.cli import main
-from tests.s3_fixtures import make_bucket, options
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,13 +29,10 @@ class _System:
         return (os.system, (self.command,))
 
 
-@pytest.fixture(params=["local", "s3"])
-def where(request, tmp_path):
-    """``(storage, logdir, storage_options)``: a local directory, or a prefix of a fresh bucket."""
-    if request.param == "local":
-        return LocalStorage(), str(tmp_path / "logdir"), None
-    storage, server = request.getfixturevalue("s3_storage"), request.getfixturevalue("s3_server")
-    return storage, make_bucket(storage) + "/logdir", options(server.endpoint)
+@pytest.fixture
+def where(backend_logdir):
+    """``(storage, logdir, storage_options)`` of each backend (`tests.s3_fixtures.backend_logdir`)."""
+    return backend_logdir
 
 
 def _state(seed: int) -> TrainingState:
