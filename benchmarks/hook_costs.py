@@ -136,6 +136,8 @@ def _print_table(rows: list[tuple[str, float]]) -> int:
 
 
 def main() -> None:
+    # A figures table, not a session log: the sessions' INFO lines (restored, stopping) stay out of it.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000, help="timed steps per round and hook")
     parser.add_argument("--rounds", type=int, default=_ROUNDS, help="alternating rounds; the best is kept")

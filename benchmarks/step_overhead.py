@@ -36,6 +36,7 @@ Run: ``python benchmarks/step_overhead.py [--quick] [--instructions [--n N] [--a
 from __future__ import annotations
 
 import argparse
+import logging
 import gc
 import os
 import sys
@@ -180,6 +181,8 @@ def pin(cpu: int | None) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A figures table, not a session log: the sessions' INFO lines (restored, stopping) stay out of it.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds (smoke test)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the per-call figures "
