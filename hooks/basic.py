@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from supervisor._validate import check_callable, check_int, check_number
-from supervisor.checkpoint.storage import split_scheme, storage_for
+from supervisor.checkpoint.storage import is_url, storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.distributed.wait import committed_step
 from supervisor.hook import Hook, RunArgs, RunContext, check_fetch_structure, resolve_fetches
@@ -101,7 +101,7 @@ class GlobalStepWaiterHook(Hook):
         index is read through its storage (this hook's ``storage_options``)."""
         if logdir is None:
             return -1
-        if split_scheme(logdir)[0] == "file":
+        if not is_url(logdir):
             return _local_checkpoint_step(logdir)
         if self._storage is None:
             self._storage = storage_for(logdir, self._storage_options)

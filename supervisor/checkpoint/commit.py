@@ -30,7 +30,7 @@ from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, STATE_FILE, is_transient, transient_base
 from supervisor.checkpoint.index import entry_problem
 from supervisor.checkpoint.serialize import serialize
-from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.temp import CommitResult, TempCheckpoint, remove_tree
 from supervisor.checkpoint.verify import check_checkpoint
 from supervisor.errors import CheckpointError
@@ -82,7 +82,7 @@ def deletable_problem(directory: str, name: str, basename: str | None = None,
     checked, problem = entry_problem(directory, name, basename)
     if problem is not None:
         return problem.replace("it is not a checkpoint name", "not a checkpoint name")
-    local = split_scheme(directory)[0] == "file"
+    local = not storage.is_object_store
     path = storage.join(os.path.abspath(directory) if local else directory, checked or name)
     try:
         kind = storage.entry_kind(path)
@@ -124,7 +124,7 @@ def move_aside(path: str, basename: str | None = None, storage: Storage | None =
     remains are; None when it does not exist, or is not a checkpoint (`deletable_problem`: then
     nothing is touched, with a WARNING)."""
     storage = _storage(path, storage)
-    if split_scheme(path)[0] == "file":
+    if not storage.is_object_store:
         path = os.path.normpath(path)
     directory = storage.dirname(path) or os.curdir
     problem = deletable_problem(directory, storage.basename(path), basename, storage)
@@ -149,7 +149,7 @@ def recover_interrupted_replacements(directory: str, indexed: Iterable[str],
     On an object store nothing is ever renamed, so there is nothing to recover (no-op).
     """
     storage = _storage(directory, storage)
-    if storage.stages_in_place:
+    if storage.is_object_store:
         return []
     try:
         names = storage.listdir(directory)
@@ -191,9 +191,7 @@ def clean_transient(directory: str, storage: Storage | None = None, basename: st
     prefix (a writer killed mid-upload; `ObjectStoreStorage.abort_uploads`). Call it only as the
     logdir's one writer."""
     storage = _storage(directory, storage)
-    abort_uploads = getattr(storage, "abort_uploads", None)  # object stores: unfinished multipart uploads
-    if abort_uploads is not None:
-        abort_uploads(directory, lambda name: entry_problem(directory, name, basename)[1] is None)
+    storage.abort_uploads(directory, lambda name: entry_problem(directory, name, basename)[1] is None)
     try:
         names = storage.listdir(directory)
     except FileNotFoundError:
@@ -206,7 +204,7 @@ def _clean_one(storage: Storage, directory: str, name: str, basename: str | None
     if is_transient(name) or name.startswith(INDEX_FILE + ".tmp-"):
         logger.warning("removing %s left behind by an interrupted checkpoint write or delete", path)
         kind = storage.entry_kind(path)
-    elif storage.stages_in_place and entry_problem(directory, name, basename)[1] is None \
+    elif storage.is_object_store and entry_problem(directory, name, basename)[1] is None \
             and not storage.exists(storage.join(path, MANIFEST_FILE)) and storage.isdir(path):
         logger.warning("removing %s left behind by an interrupted checkpoint write or delete (it holds no %s: "
                        "it never was, or no longer is, a committed checkpoint)", path, MANIFEST_FILE)

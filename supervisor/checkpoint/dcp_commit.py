@@ -250,14 +250,14 @@ def write_own_part(path: str, save: ShardedSave) -> dict[str, Any]:
     """This rank's files: its DCP shards, its RNG file, and the size and CRC-32 of each. Never
     raises: the outcome goes to the chief.
 
-    Locally DCP's ``FileSystemWriter`` fsyncs the shards, checksummed while written; on an object store (``storage.stages_in_place``) the shards are uploaded by
+    Locally DCP's ``FileSystemWriter`` fsyncs the shards, checksummed while written; on an object store (``storage.is_object_store``) the shards are uploaded by
     `supervisor.checkpoint.dcp_storage.StorageDcpWriter`, checksummed while written (no read)."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     try:
         storage = save.storage
         own = TempCheckpoint(storage.dirname(path), storage.basename(path), path, storage)  # type: ignore[union-attr]
-        if storage.stages_in_place:  # type: ignore[union-attr]
+        if storage.is_object_store:  # type: ignore[union-attr]
             records = _save_to_object_store(path, save, storage)  # type: ignore[arg-type]
         else:
             records = _save_to_directory(path, save)

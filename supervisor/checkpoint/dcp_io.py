@@ -172,7 +172,7 @@ def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage:
         if manifest is not None:  # checked against the chief's manifest, read once
             source: Any = io.BytesIO(checked_file(path, files[rank], manifest, storage, verify=verify))
         else:
-            source = io.BytesIO(storage.read_bytes(name)) if storage.stages_in_place else name  # an object: in memory
+            source = io.BytesIO(storage.read_bytes(name)) if storage.is_object_store else name  # an object: in memory
         resume.restore_rng(safe_torch_load(source, step=step, shown_as=name), state, where=where)
     else:
         restore_for_rank(dict.fromkeys(files), rank, step=step, where=where)  # only the keys matter

@@ -264,7 +264,7 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
     path = data_path(path, storage)  # on an object store, the root the manifest names (fencing.py)
     if metadata is None:  # (``metadata``: already read, checked against the manifest)
         metadata = _metadata_at(path, storage)  # first: a refused global is raised as is, not wrapped by DCP
-    if storage.stages_in_place:  # an object store
+    if storage.is_object_store:
         from supervisor.checkpoint.dcp_storage import StorageDcpReader  # lazy: imports DCP
 
         reader = StorageDcpReader(storage, path, metadata)

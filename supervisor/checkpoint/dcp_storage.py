@@ -200,8 +200,7 @@ class StorageDcpReader(FileSystemReader):
         self.fs = StorageFileSystem(storage, path)  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
         self._metadata = metadata
-        self._part_size = int(getattr(storage, "part_size", 8 << 20))
-        self._threads = int(getattr(storage, "max_concurrency", 8))
+        self._part_size, self._threads = int(storage.part_size), int(storage.max_concurrency)
         self._wanted: dict[str, list[tuple[int, int]]] = {}
         self._fetched: tuple[str | None, list[tuple[int, bytes]]] = (None, [])
 

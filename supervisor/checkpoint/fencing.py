@@ -143,7 +143,7 @@ def sweep(storage: Storage, final: str, root: str, generation: int) -> None:
 def data_path(path: str, storage: Storage) -> str:
     """Where the files of the checkpoint at ``path`` live: ``path/<root>`` for a manifest with a
     root, else ``path`` (also when it holds no readable manifest: the reader reports that)."""
-    if not storage.stages_in_place:
+    if not storage.is_object_store:
         return path
     try:
         raw = storage.read_bytes(storage.join(path, MANIFEST_FILE), max_bytes=MANIFEST_MAX_BYTES)

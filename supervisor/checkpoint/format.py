@@ -116,7 +116,7 @@ def list_committed(directory: str, basename: str, storage: Storage | None = None
         names = storage.listdir(directory)
     except FileNotFoundError:
         return []
-    remote = getattr(storage, "scheme", "file") != "file"
+    remote = storage.is_object_store
     found = []
     for name in names:
         step = step_of(name, basename)

@@ -20,7 +20,7 @@ from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.loader import is_remote, load_verified, read_checkpoint, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.private_copy import MemoryFile
 from supervisor.checkpoint.safe_globals import safe_torch_load
-from supervisor.checkpoint.storage import Storage, split_scheme
+from supervisor.checkpoint.storage import Storage, is_url
 from supervisor.checkpoint.verify import DCP_METADATA, check_verify
 from supervisor.clock import Clock, resolve_clock
 from supervisor._validate import check_watched_directory
@@ -229,7 +229,7 @@ def checkpoints_iterator(checkpoint_dir: str | os.PathLike, min_interval_secs: f
     ``checkpoint_dir`` may be an ``s3://bucket/prefix`` URL (``storage_options``: the client's
     options); the checkpoints are then yielded as URLs, verified through the object store.
     """
-    if split_scheme(checkpoint_dir)[0] == "file":
+    if not is_url(checkpoint_dir):
         check_watched_directory("checkpoint_dir", checkpoint_dir)
     check_number("min_interval_secs", min_interval_secs, minimum=0)
     check_number("timeout", timeout, minimum=0, allow_none=True)

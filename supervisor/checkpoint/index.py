@@ -33,7 +33,7 @@ from typing import Any, Mapping
 from supervisor.checkpoint.fencing import index_text, is_claim_only
 from supervisor.checkpoint.fileio import NotARegularFileError
 from supervisor.checkpoint.format import INDEX_FILE, MANIFEST_FILE, step_of
-from supervisor.checkpoint.storage import ObjectInfo, Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import ObjectInfo, Storage, is_url, split_scheme, storage_for
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index", "replace_index",
            "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
@@ -238,7 +238,7 @@ def entry_problem(directory: str, entry: str, basename: str | None = None) -> tu
     """
     if not isinstance(entry, str) or not entry or "\0" in entry:
         return None, "it is empty or not a path"
-    if split_scheme(directory)[0] != "file":
+    if is_url(directory):
         return _url_entry_problem(directory, entry, basename)
     directory = os.path.abspath(directory)
     normalized = os.path.normpath(entry)

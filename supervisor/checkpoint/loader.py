@@ -109,7 +109,7 @@ def resolve_storage(path: str | os.PathLike, storage: Storage | None = None,
 def is_remote(storage: Storage) -> bool:
     """Whether ``storage`` is an object store (no directories: a prefix is a checkpoint only
     with its manifest)."""
-    return getattr(storage, "scheme", "file") != "file"
+    return storage.is_object_store
 
 
 # ---------------------------------------------------------------- the loader

@@ -15,7 +15,7 @@ from supervisor.checkpoint.fileio import (ChecksumWriter, NotARegularFileError, 
                                           file_kind, fsync_dir)
 from supervisor.checkpoint.local_snapshot import LocalSnapshot
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError,
-                                                SnapshotVanishedError)
+                                                SnapshotVanishedError, Storage)
 
 __all__ = ["LocalStorage", "rename_into_place"]
 
@@ -53,14 +53,14 @@ def deleting_name(name: str) -> str:
     knows it: a crash mid-delete leaves a name the next writer removes)."""
     return f"{name}.deleting-{os.urandom(16).hex()}"
 
-class LocalStorage:
+class LocalStorage(Storage):
     """Today's POSIX behaviour: files fsynced, then their directory; ``os.replace`` for atomic
     replacement, ``link``/``O_EXCL`` for exclusive creation, renames for the commit; reads open
     regular files only (``O_NONBLOCK`` + ``fstat``), so a FIFO never blocks a reader."""
 
     scheme = "file"
     #: Checkpoints are staged in a temp directory and renamed into place (see `Storage`).
-    stages_in_place = False
+    kind = "local"
 
     def __init__(self, opener: Opener | None = None) -> None:
         self._opener = opener

@@ -188,7 +188,7 @@ class WriterLock(Protocol):
 def resolve_lock_kind(storage: Storage, kind: str) -> str:
     """``"flock"`` or ``"lease"``: ``"auto"`` is ``"flock"`` on a local path, ``"lease"`` elsewhere."""
     if kind == "auto":
-        return "flock" if isinstance(storage, LocalStorage) else "lease"
+        return "lease" if storage.is_object_store else "flock"
     return kind
 
 
@@ -211,7 +211,7 @@ def acquire_writer_lock(storage: Storage, directory: str, *, kind: str = "auto",
         LogdirInUseError: another live writer holds it (named, with its lease's expiry).
         ValueError: a bad ``kind``/``lease_secs``, or ``"flock"`` on an object store.
     """
-    local = isinstance(storage, LocalStorage)
+    local = not storage.is_object_store
     kind, lease_secs = check_lock(kind, lease_secs, directory, object_store=not local)
     resolved = resolve_lock_kind(storage, kind)
     if resolved == "flock":

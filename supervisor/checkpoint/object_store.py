@@ -37,7 +37,7 @@ from supervisor.checkpoint.object_options import (DEFAULT_MAX_ATTEMPTS, DEFAULT_
                                                   DEFAULT_REQUEST_TIMEOUT, TransferKnobs, default_options,
                                                   split_options)
 from supervisor.checkpoint.object_uploads import abort_uploads
-from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError
+from supervisor.checkpoint.storage_base import ObjectExistsError, ObjectInfo, PreconditionFailedError, Storage
 
 __all__ = ["ObjectStoreStorage", "DEFAULT_PART_SIZE", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MAX_ATTEMPTS",
            "DEFAULT_MIN_RANGE_SIZE", "DEFAULT_MULTIPART_CHECKSUM", "default_options"]
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 _CONFLICT_RETRIES = 3  # 409 ConditionalRequestConflict: S3 asks to retry a conditional write
 
 
-class ObjectStoreStorage:
+class ObjectStoreStorage(Storage):
     """`supervisor.checkpoint.storage.Storage` on an S3-compatible object store.
 
     Args:
@@ -62,7 +62,7 @@ class ObjectStoreStorage:
 
     scheme = "s3"
     #: No rename: a checkpoint is written at its final prefix and exists once its manifest does.
-    stages_in_place = True
+    kind = "object"
 
     def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE,

@@ -33,7 +33,7 @@ def writer_storage(directory: str, storage_options: Mapping[str, Any] | None = N
     storage = storage_for(directory, storage_options)
     if opener is None:
         return storage
-    if not isinstance(storage, LocalStorage):
+    if storage.is_object_store:
         raise ValueError(f"opener={opener!r} applies to local directories only, not {directory!r}; leave it out")
     return LocalStorage(opener)
 

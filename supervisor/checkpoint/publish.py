@@ -68,7 +68,7 @@ class Publisher:
         """On an object store, as a writer that just took the lease: rewrites the index with its
         generation (`fencing.claim_index`), so a paused former holder's late index write fails."""
         generation = self._generation()
-        if generation is not None and self.storage.stages_in_place:
+        if generation is not None and self.storage.is_object_store:
             fencing.claim_index(self.storage, self.directory, INDEX_FILE, generation)
 
     def open(self, index: CheckpointState | None, now: float, *, index_version: str | None) -> None:

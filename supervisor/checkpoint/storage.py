@@ -36,10 +36,15 @@ operations are the ones the checkpoint engine needs, with the guarantees it reli
 `storage_for(path_or_url)` picks the implementation by URL scheme: a local path or ``file://``
 → `LocalStorage`; ``s3://`` → ``ObjectStoreStorage`` (needs the extra
 ``pip install "torch-supervisor[s3]"``; imported only then, so the runtime never needs s3fs).
-Other schemes can be added with `register_scheme`.
+``memory://`` → `supervisor.checkpoint.memory_storage.MemoryStorage` (fsspec's in-process
+memory filesystem: tests, one process). Other schemes can be added with `register_scheme`, or by
+another package through the entry-point group ``torch_supervisor.storage`` (`ENTRY_POINT_GROUP`),
+which every process — the CLI, a sidecar — reads when it meets an unknown scheme.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import logging
 import os
 import re
 import urllib.parse
@@ -47,29 +52,57 @@ from typing import Any, Callable, Mapping
 
 from supervisor.checkpoint.local_storage import LocalStorage
 from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError, Snapshot,
-                                                SnapshotVanishedError, Storage, StorageWriter)
+                                                SnapshotVanishedError, Storage, StorageWriter, check_declared)
 
 __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError", "Storage",
     "StorageWriter",
-    "LocalStorage", "URL_SCHEMES", "check_storage", "check_url_spelling", "is_url", "options_for", "register_scheme",
+    "ENTRY_POINT_GROUP", "LocalStorage", "URL_SCHEMES", "check_storage", "check_url_spelling", "is_url", "options_for", "register_scheme",
     "storage_for", "split_scheme",
 ]
 
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- registration
 #: ``scheme -> (factory(url, storage_options) -> Storage, the pip extra that provides it)``
 _FACTORIES: dict[str, tuple[Callable[[str, Mapping[str, Any]], Storage], str | None]] = {}
 _LOCAL = LocalStorage()
+#: The entry-point group other packages declare storage backends in (name: the URL scheme).
+ENTRY_POINT_GROUP = "torch_supervisor.storage"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def register_scheme(scheme: str, factory: Callable[[str, Mapping[str, Any]], Storage],
+def register_scheme(scheme: str, factory: Callable[[str, Mapping[str, Any]], Storage] | type[Storage],
                     extra: str | None = None) -> None:
-    """Makes ``storage_for`` answer URLs ``<scheme>://...`` with ``factory(url, options)``.
-    ``factory`` may raise ``ImportError`` when its client is missing; ``extra`` names the pip
-    extra the error then asks for."""
-    _FACTORIES[scheme.lower()] = (factory, extra)
+    """Makes ``storage_for`` answer URLs ``<scheme>://...`` with ``factory(url, options)``: a
+    callable, or a `Storage` subclass (its ``from_url(url, options)`` classmethod; its contract is
+    checked now, `check_declared`). ``factory`` may raise ``ImportError`` when its client is
+    missing; ``extra`` names the pip extra the error then asks for. What a factory returns is
+    checked when it is first called (`check_declared`: a missing member is named there, not at
+    the first restore). Another process (the CLI, a sidecar) finds a scheme through the
+    entry-point group `ENTRY_POINT_GROUP` instead."""
+    scheme = scheme.lower()
+    if isinstance(factory, type):
+        check_declared(factory, scheme)
+        if not callable(getattr(factory, "from_url", None)):
+            raise TypeError(f"register_scheme({scheme!r}, {factory.__qualname__}): a Storage class registered as "
+                            "a factory needs a from_url(url, storage_options) classmethod; add one or register "
+                            "a function (url, storage_options) -> Storage")
+        factory = factory.from_url
+    _FACTORIES[scheme] = (factory, extra)
+
+
+def _discover(scheme: str) -> None:
+    """Registers ``scheme`` from the entry-point group `ENTRY_POINT_GROUP` (an installed package's
+    ``[project.entry-points."torch_supervisor.storage"] <scheme> = "module:factory_or_class"``),
+    read only when an unknown scheme is met."""
+    found = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name.lower() == scheme]
+    if not found:
+        return
+    if len(found) > 1:
+        logger.warning("%d entry points of %s name the scheme %r (%s); using the first", len(found),
+                       ENTRY_POINT_GROUP, scheme, ", ".join(ep.value for ep in found))
+    register_scheme(scheme, found[0].load())
 
 
 def split_scheme(path_or_url: str | os.PathLike) -> tuple[str, str]:
@@ -154,20 +187,25 @@ def storage_for(path_or_url: str | os.PathLike, storage_options: Mapping[str, An
         return _LOCAL
     _register_builtin()
     if scheme not in _FACTORIES:
+        _discover(scheme)
+    if scheme not in _FACTORIES:
         known = ", ".join(sorted(["file"] + list(_FACTORIES)))
         raise ValueError(f"{os.fspath(path_or_url)!r}: no storage for the URL scheme {scheme!r} "
                          f"(known: {known}; a local path needs no scheme)")
     factory, extra = _FACTORIES[scheme]
     try:
-        return factory(url, dict(storage_options or {}))
+        storage = factory(url, dict(storage_options or {}))
     except ImportError as e:
         hint = f'pip install "torch-supervisor[{extra}]"' if extra else "install its client"
         raise ImportError(f"{os.fspath(path_or_url)!r} needs the optional {scheme}:// client, which is not "
                           f"installed ({e}); install it with: {hint}") from e
+    check_declared(storage, scheme)
+    return storage
 
 
 def is_url(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``."""
+    """Whether ``path`` is an object-store URL (``s3://...``), not a local path or ``file://``:
+    the question ``storage.is_object_store`` answers, asked of a path (only ``file`` is local)."""
     return split_scheme(path)[0] != "file"
 
 
@@ -201,6 +239,14 @@ def check_storage(name: str, path: str | None, storage_options: Any) -> dict[str
 def _register_builtin() -> None:
     if "s3" not in _FACTORIES:
         register_scheme("s3", _object_store_factory, extra="s3")
+    if "memory" not in _FACTORIES:
+        register_scheme("memory", _memory_factory)
+
+
+def _memory_factory(url: str, options: Mapping[str, Any]) -> Storage:
+    from supervisor.checkpoint.memory_storage import MemoryStorage  # imported on first use (fsspec)
+
+    return MemoryStorage.from_url(url, options)
 
 
 def _object_store_factory(url: str, options: Mapping[str, Any]) -> Storage:

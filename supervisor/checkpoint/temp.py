@@ -40,7 +40,7 @@ from supervisor.checkpoint import fencing
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import MANIFEST_FILE, FileRecord, Manifest, transient_base
 from supervisor.checkpoint.local_storage import rename_into_place
-from supervisor.checkpoint.storage import LocalStorage, Storage, StorageWriter, split_scheme, storage_for
+from supervisor.checkpoint.storage import LocalStorage, Storage, StorageWriter, storage_for
 
 __all__ = ["CommitResult", "TempCheckpoint", "remove_tree", "rename_into_place"]
 
@@ -91,7 +91,7 @@ class TempCheckpoint:
         nothing there is deleted: a committed checkpoint of the same step stays whole until the
         new manifest replaces its own (`fencing.commit_manifest`)."""
         storage = storage if storage is not None else storage_for(directory)
-        if storage.stages_in_place:
+        if storage.is_object_store:
             root = fencing.data_root(generation)
             temp = cls(directory, name, storage.join(storage.join(directory, name), root), storage)
             temp.root, temp.generation = root, int(generation or 0)
@@ -112,7 +112,7 @@ class TempCheckpoint:
         """Joins a staged directory another process created (``path`` as it gave it)."""
         storage = storage if storage is not None else storage_for(path)
         base = storage.basename(path)
-        if split_scheme(path)[0] == "file":
+        if not storage.is_object_store:
             base = transient_base(base) if ".tmp-" in base else None
             if base is None:
                 raise ValueError(f"{path!r} is not a checkpoint temp directory (<name>.tmp-<32 hex digits>)")
@@ -140,7 +140,7 @@ class TempCheckpoint:
     def _writer_storage(self, opener: Opener | None) -> Storage:
         if opener is None:
             return self.storage
-        if not isinstance(self.storage, LocalStorage):
+        if self.storage.is_object_store:
             raise ValueError(f"opener={opener!r} applies to local directories only, not {self.path}")
         return LocalStorage(opener)
 

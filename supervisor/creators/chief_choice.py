@@ -121,7 +121,7 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
 
 def _storage_of(path: str, storage: Storage | None) -> Storage | None:
     """``storage`` when it serves ``path``'s scheme, else None (the one the path names)."""
-    if storage is None or getattr(storage, "scheme", "file") != split_scheme(path)[0]:
+    if storage is None or storage.scheme != split_scheme(path)[0]:
         return None
     return storage
 

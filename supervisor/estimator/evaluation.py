@@ -48,7 +48,7 @@ from supervisor._paths import check_watched_directory, local_path
 from supervisor._validate import check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint import VERIFY_MODES, CheckpointRead, check_trusted_globals, latest_checkpoint
 from supervisor.checkpoint import read_checkpoint, read_finished
-from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Storage, is_url, storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointCorruptError, CheckpointVanishedError
 
@@ -300,7 +300,7 @@ def watched_directory(name: str, value: Any,
             path, an unknown URL scheme (each message names ``name`` and the value).
         ImportError: the URL's client is not installed (the message names the pip extra).
     """
-    if isinstance(value, (str, os.PathLike)) and split_scheme(value)[0] != "file":
+    if isinstance(value, (str, os.PathLike)) and is_url(value):
         url = os.fspath(value).rstrip("/")
         try:
             return url, storage_for(url, storage_options)

@@ -108,9 +108,8 @@ def remove_object_leftovers(storage: Storage, base: str, *,
         logger.warning("removing %s, left behind by an interrupted export or deletion (no %s)", path, MANIFEST_FILE)
         storage.remove_tree(path)
         removed.append(path)
-    abort = getattr(storage, "abort_uploads", None) if abort_uploads else None  # the parts of a killed upload
-    if abort is not None:
-        abort(base, lambda name: name.isdigit() and name not in complete)
+    if abort_uploads:  # the parts of a killed upload (object stores; none elsewhere)
+        storage.abort_uploads(base, lambda name: name.isdigit() and name not in complete)
     return removed, [(name, storage.join(base, name)) for name in sorted(complete, key=int)]
 
 

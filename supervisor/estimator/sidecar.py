@@ -48,7 +48,7 @@ from supervisor.checkpoint import META_KEY, RNG_KEY, STEP_KEY, CheckpointRead, R
 from supervisor.clock import Clock
 from supervisor.creators.base import SessionCreator
 from supervisor.errors import CheckpointError
-from supervisor.checkpoint.storage import split_scheme
+from supervisor.checkpoint.storage import is_url
 from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats, watched_directory
 from supervisor.estimator.metrics import (
     EvalEventsFile,
@@ -69,7 +69,7 @@ def eval_dir_for(checkpoint_dir: str | os.PathLike, name: str | None = None) -> 
     """``checkpoint_dir/eval`` or ``checkpoint_dir/eval_<name>`` (TF's layout; ``/`` inside an
     ``s3://`` URL)."""
     leaf = "eval" if not name else f"eval_{name}"
-    if split_scheme(checkpoint_dir)[0] != "file":
+    if is_url(checkpoint_dir):
         return f"{os.fspath(checkpoint_dir).rstrip('/')}/{leaf}"
     return os.path.join(os.fspath(checkpoint_dir), leaf)
 
@@ -172,7 +172,7 @@ class SidecarEvaluator:
         yield from self._loop
 
     def _log_options(self) -> Mapping[str, Any] | None:
-        return self.storage_options if split_scheme(self.log_dir)[0] != "file" else None
+        return self.storage_options if is_url(self.log_dir) else None
 
     def _already_evaluated(self, step: int) -> bool:
         return step in self._done_before
@@ -213,7 +213,7 @@ def _eval_log_dir(log_dir: Any, checkpoint_dir: str, name: str | None,
     URL on the checkpoint_dir's object store, same ``storage_options``) or `eval_dir_for`."""
     if log_dir is None:
         return eval_dir_for(checkpoint_dir, name)
-    if isinstance(log_dir, (str, os.PathLike)) and split_scheme(log_dir)[0] != "file":
+    if isinstance(log_dir, (str, os.PathLike)) and is_url(log_dir):
         return watched_directory("log_dir", log_dir, storage_options)[0]
     return os.path.abspath(check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)"))
 

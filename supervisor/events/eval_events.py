@@ -19,7 +19,7 @@ import socket
 import time
 from typing import Any, Mapping
 
-from supervisor.checkpoint.storage import Storage, split_scheme
+from supervisor.checkpoint.storage import Storage, is_url
 from supervisor.events.location import locate
 from supervisor.events.reader import check_regular
 from supervisor.events.record import EVENTS_PREFIX, frame, scalars_event, session_log_event, version_event
@@ -46,7 +46,7 @@ class EvalEventsFile:
 
     def __init__(self, directory: str, storage_options: Mapping[str, Any] | None = None, *,
                  storage: Storage | None = None) -> None:
-        if storage is not None and split_scheme(directory)[0] != "file":  # a client already made (a session's)
+        if storage is not None and is_url(directory):  # a client already made (a session's)
             self._storage, self.directory = storage, directory.rstrip("/")
         else:
             self._storage, self.directory = locate(directory, storage_options)
