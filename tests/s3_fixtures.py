@@ -94,13 +94,19 @@ def backend_logdir(request, tmp_path):
     return storage, make_bucket(storage) + "/logdir", options(server.endpoint)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "memory"])
 def backend(request, tmp_path):
-    """``(storage, root)`` for each backend: a temp directory, a fresh bucket."""
+    """``(storage, root)`` for each backend: a temp directory, a fresh bucket, a fresh bucket of
+    the in-process ``memory://`` storage."""
     if request.param == "local":
-        return LocalStorage(), str(tmp_path)
-    storage = request.getfixturevalue("s3_storage")
-    return storage, make_bucket(storage) + "/logdir"
+        yield LocalStorage(), str(tmp_path)
+    elif request.param == "memory":
+        storage, root = storage_for("memory://x"), f"memory://t-{uuid.uuid4().hex[:20]}/logdir"
+        yield storage, root
+        storage.remove_tree(root)  # the process's memory: freed
+    else:
+        storage = request.getfixturevalue("s3_storage")
+        yield storage, make_bucket(storage) + "/logdir"
 
 
 @pytest.fixture

@@ -36,15 +36,16 @@ _VERSIONS = itertools.count(1)
 
 class _MemoryWriter:
     """A new object, collected in memory and checksummed while written; `sync` publishes it
-    whole (`MemoryStorage.write_atomic`), `close` without it publishes nothing."""
+    whole, create-only (`MemoryStorage.create_exclusive`: ``FileExistsError`` when the name is
+    taken, as an object store's upload), `close` without it publishes nothing."""
 
     def __init__(self, storage: MemoryStorage, path: str) -> None:
         self.storage, self.path = storage, path
-        self._data, self._crc = bytearray(), 0
+        self._data, self._crc, self._nbytes = bytearray(), 0, 0
 
     @property
     def nbytes(self) -> int:
-        return len(self._data)
+        return self._nbytes
 
     @property
     def checksum(self) -> str:
@@ -54,13 +55,14 @@ class _MemoryWriter:
         view = memoryview(data).cast("B")
         self._data += view  # a copy: no reference to the caller's buffer outlives write
         self._crc = crc32(view, self._crc)
+        self._nbytes += view.nbytes
         return view.nbytes
 
     def flush(self) -> None:
         """Nothing to do: `sync` publishes."""
 
     def sync(self) -> None:
-        self.storage.write_atomic(self.path, bytes(self._data))
+        self.storage.create_exclusive(self.path, bytes(self._data))
 
     def close(self) -> None:
         self._data = bytearray()

@@ -51,12 +51,13 @@ import urllib.parse
 from typing import Any, Callable, Mapping
 
 from supervisor.checkpoint.local_storage import LocalStorage
-from supervisor.checkpoint.storage_base import (ObjectExistsError, ObjectInfo, PreconditionFailedError, Snapshot,
-                                                SnapshotVanishedError, Storage, StorageWriter, check_declared)
+from supervisor.checkpoint.storage_base import (REQUIRED_METHODS, STORAGE_KINDS, ObjectExistsError, ObjectInfo,
+                                                PreconditionFailedError, Snapshot, SnapshotVanishedError, Storage,
+                                                StorageWriter, check_declared)
 
 __all__ = [
-    "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "Snapshot", "SnapshotVanishedError", "Storage",
-    "StorageWriter",
+    "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "REQUIRED_METHODS", "STORAGE_KINDS", "Snapshot",
+    "SnapshotVanishedError", "Storage", "StorageWriter", "check_declared",
     "ENTRY_POINT_GROUP", "LocalStorage", "URL_SCHEMES", "check_storage", "check_url_spelling", "is_url", "options_for", "register_scheme",
     "storage_for", "split_scheme",
 ]

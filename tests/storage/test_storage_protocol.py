@@ -1,147 +1,106 @@
-"""The `Storage` protocol, the same tests on both backends: a local directory and a bucket of a
-real S3-compatible server (moto over HTTP, the real s3fs/botocore client)."""
+"""The storage seam beyond the conformance suite (tests/storage/conformance.py, run on every
+backend by test_conformance.py): the declared contract refusing a backend that omits a member,
+scheme discovery by entry points in another process, and what only one backend has (an S3
+multipart upload, a local FIFO, S3's ``If-Match`` reads)."""
 from __future__ import annotations
 
 import builtins
 import os
+import subprocess
+import sys
+import textwrap
 import threading
-import zlib
 
 import pytest
 
-from supervisor.checkpoint.storage import (LocalStorage, ObjectExistsError, PreconditionFailedError,
-                                           SnapshotVanishedError, Storage, storage_for)
+from supervisor.checkpoint import storage as storage_module
+from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.storage import PreconditionFailedError, Storage, register_scheme, storage_for
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_both_backends_satisfy_the_protocol(backend):
-    storage, _ = backend
-    assert isinstance(storage, Storage)
-
-
-def test_create_exclusive_is_refused_on_an_existing_object(backend):
-    storage, root = backend
-    storage.makedirs(root)
-    path = storage.join(root, "lease.json")
-    storage.create_exclusive(path, b"first")
-    with pytest.raises(ObjectExistsError, match="already exists"):
-        storage.create_exclusive(path, b"second")
-    assert storage.read_bytes(path) == b"first"
-
-
-def test_replace_if_is_refused_after_another_writer_moved_the_object(backend):
-    storage, root = backend
-    storage.makedirs(root)
-    path = storage.join(root, "checkpoint")
-    storage.write_atomic(path, b"index v1")
-    data, seen = storage.read_versioned(path)
-    assert data == b"index v1"
-    storage.write_atomic(path, b"index moved by another writer")
-    with pytest.raises(PreconditionFailedError):
-        storage.replace_if(path, b"index v2", seen.version)
-    assert storage.read_bytes(path) == b"index moved by another writer"
-    _, current = storage.read_versioned(path)
-    storage.replace_if(path, b"index v2", current.version)
-    assert storage.read_bytes(path) == b"index v2"
-    with pytest.raises(FileNotFoundError):
-        storage.replace_if(storage.join(root, "missing"), b"x", current.version)
-
-
-def test_reads_whole_ranged_and_bounded(backend):
-    storage, root = backend
-    storage.makedirs(root)
-    path = storage.join(root, "blob")
-    payload = bytes(range(256)) * 40
-    storage.write_atomic(path, payload)
-    assert storage.read_bytes(path) == payload
-    assert storage.read_range(path, 100, 50) == payload[100:150]
-    assert storage.read_range(path, len(payload) - 3, 10) == payload[-3:]
-    assert storage.read_range(path, 5, 0) == b""
-    assert storage.stat(path).size == len(payload)
-    with pytest.raises(OSError, match="more than"):
-        storage.read_bytes(path, max_bytes=100)
-    with storage.open_read(path) as f:
-        f.seek(1000)
-        assert f.read(10) == payload[1000:1010]
-    with pytest.raises(FileNotFoundError):
-        storage.read_bytes(storage.join(root, "missing"))
-    with pytest.raises(FileNotFoundError):
-        storage.stat(storage.join(root, "missing"))
-
-
-def test_listing_and_removing_a_prefix(backend):
-    storage, root = backend
-    for rel in ("ckpt-1/a", "ckpt-1/sub/b", "ckpt-2/a", "checkpoint"):
-        path = storage.join(root, *rel.split("/"))
-        storage.makedirs(storage.dirname(path))
-        storage.write_atomic(path, rel.encode())
-    assert storage.listdir(root) == ["checkpoint", "ckpt-1", "ckpt-2"]
-    assert storage.list_files(storage.join(root, "ckpt-1")) == ["a", "sub/b"]
-    assert storage.isdir(storage.join(root, "ckpt-1")) and not storage.isdir(storage.join(root, "checkpoint"))
-    storage.remove_tree(storage.join(root, "ckpt-1"))
-    assert storage.listdir(root) == ["checkpoint", "ckpt-2"]
-    assert storage.remove(storage.join(root, "checkpoint")) is True
-    assert storage.remove(storage.join(root, "checkpoint")) is False
-    assert storage.listdir(root) == ["ckpt-2"]
-
-
-def test_open_write_checksums_while_writing_and_appears_only_when_synced(backend):
-    storage, root = backend
-    storage.makedirs(root)
-    path = storage.join(root, "state.pt")
-    data = os.urandom(3 << 20)
-    with storage.open_write(path) as writer:
-        for start in range(0, len(data), 700_000):
-            writer.write(memoryview(data)[start:start + 700_000])
-        assert not storage.exists(path) or isinstance(storage, LocalStorage)  # an upload shows nothing yet
-        writer.sync()
-    assert writer.nbytes == len(data)
-    assert writer.checksum == f"crc32:{zlib.crc32(data):08x}"
-    assert storage.read_bytes(path) == data
-
-    abandoned = storage.join(root, "abandoned")
-    w = storage.open_write(abandoned)
-    w.write(b"partial")
-    w.close()
-    assert not storage.exists(abandoned)
-
-
-@pytest.mark.parametrize("size", [10, 6 << 20])
-def test_open_write_never_overwrites_an_existing_file(backend, size):
-    storage, root = backend
-    storage.makedirs(root)
-    path = storage.join(root, "state.pt")
-    storage.write_atomic(path, b"committed bytes")
-    if not isinstance(storage, LocalStorage):
-        storage = type(storage)(storage.fs, part_size=5 << 20)  # 6 MiB: a multipart upload
+def test_an_s3_multipart_upload_never_overwrites_an_existing_object(s3_storage, s3_root):
+    path = s3_storage.join(s3_root, "state.pt")
+    s3_storage.write_atomic(path, b"committed bytes")
+    storage = type(s3_storage)(s3_storage.fs, part_size=5 << 20)  # 6 MiB: a multipart upload
     with pytest.raises(FileExistsError):
-        with storage.open_write(path) as writer:  # local: refused here; S3: when completed
-            writer.write(b"x" * size)
+        with storage.open_write(path) as writer:  # refused when completed
+            writer.write(b"x" * (6 << 20))
             writer.sync()
     assert storage.read_bytes(path) == b"committed bytes"
 
 
-def test_stage_commit_discard(backend):
-    storage, root = backend
-    storage.makedirs(root)
-    final = storage.join(root, "model.ckpt-5")
-    staged = storage.stage(root, "model.ckpt-5")
-    w = storage.open_write(storage.join(staged, "state.pt"))
-    w.write(b"tensor bytes")
-    w.sync()
-    w.close()
-    storage.commit(staged, final, manifest_name="MANIFEST.json", manifest=b"{}")
-    assert storage.list_files(final) == ["MANIFEST.json", "state.pt"]
-    assert [n for n in storage.listdir(root) if "tmp" in n] == []
+class _NoScheme:  # duck-typed: every method of LocalStorage, no contract
+    def __getattr__(self, name):
+        return getattr(LocalStorage(), name)
 
-    other = storage.stage(root, "model.ckpt-6")
-    w = storage.open_write(storage.join(other, "state.pt"))
-    w.write(b"x")
-    w.sync()
-    w.close()
-    storage.discard(other)
-    assert storage.listdir(root) == ["model.ckpt-5"]
+
+def test_a_backend_that_omits_a_member_is_refused_naming_it(monkeypatch):
+    """Before the contract, a backend without ``scheme`` saved fine and every restore then said
+    "does not exist"; now it fails where it is defined, registered or made."""
+    with pytest.raises(TypeError, match="declares no 'scheme'"):
+        class Schemeless(LocalStorage):
+            scheme = None
+    with pytest.raises(TypeError, match="declares no 'kind'"):
+        type("Kindless", (Storage,), {"scheme": "kl", **{m: lambda *a: None for m in storage_module.REQUIRED_METHODS}})
+    with pytest.raises(TypeError, match="only 'file' is local"):
+        class LocalLookingUrl(LocalStorage):
+            scheme = "nfs"
+    monkeypatch.setattr(storage_module, "_FACTORIES", dict(storage_module._FACTORIES))
+
+    class Unfinished(Storage):  # abstract: read_range and the rest missing
+        scheme, kind = "unfinished", "object"
+
+        @classmethod
+        def from_url(cls, url, options):
+            return cls()
+
+    register_scheme("unfinished", Unfinished)
+    with pytest.raises(TypeError, match="abstract method.*read_range"):
+        storage_for("unfinished://bucket/run")
+    register_scheme("duck", lambda url, options: _NoScheme())
+    with pytest.raises(TypeError, match="does not subclass supervisor.checkpoint.storage.Storage"):
+        storage_for("duck://bucket/run")
+    register_scheme("other", lambda url, options: LocalStorage())
+    with pytest.raises(TypeError, match="serves scheme='file', but it was registered for other://"):
+        storage_for("other://bucket/run")
+
+
+_PLUGIN = """
+    from supervisor.checkpoint.memory_storage import MemoryStorage
+
+    class PluginStorage(MemoryStorage):
+        scheme = "memory-like"
+
+        def join(self, base, *parts):  # its URLs are memory-like://, its objects the memory ones
+            return super().join(base, *parts)
+
+    def factory(url, options):
+        print("plugin factory called for", url)
+        return PluginStorage()
+"""
+
+
+def test_a_scheme_declared_by_an_entry_point_is_found_by_another_process(tmp_path):
+    """A scheme registered in-process is unknown to the CLI; one declared in the entry-point group
+    ``torch_supervisor.storage`` of an installed distribution is found by any process."""
+    site = tmp_path / "site"
+    (site / "memory_like_plugin-1.0.dist-info").mkdir(parents=True)
+    (site / "memory_like_plugin.py").write_text(textwrap.dedent(_PLUGIN))
+    (site / "memory_like_plugin-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: memory-like-plugin\nVersion: 1.0\n")
+    (site / "memory_like_plugin-1.0.dist-info" / "entry_points.txt").write_text(
+        "[torch_supervisor.storage]\nmemory-like = memory_like_plugin:factory\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "supervisor", "ls", "memory-like://bucket/run"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "plugin factory called for memory-like://bucket/run" in done.stdout, done.stdout + done.stderr
+    assert "no storage for the URL scheme" not in done.stdout + done.stderr
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # without the plugin: refused, naming the scheme
+    done = subprocess.run([sys.executable, "-m", "supervisor", "ls", "memory-like://bucket/run"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "no storage for the URL scheme 'memory-like'" in done.stderr, done.stderr
 
 
 def test_storage_for_picks_by_scheme_and_names_what_is_missing(tmp_path, monkeypatch):
@@ -199,50 +158,6 @@ def _checkpoint(storage, root, name="model.ckpt-7", files=None):
     for rel, data in files.items():
         storage.write_atomic(storage.join(directory, rel), data)
     return directory, files
-
-
-def test_a_snapshot_opens_every_file_before_reading_and_reads_them_whole(backend):
-    storage, root = backend
-    directory, files = _checkpoint(storage, root)
-    with pytest.raises(FileNotFoundError, match="missing.pt is missing"):
-        storage.open_snapshot(directory, ["state.pt", "missing.pt"])
-    with pytest.raises(SnapshotVanishedError):
-        storage.open_snapshot(storage.join(root, "model.ckpt-99"), ["state.pt"])
-    with pytest.raises(ValueError, match="not a file name"):
-        storage.open_snapshot(directory, ["../state.pt"])
-    snapshot = storage.open_snapshot(directory, files)
-    try:
-        assert snapshot.sizes == {k: len(v) for k, v in files.items()}
-        buffer = bytearray(len(files["state.pt"]))
-        view = memoryview(buffer)
-        got = 0
-        while got < len(buffer):
-            n = snapshot.files["state.pt"].readinto(view[got:got + 65536])
-            assert n
-            got += n
-        assert bytes(buffer) == files["state.pt"]
-        assert not snapshot.vanished()
-    finally:
-        snapshot.close()
-
-
-def test_a_snapshot_notices_the_checkpoint_deleted_underneath_it(backend):
-    """Retention deletes a checkpoint an evaluator is reading: locally the open descriptors still
-    read it whole; on an object store the reads fail cleanly (deleted: FileNotFoundError) and
-    ``vanished()`` says why either way."""
-    storage, root = backend
-    directory, files = _checkpoint(storage, root)
-    snapshot = storage.open_snapshot(directory, ["state.pt"])
-    try:
-        storage.remove_tree(directory)
-        assert snapshot.vanished()
-        if isinstance(storage, LocalStorage):
-            assert snapshot.files["state.pt"].read() == files["state.pt"]
-        else:
-            with pytest.raises(FileNotFoundError):
-                snapshot.files["state.pt"].read(10)
-    finally:
-        snapshot.close()
 
 
 def test_a_snapshot_never_mixes_two_versions_of_a_file(s3_storage, s3_root):
