@@ -15,13 +15,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY, STATE_FILE
+from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY
+from supervisor.checkpoint.formats import format_in
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.loader import is_remote, load_verified, read_checkpoint, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.private_copy import MemoryFile
 from supervisor.checkpoint.safe_globals import safe_torch_load
 from supervisor.checkpoint.storage import Storage, is_url
-from supervisor.checkpoint.verify import DCP_METADATA, check_verify
+from supervisor.checkpoint.verify import check_verify
 from supervisor.clock import Clock, resolve_clock
 from supervisor._validate import check_watched_directory
 from supervisor._validate import check_callable, check_number
@@ -68,7 +69,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     if is_remote(storage):
         return _load_remote(storage, path, map_location, verify, trusted_globals)
     if os.path.isdir(path):
-        load = read_checkpoint if _is_sharded(path) else load_verified
+        load = load_verified if (fmt := format_in(path)) is None or fmt.single_file else read_checkpoint  # sharded
         return load(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location).payload
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
@@ -98,11 +99,6 @@ def _load_remote(storage: Storage, path: str, map_location: Any, verify: str,
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise CheckpointCorruptError(f"{path} cannot be loaded ({type(e).__name__}: {e})") from e
-
-
-def _is_sharded(path: str) -> bool:
-    """A DCP checkpoint: ``.metadata``, no ``state.pt`` (verification says whether it is whole)."""
-    return os.path.lexists(os.path.join(path, DCP_METADATA)) and not os.path.lexists(os.path.join(path, STATE_FILE))
 
 
 @dataclass(frozen=True)

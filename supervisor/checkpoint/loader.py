@@ -16,8 +16,8 @@ the evaluator and ``load_checkpoint`` (`read_checkpoint`).
    the way, and compared with the manifest (size and, with ``verify="full"``, checksum).
 3. Only then is ``state.pt`` unpickled (`safe_torch_load`: ``weights_only``, ``trusted_globals``
    opt-in, never unsafe unpickling), mapped from the copy when ``mmap`` (the tensors are views
-   of it: no second copy; ``mapped``); a sharded checkpoint is assembled from the copies by
-   `supervisor.checkpoint.dcp_reading.load_payload`. Bytes read: its size, manifest included (1.0×).
+   of it: no second copy; ``mapped``); another format (a sharded checkpoint) is assembled from the copies by
+   its reader in `supervisor.checkpoint.formats`. Bytes read: its size, manifest included (1.0×).
 
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
@@ -33,15 +33,15 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from supervisor.checkpoint.dcp_reading import load_payload
 from supervisor.checkpoint.fileio import NotARegularFileError, format_checksum
 from supervisor.checkpoint.fencing import check_not_orphaned
+from supervisor.checkpoint.formats import format_of, markers
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.private_copy import PrivateCopy, checksum_stream, copy_file
 from supervisor.checkpoint.safe_globals import describe_load_error, safe_torch_load
 from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.checkpoint.storage_base import PreconditionFailedError, Snapshot, SnapshotVanishedError
-from supervisor.checkpoint.verify import DCP_METADATA, VERIFY_MODES, check_checkpoint, check_sizes, check_verify
+from supervisor.checkpoint.verify import VERIFY_MODES, check_checkpoint, check_sizes, check_verify
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointVanishedError
 
 __all__ = ["CheckpointRead", "LoadedCheckpoint", "VerifiedFiles", "is_remote", "load_private_copy", "load_state_copy",
@@ -137,16 +137,9 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
     storage, path = resolve_storage(path, storage, storage_options)
     files = read_verified_files(storage, path, verify=verify, missing=CheckpointVanishedError)
     manifest, bytes_read = files.manifest, files.bytes_read
-    try:
-        if STATE_FILE in files.copies:
-            copy = files.copies.pop(STATE_FILE)
-            mapped = copy.path is not None  # views of the private copy
-            payload = load_state_copy(path, manifest, copy, trusted_globals, map_location, mmap=True)
-        else:  # a sharded checkpoint (_open_listed let only those through)
-            mapped = False
-            contents = {name: copy.data for name, copy in files.copies.items()}
-            payload = load_payload(path, manifest.step, contents, trusted_globals=trusted_globals,  # type: ignore[arg-type]
-                                   map_location=map_location)
+    try:  # the manifest's format (_open_listed let only registered ones through) reads its files
+        payload, mapped = format_of(manifest.files).read(path, manifest, files.copies,  # type: ignore[union-attr]
+                                                          trusted_globals, map_location)
     finally:
         files.close()
     return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=mapped,
@@ -169,7 +162,8 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         CheckpointNotFoundError: nothing at ``path``.
         CheckpointVanishedError: deleted while it was being opened (retention; not damage).
         CheckpointCorruptError: damaged; the message says how.
-        CheckpointError: a sharded checkpoint (load it with ``dcp.load_into``), or it verifies but
+        CheckpointError: a format that is not one file (a sharded checkpoint: the message says
+            what loads it), or it verifies but
             needs a global that is not trusted.
     """
     verify = check_verify(verify)
@@ -180,11 +174,12 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         # errno, e.g. ELOOP/EIO); then the one read below.
         check_sizes(path)
     files = read_verified_files(storage, path, verify=verify, missing=CheckpointNotFoundError)
-    if STATE_FILE not in files.copies:
+    fmt = format_of(files.manifest.files)
+    if fmt is None or not fmt.single_file:
         files.close()
-        raise CheckpointError(f"{path} is a sharded torch.distributed.checkpoint (checkpoint_format="
-                              "'dcp'); load it with supervisor.checkpoint.dcp.load_into")
-    copy = files.copies.pop(STATE_FILE)
+        raise CheckpointError(f"{path} is {fmt.description} (checkpoint_format={fmt.name!r}); "  # type: ignore[union-attr]
+                              f"{fmt.restore_hint}")  # type: ignore[union-attr]
+    copy = files.copies.pop(fmt.marker)
     files.close()
     mapped = mmap and copy.path is not None
     payload = load_state_copy(path, files.manifest, copy, trusted_globals, map_location, mmap=mmap, keep=keep_copy)
@@ -330,8 +325,8 @@ def _read_manifest(snapshot: Snapshot, path: str) -> tuple[Manifest, int]:
 
 def _open_listed(snapshot: Snapshot, path: str, manifest: Manifest) -> None:
     """Opens every file the manifest lists in the snapshot, before any is read."""
-    if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {STATE_FILE} nor {DCP_METADATA}")
+    if format_of(manifest.files) is None:
+        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {' nor '.join(markers())}")
     listing = getattr(snapshot, "listing", None)  # an object store's (fencing.py)
     if listing is not None:
         check_not_orphaned(path, manifest, listing)
@@ -385,9 +380,10 @@ def _read_verified(snapshot: Snapshot, path: str, name: str, manifest: Manifest,
     size and checksum."""
     record, key = manifest.files[name], manifest.key(name)
     _check_size(snapshot, path, key, record.size)
+    fmt = format_of(manifest.files)  # a single-file format's file is copied where torch can map it
     try:
         copy = copy_file(snapshot.files[key], record.size, f"{path}: {key}", checksum=checksum,
-                         in_buffer=name != STATE_FILE)
+                         in_buffer=fmt is None or not fmt.single_file or name != fmt.marker)
     except (FileNotFoundError, PreconditionFailedError):  # an object deleted or replaced meanwhile
         raise CheckpointVanishedError(f"{path}: {name} was deleted or replaced while being read (retention "
                                       "removed the checkpoint; it was not damaged)") from None

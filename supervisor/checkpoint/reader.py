@@ -59,13 +59,13 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import torch
 
 from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY, STATE_FILE, read_manifest
+from supervisor.checkpoint.formats import LazyVariable, format_in, format_of
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.loader import is_remote, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.ranged import RangedFile, resolve_remote
@@ -79,7 +79,6 @@ __all__ = ["CheckpointReader", "VariableInfo", "list_variables", "load_variable"
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "/"
-DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (checkpoint_format="dcp")
 
 
 @dataclass(frozen=True)
@@ -160,8 +159,9 @@ class CheckpointReader:
         if os.path.isdir(self.path):
             self.step = check_checkpoint(self.path, verify).step
             file_path = os.path.join(self.path, STATE_FILE)
-            if not os.path.exists(file_path) and os.path.exists(os.path.join(self.path, DCP_METADATA)):
-                self._variables = {"global_step": self.step, **_dcp_variables(self.path)}
+            fmt = format_in(self.path)
+            if fmt is not None and fmt.variables is not None:  # not torch.save's variables (a sharded one)
+                self._variables = {"global_step": self.step, **fmt.variables(self.path, None)}
                 return
         try:
             payload = safe_torch_load(file_path, trusted_globals=tuple(trusted_globals), mmap=True, step=self.step)
@@ -177,9 +177,10 @@ class CheckpointReader:
         if storage.exists(storage.join(self.path, MANIFEST_FILE)):
             manifest = verify_checkpoint(self.path, verify, storage=storage)
             self.step = manifest.step
-            if STATE_FILE not in manifest.files and DCP_METADATA in manifest.files:  # sharded: .metadata only
+            fmt = format_of(manifest.files)
+            if fmt is not None and fmt.variables is not None:  # not torch.save's variables (a sharded one)
                 self._storage = storage
-                self._variables = {"global_step": self.step, **_dcp_variables(self.path, storage)}
+                self._variables = {"global_step": self.step, **fmt.variables(self.path, storage)}
                 return
             # under the save's data root, when the manifest names one (fencing.py)
             directory, name = storage.join(self.path, manifest.root) if manifest.root else self.path, STATE_FILE
@@ -204,7 +205,7 @@ class CheckpointReader:
         """Every variable's name, shape, dtype and byte size, in the saved order."""
         out = []
         for name, value in self._vars.items():
-            if isinstance(value, _DcpEntry):
+            if isinstance(value, LazyVariable):
                 shape, dtype = value.shape, value.dtype
             else:
                 tensor = _as_tensor(value)
@@ -234,7 +235,7 @@ class CheckpointReader:
             value = self._vars[name]
         except KeyError:
             raise KeyError(_missing_message(self.path, name, self._vars)) from None
-        if isinstance(value, _DcpEntry):
+        if isinstance(value, LazyVariable):
             return value.load(self.path, self._storage)
         if self._ranged is not None and isinstance(value, torch.Tensor):
             return self._ranged.tensor(value)
@@ -297,43 +298,6 @@ def _flatten(value: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
         else:
             for i, item in enumerate(value):
                 yield from _flatten(item, f"{prefix}{SEPARATOR}{i}" if prefix else str(i))
-
-
-@dataclass(frozen=True)
-class _DcpEntry:
-    """A tensor of a ``torch.distributed.checkpoint`` checkpoint, read on demand."""
-
-    fqn: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    def load(self, path: str, storage: Storage | None = None) -> torch.Tensor:
-        """This tensor alone (on an object store: ranged reads of its shards' bytes only)."""
-        from supervisor.checkpoint.dcp_reading import safe_dcp_load
-
-        tensor = torch.empty(self.shape, dtype=self.dtype)
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            safe_dcp_load({self.fqn: tensor}, path, no_dist=True, storage=storage)
-        return tensor
-
-
-def _dcp_variables(path: str, storage: Storage | None = None) -> dict[str, _DcpEntry]:
-    """The tensors a DCP checkpoint's ``.metadata`` describes, named like ``state.pt``'s (the
-    saved nesting joined with ``/``). Non-tensor values (DCP pickles them) are not listed."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from supervisor.checkpoint.dcp_reading import read_metadata_file
-
-    metadata = read_metadata_file(path, storage)  # unpickled with DCP's metadata classes allowed, nothing else
-    nesting = getattr(metadata, "planner_data", None) or {}
-    out = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            keys = nesting.get(fqn)
-            name = SEPARATOR.join(map(str, keys)) if isinstance(keys, (tuple, list)) and keys else fqn
-            out[name] = _DcpEntry(fqn, tuple(md.size), md.properties.dtype)
-    return out
 
 
 def _size_of(path: str) -> int | None:

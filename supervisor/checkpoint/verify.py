@@ -21,6 +21,7 @@ from typing import Any
 
 from supervisor.checkpoint.fileio import checksum_file, file_kind
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, Manifest, read_manifest
+from supervisor.checkpoint.formats import format_of
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointVanishedError
 
 #: torch.distributed.checkpoint's metadata file: a sharded checkpoint (supervisor.checkpoint.dcp)
@@ -81,7 +82,7 @@ def check_sizes(path: str) -> Manifest:
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise_if_vanished(path, e)
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
-    if STATE_FILE not in manifest.files and DCP_METADATA not in manifest.files:  # dcp: §12
+    if format_of(manifest.files) is None:  # no format's file (§12)
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
     for name, record in manifest.files.items():
         if not name or os.sep in name or (os.altsep and os.altsep in name) or name in (os.curdir, os.pardir):

@@ -13,7 +13,8 @@ import re
 import stat
 from dataclasses import dataclass
 
-from supervisor.checkpoint import INDEX_FILE, MANIFEST_FILE, STATE_FILE
+from supervisor.checkpoint import INDEX_FILE, MANIFEST_FILE
+from supervisor.checkpoint.formats import markers
 
 __all__ = ["PathKind", "path_kind", "is_checkpoint_dir", "find_logdirs", "advice", "NAME_WITH_STEP"]
 
@@ -45,8 +46,9 @@ def _mode(path: str) -> int | None:
 
 
 def is_checkpoint_dir(path: str) -> bool:
-    """A directory holding a manifest or a ``state.pt`` (committed or damaged, not a log directory)."""
-    return any(_mode(os.path.join(path, f)) is not None for f in (MANIFEST_FILE, STATE_FILE))
+    """A directory holding a manifest or the marker file of a checkpoint format (``state.pt``,
+    ``.metadata``: `supervisor.checkpoint.formats`): committed or damaged, not a log directory."""
+    return any(_mode(os.path.join(path, f)) is not None for f in (MANIFEST_FILE, *markers()))
 
 
 def _is_logdir(path: str) -> bool:
