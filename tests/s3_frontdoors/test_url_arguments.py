@@ -41,7 +41,7 @@ def test_a_url_logdir_creates_nothing_local(door, tmp_path, monkeypatch):
 @pytest.mark.parametrize("door", sorted(DOORS))
 def test_an_unknown_scheme_is_refused_naming_it(door, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"'nosuchfs'.*known: file, s3"):
+    with pytest.raises(ValueError, match=r"'nosuchfs'.*known: file, memory, s3"):
         DOORS[door]("nosuchfs://bucket/run")
     assert os.listdir(tmp_path) == []
 
