@@ -87,6 +87,12 @@ class CountingStore(dist.Store):
     def has_extended_api(self):  # noqa: D102
         return True
 
+    def clone(self):  # noqa: D102 - a second connection (the diagnosis responder's), counted with this one
+        copy = CountingStore(self.inner.clone())
+        copy.counts = self.counts
+        self.__dict__.setdefault("_clones", []).append(copy)  # the C++ side does not keep the Python object
+        return copy
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())

@@ -111,7 +111,8 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 # ---------------------------------------------------------------- restoring
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
                     trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
-                    manifest: Manifest | None = None, metadata: bytes | None = None, verify: str = "full") -> Restored:
+                    manifest: Manifest | None = None, metadata: bytes | None = None, verify: str = "full",
+                    items: Mapping[tuple[str, int], bytes] | None = None) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
@@ -127,7 +128,8 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     ``manifest``: the checkpoint's (the chief's choice carries it): ``.metadata`` (``metadata``:
     its bytes, as the chief sent them; else read here) and this rank's RNG file are checked
     against it (``verify``), and each item read against its CRC-32 when the checkpoint has them
-    (`supervisor.checkpoint.dcp_ranges`); `CheckpointCorruptError` names what differs.
+    (`supervisor.checkpoint.dcp_ranges`); `CheckpointCorruptError` names what differs. ``items``:
+    bytes of items the chief sent, checked (`supervisor.checkpoint.dcp_replicated`): not read here.
     """
     storage = storage if storage is not None else storage_for(path)
     live = resume.live_iterators(state)  # exact resume: checked before the load
@@ -136,7 +138,7 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
         metadata = read_metadata(checked_bytes(path, DCP_METADATA, data, manifest, verify=verify), path)
     try:
         _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals,
-              storage=storage, metadata=metadata)
+              storage=storage, metadata=metadata, items=items)
     except CheckpointError:
         raise
     except Exception as e:
@@ -150,10 +152,10 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
 
 
 def _load(path: str, state: TrainingState, *, no_dist: bool, trusted_globals: Iterable[Any],
-          storage: Storage, metadata: Any = None) -> None:
+          storage: Storage, metadata: Any = None, items: Mapping[tuple[str, int], bytes] | None = None) -> None:
     state_dict = build_state_dict(state)
     safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals, storage=storage,
-                  metadata=metadata)
+                  metadata=metadata, items=items)
     apply_state_dict(state, state_dict)
 
 

@@ -341,10 +341,10 @@ class ShardedCheckpointManager(ManagerCommon):
         restored = dcp_restore.restore_in_job(
             lambda skip: dcp_restore.choose_sharded(self.directory, self.basename, verify=self.verify,
                                                     storage=self.storage, skip=skip),
-            lambda path, step, manifest, metadata: restore_sharded(
+            lambda path, step, manifest, metadata, items: restore_sharded(
                 path, state, step=step, restore_rng=self.save_rng, trusted_globals=self.trusted_globals,
-                storage=self.storage, manifest=manifest, metadata=metadata, verify=self.verify),
-            max_wait_secs=self.max_wait_secs, clock=self._clock)
+                storage=self.storage, manifest=manifest, metadata=metadata, verify=self.verify, items=items),
+            max_wait_secs=self.max_wait_secs, clock=self._clock, storage=self.storage)
         if restored is not None:
             self._last_saved_step = self._last_committed_step = restored.global_step
         return restored

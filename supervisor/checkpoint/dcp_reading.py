@@ -34,6 +34,7 @@ import torch
 
 from supervisor.checkpoint.fencing import data_path
 from supervisor.checkpoint.dcp_ranges import ITEM_CRC, check_item
+from supervisor.checkpoint.dcp_replicated import SharedItems, serve_shared
 from supervisor.checkpoint.format import STEP_KEY
 from supervisor.checkpoint.private_copy import MemoryFile
 from supervisor.checkpoint.safe_globals import safe_torch_load
@@ -112,16 +113,20 @@ def _metadata_at(path: str, storage: Storage) -> Any:
     return read_metadata(data, path)
 
 
-def safe_file_reader(path: str, metadata: Any = None) -> Any:
+def safe_file_reader(path: str, metadata: Any = None, items: SharedItems | None = None) -> Any:
     """DCP's ``FileSystemReader`` for the checkpoint directory ``path``, reading ``.metadata``
     with the allowlist (its tensors are read with ``weights_only=True`` as always). ``metadata``:
-    the checkpoint's metadata, already read with `read_metadata_file` (else read on demand)."""
+    the checkpoint's metadata, already read with `read_metadata_file` (else read on demand).
+    ``items``: bytes of items already read and checked (`dcp_replicated.serve_shared`)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     class SafeMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             # Always the global metadata (never a rank-local file DCP falls back to), allowlisted.
             return metadata if metadata is not None else read_metadata_file(path)
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            return super().read_data(serve_shared(self, plan, planner, items), planner)
 
         def _slice_file(self, file: Any, sinfo: Any) -> Any:
             if getattr(sinfo, ITEM_CRC, None) is None:  # a checkpoint verified whole before
@@ -245,13 +250,16 @@ def safe_load_planner(path: str, trusted_globals: Iterable[Any] = ()) -> Any:
 
 
 def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True,
-                  trusted_globals: Iterable[Any] = (), storage: Storage | None = None, metadata: Any = None) -> None:
+                  trusted_globals: Iterable[Any] = (), storage: Storage | None = None, metadata: Any = None,
+                  items: SharedItems | None = None) -> None:
     """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)`` that cannot run code
     from the checkpoint: ``.metadata`` through the allowlist (`safe_file_reader`), non-tensor
     entries through `safe_torch_load` (`safe_load_planner`). Every restore of a sharded
     checkpoint loads through here (never ``dcp.load`` directly). ``storage``: the checkpoint's
     (default: the local one); on an object store the shards are read by ranged requests
     (`supervisor.checkpoint.dcp_storage.StorageDcpReader`): only what ``state_dict`` needs.
+    ``items``: bytes of items already read and checked, by file and offset (the replicated items
+    the chief sent): loaded from there, never read from storage.
 
     Raises:
         CheckpointError: the checkpoint references a global that is not allowed (named).
@@ -267,9 +275,9 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
     if storage.is_object_store:
         from supervisor.checkpoint.dcp_storage import StorageDcpReader  # lazy: imports DCP
 
-        reader = StorageDcpReader(storage, path, metadata)
+        reader = StorageDcpReader(storage, path, metadata, items)
     else:
-        reader = safe_file_reader(path, metadata)
+        reader = safe_file_reader(path, metadata, items)
     try:
         with _unwrapped_errors(path, damage=False):
             dcp.load(state_dict, storage_reader=reader, planner=safe_load_planner(path, trusted_globals),

@@ -30,6 +30,7 @@ from supervisor import distributed
 from supervisor.checkpoint.choose import candidates
 from supervisor.checkpoint.dcp_ranges import verifiable_by_ranges
 from supervisor.checkpoint.dcp_reading import read_metadata
+from supervisor.checkpoint.dcp_replicated import read_replicated, replicated_infos, split_replicated
 from supervisor.checkpoint.fileio import crc32, format_checksum
 from supervisor.checkpoint.format import Manifest
 from supervisor.checkpoint.loader import resolve_storage, verify_checkpoint
@@ -91,13 +92,17 @@ def checked_file(path: str, name: str, manifest: Manifest | None, storage: Stora
     Raises:
         CheckpointCorruptError: unreadable, or not what the manifest says.
     """
-    root = getattr(manifest, "root", None)  # on an object store the files live under the save's root (fencing.py)
-    base = storage.join(path, root) if root and storage.basename(path) != root else path
     try:
-        data = storage.read_bytes(storage.join(base, name))
+        data = storage.read_bytes(storage.join(_base(path, manifest, storage), name))
     except OSError as e:
         raise CheckpointCorruptError(f"{path}: {name} cannot be read ({e})") from e
     return checked_bytes(path, name, data, manifest, verify=verify)
+
+
+def _base(path: str, manifest: Manifest | None, storage: Storage) -> str:
+    """Where the checkpoint's files live: on an object store under the save's root (fencing.py)."""
+    root = getattr(manifest, "root", None)
+    return storage.join(path, root) if root and storage.basename(path) != root else path
 
 
 def checked_bytes(path: str, name: str, data: bytes, manifest: Manifest | None, *, verify: str = "full") -> bytes:
@@ -114,11 +119,13 @@ def checked_bytes(path: str, name: str, data: bytes, manifest: Manifest | None, 
 
 
 def restore_in_job(choose: Callable[[list[str]], Choice | None], load: Callable[..., Any], *,
-                   max_wait_secs: float, clock: Any = None) -> Any:
+                   max_wait_secs: float, clock: Any = None, storage: Storage | None = None) -> Any:
     """Chooses and loads as the module docstring says; returns ``load``'s result, or None when
     there is no checkpoint. ``choose(skip)`` runs on the chief (or alone); ``load(path, step,
-    manifest, metadata)`` on every rank: the chief sends the ``.metadata`` bytes it checked to
-    the others (`supervisor.distributed.restore.broadcast_bytes`), so they read none.
+    manifest, metadata, items)`` on every rank: the chief sends the ``.metadata`` bytes it checked
+    to the others (`supervisor.distributed.restore.broadcast_bytes`), so they read none, and —
+    reading them from ``storage`` — the replicated items (``items``: their bytes by file and
+    offset, `supervisor.checkpoint.dcp_replicated`; None when there are none).
 
     Raises:
         CheckpointCorruptError: every checkpoint is damaged.
@@ -126,11 +133,12 @@ def restore_in_job(choose: Callable[[list[str]], Choice | None], load: Callable[
     """
     damaged: list[str] = []
     while True:
-        choice = _decide(choose, damaged, max_wait_secs=max_wait_secs, clock=clock)
-        if choice is None:
+        decided = _decide(choose, damaged, storage, max_wait_secs=max_wait_secs, clock=clock)
+        if decided is None:
             return None
+        choice, items = decided
         path, step = choice[0], choice[1]
-        status, outcome = _attempt(load, *choice)
+        status, outcome = _attempt(load, *choice, items)
         worst, rank = _agree(status)
         if worst == _OK:
             return outcome
@@ -143,12 +151,18 @@ def restore_in_job(choose: Callable[[list[str]], Choice | None], load: Callable[
         damaged.append(path)
 
 
-def _decide(choose: Callable[[list[str]], Any], damaged: list[str], *, max_wait_secs: float,
-            clock: Any) -> Choice | None:
-    """The chief's choice (posted for the others, then its ``.metadata`` sent), or the choice
-    the chief posted (with the ``.metadata`` it sends)."""
+#: A decision: the choice, and its replicated items (by file and offset; None: none; an
+#: exception: they could not be read or differ).
+Decided = tuple[Choice, Any]
+
+
+def _decide(choose: Callable[[list[str]], Any], damaged: list[str], storage: Storage | None, *,
+            max_wait_secs: float, clock: Any) -> Decided | None:
+    """The chief's choice (posted for the others, then its ``.metadata`` and replicated items
+    sent), or the choice the chief posted (with what it sends)."""
     if not distributed.is_distributed():
-        return choose(damaged)
+        choice = choose(damaged)
+        return None if choice is None else (choice, None)
     if distributed.rank() == 0:
         key = restore_channel.next_key()
         try:
@@ -156,11 +170,37 @@ def _decide(choose: Callable[[list[str]], Any], damaged: list[str], *, max_wait_
         except BaseException as e:
             restore_channel.publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
             raise
-        decision = RestoreDecision(choice[0], choice[1], manifest=choice[2].to_json()) if choice else RestoreDecision()
-        restore_channel.publish_decision(key, decision)
-        if choice is not None:
-            _send(choice[3])
-        return choice
+        if choice is None:
+            restore_channel.publish_decision(key, RestoreDecision())
+            return None
+        size, blob, items = _replicated(choice, storage)
+        restore_channel.publish_decision(key, RestoreDecision(choice[0], choice[1], manifest=choice[2].to_json(),
+                                                              shared=size))
+        _send(choice[3])
+        if size:
+            _send(blob)  # zeros when the chief could not read them: every rank then refuses them
+        return choice, items
+    return _followed(max_wait_secs, clock)
+
+
+def _replicated(choice: Choice, storage: Storage | None) -> tuple[int, bytes, Any]:
+    """The chief reads the replicated items of ``choice``: ``(their size, their bytes, the items
+    by file and offset — or the error that stopped the read, or None when there are none)``."""
+    path, _, manifest, metadata = choice
+    if storage is None or manifest is None or metadata is None:
+        return 0, b"", None
+    infos: list[Any] = []
+    try:
+        infos = replicated_infos(read_metadata(metadata, path))
+        blob = read_replicated(_base(path, manifest, storage), infos, storage, path)
+        return len(blob), blob, (split_replicated(blob, infos, path) if infos else None)
+    except CheckpointError as e:
+        size = sum(info.length for info in infos)
+        return size, bytes(size), e
+
+
+def _followed(max_wait_secs: float, clock: Any) -> Decided | None:
+    """A non-chief rank: the choice the chief posted, the ``.metadata`` and replicated items it sends."""
     decision = restore_channel.await_decision(restore_channel.next_key(), max_wait_secs=max_wait_secs, clock=clock)
     if decision.error is not None:
         raise CheckpointError(f"rank {distributed.rank()} cannot restore: the chief's restore failed with "
@@ -168,9 +208,17 @@ def _decide(choose: Callable[[list[str]], Any], damaged: list[str], *, max_wait_
     if decision.path is None:
         return None
     if decision.manifest is None:  # an older chief: read .metadata from storage
-        return decision.path, int(decision.step or 0), None, None
+        return (decision.path, int(decision.step or 0), None, None), None
     manifest = Manifest.from_json(decision.manifest)
-    return decision.path, int(decision.step or 0), manifest, _received(manifest.files[DCP_METADATA].size)
+    choice = (decision.path, int(decision.step or 0), manifest, _received(manifest.files[DCP_METADATA].size))
+    if not decision.shared:
+        return choice, None
+    blob = _received(int(decision.shared))
+    try:
+        metadata = read_metadata(checked_bytes(choice[0], DCP_METADATA, choice[3], manifest), choice[0])
+        return choice, split_replicated(blob, replicated_infos(metadata), f"{choice[0]} (as received from rank 0)")
+    except CheckpointError as e:
+        return choice, e
 
 
 def _send(data: bytes) -> None:
@@ -195,6 +243,9 @@ def _received(size: int) -> bytes:
 
 
 def _attempt(load: Callable[..., Any], *choice: Any) -> tuple[int, Any]:
+    items = choice[-1]
+    if isinstance(items, BaseException):  # the replicated items could not be read, or differ
+        return (_DAMAGED if isinstance(items, CheckpointCorruptError) else _FAILED), items
     try:
         return _OK, load(*choice)
     except CheckpointCorruptError as e:

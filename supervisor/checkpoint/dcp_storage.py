@@ -34,6 +34,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from supervisor.checkpoint.dcp_ranges import ItemChecksums, check_item
+from supervisor.checkpoint.dcp_replicated import serve_shared
 from supervisor.checkpoint.format import FileRecord
 from supervisor.checkpoint.storage import Storage
 
@@ -195,11 +196,12 @@ class StorageDcpReader(FileSystemReader):
     checkpoint's DCP metadata, already read (allowlisted: see `supervisor.checkpoint.dcp_reading`);
     DCP's own unrestricted unpickling is never used."""
 
-    def __init__(self, storage: Storage, path: str, metadata: Any) -> None:
+    def __init__(self, storage: Storage, path: str, metadata: Any, items: Any = None) -> None:
         super().__init__(path)
         self.fs = StorageFileSystem(storage, path)  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
         self._metadata = metadata
+        self._items = items  # already read and checked (`dcp_replicated.serve_shared`)
         self._part_size, self._threads = int(storage.part_size), int(storage.max_concurrency)
         self._wanted: dict[str, list[tuple[int, int]]] = {}
         self._fetched: tuple[str | None, list[tuple[int, bytes]]] = (None, [])
@@ -208,6 +210,7 @@ class StorageDcpReader(FileSystemReader):
         return self._metadata
 
     def read_data(self, plan: Any, planner: Any) -> Any:
+        plan = serve_shared(self, plan, planner, self._items)
         self._wanted = wanted_ranges(self.storage_data[item.storage_index] for item in plan.items)
         try:
             return super().read_data(plan, planner)

@@ -168,7 +168,8 @@ class CollectiveAgreement(Agreement):
         self._group = side_group(max(self.stop_grace_secs - self._diagnose_secs, 0.1))
         self._options = dist.AllreduceOptions()
         self._options.reduceOp = dist.ReduceOp.MAX
-        self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs)
+        self._watchdog = HangWatchdog(self._store, self.rank, self.world_size, grace_secs=self.stop_grace_secs,
+                                      responder=self._responder)
         self._watchdog.start()
         self._responder.start()
 

@@ -14,7 +14,8 @@ __all__ = ["HEARTBEAT_SECS", "CLOSED", "post_failure", "post_secondary", "post_b
 
 logger = logging.getLogger(__name__)
 
-#: How often a still rank's `HangWatchdog` posts its heartbeat (at most ``stop_grace_secs / 10``).
+#: How often a blocked rank's `HangWatchdog` looks (at most ``stop_grace_secs / 10``); without a
+#: responder, also the period of its heartbeats' timing.
 HEARTBEAT_SECS = 1.0
 #: The heartbeat of a rank whose agreement closed normally.
 CLOSED = "closed"

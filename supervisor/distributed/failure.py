@@ -92,21 +92,20 @@ class HangWatchdog:
     it), so a rank stuck in DDP's all_reduce behind a hung peer would wait for the training
     group's own timeout (30 min by default). This thread watches one other rank — the next one,
     ``(rank + 1) % world_size``: a ring, so every rank is watched by exactly one — and costs
-    nothing while this rank moves (issue 31: no store request while steps complete).
+    nothing while this rank's steps complete, however long they are (issue 31: no store request
+    per step; the agreement's collective is the liveness check while steps complete).
 
-    Once this rank's step has not moved for ``grace_secs / 4`` (it is *still*: a long step, a
-    save, or blocked), it posts its heartbeat (``heartbeat/<rank>`` = ``"<counter> <step of its
-    last boundary> <seconds at that step>"``) every ``grace_secs / 8``, reads the watched rank's
-    once, and then again each interval (``min(1 s, grace_secs / 10)``) only once it has been still
-    for more than ``grace_secs`` (blocked): a step of 60 s with the default 120 s costs 3 requests,
-    whatever the world size. When this rank is blocked and
+    Liveness on demand: once this rank's step has not moved for more than ``grace_secs`` (it is
+    *blocked*: no step may take that long), it pings the watched rank (`roll.ping`: 1 request)
+    and reads its answer (``heartbeat/<rank>`` = ``"<ping number> <step of its last boundary>
+    <seconds at that step>"``, posted by that rank's `roll.Responder`) each interval (``min(1 s,
+    grace_secs / 10)``), pinging again ``grace_secs / 8`` after each answer. When
 
-    - the watched rank is behind it and has been at its step for more than ``grace_secs`` (by its
-      own heartbeat): it is hung;
-    - or its heartbeat has not changed for ``grace_secs / 2`` since this rank first read it (a
-      still rank beats every ``grace_secs / 8``, and one that just moved is still again within
-      ``grace_secs / 4``): it is gone (SIGKILL, OOM killer) or frozen (SIGSTOP) — about
-      ``grace_secs`` + 1–2 intervals after this rank stopped moving;
+    - the watched rank answers, is behind this one and has been at its step for more than
+      ``grace_secs``: it is hung;
+    - or it has not answered a ping within ``grace_secs / 4`` (and did not close its agreement):
+      it is gone (SIGKILL, OOM killer) or frozen (SIGSTOP) — named about 1.25 × ``grace_secs``
+      + 1–2 intervals after this rank stopped moving;
 
     this rank blames it on the roll (`supervisor.distributed.roll`), logs an error naming it and
     exits with status 1 (as NCCL's watchdog does), so torchrun — or whoever started the job —
@@ -114,17 +113,26 @@ class HangWatchdog:
     interval (1 request) and, once a failure is known, exits the same way naming the rank the roll
     blames. Committed checkpoints are untouched; a save in flight is left as a temp directory,
     removed at the next start. ``closed`` is posted when the agreement closes normally.
+
+    ``responder``: this rank's (the agreement's), which answers the pings of the rank watching
+    this one; without one, the watchdog starts its own. On a store that cannot open a second
+    connection (no responder) it falls back to heartbeats: once still for ``grace_secs / 4``, it
+    posts one every ``grace_secs / 8`` and reads the watched rank's (`_tick`).
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, *, grace_secs: float,
-                 interval_secs: float = HEARTBEAT_SECS) -> None:
+                 interval_secs: float = HEARTBEAT_SECS, responder: roll.Responder | None = None) -> None:
         self._store, self.rank, self.world_size = store, rank, world_size
         self.grace_secs = grace_secs
         self._interval = min(interval_secs, grace_secs / 10)
-        self._still_secs = grace_secs / 4  # beats (and reads) only once still this long
+        self._still_secs = grace_secs / 4  # heartbeats (no responder): beats only once still this long
         self._watched = (rank + 1) % world_size
         self._beats, self._last_beat = 0, float("-inf")
         self._step: int | None = None
+        self._posted: int | None = None  # the step as this thread last saw it, and since when
+        self._since = time.monotonic()
+        self._responder, self._own_responder = responder, responder is None
+        self._pinged: tuple[int, float, bool] | None = None  # (number, sent at, answered)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor-rank-watchdog", daemon=True)
 
@@ -135,6 +143,12 @@ class HangWatchdog:
             self._store.set(f"heartbeat/{self.rank}", "0")
         except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
             logger.debug("rank watchdog: store unavailable (%s)", e)
+        if self._responder is None and roll.supports(self._store):
+            self._responder = roll.Responder(self._store, self.rank, lambda: "alive")
+        if self._responder is not None:
+            self._responder.beat = self._beat
+            if self._own_responder:
+                self._responder.start()
         exit_at_once_on_rank_failure()
         self._thread.start()
 
@@ -150,28 +164,62 @@ class HangWatchdog:
             self._store.set(f"heartbeat/{self.rank}", CLOSED)
         except Exception as e:  # noqa: BLE001 - the store's host may be gone already
             logger.debug("rank watchdog: could not post the close (%s)", e)
+        if self._own_responder and self._responder is not None:
+            self._responder.close()
+
+    @property
+    def _on_demand(self) -> bool:
+        return self._responder is not None and self._responder.available
+
+    def _beat(self) -> str | None:
+        """This rank's answer to a ping: its step and how long it has been there (None once stopped)."""
+        if self._stop.is_set():
+            return None
+        return f"{-1 if self._posted is None else self._posted} {time.monotonic() - self._since:.1f}"
 
     def _run(self) -> None:
         seen: dict[int, tuple[str, float]] = {}
-        posted, own_since = None, time.monotonic()
+        on_demand = self._on_demand
+        threshold = self.grace_secs if on_demand else self._still_secs
         while not self._stop.wait(self._interval):
             now, step = time.monotonic(), self._step
-            if step != posted:
-                posted, own_since = step, now
+            if step != self._posted:
+                self._posted, self._since = step, now
                 seen.clear()  # this rank moved: silence counts from its next still spell
-            if now - own_since < self._still_secs:
-                continue  # moving: nothing on the store
+                self._pinged = None
+            if now - self._since < threshold:
+                continue  # moving, or a long step: nothing on the store
             try:
-                action = self._tick(step, now - own_since, seen, now)
+                action = self._watch(step, now) if on_demand else self._tick(step, now - self._since, seen, now)
             except Exception as e:  # noqa: BLE001 - the store's host may be gone: the collectives report it
                 logger.debug("rank watchdog: store unavailable (%s)", e)
                 continue
             if action is not None:
                 action()
 
+    def _watch(self, step: int | None, now: float) -> Any:
+        """One blocked interval, liveness on demand (class docstring): ping, or read the answer."""
+        pinged = self._pinged
+        if self._watched != self.rank and (pinged is None or (pinged[2] and now - pinged[1] >= self.grace_secs / 8)):
+            number = pinged[0] + 1 if pinged is not None else 1
+            self._pinged = (number, now, False)
+            roll.ping(self._store, self._watched, number)
+        elif pinged is not None and not pinged[2]:
+            number, sent, _ = pinged
+            key = f"heartbeat/{self._watched}"
+            value = self._store.get(key).decode() if self._store.check([key]) else ""
+            if value == CLOSED or value.split()[:1] == [str(number)]:
+                self._pinged = (number, sent, True)
+                hung = self._find_hung(step, {self._watched: value})
+                if hung is not None:
+                    return lambda: self._abort(*hung)
+            elif now - sent >= self.grace_secs / 4:
+                return lambda: self._abort_silent(self._watched)
+        return self._failure_known()
+
     def _tick(self, step: int | None, still: float, seen: dict[int, tuple[str, float]], now: float) -> Any:
-        """One still interval: beat (every ``grace_secs / 8``), read the watched rank (once
-        when this rank goes still, then each interval once blocked); what to do (or None)."""
+        """One still interval without a responder: beat (every ``grace_secs / 8``), read the
+        watched rank (once when this rank goes still, then each interval once blocked)."""
         if now - self._last_beat >= self.grace_secs / 8:
             self._beats, self._last_beat = self._beats + 1, now
             self._store.set(f"heartbeat/{self.rank}", f"{self._beats} {-1 if step is None else step} {still:.1f}")
@@ -214,8 +262,9 @@ class HangWatchdog:
                                   f"(status 1) so the job ends")
 
     def _abort_silent(self, other: int) -> None:
+        how = (f", nor an answer to a ping within {self.grace_secs / 4:g} s" if self._on_demand else "")
         message = (f"rank {other} stopped responding: no heartbeat for more than stop_grace_secs="
-                   f"{self.grace_secs:g} s (killed, or its process is frozen) while rank {self.rank} waits "
+                   f"{self.grace_secs:g} s{how} (killed, or its process is frozen) while rank {self.rank} waits "
                    f"at step {self._step}; rank {self.rank} exits (status 1) so the job ends")
         post_blame(self._store, other, message)
         self._exit(message)

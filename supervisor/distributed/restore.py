@@ -64,22 +64,26 @@ class RestoreDecision:
     ``init_fn``) is broadcast to every rank; None when nothing is broadcast. ``manifest``: the
     chosen checkpoint's ``MANIFEST.json`` text when the chief broadcasts the checkpoint's bytes
     (`broadcast_bytes`) instead of every rank reading them from storage; None (a decision of an
-    older chief, or a sharded checkpoint): each rank reads its part itself."""
+    older chief, or a sharded checkpoint): each rank reads its part itself. ``shared``: for a
+    sharded checkpoint, how many bytes of replicated items the chief sends after ``.metadata``
+    (`supervisor.checkpoint.dcp_replicated`); None or 0: none."""
 
     path: str | None = None
     step: int | None = None
     error: str | None = None
     source: int | None = None
     manifest: str | None = None
+    shared: int | None = None
 
     def to_json(self) -> str:
         return json.dumps({"path": self.path, "step": self.step, "error": self.error, "source": self.source,
-                           "manifest": self.manifest})
+                           "manifest": self.manifest, "shared": self.shared})
 
     @classmethod
     def from_json(cls, text: str) -> RestoreDecision:
         data = json.loads(text)
-        return cls(data["path"], data["step"], data["error"], data.get("source"), data.get("manifest"))
+        return cls(data["path"], data["step"], data["error"], data.get("source"), data.get("manifest"),
+                   data.get("shared"))
 
 
 def next_key() -> str:

@@ -24,6 +24,13 @@ The `Responder` is what makes the answer possible without any traffic while trai
 thread per rank blocked in a single ``wait`` for its ``diagnosis/<rank>`` key on a connection of
 its own (``store.clone()``; the store's server wakes it when the key appears; a diagnosing rank
 sets them all with one ``multi_set``). Zero requests per step; three per diagnosis.
+
+It is also how a blocked rank's watchdog learns whether the rank it watches is alive (`ping`):
+liveness on demand, instead of heartbeats posted while steps run. The watchdog sets the watched
+rank's key to ``ping <n>``; its responder answers in ``heartbeat/<rank>`` (``"<n> <step> <seconds
+at that step>"``, what ``beat()`` returns), deletes the key and waits again. A diagnosis that set
+the key meanwhile is not lost: it posts to the roll before it sets the keys, and the responder
+looks at the roll's count after the delete (4 requests per ping, on the pinged rank).
 """
 from __future__ import annotations
 
@@ -35,8 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["PRIMARY", "SECONDARY", "ALIVE", "BLAMED", "DIAGNOSIS", "Roll", "supports", "post", "count", "read",
-           "wake_all", "Responder"]
+__all__ = ["PRIMARY", "SECONDARY", "ALIVE", "BLAMED", "DIAGNOSIS", "HEARTBEAT", "Roll", "supports", "post", "count",
+           "read", "wake_all", "ping", "Responder"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +53,9 @@ FAILURES, ANSWERS, COUNT = "roll/failures", "roll/answers", "roll/count"
 MESSAGE_CHARS = 500
 #: The keys (``diagnosis/<rank>``) a diagnosing rank sets: every rank's `Responder` wakes and answers.
 DIAGNOSIS = "diagnosis"
+#: Where a rank's liveness is posted (``heartbeat/<rank>``): its answer to a ping, or ``closed``.
+HEARTBEAT = "heartbeat"
+_PING = "ping "
 
 
 @dataclass
@@ -114,12 +124,19 @@ def wake_all(store: Any, world_size: int, rank: int) -> None:
             store.set(key, str(rank))
 
 
+def ping(store: Any, rank: int, number: int) -> None:
+    """Asks ``rank``'s `Responder` to post its heartbeat, answering ``number`` (1 request)."""
+    store.set(f"{DIAGNOSIS}/{rank}", f"{_PING}{number}")
+
+
 class Responder:
     """Answers a diagnosis for this rank: a daemon thread blocked in one ``wait`` for its key
     ``diagnosis/<rank>`` on a connection of its own; when a diagnosing rank sets it
     (`wake_all`), posts an `ALIVE` line saying ``status()`` (e.g. the step this rank is at). No
-    request until then. `close` wakes it to end (also at interpreter exit: a thread blocked in
-    the store's C++ ``wait`` must not outlive the interpreter).
+    request until then. A `ping` (a blocked rank's watchdog asking whether this one is alive) is
+    answered with ``beat()`` in ``heartbeat/<rank>``, and the thread waits again. `close` wakes
+    it to end (also at interpreter exit: a thread blocked in the store's C++ ``wait`` must not
+    outlive the interpreter).
 
     Stores that cannot open a second connection (``clone``) get no responder: their ranks are
     then told apart by silence alone (logged at debug level)."""
@@ -128,6 +145,8 @@ class Responder:
         self.rank = rank
         self._store = store
         self._status = status
+        #: ``beat() -> "<step> <seconds at it>"`` (None: no answer) — what a `ping` is answered with.
+        self.beat: Callable[[], str | None] | None = None
         self._closing = False
         try:
             self._connection = store.clone()
@@ -158,13 +177,27 @@ class Responder:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        key = f"{DIAGNOSIS}/{self.rank}"
         while not self._closing:
             try:
-                self._connection.wait([f"{DIAGNOSIS}/{self.rank}"], datetime.timedelta(hours=1))
-                break
+                self._connection.wait([key], datetime.timedelta(hours=1))
+                if self._closing or not self._answered_ping(key):
+                    break
             except Exception as e:  # noqa: BLE001 - an hour passed, or the store's host is gone
                 if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
                     logger.debug("diagnosis responder of rank %d ends: %s", self.rank, e)
                     return
         if not self._closing:
             post(self._connection, self.rank, ALIVE, self._status())
+
+    def _answered_ping(self, key: str) -> bool:
+        """Whether the key was a watchdog's `ping` (answered, the key deleted, and no diagnosis
+        posted since: wait again); False for a diagnosis (answer it)."""
+        value = self._connection.get(key).decode("utf-8", "replace")
+        if not value.startswith(_PING):
+            return False
+        self._connection.delete_key(key)  # before the answer: the next ping comes after it
+        answer = self.beat() if self.beat is not None else None
+        if answer is not None:
+            self._connection.set(f"{HEARTBEAT}/{self.rank}", f"{value[len(_PING):]} {answer}")
+        return count(self._connection) == 0  # a diagnosis's keys set before the delete: answer it
