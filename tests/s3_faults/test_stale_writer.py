@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -35,9 +34,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WRITER = os.path.join(HERE, "fenced_writer.py")
 TRIES = 12
-#: Tries run this many at a time: each mostly waits (writer 1's lease running out while it is
-#: stopped), and each has its own logdir, proxy and processes.
-CONCURRENT = 4
 #: Writer 1's lease is short (writer 2 takes over once it ran out); writer 2's is long, so that on a
 #: loaded machine its own renewals cannot fall behind (that is the lease's own margin, tested elsewhere).
 LEASE_SECS = {"stale": 5.0, "rightful": 30.0}
@@ -194,13 +190,10 @@ def _indexed_problems(storage, logdir: str) -> list[str]:
 def test_a_paused_holders_late_manifest_neither_commits_nor_moves_the_index_nor_kills_the_new_holder(
         s3_server, s3_root, s3_storage, tmp_path):
     outcomes = []
-    moments = [MOMENTS[number % len(MOMENTS)] for number in range(TRIES)]
-    logdirs = [f"{s3_root}/run-{number}" for number in range(TRIES)]
-    with ThreadPoolExecutor(CONCURRENT) as pool:  # independent logdirs, proxies and signal folders
-        tries = [pool.submit(_one_try, moments[n], s3_server, s3_storage, logdirs[n], str(tmp_path / f"try-{n}"))
-                 for n in range(TRIES)]
-        seens = [t.result() for t in tries]
-    for number, (moment, logdir, seen) in enumerate(zip(moments, logdirs, seens)):
+    for number in range(TRIES):
+        moment = MOMENTS[number % len(MOMENTS)]
+        logdir = f"{s3_root}/run-{number}"
+        seen = _one_try(moment, s3_server, s3_storage, logdir, str(tmp_path / f"try-{number}"))
         rightful_code, rightful_out = seen["rightful"]
         problems = [] if rightful_code == 0 and "DONE" in rightful_out else [f"writer 2 died: {rightful_out.strip().splitlines()[-1:]}"]
         problems += _indexed_problems(s3_storage, logdir)
