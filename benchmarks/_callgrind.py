@@ -35,8 +35,6 @@ import sys
 import tempfile
 from typing import Callable, NoReturn, Sequence
 
-import torch
-
 MARKER = "CALLGRIND-MARKS "
 HELPER_ENV = "SUPERVISOR_CALLGRIND_HELPER"
 _HELPER_C = """#include <valgrind/callgrind.h>
@@ -46,6 +44,8 @@ void supervisor_callgrind_start(void) { CALLGRIND_START_INSTRUMENTATION; }
 
 def available() -> str | None:
     """None when callgrind can run here; else why not."""
+    import torch  # here, not at import: a worker that only prints its marks starts without it
+
     if shutil.which("valgrind") is None:
         return "valgrind not installed (Debian: apt-get install valgrind)"
     if not torch._C._valgrind_supported_platform():
@@ -76,6 +76,8 @@ def start() -> None:
 
 def mark() -> None:
     """Dumps (and zeroes) callgrind's counts of every thread; collection stays on."""
+    import torch  # the worker imported it long before (sys.modules: no cost here)
+
     torch._C._valgrind_toggle_and_dump_stats()  # toggles this thread's collection off, dumps
     torch._C._valgrind_toggle()  # and back on
 

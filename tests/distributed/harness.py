@@ -80,13 +80,7 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
             remaining = max(0.1, timeout - (time.monotonic() - start))
             if r > 0 and after_rank0_secs is not None:
                 remaining = max(0.1, min(remaining, results[0].elapsed + after_rank0_secs - (time.monotonic() - start)))
-            try:
-                out, _ = proc.communicate(timeout=remaining)
-                code: int | None = proc.returncode
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                out, _ = proc.communicate()
-                code = None
+            out, code = _wait(proc, remaining, hung_if_stopped=r > 0 and after_rank0_secs is not None)
             results.append(RankResult(r, code, out, time.monotonic() - start))
     finally:
         del store  # kept alive until every rank ended
@@ -95,6 +89,30 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
                 _kill(proc)
                 proc.communicate()
     return results
+
+
+def _wait(proc: subprocess.Popen, timeout: float, hung_if_stopped: bool) -> tuple[str, int | None]:
+    """``proc``'s output and exit status; None when it is still running at ``timeout`` (killed).
+    With ``hung_if_stopped`` (rank 0 has ended) a rank found SIGSTOPped is hung at once: nothing
+    resumes it, so waiting out the rest of ``after_rank0_secs`` would only cost time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=min(0.2, max(0.01, deadline - time.monotonic())))
+            return out, proc.returncode
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline or (hung_if_stopped and _stopped(proc.pid)):
+                _kill(proc)
+                return proc.communicate()[0], None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal (state T in /proc; False where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _kill(proc: subprocess.Popen) -> None:
