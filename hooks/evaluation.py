@@ -92,6 +92,7 @@ class EvaluationHook(Hook):
         every_steps, every_secs = check_schedule("EvaluationHook", ("every_n_steps", every_n_steps),
                                                  ("every_n_secs", every_n_secs))
         self._timer = SecondOrStepTimer(every_secs=every_secs, every_steps=every_steps, clock=clock)
+        self._every_steps = every_steps
         self._data = _check_data(data)
         if eval_step is not None and not callable(eval_step):
             raise TypeError(f"EvaluationHook's eval_step must be eval_step(model, batch) -> dict, got {eval_step!r}")
@@ -133,7 +134,8 @@ class EvaluationHook(Hook):
             self._exporters = self._make_exporters(session, logdir, directory)
         elif self._exporter_list:
             raise ValueError("EvaluationHook's exporters write into <logdir>/export: give the session a logdir")
-        self._timer.update_last_triggered_step(session.global_step)
+        # the schedule of a run never restarted: every multiple of every_n_steps, whatever step it resumed at
+        self._timer.update_last_triggered_step(session.global_step - session.global_step % (self._every_steps or 1))
 
     def _recall(self, directory: str, step: int) -> None:
         """The evaluation of the restored step, when a run evaluated it before (then the end does

@@ -145,3 +145,22 @@ def test_after_kills_no_export_is_lost_or_doubled(tmp_path):
             assert all(torch.equal(weights[k], ref[k]) for k in ref), name  # the weights a clean run exported
     assert [s for s, _ in _exports(logdir, "latest_exporter")] == [5, 10, 15, 20, 25, 30, 35, 40]
     assert [s for s, _ in _exports(logdir, "final_exporter")] == [40]
+
+
+def test_a_resumed_run_keeps_the_schedule_of_a_run_never_restarted(tmp_path):
+    """every_n_steps=5 evaluates at 5, 10, 15 whatever step the run resumed at (7 here), as an
+    epoch-end evaluation must: not at 12, 17 counted from the restored step."""
+    g = torch.Generator().manual_seed(1)
+    val = [(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g))]
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for last_step in (7, 17):
+        with MonitoredTrainingSession(str(tmp_path), model=model, optimizer=opt, save_summaries_steps=None,
+                                      log_step_count_steps=None, hooks=[
+                                          EvaluationHook(val, _eval_step, every_n_steps=5, exporters=[
+                                              LatestExporter(exports_to_keep=None)]),
+                                          StopAtStepHook(last_step=last_step)]) as s:
+            while not s.should_stop():
+                s.run(lambda: model(torch.randn(8, 4)).pow(2).mean())
+    assert list(supervisor.events.read_scalars(str(tmp_path / "eval"))) == [5, 7, 10, 15, 17]
+    assert [step for step, _ in _exports(tmp_path, "latest_exporter")] == [5, 7, 10, 15, 17]
