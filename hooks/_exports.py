@@ -123,7 +123,7 @@ class LoopExporters:
 
     def export(self, metrics: Mapping[str, Any], step: int, *, final: bool, only_pending: bool = False) -> list[Any]:
         """Offers the evaluation of ``step`` (the live model) to the exporters; ``only_pending``:
-        to those not offered it yet. Returns their results (None: not exported)."""
+        to those holding no export of it. Returns their results (None: not exported)."""
         path = self._target.evaluated(step)
         results = []
         for exporter in self._exporters:
