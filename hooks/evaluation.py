@@ -35,13 +35,15 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from supervisor.events import EvalEventsFile
+from supervisor.clock import resolve_clock
+from supervisor.events import EvalEventsFile, read_scalars
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 from supervisor.metrics import MeanAggregator, check_metric_objects, flatten_metric
 from supervisor.rng import capture_rng_state, restore_rng_state
 from supervisor.state import unwrap_module
 
 from hooks._common import check_schedule
+from hooks._exports import LoopExporters, LoopExportTarget, check_exporters, model_key
 from hooks.timer import SecondOrStepTimer
 
 __all__ = ["EvaluationHook"]
@@ -63,6 +65,10 @@ class EvaluationHook(Hook):
         metrics: ``{name: obj}`` metric objects (update/compute/reset).
         model: the module to evaluate; default the session's ``state["model"]``.
         name: write to ``eval_<name>`` instead of ``eval`` (several evaluation sets).
+        exporters: exporters of `supervisor.estimator` (`BestExporter`, `LatestExporter`,
+            `FinalExporter`) called after each evaluation as ``train_and_evaluate`` calls them,
+            exporting the model just evaluated into ``<logdir>/export/<name>`` (`hooks._exports`);
+            the `FinalExporter` exports at the end (with ``at_end``). A local logdir only.
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
 
     Example::
@@ -79,12 +85,14 @@ class EvaluationHook(Hook):
     def __init__(self, data: Any, eval_step: Callable[[torch.nn.Module, Any], Any] | None = None, *,
                  every_n_steps: int | None = None, every_n_secs: float | None = None, at_end: bool = True,
                  steps: int | None = None, metrics: Mapping[str, Any] | None = None,
-                 model: torch.nn.Module | None = None, name: str | None = None, clock: Any = None) -> None:
+                 model: torch.nn.Module | None = None, name: str | None = None, exporters: Any = None,
+                 clock: Any = None) -> None:
         if every_n_steps is None and every_n_secs is None:
             every_n_steps = 1000
         every_steps, every_secs = check_schedule("EvaluationHook", ("every_n_steps", every_n_steps),
                                                  ("every_n_secs", every_n_secs))
         self._timer = SecondOrStepTimer(every_secs=every_secs, every_steps=every_steps, clock=clock)
+        self._every_steps = every_steps
         self._data = _check_data(data)
         if eval_step is not None and not callable(eval_step):
             raise TypeError(f"EvaluationHook's eval_step must be eval_step(model, batch) -> dict, got {eval_step!r}")
@@ -99,6 +107,9 @@ class EvaluationHook(Hook):
         if name is not None and (not isinstance(name, str) or not name or os.sep in name or "/" in name):
             raise ValueError(f"EvaluationHook's name must be a plain non-empty name, got {name!r}")
         self._model_arg, self._name = model, name
+        self._exporter_list = check_exporters(exporters)
+        self._exporters: LoopExporters | None = None
+        self._clock = resolve_clock(clock)
         self._model: torch.nn.Module | None = None
         self._events: EvalEventsFile | None = None
         self._last_evaluated: int | None = None
@@ -107,7 +118,7 @@ class EvaluationHook(Hook):
     # ------------------------------------------------------------------ the hook protocol
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.reset()
-        self._model = self._events = None
+        self._model = self._events = self._exporters = None
         if not getattr(session, "is_chief", True):
             return  # the chief evaluates and writes
         self._model = unwrap_module(self._resolve_model(session))
@@ -119,7 +130,32 @@ class EvaluationHook(Hook):
             self._events = EvalEventsFile(directory, storage=getattr(manager, "storage", None))
             if session.global_step > 0:  # a resume: what a killed run evaluated after step N is superseded
                 self._events.write_start(session.global_step + 1)
-        self._timer.update_last_triggered_step(session.global_step)
+                self._recall(directory, session.global_step)
+            self._exporters = self._make_exporters(session, logdir, directory)
+        elif self._exporter_list:
+            raise ValueError("EvaluationHook's exporters write into <logdir>/export: give the session a logdir")
+        # the schedule of a run never restarted: every multiple of every_n_steps, whatever step it resumed at
+        self._timer.update_last_triggered_step(session.global_step - session.global_step % (self._every_steps or 1))
+
+    def _recall(self, directory: str, step: int) -> None:
+        """The evaluation of the restored step, when a run evaluated it before (then the end does
+        not evaluate it twice, and the exporters that missed it get it from the record)."""
+        if "://" in directory:
+            return
+        recorded = read_scalars(directory).get(step)
+        if recorded is not None:
+            self._last_evaluated, self.last_metrics = step, {**recorded, "global_step": step}
+
+    def _make_exporters(self, session: Any, logdir: str, eval_dir: str) -> LoopExporters | None:
+        if not self._exporter_list:
+            return None
+        if "://" in logdir:
+            raise ValueError(f"EvaluationHook's exporters write into a local logdir only, got {logdir!r}; on an "
+                             "object store export with train_and_evaluate or Estimator.export")
+        manager = getattr(session, "checkpoint_manager", None)
+        target = LoopExportTarget(logdir, eval_dir, self._model, model_key(session.state, self._model),
+                                  getattr(manager, "basename", "model.ckpt"), self._clock)
+        return LoopExporters(self._exporter_list, target)
 
     def idle_until(self) -> IdleUntil | None:
         return self._timer.idle_until()
@@ -129,10 +165,20 @@ class EvaluationHook(Hook):
         if self._model is not None and self._timer.should_trigger_for_step(step):
             self._timer.update_last_triggered_step(step)
             self.evaluate(step)
+            if self._exporters is not None:
+                self._exporters.export(self.last_metrics, step, final=False)
 
     def end(self, session: Any) -> None:
-        if self._model is not None and self._at_end and self._last_evaluated != session.global_step:
-            self.evaluate(session.global_step)
+        if self._model is None:
+            return
+        step = session.global_step
+        if self._at_end and self._last_evaluated != step:
+            self.evaluate(step)
+            if self._exporters is not None:
+                self._exporters.export(self.last_metrics, step, final=True)
+        elif self._exporters is not None and self._last_evaluated == step and self.last_metrics is not None:
+            # the last step was evaluated already: offered as final to those holding no export of it
+            self._exporters.export(self.last_metrics, step, final=True, only_pending=True)
 
     # ------------------------------------------------------------------ the evaluation
     def evaluate(self, step: int) -> dict[str, Any]:

@@ -5,8 +5,8 @@ import datetime
 import logging
 from typing import Any
 
-from supervisor._scalars import scalar_or_none
-from supervisor._validate import check_int
+from supervisor._scalars import scalar_or_none, scalars_of
+from supervisor._validate import check_bool, check_int
 from supervisor.clock import Clock, resolve_clock
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches
 
@@ -30,6 +30,7 @@ __all__ = ["ProgressBarHook"]
 logger = logging.getLogger(__name__)
 
 _DEFAULT_EVERY_SECS = 10.0
+_MAX_SHOWN = 4  # step outputs shown with show_outputs
 
 
 class ProgressBarHook(Hook):
@@ -46,6 +47,8 @@ class ProgressBarHook(Hook):
         every_n_steps: refresh the postfix / log every this many steps.
         every_n_secs: ... or every this many seconds (the default, 10 s, when neither is given).
         fetches: output keys to show next to the progress, e.g. ``["loss"]``.
+        show_outputs: show the step's scalar outputs (the first four, e.g. the loss) without
+            naming them in ``fetches`` (what the front doors' default bar shows).
         desc: the bar's label.
         use_tqdm: True to require tqdm, False for log lines, None to use tqdm if installed.
         tqdm_kwargs: extra arguments for ``tqdm`` (e.g. ``file``, ``ncols``, ``leave``).
@@ -54,7 +57,8 @@ class ProgressBarHook(Hook):
 
     def __init__(self, total_steps: int | None = None, *, every_n_steps: int | None = None,
                  every_n_secs: float | None = None, fetches: Any = (), desc: str = "train",
-                 use_tqdm: bool | None = None, tqdm_kwargs: dict | None = None, clock: Clock | None = None) -> None:
+                 use_tqdm: bool | None = None, tqdm_kwargs: dict | None = None, clock: Clock | None = None,
+                 show_outputs: bool = False) -> None:
         self._total = check_int("total_steps", total_steps, minimum=1, allow_none=True)
         if every_n_steps is None and every_n_secs is None:
             every_n_secs = _DEFAULT_EVERY_SECS
@@ -63,6 +67,7 @@ class ProgressBarHook(Hook):
         self._clock = resolve_clock(clock)
         self._timer = SecondOrStepTimer(every_secs=every_secs, every_steps=every_steps, clock=self._clock)
         self._fetches = _check_keys(fetches)
+        self._show_outputs = check_bool("show_outputs", show_outputs)
         if not isinstance(desc, str):
             raise TypeError(f"desc must be a string, got {desc!r}")
         self._desc = desc
@@ -93,7 +98,11 @@ class ProgressBarHook(Hook):
         if self._bar is not None:
             self._bar.update(1)
         if self._trigger:
-            self._report(run_context.session.global_step, run_values.results)
+            results = run_values.results
+            if self._show_outputs:
+                shown = list(scalars_of(getattr(run_context.session, "last_output", None)).items())
+                results = {**dict(shown[:_MAX_SHOWN]), **(results or {})}
+            self._report(run_context.session.global_step, results)
 
     def end(self, session: Any) -> None:
         self._close()

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from supervisor._scalars import scalars_of
+from supervisor._validate import check_bool
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 
@@ -35,16 +36,20 @@ class StepCounterHook(Hook):
         summary_writer: write here (wins over ``output_dir``); with neither, the session's
             writer is used. Non-chief processes write nothing (unless given a writer).
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
+        log_progress: write the INFO line too (False: the summary only; the front doors pass
+            False while a progress bar shows the same).
     """
 
     def __init__(self, every_n_steps: int | None = 100, every_n_secs: float | None = None, *,
-                 output_dir: str | None = None, summary_writer: Any = None, clock: Clock | None = None) -> None:
+                 output_dir: str | None = None, summary_writer: Any = None, clock: Clock | None = None,
+                 log_progress: bool = True) -> None:
         every_steps, every_secs = check_schedule("StepCounterHook", ("every_n_steps", every_n_steps),
                                                  ("every_n_secs", every_n_secs))
         self._timer = SecondOrStepTimer(every_secs=every_secs, every_steps=every_steps, clock=clock)
         self._slot = WriterSlot("StepCounterHook", summary_writer, output_dir)
         self._last_step: int | None = None
         self._stall_warnings = 0
+        self._log_progress = check_bool("log_progress", log_progress)
         self.tag = "global_step/sec"
 
     def after_create_session(self, session: Any, coord: Any) -> None:
@@ -77,6 +82,8 @@ class StepCounterHook(Hook):
         writer = self._slot.writer
         if writer is not None:
             writer.add_scalar(self.tag, steps_per_sec, step)
+        if not self._log_progress:
+            return
         outputs = "".join(f", {key} = {value:.4g}" for key, value in list(scalars_of(output).items())[:_MAX_SHOWN])
         logger.info("step %d: %.4g steps/sec%s", step, steps_per_sec, outputs)
 

@@ -69,11 +69,12 @@ class SupervisorServices(Hook):
     """The internal hook that runs the `Supervisor`'s services for one session."""
 
     def __init__(self, *, save_model_secs: float, save_summaries_secs: float,
-                 summary_fn: Callable[[Any], Mapping[str, Any]] | None, clock: Clock) -> None:
+                 summary_fn: Callable[[Any], Mapping[str, Any]] | None, clock: Clock, progress_line: bool = True) -> None:
         self._save_model_secs = save_model_secs
         self._save_summaries_secs = save_summaries_secs
         self._summary_fn = summary_fn
         self._clock = clock
+        self._progress_line = progress_line  # False while a progress bar shows the same
         self._session: Any = None
         self._last_summary_step: int | None = None
         self._last_count: tuple[int, float] | None = None  # (step, when this step was first seen)
@@ -173,7 +174,8 @@ class SupervisorServices(Hook):
             self._mean_rate = (step - first_step) / (now - first_time)  # since this session's start
             rate = (step - last_step) / (now - last_time)
             session.summary_writer.add_scalar("global_step/sec", rate, step)
-            _log_progress(step, rate, getattr(session, "last_output", None))
+            if self._progress_line:
+                _log_progress(step, rate, getattr(session, "last_output", None))
             self._last_point_step = step
         self._last_count = (step, now)
 

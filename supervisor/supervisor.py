@@ -22,6 +22,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
+from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir, check_restore_step, is_url
 from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
@@ -94,6 +95,9 @@ class Supervisor:
             configures it the standard way (``AWS_*`` environment, ``~/.aws``, ``FSSPEC_S3_*``).
             Used by the checkpoint manager, its lease and the summary writer; on a non-chief
             (a rank of a process group, or ``is_chief=False`` alone), to read the chief's checkpoints.
+        progress: ``"auto"`` (default): a tqdm bar on the chief instead of the periodic ``step N``
+            line when stderr is a terminal, tqdm is installed and logging is not configured;
+            True: the bar; False: the line (`supervisor._console`).
         summary_sinks: where the chief's scalars go besides TensorBoard, e.g.
             ``[supervisor.sinks.MLflowSink(experiment_name="x")]``; a stateful sink is checkpointed
             (an optional entry), so a resumed job continues the same MLflow run.
@@ -110,7 +114,7 @@ class Supervisor:
         save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None, checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None) -> None:
+        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto") -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                     storage_options=storage_options)
@@ -138,6 +142,7 @@ class Supervisor:
         self._clock = resolve_clock(clock)
         self._session: MonitoredSession | None = None
         self._coord, self._last_step, self._lock = Coordinator(), 0, threading.Lock()
+        self._progress = check_progress(progress)
 
     # ---------------------------------------------------------------- the session
     def managed_session(self) -> _ManagedSession:
@@ -157,12 +162,13 @@ class Supervisor:
                 max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
                 clock=self._clock, checkpoint_format=self._checkpoint_format, summary_sinks=self._sinks,
                 **self._init_fns)
+            bar = progress_hooks(self._progress, is_chief=self._is_chief)
             services = SupervisorServices(save_model_secs=self._save_model_secs,
                                           save_summaries_secs=self._save_summaries_secs,
-                                          summary_fn=self._summary_fn, clock=self._clock)
+                                          summary_fn=self._summary_fn, clock=self._clock, progress_line=not bar)
             self._user_loops.clear()
             self._session = MonitoredSession(
-                creator, [services, _RestartUserLoops(self._restart_user_loops), *self._hooks],
+                creator, [*bar, services, _RestartUserLoops(self._restart_user_loops), *self._hooks],
                 stop_grace_secs=self._stop_grace_secs, recoverable_exceptions=self._recoverable,
                 max_recoveries=self._max_recoveries, handle_signals=self._handle_signals,
                 coord=self._coord, clock=self._clock)

@@ -31,6 +31,7 @@ from supervisor.creators.base import check_session_fns
 from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.sinks import prepare_sinks
 from supervisor.state import TrainingState
+from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir, check_storage, is_url
 from supervisor._shadowing import import_builtin_hooks
 from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
@@ -77,13 +78,14 @@ def _build(
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
     storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (), restore_step: Any = None,
+    progress: Any = "auto",
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
     summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
     storage_options = _check_storage_options(checkpoint_dir, summary_dir, storage_options)
     user_hooks = v.check_hooks("hooks", hooks)
-    chief_hooks = v.check_hooks("chief_only_hooks", chief_only_hooks)
+    chief_hooks = progress_hooks(check_progress(progress), is_chief=is_chief) + v.check_hooks("chief_only_hooks", chief_only_hooks)
     ckpt_secs, ckpt_steps = _interval_pair("checkpoint", save_checkpoint_secs, save_checkpoint_steps)
     summary_secs, summary_steps = _interval_pair("summaries", save_summaries_secs, save_summaries_steps)
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
@@ -139,7 +141,8 @@ def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, 
     builtin = import_builtin_hooks()  # lazily (supervisor never imports hooks at import time), checked
     all_hooks = list(chief_hooks)
     if writes_summaries and log_steps:
-        all_hooks.append(builtin.StepCounterHook(every_n_steps=log_steps, summary_writer=creator.summary_writer, clock=clock))
+        all_hooks.append(builtin.StepCounterHook(every_n_steps=log_steps, summary_writer=creator.summary_writer, clock=clock,
+                                                 log_progress=not _shows_bar(builtin, chief_hooks + user_hooks)))
     if writes_summaries and (summary_secs or summary_steps):
         all_hooks.append(builtin.SummarySaverHook(save_steps=summary_steps, save_secs=summary_secs,
                                                   summary_writer=creator.summary_writer, clock=clock))
@@ -151,6 +154,11 @@ def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, 
     return all_hooks + user_hooks
 
 
+def _shows_bar(builtin: Any, hooks: list[Any]) -> bool:
+    """A `ProgressBarHook` drawing a bar replaces the step counter's periodic line."""
+    return any(isinstance(h, builtin.ProgressBarHook) and h.uses_tqdm for h in hooks)
+
+
 # What both front doors hand to `_build`: their own arguments of these names.
 _BUILD_ARGUMENTS = (
     "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
@@ -158,6 +166,7 @@ _BUILD_ARGUMENTS = (
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
     "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks", "restore_step",
+    "progress",
 )
 
 
@@ -175,7 +184,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto", restore_step: Any = None,
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-    summary_sinks: Iterable[Any] = ()) -> MonitoredSession:
+    summary_sinks: Iterable[Any] = (), progress: Any = "auto") -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
     recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one
     ``state.pt``, written by the chief) or ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12).
@@ -188,7 +197,8 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``storage_options``: the client options of URL directories (``s3://...``; None: ``AWS_*``);
     workers too. ``restore_step``: a step (or one of its checkpoint paths) restored, verified,
     instead of the newest at the first creation only. ``summary_sinks``: the chief's scalars
-    also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`)."""
+    also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`). ``progress``: a tqdm bar on the chief
+    instead of the periodic step line: ``"auto"`` (stderr a terminal, tqdm, no logging configured), True, False."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
@@ -208,7 +218,7 @@ class SingularMonitoredSession(MonitoredSession):
     Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
     ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock``, ``lease_secs`` and
-    ``storage_options`` as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
+    ``storage_options`` and ``progress`` as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
     a session each: they write their shards).
     """
 
@@ -226,7 +236,7 @@ class SingularMonitoredSession(MonitoredSession):
         session_creator: Any = None, trusted_globals: Iterable[Any] = (), clock: Clock | None = None,
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None,
+        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto",
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
