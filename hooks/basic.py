@@ -7,11 +7,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from supervisor._validate import check_callable, check_int, check_number
 from supervisor.checkpoint.storage import is_url, storage_for
 from supervisor.clock import Clock, resolve_clock
-from supervisor.distributed.wait import committed_step
+from supervisor.creators import committed_step
 from supervisor.hook import Hook, RunArgs, RunContext, check_fetch_structure, resolve_fetches
+from supervisor.toolkit import check_callable, check_int, check_number
 
 __all__ = ["GlobalStepWaiterHook", "FinalOpsHook", "FeedFnHook"]
 
@@ -35,7 +35,7 @@ class GlobalStepWaiterHook(Hook):
         poll_secs: seconds between two looks at the step.
         timeout_secs: give up after this long with a `TimeoutError` naming the step waited for
             and the one seen (AdaNet's ``worker_wait_timeout_secs``); None waits indefinitely.
-            `supervisor.distributed.wait_for_global_step` is the same wait outside a session.
+            `supervisor.creators.wait_for_global_step` is the same wait outside a session.
         clock: injectable clock (`supervisor.testing.FakeClock` in tests).
         storage_options: the object-store client's options when the session's log directory is
             a URL (``s3://bucket/prefix``); None: the standard configuration (``AWS_*``, ``~/.aws``).

@@ -17,12 +17,11 @@ import logging
 import os
 from typing import Any, Iterable, Mapping
 
-from supervisor._paths import check_logdir, check_path, check_storage, is_url, local_path
 from supervisor.checkpoint import CheckpointManager, check_basename
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil
+from supervisor.toolkit import check_logdir, check_path, check_schedule, check_storage, is_url, local_path
 
-from hooks._common import check_schedule
 from hooks.timer import SecondOrStepTimer
 
 __all__ = ["CheckpointSaverHook", "CheckpointSaverListener"]

@@ -18,13 +18,11 @@ import operator
 import os
 from typing import Any, Callable
 
-from supervisor._paths import check_path
-from supervisor._validate import check_callable, check_int
 from supervisor.clock import Clock
 from supervisor.events import read_scalars
 from supervisor.hook import Hook, RunContext, RunValues
+from supervisor.toolkit import check_callable, check_int, check_path, check_schedule
 
-from hooks._common import check_schedule
 from hooks.timer import SecondOrStepTimer
 
 __all__ = [

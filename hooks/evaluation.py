@@ -41,8 +41,8 @@ from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 from supervisor.metrics import MeanAggregator, check_metric_objects, flatten_metric
 from supervisor.rng import capture_rng_state, restore_rng_state
 from supervisor.state import unwrap_module
+from supervisor.toolkit import check_schedule
 
-from hooks._common import check_schedule
 from hooks._exports import LoopExporters, LoopExportTarget, check_exporters, model_key
 from hooks.timer import SecondOrStepTimer
 

@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from supervisor._validate import check_bool, check_callable, check_int, check_number
 from supervisor.clock import Clock
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
+from supervisor.toolkit import check_bool, check_callable, check_int, check_number
 
 from hooks.timer import NeverTriggerTimer, SecondOrStepTimer
 

@@ -5,10 +5,9 @@ import logging
 import math
 from typing import Any, Callable
 
-from supervisor._scalars import scalar_or_none
-from supervisor._validate import check_bool
 from supervisor.errors import NanLossDuringTrainingError
-from supervisor.hook import SINGLE_OUTPUT_KEY, Hook, RunArgs, RunContext, RunValues
+from supervisor.hook import Hook, RunArgs, RunContext, RunValues
+from supervisor.toolkit import SINGLE_OUTPUT_KEY, check_bool, scalar_or_none
 
 __all__ = ["NanTensorHook"]
 

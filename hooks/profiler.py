@@ -7,11 +7,10 @@ import socket
 from typing import Any
 
 
-from supervisor._validate import check_bool
 from supervisor.clock import Clock
 from supervisor.hook import Hook, RunContext, RunValues
+from supervisor.toolkit import check_bool, check_directory, check_schedule
 
-from hooks._common import check_output_dir, check_schedule
 from hooks.timer import SecondOrStepTimer
 
 __all__ = ["ProfilerHook"]
@@ -49,7 +48,7 @@ class ProfilerHook(Hook):
                  with_stack: bool = False, clock: Clock | None = None) -> None:
         every_steps, every_secs = check_schedule("ProfilerHook", ("save_steps", save_steps), ("save_secs", save_secs))
         self._timer = SecondOrStepTimer(every_secs=every_secs, every_steps=every_steps, clock=clock)
-        self._output_dir = check_output_dir("output_dir", output_dir)
+        self._output_dir = check_directory("output_dir", output_dir)
         self._options = {"record_shapes": check_bool("record_shapes", record_shapes),
                          "profile_memory": check_bool("profile_memory", profile_memory),
                          "with_stack": check_bool("with_stack", with_stack)}

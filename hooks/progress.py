@@ -5,12 +5,10 @@ import datetime
 import logging
 from typing import Any
 
-from supervisor._scalars import scalar_or_none, scalars_of
-from supervisor._validate import check_bool, check_int
 from supervisor.clock import Clock, resolve_clock
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, check_named_fetches
+from supervisor.toolkit import check_bool, check_int, check_schedule, scalar_or_none, scalars_of
 
-from hooks._common import check_schedule
 from hooks.stop import StopAtStepHook
 from hooks.timer import SecondOrStepTimer
 

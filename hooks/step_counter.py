@@ -6,12 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from supervisor._scalars import scalars_of
-from supervisor._validate import check_bool
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
+from supervisor.toolkit import WriterSlot, check_bool, check_schedule, scalars_of
 
-from hooks._common import WriterSlot, check_schedule
 from hooks.timer import SecondOrStepTimer
 
 __all__ = ["StepCounterHook"]

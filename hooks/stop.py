@@ -4,9 +4,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from supervisor._validate import check_int, check_number
 from supervisor.clock import Clock, resolve_clock
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
+from supervisor.toolkit import check_int, check_number
 
 __all__ = ["StopAtStepHook", "StopAtSecsHook"]
 

@@ -5,12 +5,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from supervisor._scalars import describe_value, scalar_or_none, scalars_of
-from supervisor._validate import check_bool, check_callable
 from supervisor.clock import Clock
 from supervisor.hook import Hook, IdleUntil, RunArgs, RunContext, RunValues, check_named_fetches, resolve_fetches
+from supervisor.toolkit import (WriterSlot, check_bool, check_callable, check_schedule, describe_value, scalar_or_none,
+                               scalars_of)
 
-from hooks._common import WriterSlot, check_schedule
 from hooks.timer import SecondOrStepTimer
 
 __all__ = ["SummarySaverHook"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from supervisor.clock import Clock, resolve_clock
 from supervisor.hook import IdleUntil
+from supervisor.toolkit import check_schedule
 
-from hooks._common import check_schedule
 
 __all__ = ["SecondOrStepTimer", "NeverTriggerTimer"]
 

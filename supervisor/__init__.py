@@ -42,6 +42,13 @@ from supervisor.session import MonitoredSession
 from supervisor.state import TrainingState
 from supervisor.supervisor import Supervisor
 from supervisor.training_session import MonitoredTrainingSession, SingularMonitoredSession
+from supervisor import creators as _creators, distributed as _distributed
+
+# The first address of the waits for the chief's committed step (issue 32): they read the
+# checkpoint index, so they live in `supervisor.creators`, above `supervisor.checkpoint`, which
+# imports `supervisor.distributed`; this façade, above both, hands them on (no import back up).
+_distributed.committed_step = _creators.committed_step
+_distributed.wait_for_global_step = _creators.wait_for_global_step
 
 __version__ = "0.1.0"
 

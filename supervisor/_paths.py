@@ -36,7 +36,14 @@ _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
 
 def check_directory(name: str, value: Any, *, allow_none: bool = True) -> str | None:
     """`check_path`, then `ValueError` for a path that exists and is not a directory (it need not
-    exist yet: it is created on first use)."""
+    exist yet: it is created on first use).
+
+    Examples:
+        >>> check_directory("output_dir", "runs/profile")
+        'runs/profile'
+        >>> check_directory("output_dir", None) is None
+        True
+    """
     path = local_path(check_path(name, value, allow_none=allow_none))
     if path is not None and not is_url(path) and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; pass a directory (it is created "
@@ -48,7 +55,15 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
                  hint: str = "", storage_options: Mapping[str, Any] | None = None) -> str | None:
     """`check_path`, then refuses a file, a checkpoint directory and (``writable``) a path that
     cannot be created or written, with `ValueError`; a URL gets `check_storage` instead (see
-    the module docstring)."""
+    the module docstring).
+
+    Examples:
+        >>> check_logdir("checkpoint_dir", "file:///tmp/run")
+        '/tmp/run'
+        >>> check_logdir("checkpoint_dir", 7)
+        Traceback (most recent call last):
+        TypeError: checkpoint_dir must be a directory path or None, got 7
+    """
     path = local_path(check_path(name, value, allow_none=allow_none, hint=hint))
     check_storage(name, path, storage_options)
     if path is None:
@@ -72,7 +87,14 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
 
 def local_path(value: Any) -> Any:
     """The local path a ``file://`` URL names; any other value as it is (a URL, a local path, a
-    value of the wrong type left to the caller's check). `ValueError` for a misspelt URL."""
+    value of the wrong type left to the caller's check). `ValueError` for a misspelt URL.
+
+    Examples:
+        >>> local_path("file:///tmp/run")
+        '/tmp/run'
+        >>> local_path("s3://bucket/run")
+        's3://bucket/run'
+    """
     if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
         return value
     scheme, spelled = split_scheme(value)

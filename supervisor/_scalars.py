@@ -25,6 +25,15 @@ def scalar_or_none(value: Any, *, one_element: bool = False) -> float | None:
     ``add_scalar(tag, value)``, where the caller said the value is a scalar.
 
     ``.item()`` copies a CUDA value to the host: callers use it at summary time, not per step.
+
+    Examples:
+        >>> import torch
+        >>> scalar_or_none(torch.tensor(0.25))
+        0.25
+        >>> scalar_or_none(torch.ones(3)) is None
+        True
+        >>> scalar_or_none(torch.ones(1), one_element=True)
+        1.0
     """
     if type(value) is float:  # the common case first: a summary step runs from cold caches
         return value
@@ -47,7 +56,13 @@ def _size(value: Any) -> int | None:
 
 
 def describe_value(value: Any) -> str:
-    """``a Tensor of shape (4,)`` / ``a str``: for messages about a value that is not a scalar."""
+    """``a Tensor of shape (4,)`` / ``a str``: for messages about a value that is not a scalar.
+
+    Examples:
+        >>> import torch
+        >>> describe_value(torch.ones(4))
+        'a Tensor of shape (4,)'
+    """
     shape = getattr(value, "shape", None)
     kind = type(value).__name__
     return f"a {kind} of shape {tuple(shape)}" if shape is not None else f"a {kind}"
@@ -59,6 +74,13 @@ def scalars_of(output: Any, warned: set[str] | None = None, owner: str = "summar
 
     A value that is not a scalar is left out with a WARNING naming the key, once per key per
     ``warned`` set (the caller keeps one per summary writer it feeds).
+
+    Examples:
+        >>> import torch
+        >>> scalars_of({"loss": torch.tensor(0.5), "logits": torch.ones(2, 3), "lr": 0.1}, warned=set())
+        {'loss': 0.5, 'lr': 0.1}
+        >>> scalars_of(torch.tensor(2.0))   # a single returned value is the loss
+        {'loss': 2.0}
     """
     if output is None:
         return {}

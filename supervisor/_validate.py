@@ -36,7 +36,15 @@ def _is_int(value: Any) -> bool:
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, allow_none: bool = False) -> int | None:
-    """Validates an integer argument, ``value >= minimum`` when a minimum is given."""
+    """Validates an integer argument, ``value >= minimum`` when a minimum is given.
+
+    Examples:
+        >>> check_int("every_n_steps", 100, minimum=1)
+        100
+        >>> check_int("every_n_steps", 0, minimum=1)
+        Traceback (most recent call last):
+        ValueError: every_n_steps must be a positive integer, got 0
+    """
     if value is None and allow_none:
         return None
     if not _is_int(value) or (minimum is not None and value < minimum):
@@ -60,6 +68,15 @@ def check_number(
 
     Infinity is refused unless ``allow_inf`` (an interval or timeout of ``inf`` would fail
     later, in a thread, with ``OverflowError``); pass None or a large number instead.
+
+    Examples:
+        >>> check_number("every_n_secs", 30, strictly_positive=True)
+        30.0
+        >>> check_number("every_n_secs", None, strictly_positive=True, allow_none=True) is None
+        True
+        >>> check_number("every_n_secs", "30", strictly_positive=True)
+        Traceback (most recent call last):
+        TypeError: every_n_secs must be a positive number, got '30'
     """
     if value is None and allow_none:
         return None
@@ -80,12 +97,27 @@ def check_number(
 
 
 def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (not 0/1, not None), else `TypeError` naming ``name``.
+
+    Examples:
+        >>> check_bool("at_end", 1)
+        Traceback (most recent call last):
+        TypeError: at_end must be True or False, got 1
+    """
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
 def check_callable(name: str, value: Any, *, allow_none: bool = True, signature: str = "") -> Callable | None:
+    """``value`` if it is callable (or None, with ``allow_none``), else `TypeError` naming
+    ``name`` and, when given, the expected ``signature``.
+
+    Examples:
+        >>> check_callable("formatter", "{loss}", signature="formatter(values) -> str")
+        Traceback (most recent call last):
+        TypeError: formatter must be a callable such as formatter(values) -> str or None, got '{loss}'
+    """
     if value is None and allow_none:
         return None
     if not callable(value):
@@ -95,6 +127,15 @@ def check_callable(name: str, value: Any, *, allow_none: bool = True, signature:
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices``, else `ValueError` listing them.
+
+    Examples:
+        >>> check_choice("mode", "max", ("min", "max"))
+        'max'
+        >>> check_choice("mode", "maximum", ("min", "max"))
+        Traceback (most recent call last):
+        ValueError: mode must be one of 'min', 'max', got 'maximum'
+    """
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -173,7 +214,15 @@ def check_lock(lock: Any, lease_secs: Any, logdir: str | None = None, *,
 
 def as_tuple(name: str, values: Any) -> tuple[Any, ...]:
     """A list-like argument (``hooks``, ``saving_listeners``) as a tuple (None: empty); a string
-    or a single non-iterable value is refused, naming ``name``."""
+    or a single non-iterable value is refused, naming ``name``.
+
+    Examples:
+        >>> as_tuple("listeners", None)
+        ()
+        >>> as_tuple("listeners", "saver")
+        Traceback (most recent call last):
+        TypeError: `listeners` must be a list of instances (or None), given: 'saver'; wrap a single one in a list
+    """
     if values is None:
         return ()
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
@@ -192,7 +241,16 @@ def _error(value: Any, message: str) -> Exception:
 # ---------------------------------------------------------------- local directory paths
 def check_path(name: str, value: Any, *, allow_none: bool = False, hint: str = "") -> str | None:
     """``value`` as a ``str`` path; `TypeError` unless it is a non-empty ``str``/``os.PathLike``
-    (or None, with ``allow_none``). ``hint`` is appended to the message, e.g. what None means."""
+    (or None, with ``allow_none``). ``hint`` is appended to the message, e.g. what None means.
+
+    Examples:
+        >>> import pathlib
+        >>> check_path("output_dir", pathlib.Path("runs/x"))
+        'runs/x'
+        >>> check_path("output_dir", "")
+        Traceback (most recent call last):
+        TypeError: output_dir must be a directory path, got ''
+    """
     if value is None and allow_none:
         return None
     path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None

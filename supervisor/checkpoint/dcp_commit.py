@@ -27,14 +27,13 @@ records nothing is sealed, so a crash or a SIGKILL at any point leaves only the 
 or a manifest-less prefix (removed, with a WARNING, when a writer next opens the logdir), never
 a published incomplete checkpoint.
 
-Store keys are ``supervisor/dcp/<torchrun attempt>/<save number>/...``: every rank numbers its
-saves in the same order (`next_save_key`, called on the training thread), as they are
+Store keys are ``supervisor/dcp/<agreed round>/<save number>/...`` (`distributed.env.agreed_key`,
+numbered by the process group): every rank numbers its saves in the same order (`next_save_key`, called on the training thread), as they are
 collectives. The chief deletes the keys of save n-1 once every rank's records of save n arrived
 (every rank has then left save n-1).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import threading
@@ -54,13 +53,12 @@ __all__ = ["Channel", "ShardedSave", "commit", "next_save_key", "stage"]
 
 logger = logging.getLogger(__name__)
 
-_SAVES = itertools.count()
 _POLL_SECS = (0.002, 0.05)  # first and longest pause between two looks at the store
 
 
 def next_save_key() -> str:
     """The store namespace of this process's next sharded save (call once per save, on every rank)."""
-    return f"supervisor/dcp/{distributed.attempt()}/{next(_SAVES)}"
+    return distributed.env.agreed_key("dcp")
 
 
 # ---------------------------------------------------------------- staging

@@ -15,7 +15,8 @@ Nothing here is a transport of its own: everything runs on ``torch.distributed``
   O(1) store requests per rank, per step and per failure (docs/distributed.md).
 - restore.py: the chief chooses the checkpoint, every rank restores exactly that one.
 - rng.py: every rank's RNG state is gathered into the checkpoint.
-- `wait_for_global_step` (wait.py): workers waiting for the chief's committed progress.
+- `wait_for_global_step` / `committed_step`: moved to `supervisor.creators` (they read the checkpoint
+  index, a floor above this package); still importable from here: `supervisor`'s façade hands them on.
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ from supervisor.distributed.env import (
 )
 from supervisor.distributed.agreement import CollectiveAgreement
 from supervisor.distributed.failure import RankFailureError
-from supervisor.distributed.wait import committed_step, wait_for_global_step
 
 __all__ = [
     "rank",
@@ -44,8 +44,6 @@ __all__ = [
     "init_process_group",
     "destroy_process_group",
     "default_store",
-    "wait_for_global_step",
-    "committed_step",
     "CollectiveAgreement",
     "RankFailureError",
 ]

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import logging
 from typing import Any
 
@@ -65,7 +64,6 @@ __all__ = ["CollectiveAgreement", "side_group", "forget_side_group"]
 logger = logging.getLogger(__name__)
 
 _NO_REASONS: tuple[tuple[str, ...], str | None] = ((), None)
-_GENERATIONS = itertools.count()  # agreements are created in the same order on every rank
 
 
 class CollectiveAgreement(Agreement):
@@ -99,13 +97,12 @@ class CollectiveAgreement(Agreement):
         self.world_size = dist.get_world_size()
         self._gather_rng = bool(gather_rng)
         self._capture_rng = capture_rng
-        generation = next(_GENERATIONS)
         # The side group is made at the first decide(), a collective every rank reaches after its
         # session creation: made here, it would make non-chief ranks wait for the chief's
         # restore inside new_group, with its timeout instead of max_wait_secs.
         self._group: Any = None
-        self._store = dist.PrefixStore(f"supervisor/agreement/{env.attempt()}/{generation}",
-                                       env.default_store())
+        # Agreements are created in the same order on every rank: numbered by the process group.
+        self._store = dist.PrefixStore(env.agreed_key("agreement"), env.default_store())
         self._watchdog: HangWatchdog | None = None
         self._responder = roll.Responder(self._store, self.rank, self._status)
         self._pending: tuple[Any, torch.Tensor, int] | None = None

@@ -7,10 +7,11 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import weakref
 from typing import Any
 
 __all__ = ["rank", "world_size", "default_is_chief", "is_initialized", "is_distributed", "attempt",
-           "agree_round", "init_process_group", "destroy_process_group", "default_store"]
+           "agree_round", "agreed_key", "init_process_group", "destroy_process_group", "default_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,40 @@ def attempt() -> int:
     if _ROUND:
         return _ROUND[0]
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+# The numbers `agreed_key` hands out: [the default group they count for (a weak reference, None
+# without one), {purpose: the next number}]; a new default group starts every count again at 0.
+_SEQUENCES: list[Any] = [None, {}]
+
+
+def agreed_key(purpose: str) -> str:
+    """The store key of this process's next ``purpose`` (a session creation's restore decision,
+    an agreement's side store, a sharded save): ``supervisor/<purpose>/<attempt()>/<n>``.
+
+    ``n`` counts the ``purpose`` keys asked for in the current default process group, on every
+    rank in the same order (they are collectives), starting at 0 with each group, so every rank
+    of one rendezvous names the same keys even when one of them created more sessions, agreements
+    or saves before it joined this group (issue 32: a process-global counter would not). Keys are
+    namespaced by the round every rank of the rendezvous agreed on (`attempt`); without a
+    process group (nothing to agree with) the numbers count for this process.
+    """
+    group = _default_group()
+    held = _SEQUENCES[0]() if _SEQUENCES[0] is not None else None
+    if held is not group:
+        _SEQUENCES[:] = [weakref.ref(group) if group is not None else None, {}]
+    counts = _SEQUENCES[1]
+    number = counts.get(purpose, 0)
+    counts[purpose] = number + 1
+    return f"supervisor/{purpose}/{attempt()}/{number}"
+
+
+def _default_group() -> Any:
+    if not is_initialized():
+        return None
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()
 
 
 def agree_round(store: Any, rank: int, world_size: int, *, timeout_secs: float, poll_secs: float = 0.05) -> int:

@@ -28,12 +28,12 @@ This module is the decision's channel (`RestoreDecision` under a store key), the
 broadcast and the byte broadcast; the creators' policy on top of it is
 `supervisor.creators.chief_choice`.
 
-Keys are ``supervisor/restore/<torchrun attempt>/<creation number>``: every rank creates its
-sessions in the same order, so the n-th creation of each rank reads the chief's n-th decision.
+Keys are ``supervisor/restore/<agreed round>/<creation number>`` (`env.agreed_key`): every rank
+creates its sessions in the same order, so the n-th creation of each rank in a process group
+reads the chief's n-th decision (numbered by the group, not by the process: issue 32).
 """
 from __future__ import annotations
 
-import itertools
 import json
 from collections import OrderedDict
 import logging
@@ -52,7 +52,6 @@ __all__ = ["CHUNK_BYTES", "RestoreDecision", "next_key", "publish_decision", "aw
 
 logger = logging.getLogger(__name__)
 
-_CREATIONS = itertools.count()
 POLL_SECS = 0.2  # how often a waiting rank looks (SPEC: at least once a second)
 CHUNK_BYTES = 64 << 20  # the largest piece of a checkpoint in flight at once (`broadcast_bytes`)
 
@@ -88,7 +87,7 @@ class RestoreDecision:
 
 def next_key() -> str:
     """The store key of this process's next session creation (call once per creation)."""
-    return f"supervisor/restore/{env.attempt()}/{next(_CREATIONS)}"
+    return env.agreed_key("restore")
 
 
 def publish_decision(key: str, decision: RestoreDecision, store: Any = None) -> None:

@@ -63,3 +63,21 @@ def test_the_engine_imports_no_private_name_and_nothing_of_ours_lazily(name):
     lazy = [m for m, _, top in found if _ours(m) and not top]
     assert not private, f"{path} imports private names {private}"
     assert not lazy, f"{path} imports {lazy} inside a function"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "supervisor" / "distributed").glob("*.py")), ids=lambda p: p.name)
+def test_the_distributed_package_never_imports_the_checkpoint_package_or_above(path):
+    """Issue 32: `checkpoint/` imports `distributed/` (rank, RNG, the restore channel); the waits
+    for the chief's committed step read the checkpoint index, so they live in `creators/`."""
+    above = ("supervisor.checkpoint", "supervisor.creators", "supervisor.session", "supervisor.supervisor",
+             "supervisor.training_session", "supervisor.estimator", "supervisor.cli", "hooks")
+    bad = [m for m, _, _ in _imports(path) if m.startswith(above)]
+    assert not bad, f"distributed/{path.name} imports {bad}"
+
+
+def test_the_waits_first_address_still_works():
+    import supervisor.creators
+    from supervisor.distributed import committed_step, wait_for_global_step
+
+    assert (wait_for_global_step, committed_step) == (supervisor.creators.wait_for_global_step,
+                                                      supervisor.creators.committed_step)

@@ -2,6 +2,7 @@
 ``python -m tests.distributed.dcp_async_worker SCENARIO ...`` (see harness.py, ``module=``)."""
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import threading
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from supervisor import distributed
 from tests.distributed import worker
 from tests.distributed.worker import emit, full_state, scenario, sharded, train_sharded
 
@@ -86,13 +88,20 @@ def dcp_async_killed(logdir: str, last_step: str, kill_step: str, when: str = "a
     gloo's "Connection closed by peer")."""
     from supervisor.checkpoint import dcp_commit
 
-    if dist.get_rank() == 1:
-        real = dcp_commit.write_own_part
+    real = dcp_commit.write_own_part
+    entered = f"test/chief-enters-dcp-save/{kill_step}"  # the handshake: the chief is entering dcp.save
+    if dist.get_rank() == 0 and when == "before":
+        def entering(path: str, save: Any) -> Any:
+            if save.step == int(kill_step):
+                distributed.default_store().set(entered, "1")
+            return real(path, save)
 
+        dcp_commit.write_own_part = entering
+    if dist.get_rank() == 1:
         def dying(path: str, save: Any) -> Any:
             if when == "before" and save.step == int(kill_step):
                 print(f"killing rank 1 before its DCP save of step {save.step}", flush=True)
-                time.sleep(0.5)  # the chief is inside dcp.save's first collective by now
+                distributed.default_store().wait([entered], datetime.timedelta(seconds=60))
                 os.kill(os.getpid(), signal.SIGKILL)
             outcome = real(path, save)
             if save.step == int(kill_step):

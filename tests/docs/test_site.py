@@ -24,6 +24,7 @@ import hooks
 import supervisor
 import supervisor.estimator
 import supervisor.sinks
+import supervisor.toolkit
 from tests.cli.helpers import make_logdir
 from tests.s3_fixtures import *  # noqa: F401,F403  (the s3_server fixture)
 
@@ -165,7 +166,7 @@ def _referenced() -> set[str]:
     return set(re.findall(r"^::: ([\w.]+)$", text, re.M))
 
 
-@pytest.mark.parametrize("module", [supervisor, hooks, supervisor.estimator, supervisor.sinks], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [supervisor, hooks, supervisor.estimator, supervisor.sinks, supervisor.toolkit], ids=lambda m: m.__name__)
 def test_every_public_name_has_a_reference_entry(module):
     referenced = {name.rsplit(".", 1)[1] for name in _referenced()}
     missing = [name for name in module.__all__ if name not in referenced]

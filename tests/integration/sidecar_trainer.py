@@ -33,7 +33,8 @@ def main() -> None:
     parser.add_argument("--until-file", default=None)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--step-sleep", type=float, default=0.0)
-    parser.add_argument("--pause-file", default=None, help="no steps while this file exists")
+    parser.add_argument("--pause-file", default=None, help="no steps while this file exists; once paused, the "
+                        "trainer writes its step to PAUSE_FILE.paused (the test's handshake)")
     args = parser.parse_args()
     model = make_model(args.width)
     end = None if args.duration is None else time.monotonic() + args.duration
@@ -55,10 +56,17 @@ def main() -> None:
                                   max_to_keep=1, save_summaries_steps=None, log_step_count_steps=None,
                                   init_fn=lambda session: step(0)) as s:
         print(f"started at step {s.global_step}", flush=True)
+        paused = False
         while not done():
             if args.pause_file is not None and os.path.exists(args.pause_file):
-                time.sleep(0.02)
+                if not paused:  # no step under way now: say at which step (written whole, then renamed)
+                    paused = True
+                    with open(args.pause_file + ".tmp", "w") as f:
+                        f.write(str(s.global_step))
+                    os.replace(args.pause_file + ".tmp", args.pause_file + ".paused")
+                time.sleep(0.02)  # the pause itself: polls for the file's removal
                 continue
+            paused = False
             s.run(step, s.global_step + 1)
     print(f"finished step={s.global_step}", flush=True)
 

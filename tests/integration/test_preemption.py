@@ -11,6 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import supervisor
+from supervisor.events import read_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "examples", "quickstart.py")
@@ -31,6 +32,14 @@ def wait_for_checkpoint(logdir, proc, min_step=1, timeout_secs=120):
             return int(path.rsplit("-", 1)[1])
         assert proc.poll() is None, proc.stdout.read()
         assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.02)
+
+
+def wait_for_summaries_past(logdir, proc, step, timeout_secs=120):
+    deadline = time.monotonic() + timeout_secs
+    while max((s for s, tags in read_scalars(logdir).items() if "loss" in tags), default=-1) <= step:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, f"no loss summary past step {step} on disk in time"
         time.sleep(0.02)
 
 
@@ -57,7 +66,7 @@ def test_sigkill_then_resume_gives_one_duplicate_free_curve(tmp_path):
     logdir = str(tmp_path / "run")
     proc = start_trainer(logdir, 10**9)
     killed_at = wait_for_checkpoint(logdir, proc, min_step=100)
-    time.sleep(0.3)  # let the crashed run write summaries past its last checkpoint
+    wait_for_summaries_past(logdir, proc, killed_at)  # the crashed run wrote some past its last checkpoint
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     restored = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])

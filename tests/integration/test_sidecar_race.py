@@ -143,8 +143,10 @@ def test_a_sidecar_killed_and_restarted_evaluates_no_step_twice(tmp_path):
         wait_until(lambda: len(evaluated_steps(log_dir)) >= 3, 120, "the first sidecar's evaluations",
                    alive=sidecars[0])
         open(pause_file, "w").close()
-        time.sleep(0.5)  # the step under way commits
-        paused_at = latest_step(logdir)
+        wait_until(lambda: os.path.exists(pause_file + ".paused"), 60, "the trainer to pause", alive=trainer)
+        with open(pause_file + ".paused") as f:
+            paused_at = int(f.read())
+        wait_until(lambda: latest_step(logdir) == paused_at, 60, f"step {paused_at} to commit", alive=trainer)
         wait_until(lambda: paused_at in evaluated_steps(log_dir), 60, f"step {paused_at} evaluated",
                    alive=sidecars[0])
         sidecars[0].send_signal(signal.SIGKILL)

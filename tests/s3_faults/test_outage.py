@@ -143,7 +143,11 @@ def test_an_outage_over_a_lease_renewal_stops_the_writer_even_after_the_store_is
         state = _state()
         manager.save(1, state)
         proxy.stop()
-        time.sleep(2.5)  # spans at least one renewal
+        lease, deadline = manager._lock, time.monotonic() + 60
+        # Until a renewal (every second) failed, its bounded retries spent, or the lease expired unrenewed.
+        while lease.lost is None and time.time() < lease.expires_at:
+            assert time.monotonic() < deadline, "the lease was neither lost nor expired while the store was down"
+            time.sleep(0.05)
         proxy.restart()
         _bump(state)
         with pytest.raises(LeaseLostError, match=r"lost the lease"):  # its renewal failed, or came too late

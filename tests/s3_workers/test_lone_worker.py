@@ -6,6 +6,7 @@ read with its ``storage_options`` — and restores it; the wait ends at once on 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
@@ -141,9 +142,24 @@ def test_request_stop_ends_a_lone_workers_wait_at_once(s3_server, s3_root):
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
+    looked = threading.Event()
+
+    class _Looked(logging.Handler):  # the worker's line right before it waits for its next look, 30 s away
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("waiting for the chief's checkpoint"):
+                looked.set()
+
+    handler, worker_logger = _Looked(), logging.getLogger("supervisor.creators.worker")
+    level = worker_logger.level
+    worker_logger.addHandler(handler)
+    worker_logger.setLevel(logging.INFO)
     thread = threading.Thread(target=work, name="lone-worker")
-    thread.start()
-    time.sleep(1.0)  # the worker has looked once and sleeps until its next look, 30 s away
+    try:
+        thread.start()
+        assert looked.wait(60), f"the worker never looked: {errors}"
+    finally:
+        worker_logger.removeHandler(handler)
+        worker_logger.setLevel(level)
     start = time.monotonic()
     sv.request_stop()
     thread.join(10)

@@ -1,5 +1,10 @@
 """Workers waiting for the chief (SPEC §12; AdaNet's ``worker_wait_timeout_secs``).
 
+It stands here, beside the worker's session creator (which also waits for the chief's
+checkpoint), above `supervisor.checkpoint`, whose index it reads (issue 32: in
+``supervisor/distributed`` it was an import back up). ``supervisor.distributed.wait_for_global_step``
+and ``committed_step``, the names' first address, still work: `supervisor`'s façade hands them on.
+
 A worker that must not run ahead of the chief — a staggered start (TF's
 ``GlobalStepWaiterHook``, ``Experiment(delay_workers_by_global_step=True)``), or AdaNet's next
 iteration that needs the chief's committed step — reads the chief's *committed* progress: the
@@ -9,7 +14,7 @@ index is read with ``storage_options``, or the client the environment configures
 
 Example::
 
-    from supervisor.distributed import wait_for_global_step
+    from supervisor.creators import wait_for_global_step
     step = wait_for_global_step("runs/exp", 1000, timeout_secs=3600)   # TimeoutError after 1 h
     step = wait_for_global_step("s3://bucket/exp", 1000, storage_options={"endpoint_url": ...})
 """
