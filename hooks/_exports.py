@@ -15,8 +15,8 @@ them again; an exporter that already holds an export of the step (the killed run
 weights) is not called for it again, so no export is lost or doubled, and the `BestExporter`
 reads its best back from its exports' records as under ``train_and_evaluate``.
 
-The exporters live in `supervisor.estimator`; the engine and the hooks never import it at import
-time, so the writer is imported when the first export is written (its user imported it already).
+The exporters live in `supervisor.estimator`, which the hooks never import: the exporters given
+bring their writer and their record reader (`Exporter.write_export`, `Exporter.exported_steps`).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ __all__ = ["LoopExportTarget", "LoopExporters", "check_exporters"]
 
 logger = logging.getLogger(__name__)
 
-_EXPORTER_METHODS = ("export", "name")
+_EXPORTER_METHODS = ("export", "name", "write_export", "exported_steps")
 
 
 def check_exporters(exporters: Any) -> list[Any]:
@@ -48,8 +48,8 @@ def check_exporters(exporters: Any) -> list[Any]:
     checked = list(exporters)
     for exporter in checked:
         if not all(hasattr(exporter, m) for m in _EXPORTER_METHODS) or not callable(exporter.export):
-            raise TypeError(f"EvaluationHook's exporters must be exporters (with export(...) and name, e.g. "
-                            f"supervisor.estimator.BestExporter()), got {exporter!r}")
+            raise TypeError(f"EvaluationHook's exporters must be exporters (subclasses of "
+                            f"supervisor.estimator.Exporter, e.g. BestExporter()), got {exporter!r}")
     names = [exporter.name for exporter in checked]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -67,6 +67,7 @@ class LoopExportTarget:
         self._state_key, self._basename, self.clock = state_key, basename, clock
         self.example_input = None  # no torch.export program from the loop
         self._live: tuple[str, int] | None = None
+        self.writer: Any = None  # the exporters' `write_export` (set by `LoopExporters`)
 
     @property
     def model_dir(self) -> str:
@@ -89,10 +90,9 @@ class LoopExportTarget:
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
                eval_result: Mapping[str, Any] | None = None) -> str:
-        from supervisor.estimator.export_writer import write_export  # see the module docstring
         if checkpoint_path is None:
             raise ValueError("an in-loop export needs the checkpoint_path of the step it exports")
-        return write_export(self, os.fspath(export_dir_base), os.fspath(checkpoint_path), eval_result, None)
+        return self.writer(self, os.fspath(export_dir_base), os.fspath(checkpoint_path), eval_result, None)
 
     def load_model_copy(self, checkpoint: str) -> tuple[torch.nn.Module, int]:
         """A copy of the model in eval mode: the live one for the step just evaluated, else the
@@ -117,6 +117,8 @@ class LoopExporters:
     def __init__(self, exporters: list[Any], target: LoopExportTarget) -> None:
         self._exporters, self._target = exporters, target
         self._done: dict[str, int] = {}  # exporter name -> the step it holds an export of
+        if exporters:
+            target.writer = exporters[0].write_export
         for exporter in exporters:
             if hasattr(exporter, "set_default_eval_dir"):
                 exporter.set_default_eval_dir(target.eval_dir())
@@ -131,7 +133,7 @@ class LoopExporters:
                 continue
             base = os.path.join(self._target.model_dir, "export", exporter.name)
             result = None
-            if step in _exported_steps(base):
+            if step in exporter.exported_steps(base):
                 logger.info("%s holds an export of step %d already (made before a restart); not exporting "
                             "it again", exporter.name, step)
                 self._done[exporter.name] = step
@@ -142,15 +144,6 @@ class LoopExporters:
             results.append(result)
         return results
 
-
-def _exported_steps(export_path: str) -> set[int]:
-    from supervisor.estimator.export_files import list_exports, read_export_record  # see the module docstring
-    steps = set()
-    for _, path in list_exports(export_path):
-        record = read_export_record(path)  # None, with a WARNING, when damaged
-        if record is not None:
-            steps.add(record["global_step"])
-    return steps
 
 
 def model_key(state: Mapping[str, Any], model: torch.nn.Module) -> str | None:

@@ -10,8 +10,9 @@ import shutil
 from typing import Any, Mapping, Protocol
 
 from supervisor.checkpoint.storage import storage_for
-from supervisor.estimator.export_files import list_exports, remove_crashed_exports
+from supervisor.estimator.export_files import list_exports, read_export_record, remove_crashed_exports
 from supervisor.estimator.export_objects import delete_object_export
+from supervisor.estimator.export_writer import write_export
 from supervisor.estimator.locations import is_url, options_for
 
 __all__ = ["Exporter", "ExportTarget"]
@@ -55,6 +56,17 @@ class Exporter:
     @property
     def name(self) -> str:
         return self._name
+
+    #: How an in-loop `EvaluationHook` writes this exporter's exports (the hooks never import
+    #: the estimator: they reach its writer through the exporters they are given).
+    write_export = staticmethod(write_export)
+
+    @staticmethod
+    def exported_steps(export_path: str) -> set[int]:
+        """The global steps of the readable exports under ``export_path`` (a damaged record is
+        skipped with a WARNING)."""
+        records = (read_export_record(path) for _, path in list_exports(export_path))
+        return {record["global_step"] for record in records if record is not None}
 
     def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
