@@ -27,7 +27,7 @@ from supervisor._validate import check_choice, check_int, check_number
 from supervisor.checkpoint.format import checkpoint_name
 from supervisor.checkpoint.retention import RetentionRule
 
-__all__ = ["MetricKeeper", "ReportsMetrics", "check_retention", "metric_name"]
+__all__ = ["MetricKeeper", "ReportsMetrics", "check_retention", "metric_name", "refuse_for_sharded"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,3 +177,12 @@ class ReportsMetrics:
                 self.remove_dropped()  # type: ignore[attr-defined]
         else:
             self._metrics.note(step, value, source)
+
+
+def refuse_for_sharded(options: dict[str, Any]) -> None:
+    """Pops the retention options sharded checkpoints do not take yet; refuses them when given."""
+    extras = {k: options.pop(k, None) for k in ("keep_best", "best_metric", "best_mode", "keep_period")}
+    given = [f"{k}={v!r}" for k, v in extras.items() if v is not None and k != "best_mode"]
+    if given:
+        raise ValueError(f"{', '.join(given)} is not supported with checkpoint_format='dcp' yet; leave it out, or use "
+                         "checkpoint_format='torch'")

@@ -1,0 +1,79 @@
+"""Keeping the best checkpoints by the evaluation's metric (issue 34 item 2), end to end: a real
+training run with `EvaluationHook` (local and on a real S3-compatible server), a SIGKILL and a
+restart, and the step outputs as the metric in a session without an evaluation."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from supervisor import MonitoredTrainingSession, get_checkpoint_state
+from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.storage import LocalStorage
+from tests.integration import keep_best_trainer
+from tests.killing import committed_step, kill_after_checkpoint, trainer_env
+from tests.s3_fixtures import backend_logdir, lifetime_thread_prefixes, s3_server, s3_storage  # noqa: F401
+
+pytestmark = pytest.mark.timeout(300)
+
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keep_best_trainer.py")
+
+
+def _steps(storage, logdir):
+    """The steps of the committed-looking checkpoint names (not a kill's leftover temp names)."""
+    return sorted(int(m.group(1)) for n in storage.listdir(logdir) if (m := re.fullmatch(r"model\.ckpt-(\d+)", n)))
+
+
+def test_the_best_old_checkpoints_survive_recency_retention(backend_logdir):
+    storage, logdir, storage_options = backend_logdir
+    keep_best_trainer.main(logdir, 12, storage_options)
+    # Evaluated (and so checkpointed) at 2, 4, ..., 12 with losses 2, 0, 2, 4, 6, 8.
+    assert _steps(storage, logdir) == [2, 4, 12]
+    index = read_index(logdir, storage)
+    assert index.all_model_checkpoint_paths == ("model.ckpt-2", "model.ckpt-4", "model.ckpt-12")
+    assert index.all_model_checkpoint_metrics == (2.0, 0.0, 8.0)
+    assert (index.keep_best, index.max_to_keep, index.best_metric, index.best_mode) == (2, 1, "loss", "min")
+
+
+@pytest.mark.slow
+def test_the_same_best_are_kept_after_a_sigkill_and_a_restart(tmp_path):
+    logdir = str(tmp_path / "logdir")
+    env = trainer_env()
+    killed_at = kill_after_checkpoint([TRAINER, logdir, "100000"], logdir, past_step=6, env=env)
+    steps = _steps(LocalStorage(), logdir)
+    assert {2, 4} <= set(steps) and killed_at >= 8, steps
+    last = killed_at + 10
+    keep_best_trainer.main(logdir, last)  # restarts from the killed run's checkpoint
+    assert committed_step(logdir) == last
+    # A restart that forgot the metrics would have deleted 2 and 4 at its first save.
+    assert _steps(LocalStorage(), logdir) == [2, 4, last]
+    assert get_checkpoint_state(logdir).all_model_checkpoint_metrics[:2] == (2.0, 0.0)
+
+
+def test_without_an_evaluation_the_step_outputs_rank_checkpoints(tmp_path):
+    """No EvaluationHook: the metric is the step's output of that name (here the returned dict's
+    ``acc``, best highest); checkpoints every step, keep the newest 1 and the best 1."""
+    import torch
+
+    logdir = str(tmp_path / "logdir")
+    model = torch.nn.Linear(1, 1)
+    accuracies = {1: 0.5, 2: 0.9, 3: 0.7, 4: 0.6, 5: 0.1}
+    with MonitoredTrainingSession(logdir, model, save_checkpoint_steps=1, save_summaries_steps=None,
+                                  log_step_count_steps=None, max_to_keep=1, keep_best=1, best_metric="acc",
+                                  best_mode="max", handle_signals=False) as s:
+        for step in range(1, 6):
+            s.run(lambda step=step: {"acc": torch.tensor(accuracies[step]), "loss": 1.0})
+    assert _steps(LocalStorage(), logdir) == [2, 5]
+
+
+def test_keep_period_through_the_front_door(tmp_path):
+    import torch
+
+    logdir = str(tmp_path / "logdir")
+    with MonitoredTrainingSession(logdir, torch.nn.Linear(1, 1), save_checkpoint_steps=1, save_summaries_steps=None,
+                                  log_step_count_steps=None, max_to_keep=2, keep_period=4,
+                                  handle_signals=False) as s:
+        for _ in range(10):
+            s.run(lambda: None)
+    assert _steps(LocalStorage(), logdir) == [0, 4, 8, 9, 10]  # step 0 (the creation checkpoint) is a multiple too, as in Orbax
