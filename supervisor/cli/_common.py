@@ -9,7 +9,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from supervisor.checkpoint import (
@@ -50,6 +50,8 @@ class CheckpointRow:
     in_index: bool       # listed in all_model_checkpoint_paths (managed by retention)
     wall_time: float | None
     bytes: int
+    metric: float | None = None  # the metric keep_best ranks it by, as the index records it (ls)
+    kept: list[str] = field(default_factory=list)  # why retention keeps it: newest, best, period, hours (ls)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,17 +7,25 @@ verification or the index is unreadable or names a missing checkpoint, or ``LOGD
 exist; 2 when ``LOGDIR`` is a checkpoint directory, the index file, a file of a checkpoint or a
 directory holding log directories but no checkpoint of its own (the message names what to pass).
 A log directory without any checkpoint yet lists none, exit code 0.
+
+Why each checkpoint is kept (``kept`` in ``--json``; a KEPT column when the writer kept the best
+or every N-th step, with a METRIC column for the recorded metric): ``newest`` (among the newest
+``max_to_keep``), ``best`` (among the ``keep_best`` best by ``best_metric``), ``period`` (its step
+is a multiple of ``keep_period``), ``hours`` (preserved by ``keep_checkpoint_every_n_hours``).
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
     print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
+from supervisor.checkpoint.retention import RetentionRule, RetentionState, kept_reasons, rule_of
 
-__all__ = ["add_parser", "run", "render"]
+__all__ = ["add_parser", "run", "render", "annotate"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +69,7 @@ def _run_url(args: argparse.Namespace) -> int:
 
 
 def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -> int:
+    annotate(listing)
     if args.json:
         print_json([row.to_json() for row in listing.rows])
         if listing.index_problem:
@@ -68,6 +77,26 @@ def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -
     else:
         print(render(listing, note))
     return EXIT_PROBLEM if listing.problems else EXIT_OK
+
+
+def annotate(listing: Listing) -> None:
+    """Sets each row's ``metric`` and ``kept`` from the index (`retention.kept_reasons` on the
+    rule the index records; without one, TF's: every listed checkpoint is among the newest)."""
+    index = listing.index
+    if index is None:
+        return
+    names = tuple(os.path.basename(p.rstrip("/")) for p in index.all_model_checkpoint_paths)
+    metrics = index.all_model_checkpoint_metrics if len(index.all_model_checkpoint_metrics) == len(names) else ()
+    state = RetentionState(tuple((n, 0.0) for n in names), 0.0,
+                           {n: m for n, m in zip(names, metrics) if math.isfinite(m)})
+    reasons = kept_reasons(state, rule_of(index) or RetentionRule(max_to_keep=None))
+    preserved = index.last_preserved_timestamp
+    for row in listing.rows:
+        row.metric = state.metrics.get(row.name)
+        row.kept = list(reasons.get(row.name, ()))
+        if row.name not in reasons and row.verified and preserved is not None and row.wall_time is not None \
+                and row.wall_time <= preserved:
+            row.kept = ["hours"]
 
 
 def render(listing: Listing, note: str | None = None) -> str:
@@ -87,14 +116,18 @@ def render(listing: Listing, note: str | None = None) -> str:
         lines.append(f"index problem: {listing.index_problem}")
     if not rows:
         return "\n".join(lines + ["(no checkpoints)"])
+    ranked = listing.index is not None and rule_of(listing.index) is not None
     body = []
     for r in rows:
         status = "ok" if r.verified else f"FAILED: {r.reason}"
-        if not r.in_index and not r.indexed and r.verified:
+        if not r.in_index and not r.indexed and r.verified and r.kept != ["hours"]:
             status += " (not in the index: retention never deletes it)"
-        body.append(["*" if r.indexed else "", "?" if r.step is None else str(r.step), r.name,
-                     format_age(r.wall_time), format_bytes(r.bytes) if r.bytes else "-", status])
-    lines.append(table(["", "STEP", "NAME", "SAVED", "SIZE", "STATUS"], body, right=(1, 4)))
+        cells = ["*" if r.indexed else "", "?" if r.step is None else str(r.step), r.name,
+                 format_age(r.wall_time), format_bytes(r.bytes) if r.bytes else "-"]
+        extra = ["-" if r.metric is None else f"{r.metric:.6g}", ",".join(r.kept) or "-"] if ranked else []
+        body.append(cells + extra + [status])
+    header = ["", "STEP", "NAME", "SAVED", "SIZE"] + (["METRIC", "KEPT"] if ranked else []) + ["STATUS"]
+    lines.append(table(header, body, right=(1, 4, 5) if ranked else (1, 4)))
     if named:
         lines.append("(* = the checkpoint the index points at: a restart restores it)")
     return "\n".join(lines)

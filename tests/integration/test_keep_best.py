@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import pytest
 
 from supervisor import MonitoredTrainingSession, get_checkpoint_state
 from supervisor.checkpoint.index import read_index
 from supervisor.checkpoint.storage import LocalStorage
+from tests.cli.helpers import ROOT, cli, cli_json
 from tests.integration import keep_best_trainer
 from tests.killing import committed_step, kill_after_checkpoint, trainer_env
 from tests.s3_fixtures import backend_logdir, lifetime_thread_prefixes, s3_server, s3_storage  # noqa: F401
@@ -77,3 +79,53 @@ def test_keep_period_through_the_front_door(tmp_path):
         for _ in range(10):
             s.run(lambda: None)
     assert _steps(LocalStorage(), logdir) == [0, 4, 8, 9, 10]  # step 0 (the creation checkpoint) is a multiple too, as in Orbax
+
+
+def _tty_output(args, env, timeout_secs=120.0) -> str:
+    """``python -m supervisor ARGS`` with its stdout on a pseudo-terminal (unpiped), read to EOF."""
+    import pty
+    import select
+    import subprocess
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", *args], stdout=slave, stderr=subprocess.DEVNULL,
+                            env=env)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout_secs
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        proc.wait(timeout=60)
+        os.close(master)
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_ls_shows_each_checkpoints_metric_and_why_it_is_kept(tmp_path):
+    logdir = str(tmp_path / "logdir")
+    keep_best_trainer.main(logdir, 12)
+    result, rows = cli_json("ls", logdir)
+    assert result.returncode == 0, result.stderr
+    assert [(r["step"], r["metric"], r["kept"]) for r in rows] == [
+        (2, 2.0, ["best"]), (4, 0.0, ["best"]), (12, 8.0, ["newest"])]
+    piped = cli("ls", logdir)
+    assert piped.returncode == 0
+    lines = piped.stdout.splitlines()
+    assert re.match(r"^\s+STEP\s+NAME\s+SAVED\s+SIZE\s+METRIC\s+KEPT\s+STATUS$", lines[1]), lines
+    assert re.search(r"model\.ckpt-4\s.*\s0\s+best\s+ok$", lines[3]), lines
+    assert re.search(r"model\.ckpt-12\s.*\s8\s+newest\s+ok$", lines[4]), lines
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    unpiped = _tty_output(["ls", logdir], env)
+    def words(text):  # the age may tick between the two runs (and so the column's width)
+        return [re.sub(r"\S+ \w+ ago|just now", "AGE", line).split() for line in text.splitlines()[1:]]
+    assert words(unpiped) == words(piped.stdout)
