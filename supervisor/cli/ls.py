@@ -130,4 +130,15 @@ def render(listing: Listing, note: str | None = None) -> str:
     lines.append(table(header, body, right=(1, 4, 5) if ranked else (1, 4)))
     if named:
         lines.append("(* = the checkpoint the index points at: a restart restores it)")
+    if ranked:
+        lines.append(_kept_legend(rule_of(listing.index)))
     return "\n".join(lines)
+
+
+def _kept_legend(rule: RetentionRule) -> str:
+    parts = [f"newest = among the newest max_to_keep={rule.max_to_keep}"]
+    if rule.keep_best:
+        parts.append(f"best = among the keep_best={rule.keep_best} best by {rule.best_metric} ({rule.best_mode})")
+    if rule.keep_period:
+        parts.append(f"period = a step that is a multiple of keep_period={rule.keep_period} (kept forever)")
+    return f"(KEPT: {'; '.join(parts)}; hours = keep_checkpoint_every_n_hours)"
