@@ -165,12 +165,14 @@ class ReportsMetrics:
     def report_metrics(self, step: int, metrics: Any, *, source: str = "evaluation") -> None:
         """Reports the metrics of the model at ``step`` (``source``: ``"evaluation"``, or ``"outputs"``:
         the step's outputs, ignored once an evaluation announced itself); with ``keep_best`` they rank the
-        checkpoint of that step — saved later, or already committed (then recorded in the index now).
-        A no-op without ``keep_best``."""
+        checkpoint of that step — saved later, or already saved (then recorded in the index now, once
+        the save in flight is published; nothing when retention deleted it already). A no-op without
+        ``keep_best``."""
         value = self._metrics.value(metrics, check_choice("source", source, SOURCES))
         if value is None:
             return
-        if self._last_saved_step == step and getattr(self, "is_open", False):
+        saved = self._last_saved_step
+        if saved is not None and step <= saved and getattr(self, "is_open", False):
             self._settle()  # type: ignore[attr-defined]
             self._writer.wait()  # the save of this step is published: record the value with it
             if self._publisher.record_metric(checkpoint_name(self.basename, step), value):

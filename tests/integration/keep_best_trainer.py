@@ -16,14 +16,15 @@ from hooks import EvaluationHook, StopAtStepHook
 from supervisor import MonitoredTrainingSession
 
 
-def main(logdir: str, last_step: int, storage_options: dict | None = None) -> None:
+def main(logdir: str, last_step: int, storage_options: dict | None = None, save_steps: int | None = None) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     evaluation = EvaluationHook([0], lambda m, _: {"loss": (m.weight.sum() - 4).abs()}, every_n_steps=2)
     with MonitoredTrainingSession(logdir, model, opt, hooks=[evaluation, StopAtStepHook(last_step=last_step)],
-                                  save_checkpoint_secs=None, save_summaries_steps=None, log_step_count_steps=None,
+                                  save_checkpoint_secs=None, save_checkpoint_steps=save_steps,
+                                  save_summaries_steps=None, log_step_count_steps=None,
                                   max_to_keep=1, keep_best=2, best_metric="loss", handle_signals=False,
                                   storage_options=storage_options) as s:
         while not s.should_stop():

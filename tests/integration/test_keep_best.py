@@ -129,3 +129,14 @@ def test_ls_shows_each_checkpoints_metric_and_why_it_is_kept(tmp_path):
     def words(text):  # the age may tick between the two runs (and so the column's width)
         return [re.sub(r"\S+ \w+ ago|just now", "AGE", line).split() for line in text.splitlines()[1:]]
     assert words(unpiped) == words(piped.stdout)
+
+
+def test_the_end_evaluation_after_the_final_save_is_recorded_with_it(tmp_path):
+    """Step 13 is not an evaluation step: the final checkpoint commits first, the evaluation at
+    the end comes after it and is recorded in the index then (`report_metrics`' late path). The
+    scheduled saves (5, 10) have no evaluation: recency only (the step outputs are ignored)."""
+    logdir = str(tmp_path / "logdir")
+    keep_best_trainer.main(logdir, 13, save_steps=5)
+    index = get_checkpoint_state(logdir)
+    assert [p.rsplit("-", 1)[1] for p in index.all_model_checkpoint_paths] == ["2", "4", "13"]
+    assert index.all_model_checkpoint_metrics == (2.0, 0.0, 9.0)
