@@ -48,7 +48,7 @@ from supervisor.checkpoint.storage import ObjectInfo, Storage, split_scheme, sto
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index", "replace_index",
            "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
-           "EmptyIndexError"]
+           "EmptyIndexError", "keep_entries"]
 
 logger = logging.getLogger(__name__)
 
@@ -330,12 +330,12 @@ def trusted_index(index: CheckpointState, directory: str, basename: str, *,
     latest = accept("model_checkpoint_path", index.model_checkpoint_path) or ""
     kept = [(n, i) for i, p in enumerate(index.all_model_checkpoint_paths)
             if (n := accept("all_model_checkpoint_paths", p)) is not None]
-    return _keep_entries(replace(index, model_checkpoint_path=latest), kept), ignored
+    return keep_entries(replace(index, model_checkpoint_path=latest), kept), ignored
 
 
-def _keep_entries(index: CheckpointState, kept: list[tuple[str, int]]) -> CheckpointState:
+def keep_entries(index: CheckpointState, kept: list[tuple[str, int]]) -> CheckpointState:
     """``index`` listing only ``kept`` (name, position in the list), with their timestamps and
-    metrics when the index has one per listed path."""
+    metrics when the index has one per listed path (so every rewrite keeps them aligned)."""
     count = len(index.all_model_checkpoint_paths)
 
     def parallel(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -359,7 +359,7 @@ def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
         else:
             logger.warning("ignoring the checkpoint index entry all_model_checkpoint_paths %r in %s: %s",
                            path, os.path.join(directory, INDEX_FILE), problem)
-    return _keep_entries(index, kept)
+    return keep_entries(index, kept)
 
 
 # ---------------------------------------------------------------- text-format strings

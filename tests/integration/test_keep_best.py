@@ -140,3 +140,15 @@ def test_the_end_evaluation_after_the_final_save_is_recorded_with_it(tmp_path):
     index = get_checkpoint_state(logdir)
     assert [p.rsplit("-", 1)[1] for p in index.all_model_checkpoint_paths] == ["2", "4", "13"]
     assert index.all_model_checkpoint_metrics == (2.0, 0.0, 9.0)
+
+
+def test_prune_keeps_each_remaining_checkpoints_metric_aligned(tmp_path):
+    """`prune` rewrites the index: the metrics stay with their checkpoints, so the next writer
+    keeps the same best ones (a misaligned or dropped list would forget them)."""
+    logdir = str(tmp_path / "logdir")
+    keep_best_trainer.main(logdir, 12)
+    result = cli("prune", logdir, "--keep", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    index = get_checkpoint_state(logdir)
+    assert [p.rsplit("-", 1)[1] for p in index.all_model_checkpoint_paths] == ["4", "12"]
+    assert index.all_model_checkpoint_metrics == (0.0, 8.0) and index.keep_best == 2
