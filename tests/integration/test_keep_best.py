@@ -3,6 +3,7 @@ training run with `EvaluationHook` (local and on a real S3-compatible server), a
 restart, and the step outputs as the metric in a session without an evaluation."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -36,6 +37,12 @@ def test_the_best_old_checkpoints_survive_recency_retention(backend_logdir):
     assert index.all_model_checkpoint_paths == ("model.ckpt-2", "model.ckpt-4", "model.ckpt-12")
     assert index.all_model_checkpoint_metrics == (2.0, 0.0, 8.0)
     assert (index.keep_best, index.max_to_keep, index.best_metric, index.best_mode) == (2, 1, "loss", "min")
+    # ls reads the same from either backend: the metric and why each is kept
+    extra = ["--storage-options", json.dumps(storage_options)] if storage_options else []
+    result, rows = cli_json("ls", logdir, *extra)
+    assert result.returncode == 0, result.stderr
+    assert [(r["step"], r["metric"], r["kept"]) for r in rows] == [
+        (2, 2.0, ["best"]), (4, 0.0, ["best"]), (12, 8.0, ["newest"])]
 
 
 @pytest.mark.slow
