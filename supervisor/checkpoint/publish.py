@@ -82,7 +82,8 @@ class Publisher:
         recover_interrupted_replacements(self.directory, indexed_names(index), self.storage)
         clean_transient(self.directory, self.storage, self.basename)
         present = set(self.storage.listdir(self.directory))
-        self.retention = retention.recover(index, now, present=present, best_metric=self.rule.best_metric)
+        self.retention = retention.recover(index, now, present=present, best_metric=self.rule.best_metric,
+                                           keep_period=self.rule.keep_period)
         self._latest = index.model_checkpoint_path if index is not None else None
         if index is not None:
             gone = [p for p in index.all_model_checkpoint_paths if p not in present]

@@ -93,7 +93,7 @@ class SweepResult:
 
 
 def recover(index: CheckpointState | None, now: float, *, present: Collection[str] | None = None,
-            best_metric: str | None = None) -> RetentionState:
+            best_metric: str | None = None, keep_period: int | None = None) -> RetentionState:
     """Rebuilds the state from the index at start-up (TF ``CheckpointManager.__init__``).
 
     Args:
@@ -104,6 +104,9 @@ def recover(index: CheckpointState | None, now: float, *, present: Collection[st
             deleted by a retention pass that crashed before rewriting the index).
         best_metric: the name of the metric the writer ranks by; the index's recorded metrics
             are kept only when they were computed by that name (or the index names none).
+        keep_period: a listed checkpoint at a multiple of it, or with a recorded metric, stays
+            managed even when saved before the last preserved one (it is listed because it is
+            kept; it must stay rankable and listed).
     """
     if index is None:
         # A second before now: a manager re-created at once must not preserve its first save.
@@ -119,16 +122,18 @@ def recover(index: CheckpointState | None, now: float, *, present: Collection[st
     timestamps = index.all_model_checkpoint_timestamps
     if len(timestamps) != len(paths):
         timestamps = (last_preserved,) * len(paths)
+    metrics = _recorded_metrics(index, best_metric)
+    held = set(metrics) | period_names(paths, keep_period)
     managed: dict[str, float] = {}
     for name, timestamp in zip(paths, timestamps, strict=True):
         timestamp = min(timestamp, now)
-        if timestamp > last_preserved and (present is None or name in present):
+        if (timestamp > last_preserved or name in held) and (present is None or name in present):
             managed.pop(name, None)
             managed[name] = timestamp
-    return RetentionState(tuple(managed.items()), last_preserved, _recorded_metrics(index, managed, best_metric))
+    return RetentionState(tuple(managed.items()), last_preserved, {n: m for n, m in metrics.items() if n in managed})
 
 
-def _recorded_metrics(index: CheckpointState, managed: Collection[str], best_metric: str | None) -> dict[str, float]:
+def _recorded_metrics(index: CheckpointState, best_metric: str | None) -> dict[str, float]:
     metrics = index.all_model_checkpoint_metrics
     if len(metrics) != len(index.all_model_checkpoint_paths):
         return {}
@@ -138,7 +143,7 @@ def _recorded_metrics(index: CheckpointState, managed: Collection[str], best_met
                        index.best_metric, best_metric)
         return {}
     return {name: float(value) for name, value in zip(index.all_model_checkpoint_paths, metrics, strict=True)
-            if name in managed and math.isfinite(value)}
+            if math.isfinite(value)}
 
 
 def record(state: RetentionState, name: str, timestamp: float) -> RetentionState:

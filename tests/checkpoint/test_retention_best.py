@@ -136,3 +136,13 @@ def test_bad_options_are_refused_at_construction(tmp_path, options, error, words
     with pytest.raises(error, match=words.replace("(", r"\(").replace("[", r"\[")) as info:
         CheckpointManager(tmp_path / "logdir", **options)
     assert str(info.value)
+
+
+def test_recover_keeps_the_best_and_period_ones_listed_before_the_last_preserved():
+    """A best (or period) checkpoint older than the last one preserved by the hours rule stays
+    managed at a restart: still ranked, still listed (TF's rule alone would drop it)."""
+    index = to_index(RetentionState((("m-3", 10.0), ("m-4", 20.0), ("m-9", 90.0)), 50.0, {"m-4": 0.1}), "m-9",
+                     RetentionRule(max_to_keep=1, keep_best=1, keep_period=3, best_metric="loss"))
+    state = recover(index, now=100.0, best_metric="loss", keep_period=3)
+    assert state.names == ("m-3", "m-4", "m-9") and state.metrics == {"m-4": 0.1}
+    assert recover(index, now=100.0).names == ("m-4", "m-9")  # without the period: only the ranked one
