@@ -16,16 +16,14 @@ is a multiple of ``keep_period``), ``hours`` (preserved by ``keep_checkpoint_eve
 from __future__ import annotations
 
 import argparse
-import math
-import os
 
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
-    print_json, scan_logdir, summary, table, writer_note
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, annotate_retention, error, \
+    format_age, format_bytes, print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
-from supervisor.checkpoint.retention import RetentionRule, RetentionState, kept_reasons, rule_of
+from supervisor.checkpoint.retention import RetentionRule, rule_of
 
-__all__ = ["add_parser", "run", "render", "annotate"]
+__all__ = ["add_parser", "run", "render"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -69,7 +67,7 @@ def _run_url(args: argparse.Namespace) -> int:
 
 
 def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -> int:
-    annotate(listing)
+    annotate_retention(listing.index, listing.rows)
     if args.json:
         print_json([row.to_json() for row in listing.rows])
         if listing.index_problem:
@@ -77,26 +75,6 @@ def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -
     else:
         print(render(listing, note))
     return EXIT_PROBLEM if listing.problems else EXIT_OK
-
-
-def annotate(listing: Listing) -> None:
-    """Sets each row's ``metric`` and ``kept`` from the index (`retention.kept_reasons` on the
-    rule the index records; without one, TF's: every listed checkpoint is among the newest)."""
-    index = listing.index
-    if index is None:
-        return
-    names = tuple(os.path.basename(p.rstrip("/")) for p in index.all_model_checkpoint_paths)
-    metrics = index.all_model_checkpoint_metrics if len(index.all_model_checkpoint_metrics) == len(names) else ()
-    state = RetentionState(tuple((n, 0.0) for n in names), 0.0,
-                           {n: m for n, m in zip(names, metrics) if math.isfinite(m)})
-    reasons = kept_reasons(state, rule_of(index) or RetentionRule(max_to_keep=None))
-    preserved = index.last_preserved_timestamp
-    for row in listing.rows:
-        row.metric = state.metrics.get(row.name)
-        row.kept = list(reasons.get(row.name, ()))
-        if row.name not in reasons and row.verified and preserved is not None and row.wall_time is not None \
-                and row.wall_time <= preserved:
-            row.kept = ["hours"]
 
 
 def render(listing: Listing, note: str | None = None) -> str:
