@@ -22,6 +22,11 @@ training curves get), so TensorBoard drops them, and the resumed run evaluates t
 (readers that take the later event per step — `read_eval_metrics`, the early-stopping hooks —
 see the new values).
 
+Keeping the best checkpoints: with ``keep_best``/``best_metric`` on the front door, each evaluation
+reports its metrics to the session's checkpoint manager (a named hook's as ``<name>/<metric>``)
+and asks for a checkpoint at that step, so every evaluated model is ranked by its own metric
+(`supervisor.checkpoint.best`); the end evaluation, after the final save, is recorded with it.
+
 Decisions: evaluation runs on the chief only (it writes the events), on the module inside a
 DDP or ``torch.compile`` wrapper, so no rank waits on a collective; a model with sharded
 (DTensor / FSDP2) parameters is refused at the session's start — evaluate those with the sidecar
@@ -113,12 +118,13 @@ class EvaluationHook(Hook):
         self._model: torch.nn.Module | None = None
         self._events: EvalEventsFile | None = None
         self._last_evaluated: int | None = None
+        self._keeper: Any = None  # the checkpoint manager ranking checkpoints by the metrics (keep_best)
         self.last_metrics: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ the hook protocol
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.reset()
-        self._model = self._events = self._exporters = None
+        self._model = self._events = self._exporters = self._keeper = None
         if not getattr(session, "is_chief", True):
             return  # the chief evaluates and writes
         self._model = unwrap_module(self._resolve_model(session))
@@ -127,6 +133,7 @@ class EvaluationHook(Hook):
         if logdir is not None:
             directory = _join(logdir, "eval" if self._name is None else f"eval_{self._name}")
             manager = getattr(session, "checkpoint_manager", None)  # its client, on an object store
+            self._keeper = _keeper_of(manager)
             self._events = EvalEventsFile(directory, storage=getattr(manager, "storage", None))
             if session.global_step > 0:  # a resume: what a killed run evaluated after step N is superseded
                 self._events.write_start(session.global_step + 1)
@@ -167,6 +174,8 @@ class EvaluationHook(Hook):
             self.evaluate(step)
             if self._exporters is not None:
                 self._exporters.export(self.last_metrics, step, final=False)
+            if self._keeper is not None and self._keeper.last_saved_step != step:
+                run_context.session.request_save(f"evaluation at step {step} (keep_best)")
 
     def end(self, session: Any) -> None:
         if self._model is None:
@@ -195,6 +204,9 @@ class EvaluationHook(Hook):
             self._events.write(results, step)
         self._last_evaluated = step
         self.last_metrics = {**results, "global_step": step}
+        if self._keeper is not None:  # ranks the checkpoint of this step (saved now or already)
+            prefix = "" if self._name is None else f"{self._name}/"
+            self._keeper.report_metrics(step, {prefix + k: v for k, v in results.items()})
         logger.info("evaluation at step %d: %s", step, ", ".join(f"{k} = {v:.4g}" for k, v in results.items()))
         return self.last_metrics
 
@@ -226,6 +238,16 @@ class EvaluationHook(Hook):
             raise ValueError("EvaluationHook has no model to evaluate: the session's state has no 'model' module "
                              f"(it has {sorted(session.state)}); pass EvaluationHook(..., model=your_model)")
         return model
+
+
+def _keeper_of(manager: Any) -> Any:
+    """The manager when it ranks checkpoints by a metric (``keep_best``), told that an evaluation
+    reports them (step outputs are then ignored); else None."""
+    metrics = getattr(manager, "metrics", None)
+    if metrics is None or not getattr(metrics, "wanted", False):
+        return None
+    metrics.expect_evaluation()
+    return manager
 
 
 def _check_data(data: Any) -> Any:

@@ -298,6 +298,8 @@ class StepBoundary:
         # The summaries added so far (every step <= this one) are made durable before this
         # checkpoint is published: a crash right after its commit keeps their points.
         sync_point = getattr(session.summary_writer, "sync_point", None)
+        if getattr(manager, "report_metrics", None) is not None:  # keep_best may rank by the step's outputs
+            manager.report_metrics(step, session.last_output, source="outputs")
         pending = manager.start_save(step, session.training_state, wait=wait, rng_states=rng_states,
                                      durable=sync_point() if callable(sync_point) else None)
         pending.committed.add_done_callback(functools.partial(self._committed, manager, pending))

@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._console import check_progress, progress_hooks
-from supervisor._paths import check_logdir, check_restore_step, is_url
-from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
+from supervisor._paths import check_logdir
+from supervisor.checkpoint import CheckpointManager, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.checkpoint.storage import options_for
+from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options, pop_restore_step
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
@@ -65,6 +66,8 @@ class Supervisor:
         save_summaries_secs: summary and step-rate interval; 0 disables both.
         checkpoint_basename: checkpoints are ``<logdir>/<basename>-<step>/``.
         max_to_keep, keep_checkpoint_every_n_hours: retention (SPEC §5.5).
+        keep_best, best_metric, best_mode, keep_period: also keep the ``keep_best`` best checkpoints by
+            ``best_metric`` ("min"/"max"), and forever those at multiples of ``keep_period`` (`supervisor.checkpoint.best`).
         stop_grace_secs: how long service threads may take to stop.
         recovery_wait_secs: how often a non-chief polls for the chief's checkpoint.
         recoverable_exceptions: exception types that re-create the session from the latest
@@ -114,7 +117,8 @@ class Supervisor:
         save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None, checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto") -> None:
+        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto",
+        keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                     storage_options=storage_options)
@@ -130,18 +134,18 @@ class Supervisor:
             basename=checkpoint_basename, max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
             storage_options=dict(storage_options) if storage_options else None,  # checked by check_logdir
-            logdir=self._logdir, restore_step=restore_step)
+            logdir=self._logdir, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
+            best_mode=best_mode, keep_period=keep_period)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
         self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
         self._recoverable, self._max_recoveries = (check_exception_types(recoverable_exceptions),
                                                    v.check_int("max_recoveries", max_recoveries, minimum=0))
-        self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
-        self._handle_signals = v.check_bool("handle_signals", handle_signals)
-        self._clock = resolve_clock(clock)
+        self._handle_signals, self._clock = v.check_bool("handle_signals", handle_signals), resolve_clock(clock)
         self._session: MonitoredSession | None = None
         self._coord, self._last_step, self._lock = Coordinator(), 0, threading.Lock()
+        self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
         self._progress = check_progress(progress)
 
     # ---------------------------------------------------------------- the session
@@ -295,45 +299,6 @@ class _ManagedSession:
             self._session_closed(session.global_step)
 
 
-def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
-                             save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
-                             lock: Any = "auto", lease_secs: Any = None,
-                             storage_options: dict[str, Any] | None = None, logdir: str | None = None,
-                             restore_step: Any = None) -> dict[str, Any]:
-    """Validates the checkpoint arguments the front doors share, at their construction
-    (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
-    checked checkpoint directory, which ``lock``/``lease_secs`` must suit)."""
-    if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
-        raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
-    lock, lease_secs = v.check_lock(lock, lease_secs, logdir, object_store=logdir is not None and is_url(logdir))
-    return {
-        "lock": lock,
-        "lease_secs": lease_secs,
-        "basename": basename,
-        "max_to_keep": v.check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True),
-        "keep_checkpoint_every_n_hours": v.check_number(
-            "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
-        "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
-        "trusted_globals": check_trusted_globals(trusted_globals),
-        "capture": check_capture(capture),
-        "storage_options": storage_options,
-        "restore_step": check_restore_step(restore_step, logdir, basename),
-    }
-
-
-#: The values of every front door's ``checkpoint_format`` (SPEC §12).
-CHECKPOINT_FORMATS = ("torch", "dcp")
-
-
-def _restore_step(options: dict[str, Any], checkpoint_format: str) -> Any:
-    """Pops ``restore_step`` from ``options``: the chief's creator's (sharded checkpoints: not yet)."""
-    restore_step = options.pop("restore_step", None)
-    if restore_step is not None and checkpoint_format == "dcp":
-        raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
-                         "step with `python -m supervisor rollback LOGDIR STEP` instead")
-    return restore_step
-
-
 def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
                          checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
@@ -344,7 +309,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     sharded checkpoints every rank takes part in (§12). ``checkpoint_options["storage_options"]`` go to each
     directory that is a URL (a worker's too: it reads the chief's checkpoints), ``["restore_step"]`` to the chief."""
     options = dict(checkpoint_options or {})
-    storage_options, restore_step = options.pop("storage_options", None), _restore_step(options, checkpoint_format)
+    storage_options, restore_step = options.pop("storage_options", None), pop_restore_step(options, checkpoint_format)
     writer = None
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         _check_writable(checkpoint_dir=checkpoint_dir, summary_dir=summary_dir)

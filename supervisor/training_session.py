@@ -34,7 +34,8 @@ from supervisor.state import TrainingState
 from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir, check_storage, is_url
 from supervisor._shadowing import import_builtin_hooks
-from supervisor.supervisor import CHECKPOINT_FORMATS, check_checkpoint_options, make_session_creator
+from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options
+from supervisor.supervisor import make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
@@ -78,7 +79,7 @@ def _build(
     ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
     storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (), restore_step: Any = None,
-    progress: Any = "auto",
+    progress: Any = "auto", keep_best: Any = None, best_metric: Any = None, best_mode: Any = "min", keep_period: Any = None,
 ) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
@@ -89,11 +90,11 @@ def _build(
     ckpt_secs, ckpt_steps = _interval_pair("checkpoint", save_checkpoint_secs, save_checkpoint_steps)
     summary_secs, summary_steps = _interval_pair("summaries", save_summaries_secs, save_summaries_steps)
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
-    options = check_checkpoint_options(basename="model.ckpt", max_to_keep=max_to_keep,
-                                       keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                                       save_mode=save_mode, trusted_globals=trusted_globals, capture=capture,
-                                       lock=lock, lease_secs=lease_secs, storage_options=storage_options,
-                                       logdir=checkpoint_dir, restore_step=restore_step)
+    options = check_checkpoint_options(
+        basename="model.ckpt", max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
+        storage_options=storage_options, logdir=checkpoint_dir, restore_step=restore_step, keep_best=keep_best,
+        best_metric=best_metric, best_mode=best_mode, keep_period=keep_period)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -166,15 +167,14 @@ _BUILD_ARGUMENTS = (
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
     "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks", "restore_step",
-    "progress",
+    "progress", "keep_best", "best_metric", "best_mode", "keep_period",
 )
 
 
 def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     checkpoint_dir: str | os.PathLike | None = None, model: Any = None, optimizer: Any = None, *,
     state: Mapping[str, Any] | None = None, is_chief: bool | None = None, hooks: Iterable[Any] = (),
-    chief_only_hooks: Iterable[Any] = (), save_checkpoint_secs: Any = _CKPT_SECS,
-    save_checkpoint_steps: Any = _CKPT_STEPS,
+    chief_only_hooks: Iterable[Any] = (), save_checkpoint_secs: Any = _CKPT_SECS, save_checkpoint_steps: Any = _CKPT_STEPS,
     save_summaries_steps: Any = _SUMMARY_STEPS, save_summaries_secs: Any = _SUMMARY_SECS,
     log_step_count_steps: int | None = 100, summary_dir: str | os.PathLike | None = None,
     max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0, stop_grace_secs: float = 120,
@@ -184,7 +184,8 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto", restore_step: Any = None,
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-    summary_sinks: Iterable[Any] = (), progress: Any = "auto") -> MonitoredSession:
+    summary_sinks: Iterable[Any] = (), progress: Any = "auto", keep_best: int | None = None, best_metric: Any = None,
+    best_mode: str = "min", keep_period: int | None = None) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
     recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one
     ``state.pt``, written by the chief) or ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12).
@@ -198,7 +199,8 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     workers too. ``restore_step``: a step (or one of its checkpoint paths) restored, verified,
     instead of the newest at the first creation only. ``summary_sinks``: the chief's scalars
     also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`). ``progress``: a tqdm bar on the chief
-    instead of the periodic step line: ``"auto"`` (stderr a terminal, tqdm, no logging configured), True, False."""
+    instead of the periodic step line: ``"auto"`` (stderr a terminal, tqdm, no logging configured), True, False.
+    ``keep_best``/``best_metric``/``best_mode``/``keep_period``: as `Supervisor`."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
@@ -217,8 +219,8 @@ class SingularMonitoredSession(MonitoredSession):
 
     Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
-    ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock``, ``lease_secs`` and
-    ``storage_options`` and ``progress`` as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
+    ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock``, ``lease_secs``,
+    ``storage_options``, ``progress`` and the retention arguments as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
     a session each: they write their shards).
     """
 
@@ -237,6 +239,7 @@ class SingularMonitoredSession(MonitoredSession):
         checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
         summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto",
+        keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

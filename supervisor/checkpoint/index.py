@@ -9,6 +9,17 @@
     all_model_checkpoint_timestamps: 1763700600.1
     last_preserved_timestamp: 1763699000.0
 
+A writer that keeps the best checkpoints or every N-th step (``keep_best``/``keep_period``)
+also records its rule and each listed checkpoint's metric (``nan``: none), so a restart keeps the
+same ones and ``ls`` says why each is kept::
+
+    all_model_checkpoint_metrics: 0.25
+    all_model_checkpoint_metrics: nan
+    max_to_keep: 1
+    keep_best: 2
+    best_mode: "min"
+    best_metric: "loss"
+
 Paths are written relative to the logdir, oldest first; ``model_checkpoint_path`` is what a
 restore picks, and a person may edit it by hand to restart from an older checkpoint. The file is
 rewritten atomically through the logdir's `supervisor.checkpoint.storage.Storage` (locally: temp
@@ -37,13 +48,14 @@ from supervisor.checkpoint.storage import ObjectInfo, Storage, is_url, split_sch
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index", "replace_index",
            "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
-           "EmptyIndexError"]
+           "EmptyIndexError", "keep_entries"]
 
 logger = logging.getLogger(__name__)
 
 _LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*(.*?)\s*$")
-_STRING_KEYS = ("model_checkpoint_path", "all_model_checkpoint_paths")
-_FLOAT_KEYS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
+_STRING_KEYS = ("model_checkpoint_path", "all_model_checkpoint_paths", "best_mode", "best_metric")
+_FLOAT_KEYS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp", "all_model_checkpoint_metrics")
+_INT_KEYS = ("max_to_keep", "keep_best", "keep_period")  # the retention rule, when it goes beyond TF's
 _INDEX_MAX_BYTES = 16 << 20  # a text file of checkpoint names: never this large
 _ANY_CHECKPOINT_NAME = re.compile(r"[^./\\][^/\\]*-\d+")
 
@@ -62,6 +74,10 @@ class CheckpointState:
         all_model_checkpoint_timestamps: when each of those was saved (seconds since the epoch).
         last_preserved_timestamp: when the last checkpoint kept by
             ``keep_checkpoint_every_n_hours`` was saved (None when never written).
+        all_model_checkpoint_metrics: each listed checkpoint's metric (NaN: none), written by a
+            writer with ``keep_best``; empty otherwise.
+        max_to_keep, keep_best, keep_period, best_mode, best_metric: the retention rule of a
+            writer with ``keep_best`` or ``keep_period`` (None otherwise).
         version: the version of the index file it was read from (`read_index`; the ETag on
             an object store), which `replace_index` requires; not part of its value.
     """
@@ -70,12 +86,18 @@ class CheckpointState:
     all_model_checkpoint_paths: tuple[str, ...] = ()
     all_model_checkpoint_timestamps: tuple[float, ...] = ()
     last_preserved_timestamp: float | None = None
+    all_model_checkpoint_metrics: tuple[float, ...] = ()
+    max_to_keep: int | None = None
+    keep_best: int | None = None
+    keep_period: int | None = None
+    best_mode: str | None = None
+    best_metric: str | None = None
     version: str | None = field(default=None, compare=False, repr=False)
 
 
 def parse_index(text: str) -> CheckpointState:
     """Parses the text format; `ValueError` names the offending line."""
-    values: dict[str, list] = {key: [] for key in _STRING_KEYS + _FLOAT_KEYS}
+    values: dict[str, list] = {key: [] for key in _STRING_KEYS + _FLOAT_KEYS + _INT_KEYS}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -84,19 +106,19 @@ def parse_index(text: str) -> CheckpointState:
             raise ValueError(f"line {number} is not a checkpoint index field: {line!r}")
         key, raw = match.groups()
         try:
-            values[key].append(_unquote(raw) if key in _STRING_KEYS else float(raw))
+            values[key].append(_unquote(raw) if key in _STRING_KEYS else int(raw) if key in _INT_KEYS else float(raw))
         except ValueError as e:
             raise ValueError(f"line {number} ({key}) has a malformed value {raw!r}: {e}") from e
     latest = values["model_checkpoint_path"]
     if not latest or not latest[-1]:
         raise EmptyIndexError("it names no model_checkpoint_path")
-    preserved = values["last_preserved_timestamp"]
+    last = {key: values[key][-1] if values[key] else None
+            for key in ("last_preserved_timestamp", "best_mode", "best_metric") + _INT_KEYS}
     return CheckpointState(
         model_checkpoint_path=latest[-1],
         all_model_checkpoint_paths=tuple(values["all_model_checkpoint_paths"]),
         all_model_checkpoint_timestamps=tuple(values["all_model_checkpoint_timestamps"]),
-        last_preserved_timestamp=preserved[-1] if preserved else None,
-    )
+        all_model_checkpoint_metrics=tuple(values["all_model_checkpoint_metrics"]), **last)
 
 
 def format_index(state: CheckpointState) -> str:
@@ -105,6 +127,10 @@ def format_index(state: CheckpointState) -> str:
     lines += [f"all_model_checkpoint_timestamps: {float(t)!r}" for t in state.all_model_checkpoint_timestamps]
     if state.last_preserved_timestamp is not None:
         lines.append(f"last_preserved_timestamp: {float(state.last_preserved_timestamp)!r}")
+    lines += [f"all_model_checkpoint_metrics: {float(m)!r}" for m in state.all_model_checkpoint_metrics]
+    lines += [f"{key}: {getattr(state, key)}" for key in _INT_KEYS if getattr(state, key) is not None]
+    lines += [f"{key}: {_quote(getattr(state, key))}" for key in ("best_mode", "best_metric")
+              if getattr(state, key) is not None]
     return "\n".join(lines) + "\n"
 
 
@@ -302,14 +328,21 @@ def trusted_index(index: CheckpointState, directory: str, basename: str, *,
         return name
 
     latest = accept("model_checkpoint_path", index.model_checkpoint_path) or ""
-    paths = index.all_model_checkpoint_paths
-    timed = len(index.all_model_checkpoint_timestamps) == len(paths)
-    stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
-    kept = [(n, t) for p, t in zip(paths, stamps, strict=True)
+    kept = [(n, i) for i, p in enumerate(index.all_model_checkpoint_paths)
             if (n := accept("all_model_checkpoint_paths", p)) is not None]
-    trusted = replace(index, model_checkpoint_path=latest, all_model_checkpoint_paths=tuple(n for n, _ in kept),
-                      all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
-    return trusted, ignored
+    return keep_entries(replace(index, model_checkpoint_path=latest), kept), ignored
+
+
+def keep_entries(index: CheckpointState, kept: list[tuple[str, int]]) -> CheckpointState:
+    """``index`` listing only ``kept`` (name, position in the list), with their timestamps and
+    metrics when the index has one per listed path (so every rewrite keeps them aligned)."""
+    count = len(index.all_model_checkpoint_paths)
+
+    def parallel(values: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(values[i] for _, i in kept) if len(values) == count else ()
+    return replace(index, all_model_checkpoint_paths=tuple(n for n, _ in kept),
+                   all_model_checkpoint_timestamps=parallel(index.all_model_checkpoint_timestamps),
+                   all_model_checkpoint_metrics=parallel(index.all_model_checkpoint_metrics))
 
 
 def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
@@ -318,19 +351,15 @@ def relative_index(index: CheckpointState, directory: str) -> CheckpointState:
     so nothing that acts on the result (retention, pruning) can touch them. Prefer
     `trusted_index`, which also checks the basename."""
     directory = os.path.abspath(directory)
-    paths = index.all_model_checkpoint_paths
-    timed = len(index.all_model_checkpoint_timestamps) == len(paths)
-    stamps = index.all_model_checkpoint_timestamps if timed else (0.0,) * len(paths)
     kept = []
-    for path, stamp in zip(paths, stamps, strict=True):
+    for i, path in enumerate(index.all_model_checkpoint_paths):
         name, problem = entry_problem(directory, path)
         if problem is None:
-            kept.append((name, stamp))
+            kept.append((name, i))
         else:
             logger.warning("ignoring the checkpoint index entry all_model_checkpoint_paths %r in %s: %s",
                            path, os.path.join(directory, INDEX_FILE), problem)
-    return replace(index, all_model_checkpoint_paths=tuple(r for r, _ in kept),
-                   all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
+    return keep_entries(index, kept)
 
 
 # ---------------------------------------------------------------- text-format strings

@@ -20,7 +20,7 @@ import torch
 
 from supervisor import distributed
 from supervisor.distributed import rng as distributed_rng
-from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_lock, check_number
+from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_lock
 from supervisor.checkpoint.commit import write_checkpoint
 from supervisor.checkpoint.fileio import Opener
 from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_payload
@@ -37,6 +37,7 @@ from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, dis
 from supervisor.checkpoint.staging import StagingArea
 from supervisor.checkpoint.writer import BackgroundWriter
 from supervisor.checkpoint.manager_common import ManagerCommon, before_commit
+from supervisor.checkpoint.best import MetricKeeper, ReportsMetrics, check_retention
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -48,7 +49,7 @@ __all__ = ["CheckpointManager"]
 logger = logging.getLogger(__name__)
 
 
-class CheckpointManager(ManagerCommon):
+class CheckpointManager(ReportsMetrics, ManagerCommon):
     """Writes checkpoints of a `TrainingState` into ``directory`` and restores the newest good one.
 
     Example::
@@ -63,8 +64,10 @@ class CheckpointManager(ManagerCommon):
     Args:
         directory: the logdir (created if missing).
         basename: checkpoints are ``<basename>-<step>`` directories.
-        max_to_keep: how many recent checkpoints retention keeps (None: all).
-        keep_checkpoint_every_n_hours: additionally keep one checkpoint per this many hours.
+        max_to_keep, keep_checkpoint_every_n_hours: keep this many recent checkpoints (None: all), and one per hours.
+        keep_best, best_metric, best_mode, keep_period: also keep the ``keep_best`` best by ``best_metric`` (a name
+            or ``fn(metrics) -> float``; ``best_mode`` "min"/"max"; `report_metrics`), and forever every checkpoint
+            whose step is a multiple of ``keep_period`` (`supervisor.checkpoint.best`).
         save_mode: ``"async"`` (write in a background thread) or ``"sync"`` (write in ``save``).
         verify: ``"full"`` (sizes and checksums) or ``"size"`` (sizes only) before restoring.
         max_consecutive_save_failures: None (default): the first failed save is fatal. K: a
@@ -113,22 +116,22 @@ class CheckpointManager(ManagerCommon):
         max_consecutive_save_failures: int | None = None, trusted_globals: Iterable[Any] = (),
         save_rng: bool = True, clock: Clock | None = None, on_error: Callable[[CheckpointError], Any] | None = None,
         opener: Opener | None = None, capture: str = "auto", copier: Copier | None = None, lock: str = "auto",
-        lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.directory = check_directory(directory)
-        self.basename = check_basename(basename)
-        self.max_to_keep = check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True)
-        self.keep_checkpoint_every_n_hours = check_number(
-            "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True, allow_none=True)
-        self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
-        self.verify = check_choice("verify", verify, VERIFY_MODES)
+        lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None, keep_best: int | None = None,
+        best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None) -> None:
+        self.directory, self.basename = check_directory(directory), check_basename(basename)
+        self.retention_rule = check_retention(max_to_keep=max_to_keep, keep_best=keep_best, best_metric=best_metric,
+                                              keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                                              best_mode=best_mode, keep_period=keep_period)
+        self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
+        self._metrics = MetricKeeper(best_metric)
+        self.save_mode, self.verify = check_choice("save_mode", save_mode, ("async", "sync")), check_choice(
+            "verify", verify, VERIFY_MODES)
         self.max_consecutive_save_failures = check_int(
             "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True)
-        self.trusted_globals = check_trusted_globals(trusted_globals)
-        self.save_rng = check_bool("save_rng", save_rng)
+        self.trusted_globals, self.save_rng = check_trusted_globals(trusted_globals), check_bool("save_rng", save_rng)
         self._clock = resolve_clock(clock)
-        self.on_error = check_callable("on_error", on_error, signature="on_error(CheckpointError)")
-        self._opener = check_callable("opener", opener, signature="opener(path) -> binary file")
+        self.on_error, self._opener = check_callable("on_error", on_error, signature="on_error(CheckpointError)"), \
+            check_callable("opener", opener, signature="opener(path) -> binary file")
         self.storage: Storage = writer_storage(self.directory, storage_options, self._opener)
         self.capture = check_capture(capture)
         self._copier = check_copier(copier)
@@ -136,11 +139,8 @@ class CheckpointManager(ManagerCommon):
         self.on_commit: Callable[[int, str], Any] | None = None
         self.lock, self.lease_secs = check_lock(lock, lease_secs, self.directory, object_store=is_url(self.directory))
         self._lock: WriterLock | None = None  # taken by open()
-        self._writer = BackgroundWriter()
-        self._staging = StagingArea()
-        self._mutex = threading.Lock()
-        self._publisher = Publisher(self.storage, self.directory, self.basename, max_to_keep=self.max_to_keep,
-                                    keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours, writer=self)
+        self._writer, self._staging, self._mutex = BackgroundWriter(), StagingArea(), threading.Lock()
+        self._publisher = Publisher(self.storage, self.directory, self.basename, rule=self.retention_rule, writer=self)
         self._opened = self._closed = False
         self._last_saved_step: int | None = None
         self._last_committed_step: int | None = None
@@ -254,8 +254,8 @@ class CheckpointManager(ManagerCommon):
         durable = self._take_durable()
         step = self._begin_save(step, state, is_open=self._opened and not self._closed, kind="checkpoint manager")
         name = checkpoint_name(self.basename, step)
-        timestamp = self._clock.time()
-        start = time.perf_counter()
+        self._metrics.take(step, name)  # the metric reported for this step (report_metrics)
+        timestamp, start = self._clock.time(), time.perf_counter()
         # A save the caller waits for writes the live CPU tensors: the caller is blocked until the
         # commit, so nothing changes them meanwhile (and the copy is a third of a 64 MiB save).
         payload, pending = self._capture(step, state, copy=not (wait or self.save_mode == "sync"), rng_states=rng_states)
@@ -350,7 +350,7 @@ class CheckpointManager(ManagerCommon):
         """Index first (the new checkpoint is restorable), then retention (SPEC §5.1 steps 5–6):
         for each commit of this manager, and of the sharded manager's chief
         (`publish.Publisher.publish`)."""
-        self._publisher.publish(name, timestamp)
+        self._publisher.publish(name, timestamp, self._metrics.pop(name))
 
     def remove_dropped(self) -> None:
         """Deletes what retention dropped, after the save reported done (`publish.Publisher`)."""

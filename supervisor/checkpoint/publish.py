@@ -43,20 +43,24 @@ class Publisher:
         directory: the logdir, in the storage's spelling.
         basename: checkpoints are ``<basename>-<step>``.
         max_to_keep, keep_checkpoint_every_n_hours: retention's rules (`retention.sweep`).
+        rule: the whole rule instead (``keep_best``, ``keep_period``: `retention.RetentionRule`).
         writer: the manager writing (None: no lock): its ``writer_generation()`` (the lease
             generation, recorded in each index write: it fences a paused former holder,
             fencing.py) and ``check_writer()`` (raises once it lost its lease: retention then
             deletes nothing).
     """
 
-    def __init__(self, storage: Storage, directory: str, basename: str, *, max_to_keep: int | None,
-                 keep_checkpoint_every_n_hours: float | None, writer: Any = None) -> None:
+    def __init__(self, storage: Storage, directory: str, basename: str, *, max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = 10000.0, writer: Any = None,
+                 rule: retention.RetentionRule | None = None) -> None:
         self.storage = storage
         self.directory = directory
         self.basename = basename
-        self.max_to_keep = max_to_keep
-        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+        self.rule = rule if rule is not None else retention.RetentionRule(max_to_keep, keep_checkpoint_every_n_hours)
+        self.max_to_keep = self.rule.max_to_keep
+        self.keep_checkpoint_every_n_hours = self.rule.keep_checkpoint_every_n_hours
         self.retention: retention.RetentionState | None = None
+        self._latest: str | None = None  # the newest name published
         #: The version of the index this writer read or last wrote (None: there was none).
         self.index_version: str | None = None
         self._dropped: list[str] = []
@@ -78,7 +82,9 @@ class Publisher:
         recover_interrupted_replacements(self.directory, indexed_names(index), self.storage)
         clean_transient(self.directory, self.storage, self.basename)
         present = set(self.storage.listdir(self.directory))
-        self.retention = retention.recover(index, now, present=present)
+        self.retention = retention.recover(index, now, present=present, best_metric=self.rule.best_metric,
+                                           keep_period=self.rule.keep_period)
+        self._latest = index.model_checkpoint_path if index is not None else None
         if index is not None:
             gone = [p for p in index.all_model_checkpoint_paths if p not in present]
             if gone:
@@ -105,17 +111,33 @@ class Publisher:
         except FileNotFoundError:
             return None
 
-    def publish(self, name: str, timestamp: float) -> None:
-        """Index first (the new checkpoint is restorable), then retention.
+    def publish(self, name: str, timestamp: float, metric: float | None = None) -> None:
+        """Index first (the new checkpoint is restorable, with its ``metric``), then retention.
 
         Raises:
             PreconditionFailedError: another writer replaced the index since this one read or
                 wrote it; nothing was written or deleted.
             OSError: the index could not be written.
         """
-        recorded = retention.record(self.retention, name, timestamp)
-        self._write_index(retention.to_index(recorded, name))
+        recorded = retention.with_metric(retention.record(self.retention, name, timestamp), name, metric)
+        self._write_index(retention.to_index(recorded, name, self.rule))
+        self.retention, self._latest = recorded, name
+        self._retain_safely(name)
+
+    def record_metric(self, name: str, metric: float) -> bool:
+        """Records the ``metric`` of the committed checkpoint ``name`` that arrived after its
+        commit (an evaluation at the end, after the final save), then applies retention; the
+        caller makes sure no save is being published meanwhile. False when ``name`` is not
+        managed (deleted already, or never published by this writer)."""
+        if self.retention is None or name not in self.retention.names or self._latest is None:
+            return False
+        recorded = retention.with_metric(self.retention, name, metric)
+        self._write_index(retention.to_index(recorded, self._latest, self.rule))
         self.retention = recorded
+        self._retain_safely(self._latest)
+        return True
+
+    def _retain_safely(self, name: str) -> None:
         try:
             self._retain(name)
         except PreconditionFailedError:
@@ -139,8 +161,7 @@ class Publisher:
         self.index_version = written.version
 
     def _retain(self, latest: str) -> None:
-        result = retention.sweep(self.retention, max_to_keep=self.max_to_keep,
-                                 keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours)
+        result = self.rule.sweep(self.retention)
         if not (result.delete or result.preserve):
             return
         if result.delete:
@@ -157,7 +178,7 @@ class Publisher:
         # listed half-deleted checkpoint.
         asides = [a for a in (move_aside(self.storage.join(self.directory, n), storage=self.storage)
                               for n in result.delete) if a]
-        self._write_index(retention.to_index(result.state, latest))
+        self._write_index(retention.to_index(result.state, latest, self.rule))
         self.retention = result.state
         with self._mutex:
             self._dropped.extend(asides)

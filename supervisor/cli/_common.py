@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from supervisor.checkpoint import (
@@ -24,10 +25,11 @@ from supervisor.checkpoint import (
     verify_checkpoint,
 )
 from supervisor.checkpoint.lock import read_owner_record
+from supervisor.checkpoint.retention import RetentionRule, RetentionState, kept_reasons, rule_of
 from supervisor.cli._paths import NAME_WITH_STEP
 from supervisor.errors import CheckpointError, LogdirInUseError
 
-__all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one",
+__all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "CheckpointRow", "Listing", "scan_logdir", "check_one", "annotate_retention",
            "writer_lock", "writer_note", "Refused", "format_bytes", "format_age", "table", "print_json", "error",
            "index_membership", "help_text", "summary", "EXIT_BROKEN_PIPE", "output_cut_short", "basename_from_index",
            "step_in", "DEFAULT_BASENAME"]
@@ -50,6 +52,8 @@ class CheckpointRow:
     in_index: bool       # listed in all_model_checkpoint_paths (managed by retention)
     wall_time: float | None
     bytes: int
+    metric: float | None = None  # the metric keep_best ranks it by, as the index records it (ls)
+    kept: list[str] = field(default_factory=list)  # why retention keeps it: newest, best, period, hours (ls)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +72,25 @@ class Listing:
     @property
     def problems(self) -> bool:
         return self.index_problem is not None or any(not r.verified for r in self.rows)
+
+
+def annotate_retention(index: CheckpointState | None, rows: list[CheckpointRow]) -> None:
+    """Sets each row's ``metric`` and ``kept`` from the logdir's index (`retention.kept_reasons`
+    on the rule the index records; without one, TF's: every listed checkpoint is among the newest)."""
+    if index is None:
+        return
+    names = tuple(os.path.basename(p.rstrip("/")) for p in index.all_model_checkpoint_paths)
+    metrics = index.all_model_checkpoint_metrics if len(index.all_model_checkpoint_metrics) == len(names) else ()
+    state = RetentionState(tuple((n, 0.0) for n in names), 0.0,
+                           {n: m for n, m in zip(names, metrics) if math.isfinite(m)})
+    reasons = kept_reasons(state, rule_of(index) or RetentionRule(max_to_keep=None))
+    preserved = index.last_preserved_timestamp
+    for row in rows:
+        row.metric = state.metrics.get(row.name)
+        row.kept = list(reasons.get(row.name, ()))
+        if row.name not in reasons and row.verified and preserved is not None and row.wall_time is not None \
+                and row.wall_time <= preserved:
+            row.kept = ["hours"]
 
 
 def scan_logdir(logdir: str, *, basename: str | None = None, verify: str = "full") -> Listing:

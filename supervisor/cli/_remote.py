@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from supervisor.checkpoint import CheckpointState, MANIFEST_FILE, list_committed, read_index, verify_checkpoint
-from supervisor.checkpoint.index import entry_problem
+from supervisor.checkpoint.index import entry_problem, keep_entries
 from supervisor.checkpoint.lease import Lease
 from supervisor.checkpoint.lock import acquire_writer_lock
 from supervisor.checkpoint.records import parse_json
@@ -140,12 +139,9 @@ def names_in_index(url: str, index: CheckpointState | None) -> tuple[str | None,
 def relative_url_index(url: str, index: CheckpointState) -> CheckpointState:
     """`supervisor.checkpoint.relative_index` for a URL: the listed entries that are checkpoints
     directly under ``url``, as names (with their times); others are left out."""
-    paths, stamps = index.all_model_checkpoint_paths, index.all_model_checkpoint_timestamps
-    timed = len(stamps) == len(paths)
-    kept = [(n, t) for p, t in zip(paths, stamps if timed else (0.0,) * len(paths))
+    kept = [(n, i) for i, p in enumerate(index.all_model_checkpoint_paths)
             if (n := entry_problem(url, p)[0]) is not None]
-    return replace(index, all_model_checkpoint_paths=tuple(n for n, _ in kept),
-                   all_model_checkpoint_timestamps=tuple(t for _, t in kept) if timed else ())
+    return keep_entries(index, kept)
 
 
 def scan(storage: Storage, url: str, *, basename: str | None = None, verify: str = "full") -> Listing:

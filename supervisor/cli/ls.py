@@ -7,15 +7,21 @@ verification or the index is unreadable or names a missing checkpoint, or ``LOGD
 exist; 2 when ``LOGDIR`` is a checkpoint directory, the index file, a file of a checkpoint or a
 directory holding log directories but no checkpoint of its own (the message names what to pass).
 A log directory without any checkpoint yet lists none, exit code 0.
+
+Why each checkpoint is kept (``kept`` in ``--json``; a KEPT column when the writer kept the best
+or every N-th step, with a METRIC column for the recorded metric): ``newest`` (among the newest
+``max_to_keep``), ``best`` (among the ``keep_best`` best by ``best_metric``), ``period`` (its step
+is a multiple of ``keep_period``), ``hours`` (preserved by ``keep_checkpoint_every_n_hours``).
 """
 from __future__ import annotations
 
 import argparse
 
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
-    print_json, scan_logdir, summary, table, writer_note
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, annotate_retention, error, \
+    format_age, format_bytes, print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
+from supervisor.checkpoint.retention import RetentionRule, rule_of
 
 __all__ = ["add_parser", "run", "render"]
 
@@ -61,6 +67,7 @@ def _run_url(args: argparse.Namespace) -> int:
 
 
 def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -> int:
+    annotate_retention(listing.index, listing.rows)
     if args.json:
         print_json([row.to_json() for row in listing.rows])
         if listing.index_problem:
@@ -87,14 +94,29 @@ def render(listing: Listing, note: str | None = None) -> str:
         lines.append(f"index problem: {listing.index_problem}")
     if not rows:
         return "\n".join(lines + ["(no checkpoints)"])
+    ranked = listing.index is not None and rule_of(listing.index) is not None
     body = []
     for r in rows:
         status = "ok" if r.verified else f"FAILED: {r.reason}"
-        if not r.in_index and not r.indexed and r.verified:
+        if not r.in_index and not r.indexed and r.verified and r.kept != ["hours"]:
             status += " (not in the index: retention never deletes it)"
-        body.append(["*" if r.indexed else "", "?" if r.step is None else str(r.step), r.name,
-                     format_age(r.wall_time), format_bytes(r.bytes) if r.bytes else "-", status])
-    lines.append(table(["", "STEP", "NAME", "SAVED", "SIZE", "STATUS"], body, right=(1, 4)))
+        cells = ["*" if r.indexed else "", "?" if r.step is None else str(r.step), r.name,
+                 format_age(r.wall_time), format_bytes(r.bytes) if r.bytes else "-"]
+        extra = ["-" if r.metric is None else f"{r.metric:.6g}", ",".join(r.kept) or "-"] if ranked else []
+        body.append(cells + extra + [status])
+    header = ["", "STEP", "NAME", "SAVED", "SIZE"] + (["METRIC", "KEPT"] if ranked else []) + ["STATUS"]
+    lines.append(table(header, body, right=(1, 4, 5) if ranked else (1, 4)))
     if named:
         lines.append("(* = the checkpoint the index points at: a restart restores it)")
+    if ranked:
+        lines.append(_kept_legend(rule_of(listing.index)))
     return "\n".join(lines)
+
+
+def _kept_legend(rule: RetentionRule) -> str:
+    parts = [f"newest = among the newest max_to_keep={rule.max_to_keep}"]
+    if rule.keep_best:
+        parts.append(f"best = among the keep_best={rule.keep_best} best by {rule.best_metric} ({rule.best_mode})")
+    if rule.keep_period:
+        parts.append(f"period = a step that is a multiple of keep_period={rule.keep_period} (kept forever)")
+    return f"(KEPT: {'; '.join(parts)}; hours = keep_checkpoint_every_n_hours)"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from supervisor.checkpoint import (
     CheckpointReader,
@@ -43,6 +43,7 @@ from supervisor.checkpoint import (
     step_of,
     write_index,
 )
+from supervisor.checkpoint.index import keep_entries
 from supervisor.checkpoint.safe_globals import UntrustedCheckpointError
 from supervisor.checkpoint.storage import Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
@@ -158,10 +159,8 @@ def drop_from_index(logdir: str, index: CheckpointState, names: list[str], *, ba
         print(f"left alone {name}: {problem}")
     names = [n for n in names if n not in refused]
     dropped = set(names) | set(forget)
-    keep = [(p, t) for p, t in _with_times(index) if p not in dropped]
-    timed = len(index.all_model_checkpoint_timestamps) == len(index.all_model_checkpoint_paths)
-    write_index(logdir, replace(index, all_model_checkpoint_paths=tuple(p for p, _ in keep),
-                                all_model_checkpoint_timestamps=tuple(t for _, t in keep) if timed else ()), storage)
+    keep = [(p, i) for i, p in enumerate(index.all_model_checkpoint_paths) if p not in dropped]
+    write_index(logdir, keep_entries(index, keep), storage)  # times and metrics stay with their checkpoints
     failures = 0
     for name in names:
         try:
@@ -173,13 +172,6 @@ def drop_from_index(logdir: str, index: CheckpointState, names: list[str], *, ba
             continue
         print(f"deleted {name}" if removed else f"{name} was already gone")
     return failures
-
-
-def _with_times(index: CheckpointState) -> list[tuple[str, float]]:
-    stamps = index.all_model_checkpoint_timestamps
-    if len(stamps) != len(index.all_model_checkpoint_paths):
-        stamps = (0.0,) * len(index.all_model_checkpoint_paths)
-    return list(zip(index.all_model_checkpoint_paths, stamps))
 
 
 def _basename_of(index: CheckpointState) -> str | None:

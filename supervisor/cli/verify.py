@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from supervisor.checkpoint import read_index
-from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, check_one, error, \
-    format_bytes, index_membership, print_json, scan_logdir, summary, table
+from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, annotate_retention, check_one, \
+    error, format_bytes, index_membership, print_json, scan_logdir, summary, table
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._remote import (UrlProblem, add_storage_options, check_url, connect, is_checkpoint, is_url,
                                     missing, names_in_index, scan)
@@ -51,9 +52,11 @@ def run(args: argparse.Namespace) -> int:
         rows = [check_one(path, basename=basename, verify=mode, indexed=indexed, in_index=in_index,
                           index_time=index_time)]
         problem = None
+        annotate_retention(_index_or_none(os.path.dirname(path)), rows)
     else:
         listing = scan_logdir(path, verify=mode)
         rows, problem = listing.rows, listing.index_problem
+        annotate_retention(listing.index, rows)
         if not rows:
             problem = problem or f"{args.path} holds no checkpoint"
     return _report(args, rows, problem, mode)
@@ -66,16 +69,25 @@ def _url_rows(args: argparse.Namespace, mode: str) -> tuple[list[CheckpointRow],
     storage = connect(url, args)
     if is_checkpoint(storage, url):
         logdir, name = storage.dirname(url), storage.basename(url)
-        try:
-            named, listed = names_in_index(logdir, read_index(logdir, storage))
-        except (ValueError, OSError):
-            named, listed = None, []
-        return [check_url(storage, logdir, name, verify=mode, indexed=name == named, in_index=name in listed)], None
+        index = _index_or_none(logdir, storage)
+        named, listed = names_in_index(logdir, index) if index is not None else (None, [])
+        rows = [check_url(storage, logdir, name, verify=mode, indexed=name == named, in_index=name in listed)]
+        annotate_retention(index, rows)
+        return rows, None
     gone = missing(storage, url)
     if gone:
         return [CheckpointRow(None, url, storage.basename(url), False, "does not exist", False, False, None, 0)], gone
     listing = scan(storage, url, verify=mode)
+    annotate_retention(listing.index, listing.rows)
     return listing.rows, listing.index_problem or (None if listing.rows else f"{args.path} holds no checkpoint")
+
+
+def _index_or_none(logdir: str, storage: Any = None) -> Any:
+    """The logdir's index as written, None when it is missing or unreadable (as ``ls`` shows it)."""
+    try:
+        return read_index(logdir, storage)
+    except (ValueError, OSError):
+        return None
 
 
 def _report(args: argparse.Namespace, rows: list[CheckpointRow], problem: str | None, mode: str) -> int:

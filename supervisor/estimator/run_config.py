@@ -25,6 +25,7 @@ from typing import Any
 from supervisor import _validate as v
 from supervisor import distributed
 from supervisor._paths import check_logdir, is_url, local_path
+from supervisor.checkpoint.best import check_retention
 
 __all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max", "resolve_config"]
 
@@ -66,6 +67,10 @@ class RunConfig:
             refused, as by every front door's ``max_to_keep``: TF's ``Saver`` read 0 as "keep
             all", which reads as "keep none"; say None.
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
+        keep_best, best_metric, best_mode, keep_period: also keep the ``keep_best`` best checkpoints
+            by ``best_metric`` and every ``keep_period``-th step (`Supervisor`'s arguments). In local
+            ``train_and_evaluate`` the evaluation's metrics rank the checkpoints it evaluates;
+            otherwise (``train``, or a chief beside an evaluator task) the step outputs' do.
         log_step_count_steps: log the loss and write ``global_step/sec`` every this many steps.
         task_type: ``"chief"``, ``"worker"``, ``"evaluator"`` or None (see the module docs).
         task_id: this task's index among its type (default 0).
@@ -92,6 +97,10 @@ class RunConfig:
     task_id: int
     lock: str
     lease_secs: float | None
+    keep_best: int | None
+    best_metric: Any
+    best_mode: str
+    keep_period: int | None
     storage_options: dict[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __init__(self, model_dir: str | os.PathLike, save_checkpoints_secs: Any = _USE_DEFAULT,
@@ -99,13 +108,16 @@ class RunConfig:
                  keep_checkpoint_max: int | None = 5, keep_checkpoint_every_n_hours: float = 10000,
                  log_step_count_steps: int = 100, task_type: str | None = None,
                  task_id: int | None = None, lock: str = "auto", lease_secs: float | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, keep_best: int | None = None, best_metric: Any = None,
+                 best_mode: str = "min", keep_period: int | None = None) -> None:
         if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
             raise TypeError(f"model_dir must be a non-empty directory path, got {model_dir!r}")
         model_dir = check_logdir("model_dir", model_dir, allow_none=False, storage_options=storage_options)
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
         lock, lease_secs = v.check_lock(lock, lease_secs, model_dir, object_store=is_url(model_dir))
+        check_retention(max_to_keep=keep_checkpoint_max, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                        keep_best=keep_best, best_metric=best_metric, best_mode=best_mode, keep_period=keep_period)
         fields = {
             "model_dir": os.fspath(model_dir),
             "save_checkpoints_secs": secs,
@@ -119,6 +131,7 @@ class RunConfig:
             "task_id": task_id,
             "lock": lock,
             "lease_secs": lease_secs,
+            "keep_best": keep_best, "best_metric": best_metric, "best_mode": best_mode, "keep_period": keep_period,
             "storage_options": dict(storage_options) if storage_options else None,  # checked by check_logdir
         }
         for name, value in fields.items():

@@ -37,7 +37,9 @@ def training_session(config: RunConfig, model: Any, optimizer: Any, state: Mappi
         save_summaries_steps=config.save_summary_steps or None, save_summaries_secs=None,
         log_step_count_steps=config.log_step_count_steps or None, max_to_keep=config.keep_checkpoint_max,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours, lock=config.lock,
-        lease_secs=config.lease_secs, storage_options=config.storage_options, clock=clock, init_fn=init_fn)
+        lease_secs=config.lease_secs, storage_options=config.storage_options, clock=clock, init_fn=init_fn,
+        keep_best=config.keep_best, best_metric=config.best_metric, best_mode=config.best_mode,
+        keep_period=config.keep_period)
     session_box.append(session)
     return session
 

@@ -143,6 +143,12 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
     def begin(self) -> None:
         self._last_start = None
 
+    def before_save(self, session: Any, global_step_value: int) -> None:
+        # keep_best (RunConfig): the evaluation's metrics rank the checkpoints, never the step outputs.
+        metrics = getattr(session.checkpoint_manager, "metrics", None)
+        if metrics is not None:
+            metrics.expect_evaluation()
+
     def after_save(self, session: Any, global_step_value: int) -> None:
         if global_step_value == self._start_step or global_step_value in self._evaluated:
             return  # the creation save (TF skipped it too), or a step evaluated before
@@ -176,6 +182,9 @@ class EvaluateAfterSaveListener(CheckpointSaverListener):
         manager = session.checkpoint_manager
         path = join(manager.directory, checkpoint_name(manager.basename, step))
         self.evaluate_path(path, step, final=final)
+        if self.result is not None and self.result.metrics.get("global_step") == step \
+                and hasattr(manager, "report_metrics"):
+            manager.report_metrics(step, self.result.metrics)  # keep_best: recorded with the checkpoint
 
     def evaluate_path(self, path: str, step: int, *, final: bool) -> None:
         """Evaluates (and exports) the checkpoint of ``step`` at ``path`` now; it counts for the

