@@ -23,9 +23,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._paths import check_logdir, check_restore_step, is_url
-from supervisor.checkpoint import CheckpointManager, check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint import check_capture, check_trusted_globals, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.checkpoint.storage import options_for
+from supervisor.checkpoint.tier_options import TIER_ARGUMENTS, check_tiers, pop_tiers
+from supervisor.checkpoint.tiered import make_manager
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
@@ -97,6 +99,9 @@ class Supervisor:
         summary_sinks: where the chief's scalars go besides TensorBoard, e.g.
             ``[supervisor.sinks.MLflowSink(experiment_name="x")]``; a stateful sink is checkpointed
             (an optional entry), so a resumed job continues the same MLflow run.
+        local_dir, persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs:
+            checkpoint tiers (SPEC §17) as `MonitoredTrainingSession`: saves go to the node-local
+            ``local_dir``, one every K steps or T seconds (default 600 s) is copied to ``logdir``.
     """
 
     def __init__(
@@ -110,15 +115,17 @@ class Supervisor:
         save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
         clock: Clock | None = None, checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None) -> None:
+        summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None,
+        local_dir: str | os.PathLike | None = None, persist_every_steps: int | None = None, persist_every_secs:
+        float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                     storage_options=storage_options)
         self._sinks, state = prepare_sinks(summary_sinks, state, is_chief=self._is_chief, logdir=self._logdir,
                                            writes_summaries=save_summaries_secs)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
-        self._hooks = v.check_hooks("hooks", hooks)
-        self._init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
+        self._hooks, self._init_fns = v.check_hooks("hooks", hooks), check_session_fns(
+            init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
         self._summary_fn = v.check_callable("summary_fn", summary_fn, signature="summary_fn(session) -> dict")
         self._save_model_secs = v.check_number("save_model_secs", save_model_secs, minimum=0)
         self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)
@@ -126,7 +133,7 @@ class Supervisor:
             basename=checkpoint_basename, max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
             storage_options=dict(storage_options) if storage_options else None,  # checked by check_logdir
-            logdir=self._logdir, restore_step=restore_step)
+            logdir=self._logdir, restore_step=restore_step, **{n: a for n, a in locals().items() if n in TIER_ARGUMENTS})
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -134,8 +141,7 @@ class Supervisor:
         self._recoverable, self._max_recoveries = (check_exception_types(recoverable_exceptions),
                                                    v.check_int("max_recoveries", max_recoveries, minimum=0))
         self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
-        self._handle_signals = v.check_bool("handle_signals", handle_signals)
-        self._clock = resolve_clock(clock)
+        self._handle_signals, self._clock = v.check_bool("handle_signals", handle_signals), resolve_clock(clock)
         self._session: MonitoredSession | None = None
         self._coord, self._last_step, self._lock = Coordinator(), 0, threading.Lock()
 
@@ -293,10 +299,11 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
                              save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
                              lock: Any = "auto", lease_secs: Any = None,
                              storage_options: dict[str, Any] | None = None, logdir: str | None = None,
-                             restore_step: Any = None) -> dict[str, Any]:
+                             restore_step: Any = None, **tiers: Any) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction
     (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
-    checked checkpoint directory, which ``lock``/``lease_secs`` must suit)."""
+    checked checkpoint directory, which ``lock``/``lease_secs`` must suit; ``tiers``: the checkpoint-tier
+    arguments, `supervisor.checkpoint.tier_options.check_tiers`)."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
     lock, lease_secs = v.check_lock(lock, lease_secs, logdir, object_store=logdir is not None and is_url(logdir))
@@ -312,6 +319,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         "capture": check_capture(capture),
         "storage_options": storage_options,
         "restore_step": check_restore_step(restore_step, logdir, basename),
+        **check_tiers(**tiers, logdir=logdir),
     }
 
 
@@ -320,8 +328,11 @@ CHECKPOINT_FORMATS = ("torch", "dcp")
 
 
 def _restore_step(options: dict[str, Any], checkpoint_format: str) -> Any:
-    """Pops ``restore_step`` from ``options``: the chief's creator's (sharded checkpoints: not yet)."""
+    """Pops ``restore_step`` from ``options``: the chief's creator's (sharded checkpoints: not yet, nor the
+    checkpoint tiers, whose options are popped for them)."""
     restore_step = options.pop("restore_step", None)
+    if checkpoint_format == "dcp":
+        pop_tiers(options)
     if restore_step is not None and checkpoint_format == "dcp":
         raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
                          "step with `python -m supervisor rollback LOGDIR STEP` instead")
@@ -353,7 +364,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)
     elif is_chief:
-        manager = CheckpointManager(checkpoint_dir, clock=clock, storage_options=options_for(
+        manager = make_manager(checkpoint_dir, clock=clock, storage_options=options_for(
             checkpoint_dir, storage_options), **options)
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer,
                                            restore_step=restore_step, **init_fns)

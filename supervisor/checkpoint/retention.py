@@ -29,7 +29,7 @@ from typing import Collection
 
 from supervisor.checkpoint.index import CheckpointState
 
-__all__ = ["RetentionState", "SweepResult", "recover", "record", "sweep", "to_index"]
+__all__ = ["RetentionState", "SweepResult", "hold", "recover", "record", "sweep", "to_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,17 @@ def sweep(state: RetentionState, *, max_to_keep: int | None,
         else:
             delete.append(name)
     return SweepResult(RetentionState(tuple(managed), last_preserved), tuple(delete), tuple(preserve))
+
+
+def hold(result: SweepResult, before: RetentionState, held: Collection[str]) -> SweepResult:
+    """``result`` without deleting the ``held`` names (a checkpoint tier's copy in flight): they
+    stay managed, oldest first, and leave at a later sweep once no longer held."""
+    kept = [n for n in result.delete if n in held]
+    if not kept:
+        return result
+    again = tuple((n, t) for n, t in before.checkpoints if n in kept)
+    return SweepResult(RetentionState(again + result.state.checkpoints, result.state.last_preserved_timestamp),
+                       tuple(n for n in result.delete if n not in held), result.preserve)
 
 
 def to_index(state: RetentionState, latest: str) -> CheckpointState:
