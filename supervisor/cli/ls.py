@@ -6,7 +6,8 @@ per checkpoint (`supervisor.cli._common.CheckpointRow`). Exit code 1 when any ch
 verification or the index is unreadable or names a missing checkpoint, or ``LOGDIR`` does not
 exist; 2 when ``LOGDIR`` is a checkpoint directory, the index file, a file of a checkpoint or a
 directory holding log directories but no checkpoint of its own (the message names what to pass).
-A log directory without any checkpoint yet lists none, exit code 0.
+A log directory without any checkpoint yet lists none, exit code 0. ``--local-dir DIR``: the
+node-local checkpoint tier too (`supervisor.cli._tiers`): both listed, and what a restart restores.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import argparse
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, error, format_age, format_bytes, \
     print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._tiers import add_local_dir, local_listing, restore_line, tier_rows_json
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
 
 __all__ = ["add_parser", "run", "render"]
@@ -27,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums (fast on huge states)")
     p.add_argument("--basename", default=None, help="checkpoint name prefix (default: from the index, else model.ckpt)")
+    add_local_dir(p)
     add_storage_options(p)
 
 
@@ -61,6 +64,9 @@ def _run_url(args: argparse.Namespace) -> int:
 
 
 def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -> int:
+    local = local_listing(args, basename=args.basename, verify="size" if args.quick else "full")
+    if local is not None:
+        return _show_tiers(listing, local, args, note)
     if args.json:
         print_json([row.to_json() for row in listing.rows])
         if listing.index_problem:
@@ -68,6 +74,19 @@ def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -
     else:
         print(render(listing, note))
     return EXIT_PROBLEM if listing.problems else EXIT_OK
+
+
+def _show_tiers(listing: Listing, local: Listing, args: argparse.Namespace, note: str | None) -> int:
+    """Both tiers (``--local-dir``): the logdir, the local tier, and what a restart restores."""
+    if args.json:
+        print_json(tier_rows_json(listing, local))
+        for problem in (listing.index_problem, local.index_problem):
+            if problem:
+                error(problem)
+    else:
+        print("\n".join([render(listing, note), "", "local tier: " + render(local, ""), "",
+                         restore_line(listing, local)]))
+    return EXIT_PROBLEM if listing.problems or local.problems else EXIT_OK
 
 
 def render(listing: Listing, note: str | None = None) -> str:
