@@ -237,7 +237,11 @@ class TieredCheckpointManager:
             return None
         restored = apply_checkpoint(choice.loaded, state, restore_rng=self.local.save_rng)
         self.local.mark_restored(restored.global_step)
-        logger.info("%s", describe(choice))
+        local_newest = choice.newest.get("local")
+        # From the logdir while the local tier had nothing (a replaced node) or only damage: the
+        # steps since the logdir's copy are lost, a WARNING; the usual cases are INFO.
+        degraded = choice.tier.name == "persistent" and (local_newest is None or local_newest > restored.global_step)
+        logger.log(logging.WARNING if degraded else logging.INFO, "%s", describe(choice))
         return restored
 
     def _restore_chosen(self, state: TrainingState, step: Any, keep_copy: bool) -> Restored | None:
