@@ -26,7 +26,7 @@ from tests.killing import trainer_env
 from tests.s3_fixtures import make_bucket
 from tests.tiers import tier_trainer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tier_trainer.py")
 STEPS = 60
