@@ -27,16 +27,23 @@ def _local_step(local: str) -> int:
 def _preempt(tmp_path, *extra: str) -> tuple[int, str]:
     """Starts the trainer for a long run, sends SIGTERM once its local tier holds step 5."""
     logdir, local = str(tmp_path / "logdir"), str(tmp_path / "local")
-    proc = subprocess.Popen([sys.executable, TRAINER, logdir, local, "--steps", "100000", "--persist-steps", "50",
-                             "--out", str(tmp_path / "out.pt"), *extra], env=trainer_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while _local_step(local) < 5:
-        assert proc.poll() is None and time.monotonic() < deadline, "the trainer did not reach step 5"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    return proc.returncode, stderr
+    log = tmp_path / "trainer.log"  # a file, not a pipe: a full pipe would block the trainer's logging
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, TRAINER, logdir, local, "--steps", "100000", "--persist-steps", "50",
+                                 "--out", str(tmp_path / "out.pt"), *extra], env=trainer_env(),
+                                stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 240
+            while _local_step(local) < 5:
+                assert proc.poll() is None and time.monotonic() < deadline, "the trainer did not reach step 5"
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=60)
+    return proc.returncode, log.read_text()
 
 
 def test_sigterm_persists_the_final_checkpoint_before_exit(tmp_path):

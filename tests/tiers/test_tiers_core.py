@@ -179,3 +179,16 @@ def test_a_failed_copy_is_fatal_by_default(backend_logdir, tmp_path, monkeypatch
     assert len(errors) == 1 and "persisting the checkpoint of step 0" in str(errors[0])
     with pytest.raises(CheckpointError, match="No space left on device"):
         manager.close()
+
+
+def test_readers_of_the_logdir_see_only_persisted_checkpoints(tmp_path):
+    """An evaluator (`checkpoints_iterator`, the sidecar) reads the logdir: the persistent tier."""
+    logdir, local = str(tmp_path / "logdir"), str(tmp_path / "local")
+    with TieredCheckpointManager(logdir, local_dir=local, persist_every_steps=3, save_mode="sync") as manager:
+        for step in range(5):
+            manager.save(step, _state(0))
+            manager.persister.flush(30)
+        manager.persister.offer = lambda *a, **k: False  # step 4 stays local-only
+        seen = list(supervisor.checkpoints_iterator(logdir, timeout=0))
+    assert [os.path.basename(p) for p in seen] == ["model.ckpt-3"]
+    assert supervisor.latest_checkpoint(local).endswith("model.ckpt-4")
