@@ -22,6 +22,7 @@ from supervisor.checkpoint import (
     restore_partial,
     verify_checkpoint,
 )
+from supervisor.checkpoint.tiered import TieredCheckpointManager
 from supervisor.clock import Clock, SystemClock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import CheckpointSessionCreator, Restored, SessionCreator, WorkerSessionCreator
@@ -58,6 +59,7 @@ __all__ = [
     "CheckpointSessionCreator",
     "CheckpointState",
     "PartialRestoreReport",
+    "TieredCheckpointManager",
     "WorkerSessionCreator",
     "checkpoints_iterator",
     "get_checkpoint_state",

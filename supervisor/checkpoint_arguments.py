@@ -9,6 +9,7 @@ from supervisor import _validate as v
 from supervisor._paths import check_restore_step, is_url
 from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.best import check_retention, refuse_for_sharded
+from supervisor.checkpoint.tier_options import check_tiers, pop_tiers
 
 __all__ = ["CHECKPOINT_FORMATS", "check_checkpoint_options", "pop_restore_step"]
 
@@ -18,13 +19,18 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
                              lock: Any = "auto", lease_secs: Any = None,
                              storage_options: dict[str, Any] | None = None, logdir: str | None = None,
                              restore_step: Any = None, keep_best: Any = None, best_metric: Any = None,
-                             best_mode: Any = "min", keep_period: Any = None) -> dict[str, Any]:
+                             best_mode: Any = "min", keep_period: Any = None, **tiers: Any) -> dict[str, Any]:
     """Validates the checkpoint arguments the front doors share, at their construction
     (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
     checked checkpoint directory, which ``lock``/``lease_secs`` must suit; the retention ones:
-    `supervisor.checkpoint.best.check_retention`)."""
+    `supervisor.checkpoint.best.check_retention`; ``tiers``: the checkpoint-tier arguments,
+    `supervisor.checkpoint.tier_options.check_tiers`)."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
+    if tiers.get("local_dir") is not None and (keep_best or keep_period):
+        raise ValueError(f"keep_best/keep_period with local_dir (checkpoint tiers) is not supported yet, got "
+                         f"keep_best={keep_best!r}, keep_period={keep_period!r}: drop local_dir to keep the best or every "
+                         "N-th checkpoint in the logdir, or drop keep_best/keep_period")
     lock, lease_secs = v.check_lock(lock, lease_secs, logdir, object_store=logdir is not None and is_url(logdir))
     check_retention(max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                     keep_best=keep_best, best_metric=best_metric, best_mode=best_mode, keep_period=keep_period,
@@ -41,6 +47,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         "capture": check_capture(capture),
         "storage_options": storage_options,
         "restore_step": check_restore_step(restore_step, logdir, basename),
+        **check_tiers(**tiers, logdir=logdir),
     }
 
 
@@ -54,6 +61,7 @@ def pop_restore_step(options: dict[str, Any], checkpoint_format: str) -> Any:
     restore_step = options.pop("restore_step", None)
     if checkpoint_format == "dcp":
         refuse_for_sharded(options)
+        pop_tiers(options)
     if restore_step is not None and checkpoint_format == "dcp":
         raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
                          "step with `python -m supervisor rollback LOGDIR STEP` instead")

@@ -27,6 +27,8 @@ from supervisor._paths import check_logdir
 from supervisor.checkpoint import CheckpointManager, check_writable_directory
 from supervisor.checkpoint.dcp import ShardedCheckpointManager
 from supervisor.checkpoint.storage import options_for
+from supervisor.checkpoint.tier_options import TIER_ARGUMENTS
+from supervisor.checkpoint.tiered import make_manager
 from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options, pop_restore_step
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
@@ -104,6 +106,9 @@ class Supervisor:
         summary_sinks: where the chief's scalars go besides TensorBoard, e.g.
             ``[supervisor.sinks.MLflowSink(experiment_name="x")]``; a stateful sink is checkpointed
             (an optional entry), so a resumed job continues the same MLflow run.
+        local_dir, persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs:
+            checkpoint tiers (SPEC §17) as `MonitoredTrainingSession`: saves go to the node-local
+            ``local_dir``, one every K steps or T seconds (default 600 s) is copied to ``logdir``.
     """
 
     def __init__(
@@ -118,15 +123,17 @@ class Supervisor:
         clock: Clock | None = None, checkpoint_format: str = "torch", max_wait_secs: float = 7200, capture: str = "auto",
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
         summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto",
-        keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None) -> None:
+        keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None,
+        local_dir: str | os.PathLike | None = None, persist_every_steps: int | None = None,
+        persist_every_secs: float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                     storage_options=storage_options)
         self._sinks, state = prepare_sinks(summary_sinks, state, is_chief=self._is_chief, logdir=self._logdir,
                                            writes_summaries=save_summaries_secs)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
-        self._hooks = v.check_hooks("hooks", hooks)
-        self._init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
+        self._hooks, self._init_fns = v.check_hooks("hooks", hooks), check_session_fns(
+            init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
         self._summary_fn = v.check_callable("summary_fn", summary_fn, signature="summary_fn(session) -> dict")
         self._save_model_secs = v.check_number("save_model_secs", save_model_secs, minimum=0)
         self._save_summaries_secs = v.check_number("save_summaries_secs", save_summaries_secs, minimum=0)
@@ -135,7 +142,8 @@ class Supervisor:
             save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
             storage_options=dict(storage_options) if storage_options else None,  # checked by check_logdir
             logdir=self._logdir, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
-            best_mode=best_mode, keep_period=keep_period)
+            best_mode=best_mode, keep_period=keep_period,
+            **{n: a for n, a in locals().items() if n in TIER_ARGUMENTS})
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -324,7 +332,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)
     elif is_chief:
-        manager = CheckpointManager(checkpoint_dir, clock=clock, storage_options=options_for(
+        manager = make_manager(checkpoint_dir, clock=clock, storage_options=options_for(
             checkpoint_dir, storage_options), **options)
         creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer,
                                            restore_step=restore_step, **init_fns)

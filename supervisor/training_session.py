@@ -34,6 +34,7 @@ from supervisor.state import TrainingState
 from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir, check_storage, is_url
 from supervisor._shadowing import import_builtin_hooks
+from supervisor.checkpoint.tier_options import TIER_ARGUMENTS
 from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options
 from supervisor.supervisor import make_session_creator
 
@@ -80,7 +81,7 @@ def _build(
     capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
     storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (), restore_step: Any = None,
     progress: Any = "auto", keep_best: Any = None, best_metric: Any = None, best_mode: Any = "min", keep_period: Any = None,
-) -> tuple[Any, list[Any]]:
+    **tiers: Any) -> tuple[Any, list[Any]]:
     """Validates the front-door arguments; returns the session creator and the hook list."""
     checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
     summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
@@ -94,7 +95,7 @@ def _build(
         basename="model.ckpt", max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
         save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
         storage_options=storage_options, logdir=checkpoint_dir, restore_step=restore_step, keep_best=keep_best,
-        best_metric=best_metric, best_mode=best_mode, keep_period=keep_period)
+        best_metric=best_metric, best_mode=best_mode, keep_period=keep_period, **tiers)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -167,7 +168,7 @@ _BUILD_ARGUMENTS = (
     "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
     "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
     "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks", "restore_step",
-    "progress", "keep_best", "best_metric", "best_mode", "keep_period",
+    "progress", "keep_best", "best_metric", "best_mode", "keep_period", *TIER_ARGUMENTS,
 )
 
 
@@ -178,14 +179,15 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     save_summaries_steps: Any = _SUMMARY_STEPS, save_summaries_secs: Any = _SUMMARY_SECS,
     log_step_count_steps: int | None = 100, summary_dir: str | os.PathLike | None = None,
     max_to_keep: int | None = 5, keep_checkpoint_every_n_hours: float = 10000.0, stop_grace_secs: float = 120,
-    max_wait_secs: float = 7200, init_fn: Callable[[Any], Any] | None = None,
-    local_init_fn: Callable[[Any], Any] | None = None, ready_fn: Callable[[Any], Any] | None = None,
-    recoverable_exceptions: Any = (RecoverableError,), max_recoveries: int = 10,
-    save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
+    max_wait_secs: float = 7200, init_fn: Callable[[Any], Any] | None = None, local_init_fn: Callable[[Any], Any] |
+    None = None, ready_fn: Callable[[Any], Any] | None = None, recoverable_exceptions: Any = (RecoverableError,),
+    max_recoveries: int = 10, save_mode: str = "async", handle_signals: bool = True, trusted_globals: Iterable[Any] = (),
     clock: Clock | None = None, checkpoint_format: str = "torch", capture: str = "auto", restore_step: Any = None,
     lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
     summary_sinks: Iterable[Any] = (), progress: Any = "auto", keep_best: int | None = None, best_metric: Any = None,
-    best_mode: str = "min", keep_period: int | None = None) -> MonitoredSession:
+    best_mode: str = "min", keep_period: int | None = None, local_dir: str | os.PathLike | None = None,
+    persist_every_steps: int | None = None, persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
+    persist_grace_secs: float | None = 120.0) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
     recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one
     ``state.pt``, written by the chief) or ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12).
@@ -200,7 +202,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     instead of the newest at the first creation only. ``summary_sinks``: the chief's scalars
     also go there, e.g. ``[MLflowSink()]`` (`supervisor.sinks`). ``progress``: a tqdm bar on the chief
     instead of the periodic step line: ``"auto"`` (stderr a terminal, tqdm, no logging configured), True, False.
-    ``keep_best``/``best_metric``/``best_mode``/``keep_period``: as `Supervisor`."""
+    ``keep_best``/``best_metric``/``best_mode``/``keep_period``: as `Supervisor`. ``local_dir``: checkpoint tiers
+    (SPEC §17): saves go to this node-local directory, and one every ``persist_every_steps`` steps or
+    ``persist_every_secs`` seconds (default 600 s) is copied to ``checkpoint_dir`` in the background; the local tier
+    keeps ``local_max_to_keep``; closing waits ``persist_grace_secs`` for the final copy (`TieredCheckpointManager`)."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
@@ -220,7 +225,8 @@ class SingularMonitoredSession(MonitoredSession):
     Takes `MonitoredTrainingSession`'s arguments less ``is_chief`` and the recovery ones; or an
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
     ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock``, ``lease_secs``,
-    ``storage_options``, ``progress`` and the retention arguments as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
+    ``storage_options``, ``progress`` and the retention arguments and the checkpoint tiers
+    (``local_dir``...) as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
     a session each: they write their shards).
     """
 
@@ -240,6 +246,8 @@ class SingularMonitoredSession(MonitoredSession):
         lock: str = "auto", lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
         summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto",
         keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None,
+        local_dir: str | os.PathLike | None = None, persist_every_steps: int | None = None,
+        persist_every_secs: float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer

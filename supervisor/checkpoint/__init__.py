@@ -2,6 +2,9 @@
 
 - `CheckpointManager` — save (capture now, write in the background), verify-then-fall-back
   restore, retention, ownership lock;
+- `TieredCheckpointManager` — checkpoint tiers (SPEC §17): saves to a node-local directory,
+  a verified background copy of every K-th one in the logdir (tiered.py, persist.py,
+  tier_copy.py, tier_restore.py, tier_options.py);
 - `PendingSave` — what a capture returns: the step, the path, the committed future;
 - helpers: `latest_checkpoint`, `get_checkpoint_state`, `load_checkpoint`, `restore_partial`,
   `checkpoints_iterator`, `verify_checkpoint`.

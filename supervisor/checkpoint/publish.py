@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 from supervisor.checkpoint import fencing, retention
 from supervisor.checkpoint.commit import clean_transient, move_aside, recover_interrupted_replacements
@@ -67,6 +67,8 @@ class Publisher:
         self._mutex = threading.Lock()
         self._generation: Callable[[], int | None] = getattr(writer, "writer_generation", lambda: None)
         self._check_writer: Callable[[], None] = getattr(writer, "check_writer", lambda: None)
+        #: ``hold()``: names retention must not delete yet (a checkpoint tier's copy in flight).
+        self.hold: Callable[[], Collection[str]] | None = None
 
     def claim(self) -> None:
         """On an object store, as a writer that just took the lease: rewrites the index with its
@@ -162,6 +164,8 @@ class Publisher:
 
     def _retain(self, latest: str) -> None:
         result = self.rule.sweep(self.retention)
+        if self.hold is not None and result.delete:
+            result = retention.hold(result, self.retention, self.hold())
         if not (result.delete or result.preserve):
             return
         if result.delete:

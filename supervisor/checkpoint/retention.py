@@ -39,7 +39,7 @@ from typing import Collection, Mapping
 
 from supervisor.checkpoint.index import CheckpointState
 
-__all__ = ["RetentionRule", "RetentionState", "SweepResult", "recover", "record", "sweep", "to_index",
+__all__ = ["RetentionRule", "RetentionState", "SweepResult", "hold", "recover", "record", "sweep", "to_index",
            "kept_reasons", "with_metric", "rule_of"]
 
 logger = logging.getLogger(__name__)
@@ -189,6 +189,18 @@ def sweep(state: RetentionState, *, max_to_keep: int | None, keep_checkpoint_eve
     names = {n for n, _ in kept}
     metrics = {n: m for n, m in state.metrics.items() if n in names}
     return SweepResult(RetentionState(tuple(kept), last_preserved, metrics), tuple(delete), tuple(preserve))
+
+
+def hold(result: SweepResult, before: RetentionState, held: Collection[str]) -> SweepResult:
+    """``result`` without deleting the ``held`` names (a checkpoint tier's copy in flight): they
+    stay managed, oldest first, and leave at a later sweep once no longer held."""
+    kept = [n for n in result.delete if n in held]
+    if not kept:
+        return result
+    again = tuple((n, t) for n, t in before.checkpoints if n in kept)
+    return SweepResult(RetentionState(again + result.state.checkpoints, result.state.last_preserved_timestamp,
+                                      {**{n: m for n, m in before.metrics.items() if n in kept}, **result.state.metrics}),
+                       tuple(n for n in result.delete if n not in held), result.preserve)
 
 
 def best_names(state: RetentionState, keep_best: int | None, best_mode: str = "min") -> set[str]:

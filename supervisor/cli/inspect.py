@@ -9,6 +9,8 @@ The manifest's file sizes are checked, not the checksums (``verify`` does that).
 Exit code 1 when there is no checkpoint at ``CHECKPOINT`` or it cannot be read (a file that
 torch.save did not write: "is not a checkpoint"); 2 when ``CHECKPOINT`` is the index file or a
 directory holding log directories but no checkpoint (the message names what to pass).
+``inspect LOGDIR --local-dir DIR``: the checkpoint a restart on this node restores, from either
+checkpoint tier (`supervisor.cli._tiers`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import stat
 
 from supervisor.checkpoint import CheckpointReader, get_checkpoint_state, read_index, resolve_checkpoint
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, error, format_bytes, print_json, summary, table
+from supervisor.cli._common import scan_logdir
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._tiers import add_local_dir, local_listing, restore_choice
 from supervisor.cli._remote import UrlProblem, add_storage_options, connect, is_url, names_in_index
 from supervisor.errors import CheckpointError
 
@@ -32,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, a log directory or a .pt file")
     p.add_argument("--json", action="store_true", help="one JSON object for the checkpoint, for scripts")
     p.add_argument("--filter", metavar="GLOB", default=None, help="only variables matching GLOB, e.g. 'model/*'")
+    add_local_dir(p)
     add_storage_options(p)
 
 
@@ -50,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if wrong:
         error(wrong)
         return EXIT_USAGE
+    if found.kind == "logdir" and args.local_dir is not None:  # the checkpoint a restart on this node restores
+        choice = restore_choice(scan_logdir(args.checkpoint, verify="size"), local_listing(args, verify="size"))
+        args.checkpoint = choice[1].path if choice is not None else args.checkpoint
     try:
         path = os.path.abspath(resolve_checkpoint(args.checkpoint))
         if found.kind == "file" and (problem := _not_torch_save(path)):

@@ -12,6 +12,8 @@ Why each checkpoint is kept (``kept`` in ``--json``; a KEPT column when the writ
 or every N-th step, with a METRIC column for the recorded metric): ``newest`` (among the newest
 ``max_to_keep``), ``best`` (among the ``keep_best`` best by ``best_metric``), ``period`` (its step
 is a multiple of ``keep_period``), ``hours`` (preserved by ``keep_checkpoint_every_n_hours``).
+``--local-dir DIR``: the node-local checkpoint tier too (`supervisor.cli._tiers`): both listed,
+and what a restart restores.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import argparse
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, annotate_retention, error, \
     format_age, format_bytes, print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._tiers import add_local_dir, local_listing, restore_line, tier_rows_json
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
 from supervisor.checkpoint.retention import RetentionRule, rule_of
 
@@ -33,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums (fast on huge states)")
     p.add_argument("--basename", default=None, help="checkpoint name prefix (default: from the index, else model.ckpt)")
+    add_local_dir(p)
     add_storage_options(p)
 
 
@@ -68,6 +72,9 @@ def _run_url(args: argparse.Namespace) -> int:
 
 def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -> int:
     annotate_retention(listing.index, listing.rows)
+    local = local_listing(args, basename=args.basename, verify="size" if args.quick else "full")
+    if local is not None:
+        return _show_tiers(listing, local, args, note)
     if args.json:
         print_json([row.to_json() for row in listing.rows])
         if listing.index_problem:
@@ -75,6 +82,19 @@ def _show(listing: Listing, args: argparse.Namespace, note: str | None = None) -
     else:
         print(render(listing, note))
     return EXIT_PROBLEM if listing.problems else EXIT_OK
+
+
+def _show_tiers(listing: Listing, local: Listing, args: argparse.Namespace, note: str | None) -> int:
+    """Both tiers (``--local-dir``): the logdir, the local tier, and what a restart restores."""
+    if args.json:
+        print_json(tier_rows_json(listing, local))
+        for problem in (listing.index_problem, local.index_problem):
+            if problem:
+                error(problem)
+    else:
+        print("\n".join([render(listing, note), "", "local tier: " + render(local, ""), "",
+                         restore_line(listing, local)]))
+    return EXIT_PROBLEM if listing.problems or local.problems else EXIT_OK
 
 
 def render(listing: Listing, note: str | None = None) -> str:

@@ -5,7 +5,7 @@ Exit code 1 when one fails or ``PATH`` holds no checkpoint; 2 when ``PATH`` is a
 thing (the index file, a file of a checkpoint, a parent of log directories: the message says
 what to pass). ``--json`` prints one JSON array with one object per checkpoint (``step``,
 ``path``, ``verified``, ``reason``, ``indexed``, ``in_index``, ...), the same objects ``ls``
-prints.
+prints. ``--local-dir DIR``: every checkpoint of the node-local tier is checked too.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from supervisor.checkpoint import read_index
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CheckpointRow, annotate_retention, check_one, \
     error, format_bytes, index_membership, print_json, scan_logdir, summary, table
 from supervisor.cli._paths import advice, path_kind
+from supervisor.cli._tiers import add_local_dir, local_listing
 from supervisor.cli._remote import (UrlProblem, add_storage_options, check_url, connect, is_checkpoint, is_url,
                                     missing, names_in_index, scan)
 
@@ -29,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", metavar="PATH", help="a checkpoint directory or a log directory")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint, for scripts")
     p.add_argument("--quick", action="store_true", help="check file sizes only, not checksums")
+    add_local_dir(p)
     add_storage_options(p)
 
 
@@ -91,6 +93,10 @@ def _index_or_none(logdir: str, storage: Any = None) -> Any:
 
 
 def _report(args: argparse.Namespace, rows: list[CheckpointRow], problem: str | None, mode: str) -> int:
+    local = local_listing(args, verify=mode)
+    if local is not None:  # --local-dir: the local tier's checkpoints too
+        rows = rows + local.rows
+        problem = problem or local.index_problem
     if args.json:
         print_json([r.to_json() for r in rows])
     else:

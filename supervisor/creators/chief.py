@@ -23,6 +23,7 @@ from supervisor.checkpoint.finished import clear_finished, mark_finished
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.restore import Restored
+from supervisor.checkpoint.tiered import TieredCheckpointManager
 from supervisor.creators import chief_choice
 from supervisor.distributed import env
 from supervisor.creators.base import SessionCreator
@@ -95,7 +96,7 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
             the newest (`CheckpointManager.restore`); later creations restore the newest.
     """
 
-    manager_type = (CheckpointManager, "supervisor.checkpoint.CheckpointManager")
+    manager_type = ((CheckpointManager, TieredCheckpointManager), "supervisor.checkpoint.CheckpointManager")
 
     def __init__(self, state: TrainingState | None, manager: CheckpointManager, *,
                  init_fn: Callable[[Any], Any] | None = None,

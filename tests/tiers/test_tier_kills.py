@@ -1,0 +1,130 @@
+"""SIGKILL at random points of the local save and of the persist copy (SPEC §17), the logdir on
+a local directory and on a real S3 server: after every kill the logdir lists only checkpoints
+that verify (never a partial copy), the resume restores the newest checkpoint that verifies in
+either tier, a wiped local tier (a replaced node) falls back to the logdir, and the run that
+finishes matches an uninterrupted one bit for bit."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from supervisor.checkpoint.choose import candidates
+from supervisor.checkpoint.format import list_committed
+from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.loader import verify_checkpoint
+from supervisor.checkpoint.storage import LocalStorage
+from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
+from tests.killing import trainer_env
+from tests.s3_fixtures import make_bucket
+from tests.tiers import tier_trainer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tier_trainer.py")
+STEPS = 60
+RUN_SECS = 180
+
+
+def _run(logdir, local, out, env, kill_at=None) -> tuple[int, str]:
+    env = dict(env, KILL_AT=kill_at or "")
+    proc = subprocess.run([sys.executable, TRAINER, logdir, local, "--steps", str(STEPS), "--out", out],
+                          env=env, capture_output=True, text=True, timeout=RUN_SECS)
+    return proc.returncode, proc.stderr
+
+
+def _verified_steps(directory: str, storage) -> list[int]:
+    """The step a restore of this tier alone takes (its index's choice, else the next older one
+    that verifies: SPEC §5.4), as a one-element list; [] when none."""
+    for path in candidates(directory, "model.ckpt", storage):
+        try:
+            return [verify_checkpoint(path, storage=storage).step]
+        except (CheckpointCorruptError, CheckpointNotFoundError):
+            continue
+    return []
+
+
+def _check_logdir(logdir: str, storage) -> None:
+    """Every checkpoint the logdir's index lists, and every committed one there, verifies."""
+    index = read_index(logdir, storage=storage)
+    for name in ([] if index is None else index.all_model_checkpoint_paths):
+        verify_checkpoint(storage.join(logdir, name), storage=storage)
+    for _, name in list_committed(logdir, "model.ckpt", storage):
+        verify_checkpoint(storage.join(logdir, name), storage=storage)
+
+
+def _restored_step(stderr: str) -> int | None:
+    match = re.search(r"restored step=(\d+)", stderr)
+    return int(match.group(1)) if match else None
+
+
+def _kill_loop(tmp_path, logdir: str, storage, env, *, kills: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    local, out = str(tmp_path / "local"), str(tmp_path / "out.pt")
+    log, expected = [], None
+    for i in range(kills):
+        if i == kills // 2:
+            shutil.rmtree(local, ignore_errors=True)  # the node is replaced: its local tier is gone
+            expected = max(_verified_steps(logdir, storage), default=None)
+        point = rng.choice(tier_trainer.POINTS)
+        kill_at = f"{point}:{rng.randint(1, 2 if point.startswith('copy') else 3)}"
+        rc, stderr = _run(logdir, local, out, env, kill_at)
+        restored = _restored_step(stderr)
+        log.append(f"{kill_at}: rc={rc} restored={restored} expected={expected}")
+        assert rc in (-signal.SIGKILL, 0), f"{log}\n{stderr[-3000:]}"
+        if restored is not None or expected is not None:
+            assert restored == expected, f"{log}\n{stderr[-3000:]}"
+        _check_logdir(logdir, storage)
+        expected = max(_verified_steps(local, LocalStorage()) + _verified_steps(logdir, storage), default=None)
+    rc, stderr = _run(logdir, local, out, env)
+    assert rc == 0 and _restored_step(stderr) == expected, f"{log}\n{stderr[-3000:]}"
+    return log
+
+
+def _assert_same(out: str, reference: str) -> None:
+    got, want = torch.load(out), torch.load(reference)
+    assert got["step"] == want["step"] == STEPS
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for key, value in want["opt"]["state"].items():
+        for name, tensor in value.items():
+            assert torch.equal(got["opt"]["state"][key][name], tensor), (key, name)
+
+
+def _reference(tmp_path) -> str:
+    """The uninterrupted run, in this process: the trainer's steps without any session."""
+    ref, threads = str(tmp_path / "ref.pt"), torch.get_num_threads()
+    torch.set_num_threads(1)  # as the trainers (OMP_NUM_THREADS=1): the same kernels, the same bits
+    try:
+        model, opt = tier_trainer.build()
+        for step in range(STEPS):
+            tier_trainer.train_step(model, opt, step)
+    finally:
+        torch.set_num_threads(threads)
+    torch.save(tier_trainer.final_state(model, opt, STEPS), ref)
+    return ref
+
+
+def test_kills_with_a_local_logdir_resume_from_the_newest_verified_tier_bit_exact(tmp_path):
+    env = trainer_env()
+    reference = _reference(tmp_path)
+    log = _kill_loop(tmp_path, str(tmp_path / "logdir"), LocalStorage(), env, kills=12, seed=33)
+    _assert_same(str(tmp_path / "out.pt"), reference)
+    assert sum("rc=-9" in line for line in log) == 12, log
+
+
+def test_kills_with_an_s3_logdir_resume_from_the_newest_verified_tier_bit_exact(tmp_path, s3_server, s3_storage):
+    env = trainer_env(S3_ENDPOINT=s3_server.endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1")
+    reference = _reference(tmp_path)
+    logdir = make_bucket(s3_storage) + "/run"
+    log = _kill_loop(tmp_path, logdir, s3_storage, env, kills=10, seed=34)
+    _assert_same(str(tmp_path / "out.pt"), reference)
+    assert sum("rc=-9" in line for line in log) == 10, log
