@@ -11,7 +11,7 @@ then W fresh ranks restore it and run one step. Every rank runs under strace
 outside the process. Printed per row: the checkpoint's bytes, the bytes read by the restore in
 total (and as a multiple of the checkpoint; target ≤ 1.05×) and per rank, and for ``fsdp2``
 the shard bytes each save read back; then, per kind and side, a line projecting the total to
-W = 1,000 from the slope measured between the smallest and the largest W.
+W = 1,000 from the slope fitted (least squares) through every W measured.
 
 ``main(argv)`` returns the rows (dicts), so ``benchmarks/scale.py`` can import it:
 ``python -m benchmarks.scale_restore [--worlds 2,4,8] [--width 384] [--baseline /tmp/before]``.
@@ -97,12 +97,17 @@ def _print(rows: list[dict]) -> None:
             mine = sorted((r for r in rows if r["kind"] == kind and r["side"] == side), key=lambda r: r["world"])
             if len(mine) < 2:
                 continue
-            lo, hi = mine[0], mine[-1]
-            slope = (hi["ratio"] - lo["ratio"]) / (hi["world"] - lo["world"])
-            at_1000 = hi["ratio"] + slope * (1000 - hi["world"])
+            slope, at_1000 = _fit([r["world"] for r in mine], [r["ratio"] for r in mine], 1000)
             chief = max(r["per_rank"][0] / r["checkpoint_bytes"] for r in mine)
-            print(f"projection {kind:6} {side:10}: {slope:+.3f}x per rank -> {at_1000:.1f}x the checkpoint read "
+            print(f"projection {kind:6} {side:10}: {slope:+.5f}x per rank -> {at_1000:.1f}x the checkpoint read "
                   f"per restore at W=1,000 (chief reads {chief:.2f}x)")
+
+
+def _fit(xs: list[float], ys: list[float], at: float) -> tuple[float, float]:
+    """The least-squares line through ``(xs, ys)``: its slope and its value at ``at``."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my + slope * (at - mx)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
