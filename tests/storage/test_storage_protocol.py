@@ -82,6 +82,8 @@ _PLUGIN = """
 """
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # two CLI processes, each importing torch
 def test_a_scheme_declared_by_an_entry_point_is_found_by_another_process(tmp_path):
     """A scheme registered in-process is unknown to the CLI; one declared in the entry-point group
     ``torch_supervisor.storage`` of an installed distribution is found by any process."""
