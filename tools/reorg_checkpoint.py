@@ -359,7 +359,22 @@ def _facade(text: str) -> str:
         "``arguments.py`` (argument checks), ``sharded/`` (``checkpoint_format=\"dcp\"``).") + text[end:]
 
 
-CALLABLE_EDITS = [("docs/architecture.md", "## `supervisor/checkpoint/`", _architecture),
+def _manager(text: str) -> str:
+    """The manager's docstring named the flat modules; said by subpackage it is a line shorter (the
+    shim's import became three lines, and the file stands at the size limit)."""
+    start = text.index("The one object the session, the front doors and the checkpoint hook talk to.")
+    end = text.index('\n"""', start)
+    return text[:start] + (
+        "The one object the session, the front doors and the checkpoint hook talk to. It composes the subpackages\n"
+        "(docs/architecture.md): the ownership lock (``ownership/``), the capture into reused staging buffers (``save/``,\n"
+        "on the caller's thread — the only part that blocks training), the background writer running the commit\n"
+        "protocol and publishing the index and retention (``save/``), verify-then-fall-back restore (``load/``). Every\n"
+        "file goes through the logdir's `Storage` (``self.storage``): a local path or an ``s3://bucket/prefix`` URL.") \
+        + text[end:]
+
+
+CALLABLE_EDITS = [(f"{PACKAGE}/manager.py", "The one object the session, the front doors and the checkpoint", _manager),
+                  ("docs/architecture.md", "## `supervisor/checkpoint/`", _architecture),
                   (f"{PACKAGE}/__init__.py", "Where each concern lives:", _facade)]
 
 
