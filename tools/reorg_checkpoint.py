@@ -202,6 +202,7 @@ class Rewriter:
         self.dotted = re.compile(rf"\b{re.escape(DOTTED)}\.({'|'.join(olds)})(?:\.(\w+))?(?![\w])")
         self.path = re.compile(rf"(?<![\w/.])((?:supervisor/)?checkpoint/)({'|'.join(olds)})\.py(?!\w)")
         self.stem = re.compile(rf"([\"'])({'|'.join(olds)})\1")
+        self.one_line = re.compile(rf"^([ \t]*)(from {re.escape(DOTTED)}(?:\.\w+)? import [\w ,]+?)([ \t]*(?:#.*)?)$", re.M)
 
     def imports(self, text: str, where: str) -> tuple[str, list[str]]:
         """The import statements that name a shim, a redirected name or a moved module through the
@@ -227,6 +228,21 @@ class Rewriter:
             generated += new
             lines[node.lineno - 1:node.end_lineno] = new
         return "".join(lines), generated
+
+    def import_lines(self, text: str, where: str) -> str:
+        """One-line imports the parse did not see: in the source of a subprocess (a string)."""
+        def line(match: re.Match) -> str:
+            try:
+                node = ast.parse(match.group(2)).body[0]
+            except SyntaxError:
+                return match.group(0)
+            groups = self._groups(node, where) if isinstance(node, ast.ImportFrom) else None
+            if groups is None:
+                return match.group(0)
+            return "\n".join(f"{match.group(1)}from {module} import {', '.join(names)}{match.group(3)}"
+                             for module, names in groups.items())
+
+        return self.one_line.sub(line, text)
 
     def _groups(self, node: ast.ImportFrom, where: str) -> OrderedDict[str, list[str]] | None:
         groups: OrderedDict[str, list[str]] = OrderedDict()
@@ -436,6 +452,7 @@ def plan(present: set[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
                     problems.append(f"{path}: {old!r}")
                 before = before.replace(old, new, 1)
         after, generated = rewriter.imports(before, path) if path.endswith(".py") else (before, [])
+        after = rewriter.import_lines(after, path) if path.endswith(".py") else after
         after = rewriter.text(after, stems=path in STEM_FILES)
         after = compact(after, generated)
         target = moves.get(path, path)

@@ -27,7 +27,7 @@ REDIRECTS = {("restore", "Restored"): ("supervisor.checkpoint.load.apply", "Rest
 def _rewrite(source: str) -> str:
     rewriter = reorg.Rewriter(REDIRECTS)
     text, generated = rewriter.imports(source, "sample.py")
-    return reorg.compact(rewriter.text(text), generated)
+    return reorg.compact(rewriter.text(rewriter.import_lines(text, "sample.py")), generated)
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -42,6 +42,11 @@ def _rewrite(source: str) -> str:
     ("def f():\n    from supervisor.checkpoint import dcp_commit, latest_checkpoint\n",
      "def f():\n    from supervisor.checkpoint.sharded import commit as dcp_commit\n"
      "    from supervisor.checkpoint import latest_checkpoint\n"),
+    # the source of a subprocess, in a string
+    ('run(f"""\n    import os\n    from supervisor.checkpoint import fileio, latest_checkpoint\n'
+     '    from supervisor.checkpoint.restore import find_and_load\n""")\n',
+     'run(f"""\n    import os\n    from supervisor.checkpoint.storage import fileio\n'
+     '    from supervisor.checkpoint import latest_checkpoint\n    from supervisor.checkpoint.load.choose import find_and_load\n""")\n'),
     # a name re-exported from a higher floor comes from the module that defines it
     ("from supervisor.checkpoint.private_copy import MemoryFile, PrivateCopy\n",
      "from supervisor.checkpoint.formats.memory_file import MemoryFile\n"
