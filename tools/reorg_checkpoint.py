@@ -315,30 +315,57 @@ def compact(text: str, generated: list[str]) -> str:
 
 
 # ---------------------------------------------------------------- the edits no rename can make
+def _all_span(text: str) -> tuple[int, int]:
+    """The character span of the module's ``__all__ = [...]`` statement."""
+    lines = text.splitlines(keepends=True)
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            start = sum(map(len, lines[:node.lineno - 1])) + node.col_offset
+            return start, sum(map(len, lines[:node.end_lineno - 1])) + node.end_col_offset
+    raise ValueError("no __all__")
+
+
+def _all_plus(name: str, after: str = ""):
+    """An edit: ``name`` added to ``__all__``, and ``after`` written after that statement."""
+    def edit(text: str) -> str:
+        start, end = _all_span(text)
+        body = text[start:end].rstrip()
+        return text[:start] + body[:-1].rstrip().rstrip(",") + f', "{name}"]' + after + text[end:]
+    return edit
+
+
+def _all_minus(name: str):
+    """An edit: ``name`` taken out of ``__all__``."""
+    def edit(text: str) -> str:
+        start, end = _all_span(text)
+        body = re.sub(rf'\s*"{name}",|,\s*"{name}"(?=\s*\])', "", text[start:end], count=1)
+        return text[:start] + body + text[end:]
+    return edit
+
+
 def _lock_constant(text: str) -> str:
     return text.replace('OWNER_FILE = LOCK_FILE + ".owner"',
                         '#: The flock file of a local logdir (``lock="flock"``).\nLOCK_FILE = ".supervisor.lock"\n'
                         'OWNER_FILE = LOCK_FILE + ".owner"', 1)
 
 
-#: (new path, old text, new text): applied after the rewrite; an anchor not found fails the run.
-EDITS: list[tuple[str, str, str]] = [
+#: (new path, anchor, new text or an edit of the whole text): applied after the rewrite; an anchor
+#: not found fails the run before anything is changed.
+EDITS: list[tuple[str, object, object]] = [
     # ownership/ stands below layout/: the lock owns its file's name (format.py only listed it).
     (f"{PACKAGE}/layout/format.py", 'LOCK_FILE = ".supervisor.lock"\n', ""),
-    (f"{PACKAGE}/layout/format.py", '    "LOCK_FILE",\n', ""),
+    (f"{PACKAGE}/layout/format.py", '"LOCK_FILE"', _all_minus("LOCK_FILE")),
     (f"{PACKAGE}/ownership/lock.py", f"from {DOTTED}.layout.format import LOCK_FILE\n", ""),
-    (f"{PACKAGE}/ownership/lock.py", '__all__ = ["OwnershipLock", "OWNER_FILE",',
-     '__all__ = ["LOCK_FILE", "OwnershipLock", "OWNER_FILE",'),
+    (f"{PACKAGE}/ownership/lock.py", "__all__ = [", _all_plus("LOCK_FILE")),
     (f"{PACKAGE}/ownership/lock.py", 'OWNER_FILE = LOCK_FILE + ".owner"', _lock_constant),
     # storage/ stands below layout/: the commit marker's name belongs to the seam's commit protocol.
     (f"{PACKAGE}/layout/format.py", 'MANIFEST_FILE = "MANIFEST.json"\n', ""),
     (f"{PACKAGE}/layout/format.py", f"from {DOTTED}.storage.base import Storage\n",
      f"from {DOTTED}.storage.base import MANIFEST_FILE, Storage\n"),
-    (f"{PACKAGE}/storage/base.py", '           "Storage", "StorageWriter"]\n',
-     '           "Storage", "StorageWriter", "MANIFEST_FILE"]\n\n'
-     "#: The manifest of a committed checkpoint (`Storage.commit` writes it last): on an object store a\n"
-     "#: checkpoint exists if and only if it holds this object. The layout's name too (layout/format.py).\n"
-     'MANIFEST_FILE = "MANIFEST.json"\n'),
+    (f"{PACKAGE}/storage/base.py", "__all__ = [", _all_plus(
+        "MANIFEST_FILE", "\n\n#: The manifest of a committed checkpoint (`Storage.commit` writes it last): on an object\n"
+        "#: store a checkpoint exists if and only if it holds this object. The layout's name too (layout/format.py).\n"
+        'MANIFEST_FILE = "MANIFEST.json"')),
     (f"{PACKAGE}/storage/s3/store.py", f"from {DOTTED}.layout.format import MANIFEST_FILE\n",
      f"from {DOTTED}.storage.base import MANIFEST_FILE\n"),
     # the rule tests of the subpackages run from now on
