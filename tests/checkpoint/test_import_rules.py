@@ -45,22 +45,24 @@ def _imports(path: pathlib.Path) -> list[tuple[str, tuple[str, ...]]]:
     return found
 
 
+def _dotted(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _modules() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-    return {p.stem: _imports(p) for p in sorted(PACKAGE.glob("*.py"))}
+    """Every module of the package (subpackages included) by its dotted name -> its imports."""
+    return {_dotted(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def _internal(module: str, names: tuple[str, ...], known: set[str]) -> list[str]:
-    """The checkpoint modules an import statement names (``from supervisor.checkpoint import x``
-    names module ``x`` when ``x`` is one)."""
-    if module == "supervisor.checkpoint":
-        return [n for n in names if n in known]
-    if module.startswith("supervisor.checkpoint."):
-        return [module.split(".")[2]]
-    return []
-
+    """The checkpoint modules an import statement names (``from supervisor.checkpoint.x import y``
+    names module ``x.y`` when it is one, else ``x``)."""
+    subs = [f"{module}.{n}" for n in names if f"{module}.{n}" in known]
+    return subs or ([module] if module in known else [])
 
 def test_checkpoint_never_imports_the_engine_or_the_front_doors():
-    offending = [f"{stem}.py imports {module}" for stem, imports in _modules().items()
+    offending = [f"{name} imports {module}" for name, imports in _modules().items()
                  for module, _ in imports
                  if any(module == f or module.startswith(f + ".") for f in FORBIDDEN)]
     assert offending == []
@@ -68,9 +70,9 @@ def test_checkpoint_never_imports_the_engine_or_the_front_doors():
 
 def test_no_import_circle_inside_checkpoint():
     modules = _modules()
-    graph = {stem: {t for m, names in imports for t in _internal(m, names, set(modules)) if t != stem}
-             for stem, imports in modules.items() if stem != "__init__"}
-    graph = {stem: targets - {"__init__"} for stem, targets in graph.items()}
+    facade = "supervisor.checkpoint"
+    graph = {name: {t for m, names in imports for t in _internal(m, names, set(modules)) if t != name} - {facade}
+             for name, imports in modules.items() if name != facade}
 
     def reaches(start: str) -> set[str]:
         seen, todo = set(), [start]
@@ -90,9 +92,9 @@ def _private_uses(path: pathlib.Path, known: set[str]) -> set[tuple[str, str]]:
     """(module, name) of every ``module._name`` where ``module`` is a checkpoint module bound by
     ``from supervisor.checkpoint import module [as alias]``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    aliases = {alias.asname or alias.name: alias.name for node in ast.walk(tree)
-               if isinstance(node, ast.ImportFrom) and node.module == "supervisor.checkpoint"
-               for alias in node.names if alias.name in known}
+    aliases = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and node.module
+               for alias in node.names if f"{node.module}.{alias.name}" in known}
     return {(aliases[node.value.id], node.attr) for node in ast.walk(tree)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
             and node.value.id in aliases and node.attr.startswith("_") and not node.attr.startswith("__")}
@@ -100,9 +102,9 @@ def _private_uses(path: pathlib.Path, known: set[str]) -> set[tuple[str, str]]:
 
 def test_no_private_name_imported_across_checkpoint_modules():
     modules = _modules()
-    found = {(stem, target, name) for stem, imports in modules.items() for module, names in imports
-             for target in _internal(module, names, set(modules)) if target != stem
-             for name in names if name.startswith("_") and module != "supervisor.checkpoint"}
-    found |= {(path.stem, target, name) for path in sorted(PACKAGE.glob("*.py"))
-              for target, name in _private_uses(path, set(modules)) if target != path.stem}
+    found = {(importer, target, name) for importer, imports in modules.items() for module, names in imports
+             for target in _internal(module, names, set(modules)) if target != importer
+             for name in names if name.startswith("_") and target == module}
+    found |= {(_dotted(path), target, name) for path in sorted(PACKAGE.rglob("*.py"))
+              for target, name in _private_uses(path, set(modules)) if target != _dotted(path)}
     assert found <= KNOWN_PRIVATE, sorted(found - KNOWN_PRIVATE)

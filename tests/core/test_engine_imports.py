@@ -40,7 +40,8 @@ def _ours(module: str) -> bool:
     return module == "hooks" or module.startswith(("hooks.", "supervisor"))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "supervisor" / "checkpoint").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "supervisor" / "checkpoint").rglob("*.py")),
+                         ids=lambda p: p.relative_to(ROOT / "supervisor" / "checkpoint").as_posix())
 def test_the_checkpoint_package_never_imports_the_engine_or_above(path):
     bad = [m for m, _, _ in _imports(path) if m.startswith(ABOVE_CHECKPOINT)]
     assert not bad, f"{path.name} imports {bad}"
