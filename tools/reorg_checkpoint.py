@@ -110,9 +110,9 @@ MOVES: dict[str, str] = {
     # layout rules (tests/checkpoint/test_layout_rules.py) need a "tiers" row, and verify (layout)
     # asks the format registry (formats), which the table must settle before the move
     "best": "layout/best",
-    "formats": "formats/__init__",
-    "format_torch": "formats/torch",
-    "format_dcp": "formats/dcp",
+    "formats": "formats/registry",
+    "format_torch": "formats/torch_format",
+    "format_dcp": "formats/dcp_format",
     "dcp_replicated": "formats/dcp_replicated",
     "memory_storage": "storage/memory",
     "tier_options": "tiers/options",
