@@ -500,8 +500,8 @@ def plan(present: set[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
         target = moves.get(path, path)
         if after != original or target != path:
             contents[target] = after
-    for package, doc in PACKAGE_DOCS.items():
-        contents[f"{PACKAGE}/{package}/__init__.py"] = doc
+    for package, doc in PACKAGE_DOCS.items():  # a module moved to be the face keeps its own docstring
+        contents.setdefault(f"{PACKAGE}/{package}/__init__.py", doc)
     for folder in {str(Path(p).parent) for p in moves.values()} - {PACKAGE}:
         contents.setdefault(f"{folder}/__init__.py", PACKAGE_DOCS.get(folder[len(PACKAGE) + 1:], '"""(package)"""\n'))
     return moves, contents, problems + apply_edits(contents)
