@@ -110,7 +110,7 @@ MOVES: dict[str, str] = {
     # layout rules (tests/checkpoint/test_layout_rules.py) need a "tiers" row, and verify (layout)
     # asks the format registry (formats), which the table must settle before the move
     "best": "layout/best",
-    "formats": "formats/registry",
+    "formats": "formats/__init__",
     "format_torch": "formats/torch_format",
     "format_dcp": "formats/dcp_format",
     "dcp_replicated": "formats/dcp_replicated",
