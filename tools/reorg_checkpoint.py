@@ -110,9 +110,9 @@ MOVES: dict[str, str] = {
     # layout rules (tests/checkpoint/test_layout_rules.py) need a "tiers" row, and verify (layout)
     # asks the format registry (formats), which the table must settle before the move
     "best": "layout/best",
-    "formats": "formats/__init__",
-    "format_torch": "formats/torch_format",
-    "format_dcp": "formats/dcp_format",
+    "formats": "layout/format_registry",
+    "format_torch": "load/torch_format",
+    "format_dcp": "load/dcp_format",
     "dcp_replicated": "formats/dcp_replicated",
     "memory_storage": "storage/memory",
     "tier_options": "tiers/options",
@@ -383,6 +383,8 @@ EDITS: list[tuple[str, object, object]] = [
         'MANIFEST_FILE = "MANIFEST.json"')),
     (f"{PACKAGE}/storage/s3/store.py", f"from {DOTTED}.layout.format import MANIFEST_FILE\n",
      f"from {DOTTED}.storage.base import MANIFEST_FILE\n"),
+    (f"{PACKAGE}/storage/memory.py", f"from {DOTTED}.layout.format import MANIFEST_FILE\n",
+     f"from {DOTTED}.storage.base import MANIFEST_FILE\n"),
     # the rule tests of the subpackages run from now on
     ("tests/checkpoint/test_layout_rules.py", LAYOUT_GUARD, "\n"),
 ]
@@ -500,8 +502,8 @@ def plan(present: set[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
         target = moves.get(path, path)
         if after != original or target != path:
             contents[target] = after
-    for package, doc in PACKAGE_DOCS.items():  # a module moved to be the face keeps its own docstring
-        contents.setdefault(f"{PACKAGE}/{package}/__init__.py", doc)
+    for package, doc in PACKAGE_DOCS.items():
+        contents[f"{PACKAGE}/{package}/__init__.py"] = doc
     for folder in {str(Path(p).parent) for p in moves.values()} - {PACKAGE}:
         contents.setdefault(f"{folder}/__init__.py", PACKAGE_DOCS.get(folder[len(PACKAGE) + 1:], '"""(package)"""\n'))
     return moves, contents, problems + apply_edits(contents)

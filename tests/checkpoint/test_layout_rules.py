@@ -36,7 +36,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "save": {"storage", "ownership", "layout", "formats", "arguments"},
     "manager": {"storage", "ownership", "layout", "formats", "arguments", "load", "save"},
     "sharded": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager"},
-    "__init__": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager", "sharded"},
+    "tiers": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager"},
+    "__init__": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager", "sharded", "tiers"},
 }
 MAX_MODULES_PER_FOLDER = 15
 #: The s3:// backend is reached through the seam only (``storage_for`` / ``register_scheme``).
