@@ -110,7 +110,7 @@ MOVES: dict[str, str] = {
     # layout rules (tests/checkpoint/test_layout_rules.py) need a "tiers" row, and verify (layout)
     # asks the format registry (formats), which the table must settle before the move
     "best": "layout/best",
-    "formats": "layout/format_registry",
+    "format_registry": "layout/format_registry",
     "format_torch": "load/torch_format",
     "format_dcp": "load/dcp_format",
     "dcp_replicated": "formats/dcp_replicated",

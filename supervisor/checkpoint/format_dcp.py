@@ -1,6 +1,6 @@
 """The ``dcp`` checkpoint format (``checkpoint_format="dcp"``): a sharded
 ``torch.distributed.checkpoint`` — its ``.metadata`` and one shard file per rank, no
-``state.pt``; registered in `supervisor.checkpoint.formats`. DCP itself is imported only when a
+``state.pt``; registered in `supervisor.checkpoint.format_registry`. DCP itself is imported only when a
 checkpoint of this format is read."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from supervisor.checkpoint.format import Manifest
-from supervisor.checkpoint.formats import CheckpointFormat, LazyVariable, register_format
+from supervisor.checkpoint.format_registry import CheckpointFormat, LazyVariable, register_format
 from supervisor.checkpoint.verify import DCP_METADATA
 
 __all__ = ["DCP_FORMAT"]

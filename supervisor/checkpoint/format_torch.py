@@ -1,11 +1,11 @@
 """The ``torch`` checkpoint format (``checkpoint_format="torch"``, the default): the whole state
-in one ``torch.save`` file, ``state.pt``; registered in `supervisor.checkpoint.formats`."""
+in one ``torch.save`` file, ``state.pt``; registered in `supervisor.checkpoint.format_registry`."""
 from __future__ import annotations
 
 from typing import Any, Iterable
 
 from supervisor.checkpoint.format import STATE_FILE, Manifest
-from supervisor.checkpoint.formats import CheckpointFormat, register_format
+from supervisor.checkpoint.format_registry import CheckpointFormat, register_format
 
 __all__ = ["TORCH_FORMAT"]
 

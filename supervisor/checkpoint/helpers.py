@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 
 from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY
-from supervisor.checkpoint.formats import format_in
+from supervisor.checkpoint.format_registry import format_in
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.loader import is_remote, load_verified, read_checkpoint, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.private_copy import MemoryFile

@@ -17,7 +17,7 @@ the evaluator and ``load_checkpoint`` (`read_checkpoint`).
 3. Only then is ``state.pt`` unpickled (`safe_torch_load`: ``weights_only``, ``trusted_globals``
    opt-in, never unsafe unpickling), mapped from the copy when ``mmap`` (the tensors are views
    of it: no second copy; ``mapped``); another format (a sharded checkpoint) is assembled from the copies by
-   its reader in `supervisor.checkpoint.formats`. Bytes read: its size, manifest included (1.0×).
+   its reader in `supervisor.checkpoint.format_registry`. Bytes read: its size, manifest included (1.0×).
 
 Errors: `CheckpointVanishedError` (a `CheckpointNotFoundError`) when the checkpoint was deleted
 before its files could be opened — skip it, a newer one exists; `CheckpointCorruptError` when it
@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 
 from supervisor.checkpoint.fileio import NotARegularFileError, format_checksum
 from supervisor.checkpoint.fencing import check_not_orphaned
-from supervisor.checkpoint.formats import format_of, markers
+from supervisor.checkpoint.format_registry import format_of, markers
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.private_copy import PrivateCopy, checksum_stream, copy_file
 from supervisor.checkpoint.safe_globals import describe_load_error, safe_torch_load

@@ -65,7 +65,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from supervisor.checkpoint.format import MANIFEST_FILE, META_KEY, STATE_FILE, read_manifest
-from supervisor.checkpoint.formats import LazyVariable, format_in, format_of
+from supervisor.checkpoint.format_registry import LazyVariable, format_in, format_of
 from supervisor.checkpoint.index import latest_checkpoint
 from supervisor.checkpoint.loader import is_remote, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.ranged import RangedFile, resolve_remote

@@ -21,7 +21,7 @@ from typing import Any
 
 from supervisor.checkpoint.fileio import checksum_file, file_kind
 from supervisor.checkpoint.format import MANIFEST_FILE, STATE_FILE, Manifest, read_manifest
-from supervisor.checkpoint.formats import format_of
+from supervisor.checkpoint.format_registry import format_of
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointVanishedError
 
 #: torch.distributed.checkpoint's metadata file: a sharded checkpoint (supervisor.checkpoint.dcp)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from supervisor import load_checkpoint, verify_checkpoint
-from supervisor.checkpoint import formats
+from supervisor.checkpoint import format_registry as formats
 from supervisor.checkpoint.format import FileRecord, Manifest
-from supervisor.checkpoint.formats import CheckpointFormat, format_in, format_named, format_of, register_format
+from supervisor.checkpoint.format_registry import CheckpointFormat, format_in, format_named, format_of, register_format
 from supervisor.checkpoint.loader import load_verified, read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
