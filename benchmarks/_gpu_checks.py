@@ -15,8 +15,8 @@ from benchmarks._ranks import run_ranks
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession, TrainingState, load_checkpoint
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.fingerprint import Plan, fingerprints
-from supervisor.checkpoint.overlap import Copier, StreamCopier, ThreadCopier
+from supervisor.checkpoint.save.fingerprint import Plan, fingerprints
+from supervisor.checkpoint.save.overlap import Copier, StreamCopier, ThreadCopier
 
 STOP_ASKED_AT = 5
 

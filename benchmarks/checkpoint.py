@@ -68,7 +68,7 @@ from benchmarks._heap import frozen_heap  # noqa: E402
 from benchmarks.checkpoint_dcp import parse_sizes, run_dcp_comparison  # noqa: E402
 from supervisor import MonitoredSession, TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator  # noqa: E402
-from supervisor.checkpoint import fileio  # noqa: E402
+from supervisor.checkpoint.storage import fileio  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 _ROW_BYTES = 4096 * 4  # one row of a 4096-wide float32 layer
@@ -392,8 +392,8 @@ class NullSink:
 
 
 def serialise_to_null(payload: object) -> None:
-    from supervisor.checkpoint.serialize import serialize
-    from supervisor.checkpoint.fileio import ChecksumWriter
+    from supervisor.checkpoint.formats.serialize import serialize
+    from supervisor.checkpoint.storage.fileio import ChecksumWriter
 
     with ChecksumWriter(NullSink()) as writer:  # type: ignore[arg-type]
         serialize(payload, writer)
@@ -410,7 +410,7 @@ def phase_breakdown(model: BigModel, state: TrainingState, directory: str) -> No
     """Where one save's time goes, each phase alone (informational): the capture's memcpy, the
     CPU cost of serialising and checksumming without a disk, the CRC alone, and the disk's raw
     speed with the engine's 8 MiB chunks."""
-    from supervisor.checkpoint.staging import StagingArea
+    from supervisor.checkpoint.save.staging import StagingArea
 
     staging = StagingArea()
     staging.capture(state.state_dict())  # allocate once, as the manager does

@@ -53,7 +53,7 @@ def _rank_main(rank: int, port: int, mib: int, rounds: int, root: str, out: Any)
     import torch.distributed as dist
 
     from supervisor import TrainingState
-    from supervisor.checkpoint.dcp import ShardedCheckpointManager
+    from supervisor.checkpoint.sharded import ShardedCheckpointManager
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

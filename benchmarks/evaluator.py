@@ -3,7 +3,7 @@ a commit to the start of its evaluation.
 
 **Bytes read / checkpoint size** (target ≤ 1.0×), for a state of ``--mib`` MiB, two ways:
 
-- *one read* — what the evaluation loop does: `supervisor.checkpoint.reading.read_checkpoint`
+- *one read* — what the evaluation loop does: `supervisor.checkpoint.load.loader.read_checkpoint`
   (open, checksum while reading, load from memory);
 - *verify, then load* — the previous path: ``checkpoints_iterator`` verified the checkpoint
   (``check_checkpoint``: a full checksum read) and the evaluator then loaded it with
@@ -40,8 +40,7 @@ import torch
 
 from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager, load_checkpoint
-from supervisor.checkpoint.reading import read_checkpoint
-from supervisor.checkpoint.restore import check_checkpoint
+from supervisor.checkpoint.load.loader import read_checkpoint, verify_checkpoint as check_checkpoint
 from supervisor.estimator.evaluation import EvaluationLoop
 
 MiB = 1 << 20

@@ -15,7 +15,7 @@ One process, one device, one model + Adam state of ``--size-gib`` (default 2; 1�
   its contention is counted), and the compute stream's own time from ``torch.cuda.Event``s;
 - a bare copy of every state tensor into kept pinned host buffers (``non_blocking``, then
   synchronize): the limit of a blocking capture;
-- the overlapped capture's torn-write detection (supervisor/checkpoint/fingerprint.py): the
+- the overlapped capture's torn-write detection (supervisor/checkpoint/save/fingerprint.py): the
   fingerprint of the state on the device, as queued at the boundary (with every stream idle
   before and after; target ≤ 0.1× the pinned memcpy), and of the staged copy on the CPU, which
   the writer thread computes before it writes;
@@ -62,7 +62,7 @@ from benchmarks import _gpu_checks  # noqa: E402
 from benchmarks._ranks import spread  # noqa: E402
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
-from supervisor.checkpoint.fingerprint import Plan, fingerprints  # noqa: E402
+from supervisor.checkpoint.save.fingerprint import Plan, fingerprints  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 FIGURES = ("pinned memcpy", "DCP async_save stall (default stager)",

@@ -100,7 +100,7 @@ from benchmarks._object_store_report import Comparison, Cpu, Figures, Meter, pri
 from benchmarks._s3_server import S3Server  # noqa: E402
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
-from supervisor.checkpoint.object_store import (DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,  # noqa: E402
+from supervisor.checkpoint.storage.s3.store import (DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,  # noqa: E402
                                                 DEFAULT_PART_SIZE)
 
 MiB, GiB = 1 << 20, 1 << 30

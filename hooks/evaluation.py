@@ -25,7 +25,7 @@ see the new values).
 Keeping the best checkpoints: with ``keep_best``/``best_metric`` on the front door, each evaluation
 reports its metrics to the session's checkpoint manager (a named hook's as ``<name>/<metric>``)
 and asks for a checkpoint at that step, so every evaluated model is ranked by its own metric
-(`supervisor.checkpoint.best`); the end evaluation, after the final save, is recorded with it.
+(`supervisor.checkpoint.layout.best`); the end evaluation, after the final save, is recorded with it.
 
 Decisions: evaluation runs on the chief only (it writes the events), on the module inside a
 DDP or ``torch.compile`` wrapper, so no rank waits on a collective; a model with sharded

@@ -22,7 +22,7 @@ from supervisor.checkpoint import (
     restore_partial,
     verify_checkpoint,
 )
-from supervisor.checkpoint.tiered import TieredCheckpointManager
+from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
 from supervisor.clock import Clock, SystemClock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import CheckpointSessionCreator, Restored, SessionCreator, WorkerSessionCreator

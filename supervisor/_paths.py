@@ -30,7 +30,7 @@ from supervisor.checkpoint.storage import check_storage, is_url, split_scheme
 __all__ = ["check_directory", "check_logdir", "check_path", "check_restore_step", "check_storage",
            "check_watched_directory", "is_url", "local_path"]
 
-# The checkpoint format's own files (supervisor/checkpoint/format.py: MANIFEST_FILE, STATE_FILE).
+# The checkpoint format's own files (supervisor/checkpoint/layout/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
 
 

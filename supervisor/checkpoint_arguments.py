@@ -8,8 +8,8 @@ from typing import Any
 from supervisor import _validate as v
 from supervisor._paths import check_restore_step, is_url
 from supervisor.checkpoint import check_capture, check_trusted_globals
-from supervisor.checkpoint.best import check_retention, refuse_for_sharded
-from supervisor.checkpoint.tier_options import check_tiers, pop_tiers
+from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
+from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
 
 __all__ = ["CHECKPOINT_FORMATS", "check_checkpoint_options", "pop_restore_step"]
 
@@ -23,8 +23,8 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
     """Validates the checkpoint arguments the front doors share, at their construction
     (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
     checked checkpoint directory, which ``lock``/``lease_secs`` must suit; the retention ones:
-    `supervisor.checkpoint.best.check_retention`; ``tiers``: the checkpoint-tier arguments,
-    `supervisor.checkpoint.tier_options.check_tiers`)."""
+    `supervisor.checkpoint.layout.best.check_retention`; ``tiers``: the checkpoint-tier arguments,
+    `supervisor.checkpoint.tiers.options.check_tiers`)."""
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
     if tiers.get("local_dir") is not None and (keep_best or keep_period):

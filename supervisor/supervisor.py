@@ -25,10 +25,10 @@ from supervisor import _validate as v
 from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir
 from supervisor.checkpoint import CheckpointManager, check_writable_directory
-from supervisor.checkpoint.dcp import ShardedCheckpointManager
+from supervisor.checkpoint.sharded import ShardedCheckpointManager
 from supervisor.checkpoint.storage import options_for
-from supervisor.checkpoint.tier_options import TIER_ARGUMENTS
-from supervisor.checkpoint.tiered import make_manager
+from supervisor.checkpoint.tiers.options import TIER_ARGUMENTS
+from supervisor.checkpoint.tiers.manager import make_manager
 from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options, pop_restore_step
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
@@ -69,7 +69,7 @@ class Supervisor:
         checkpoint_basename: checkpoints are ``<logdir>/<basename>-<step>/``.
         max_to_keep, keep_checkpoint_every_n_hours: retention (SPEC §5.5).
         keep_best, best_metric, best_mode, keep_period: also keep the ``keep_best`` best checkpoints by
-            ``best_metric`` ("min"/"max"), and forever those at multiples of ``keep_period`` (`supervisor.checkpoint.best`).
+            ``best_metric`` ("min"/"max"), and forever those at multiples of ``keep_period`` (`supervisor.checkpoint.layout.best`).
         stop_grace_secs: how long service threads may take to stop.
         recovery_wait_secs: how often a non-chief polls for the chief's checkpoint.
         recoverable_exceptions: exception types that re-create the session from the latest

@@ -34,7 +34,7 @@ from supervisor.state import TrainingState
 from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir, check_storage, is_url
 from supervisor._shadowing import import_builtin_hooks
-from supervisor.checkpoint.tier_options import TIER_ARGUMENTS
+from supervisor.checkpoint.tiers.options import TIER_ARGUMENTS
 from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options
 from supervisor.supervisor import make_session_creator
 

@@ -224,7 +224,7 @@ class FaultProxy:
 
 
 def assert_copy_holds(copy: Any, data: bytes) -> None:
-    """A private copy (`supervisor.checkpoint.private_copy.copy_file`) holds exactly ``data``
+    """A private copy (`supervisor.checkpoint.load.private_copy.copy_file`) holds exactly ``data``
     (in its file or its buffer) and its CRC-32 is that of ``data``."""
     if copy.path is not None:
         with open(copy.path, "rb") as f:
@@ -261,7 +261,7 @@ def forward(handler: http.server.BaseHTTPRequestHandler, upstream_port: int, bod
 
 def data_url(storage, checkpoint: str, name: str = "state.pt") -> str:
     """The URL of a checkpoint's file ``name``: under the save's data root its manifest names
-    (supervisor/checkpoint/fencing.py), beside the manifest in the old layout."""
+    (supervisor/checkpoint/layout/fencing.py), beside the manifest in the old layout."""
     import json
 
     root = json.loads(storage.read_bytes(f"{checkpoint}/MANIFEST.json")).get("root")

@@ -9,13 +9,12 @@
 - helpers: `latest_checkpoint`, `get_checkpoint_state`, `load_checkpoint`, `restore_partial`,
   `checkpoints_iterator`, `verify_checkpoint`.
 
-Where each concern lives: format.py (layout, manifest), fileio.py (checksums while writing,
-fsync), staging.py (capture), writer.py (background thread), serialize.py (the payload's zip
-format), temp.py (one temp directory, filled by one or many writers, sealed and renamed once),
-commit.py (write_checkpoint, removal), index.py (the ``checkpoint`` file, an untrusted input),
-retention.py (pure keep/delete rules), verify.py (a checkpoint against its manifest; vanished vs
-corrupt), restore.py (load, fall back), lock.py (ownership), manager.py, helpers.py,
-dcp.py (``checkpoint_format="dcp"``: sharded, every rank writes).
+Where each concern lives (docs/architecture.md has the map and the import rules):
+``storage/`` (the seam, local, ``s3/``), ``ownership/`` (lock, lease), ``layout/`` (format,
+index, finished mark, retention, verify, fencing), ``formats/`` (``state.pt``, DCP, safe
+unpickling), ``load/`` (the one verified loader, choose, apply, TF's reader API), ``save/``
+(capture, the writer thread, temp, commit, publish), ``manager.py`` (`CheckpointManager`),
+``arguments.py`` (argument checks), ``sharded/`` (``checkpoint_format="dcp"``).
 
 The session creators moved to `supervisor.creators` (issue 23: this package never imports the
 floors above it); ``supervisor.checkpoint.CheckpointSessionCreator`` and
@@ -25,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
-from supervisor.checkpoint.fileio import fsync_dir
-from supervisor.checkpoint.finished import read_finished
-from supervisor.checkpoint.format import (
+from supervisor.checkpoint.save.commit import deletable_problem, remove_checkpoint
+from supervisor.checkpoint.storage.fileio import fsync_dir
+from supervisor.checkpoint.layout.finished import read_finished
+from supervisor.checkpoint.layout.format import (
     INDEX_FILE,
     MANIFEST_FILE,
     META_KEY,
@@ -42,13 +41,13 @@ from supervisor.checkpoint.format import (
     step_of,
     transient_base,
 )
-from supervisor.checkpoint.helpers import (
+from supervisor.checkpoint.load.checkpoint_utils import (
     PartialRestoreReport,
     checkpoints_iterator,
     load_checkpoint,
     restore_partial,
 )
-from supervisor.checkpoint.index import (
+from supervisor.checkpoint.layout.index import (
     CheckpointState,
     get_checkpoint_state,
     latest_checkpoint,
@@ -56,15 +55,16 @@ from supervisor.checkpoint.index import (
     relative_index,
     write_index,
 )
-from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
+from supervisor.checkpoint.ownership.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.manager import CheckpointManager
-from supervisor.checkpoint.manager_common import PendingSave
-from supervisor.checkpoint.options import check_basename, check_capture, check_trusted_globals, check_writable_directory
-from supervisor.checkpoint.reader import SEPARATOR, CheckpointReader, list_variables, load_variable, resolve_checkpoint
-from supervisor.checkpoint.reading import CheckpointRead, read_checkpoint
-from supervisor.checkpoint.restore import VERIFY_MODES, Restored, choose_checkpoint
-from supervisor.checkpoint.safe_globals import check_loadable
-from supervisor.checkpoint.restore import check_checkpoint as verify_checkpoint
+from supervisor.checkpoint.save.in_flight import PendingSave
+from supervisor.checkpoint.arguments import check_basename, check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint.load.variables import SEPARATOR, CheckpointReader, list_variables, load_variable, resolve_checkpoint
+from supervisor.checkpoint.load.loader import CheckpointRead, read_checkpoint, verify_checkpoint
+from supervisor.checkpoint.layout.verify import VERIFY_MODES
+from supervisor.checkpoint.load.apply import Restored
+from supervisor.checkpoint.load.choose import choose_checkpoint
+from supervisor.checkpoint.formats.safe_globals import check_loadable
 
 __all__ = [
     "CheckpointManager",

@@ -1,11 +1,10 @@
 """`CheckpointManager`: save, restore and retain the checkpoints of one logdir (SPEC §5).
 
-The one object the session, the front doors and the checkpoint hook talk to. It composes the parts: the
-ownership lock (lock.py), the capture into reused staging buffers (staging.py, on the caller's thread — the only
-part that blocks training; ``capture="overlapped"``: overlap.py), the background writer (writer.py) running the
-commit protocol (commit.py), the index and retention (publish.py; decisions in retention.py, pure) and
-verify-then-fall-back restore (restore.py). Every file goes through the logdir's `Storage` (``self.storage``):
-a local path or an ``s3://bucket/prefix`` URL (SPEC §16).
+The one object the session, the front doors and the checkpoint hook talk to. It composes the subpackages
+(docs/architecture.md): the ownership lock (``ownership/``), the capture into reused staging buffers (``save/``,
+on the caller's thread — the only part that blocks training), the background writer running the commit
+protocol and publishing the index and retention (``save/``), verify-then-fall-back restore (``load/``). Every
+file goes through the logdir's `Storage` (``self.storage``): a local path or an ``s3://bucket/prefix`` URL.
 """
 from __future__ import annotations
 
@@ -21,23 +20,24 @@ import torch
 from supervisor import distributed
 from supervisor.distributed import rng as distributed_rng
 from supervisor._validate import check_bool, check_callable, check_choice, check_int, check_lock
-from supervisor.checkpoint.commit import write_checkpoint
-from supervisor.checkpoint.fileio import Opener
-from supervisor.checkpoint.format import INDEX_FILE, checkpoint_name, make_payload
-from supervisor.checkpoint.lock import WriterLock, acquire_writer_lock
-from supervisor.checkpoint.publish import Publisher
-from supervisor.checkpoint.save_failures import failure_verdict
+from supervisor.checkpoint.save.commit import write_checkpoint
+from supervisor.checkpoint.storage.fileio import Opener
+from supervisor.checkpoint.layout.format import INDEX_FILE, checkpoint_name, make_payload
+from supervisor.checkpoint.ownership.lock import WriterLock, acquire_writer_lock
+from supervisor.checkpoint.save.publish import Publisher
+from supervisor.checkpoint.save.failure_policy import failure_verdict
 from supervisor.checkpoint.storage import Storage, is_url
-from supervisor.checkpoint.options import (check_basename, check_capture, check_directory, check_trusted_globals,
+from supervisor.checkpoint.arguments import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
-from supervisor.checkpoint.choose import load_chosen
-from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
-from supervisor.checkpoint import overlap
-from supervisor.checkpoint.overlap import Copier, PendingCopy, check_copier, discarded_message
-from supervisor.checkpoint.staging import StagingArea
-from supervisor.checkpoint.writer import BackgroundWriter
-from supervisor.checkpoint.manager_common import ManagerCommon, before_commit
-from supervisor.checkpoint.best import MetricKeeper, ReportsMetrics, check_retention
+from supervisor.checkpoint.load.choose import load_chosen, find_and_load
+from supervisor.checkpoint.layout.verify import VERIFY_MODES
+from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
+from supervisor.checkpoint.save import overlap
+from supervisor.checkpoint.save.overlap import Copier, PendingCopy, check_copier, discarded_message
+from supervisor.checkpoint.save.staging import StagingArea
+from supervisor.checkpoint.save.background import BackgroundWriter
+from supervisor.checkpoint.save.in_flight import ManagerCommon, before_commit
+from supervisor.checkpoint.layout.best import MetricKeeper, ReportsMetrics, check_retention
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.resume import loader_generators
@@ -67,7 +67,7 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
         max_to_keep, keep_checkpoint_every_n_hours: keep this many recent checkpoints (None: all), and one per hours.
         keep_best, best_metric, best_mode, keep_period: also keep the ``keep_best`` best by ``best_metric`` (a name
             or ``fn(metrics) -> float``; ``best_mode`` "min"/"max"; `report_metrics`), and forever every checkpoint
-            whose step is a multiple of ``keep_period`` (`supervisor.checkpoint.best`).
+            whose step is a multiple of ``keep_period`` (`supervisor.checkpoint.layout.best`).
         save_mode: ``"async"`` (write in a background thread) or ``"sync"`` (write in ``save``).
         verify: ``"full"`` (sizes and checksums) or ``"size"`` (sizes only) before restoring.
         max_consecutive_save_failures: None (default): the first failed save is fatal. K: a
@@ -281,7 +281,7 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
     def wait(self) -> None:
         """Blocks until no save is in flight; raises a fatal background failure that ``on_error``
         did not take — on every thread waiting, at every call, until the next ``save()`` starts
-        (`supervisor.checkpoint.manager_common`)."""
+        (`supervisor.checkpoint.save.in_flight`)."""
         self._settle()
         self._writer.wait()
         self._raise_undelivered()

@@ -24,8 +24,8 @@ from supervisor.checkpoint import (
     transient_base,
     verify_checkpoint,
 )
-from supervisor.checkpoint.lock import read_owner_record
-from supervisor.checkpoint.retention import RetentionRule, RetentionState, kept_reasons, rule_of
+from supervisor.checkpoint.ownership.lock import read_owner_record
+from supervisor.checkpoint.layout.retention import RetentionRule, RetentionState, kept_reasons, rule_of
 from supervisor.cli._paths import NAME_WITH_STEP
 from supervisor.errors import CheckpointError, LogdirInUseError
 

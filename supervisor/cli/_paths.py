@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 
 from supervisor.checkpoint import INDEX_FILE, MANIFEST_FILE
-from supervisor.checkpoint.format_registry import markers
+from supervisor.checkpoint.layout.format_registry import markers
 
 __all__ = ["PathKind", "path_kind", "is_checkpoint_dir", "find_logdirs", "advice", "NAME_WITH_STEP"]
 
@@ -47,7 +47,7 @@ def _mode(path: str) -> int | None:
 
 def is_checkpoint_dir(path: str) -> bool:
     """A directory holding a manifest or the marker file of a checkpoint format (``state.pt``,
-    ``.metadata``: `supervisor.checkpoint.format_registry`): committed or damaged, not a log directory."""
+    ``.metadata``: `supervisor.checkpoint.layout.format_registry`): committed or damaged, not a log directory."""
     return any(_mode(os.path.join(path, f)) is not None for f in (MANIFEST_FILE, *markers()))
 
 

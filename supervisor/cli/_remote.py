@@ -23,10 +23,10 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 from supervisor.checkpoint import CheckpointState, MANIFEST_FILE, list_committed, read_index, verify_checkpoint
-from supervisor.checkpoint.index import entry_problem, keep_entries
-from supervisor.checkpoint.lease import Lease
-from supervisor.checkpoint.lock import acquire_writer_lock
-from supervisor.checkpoint.records import parse_json
+from supervisor.checkpoint.layout.index import entry_problem, keep_entries
+from supervisor.checkpoint.ownership.lease import Lease
+from supervisor.checkpoint.ownership.lock import acquire_writer_lock
+from supervisor.checkpoint.storage.records import parse_json
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.storage import is_url as storage_is_url
 from supervisor.cli._common import (DEFAULT_BASENAME, EXIT_PROBLEM, CheckpointRow, Listing, Refused,

@@ -24,7 +24,7 @@ from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, a
 from supervisor.cli._paths import advice, path_kind
 from supervisor.cli._tiers import add_local_dir, local_listing, restore_line, tier_rows_json
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
-from supervisor.checkpoint.retention import RetentionRule, rule_of
+from supervisor.checkpoint.layout.retention import RetentionRule, rule_of
 
 __all__ = ["add_parser", "run", "render"]
 

@@ -4,14 +4,14 @@ Like retention (SPEC §5.5) it only touches checkpoints listed in the index's
 ``all_model_checkpoint_paths``: hand-copied checkpoints and those kept for good by
 ``keep_checkpoint_every_n_hours`` are never deleted, nor is the one ``model_checkpoint_path``
 names, nor the one a restart would restore (the index's choice if it verifies, else the next
-older that does: `supervisor.checkpoint.restore.choose_checkpoint`, checksums included). The index
+older that does: `supervisor.checkpoint.load.choose.choose_checkpoint`, checksums included). The index
 is rewritten atomically first, then each checkpoint is renamed aside and deleted, so a reader
 sees a whole checkpoint or none. ``--dry-run`` prints the plan and deletes nothing (it takes no
 lock, so it also works while training runs); a real prune is refused (exit 1) while a writer
 holds the logdir's lock.
 
 The index is untrusted: only entries that are checkpoints by the one rule every deleter applies
-(`supervisor.checkpoint.commit.deletable_problem`: ``<basename>-<step>`` of the run's basename,
+(`supervisor.checkpoint.save.commit.deletable_problem`: ``<basename>-<step>`` of the run's basename,
 taken from ``model_checkpoint_path``, a real directory with a committed ``MANIFEST.json``) are
 counted, kept or deleted. Any other entry — a user's directory or file, a FIFO, a symbolic link —
 is left alone (and stays listed); an entry that no longer exists is dropped from the index.
@@ -43,8 +43,8 @@ from supervisor.checkpoint import (
     step_of,
     write_index,
 )
-from supervisor.checkpoint.index import keep_entries
-from supervisor.checkpoint.safe_globals import UntrustedCheckpointError
+from supervisor.checkpoint.layout.index import keep_entries
+from supervisor.checkpoint.formats.safe_globals import UntrustedCheckpointError
 from supervisor.checkpoint.storage import Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
 from supervisor.cli._remote import add_storage_options, is_url, mutate_url, relative_url_index

@@ -5,7 +5,7 @@ file, fsync, rename) with ``model_checkpoint_path`` naming it — the hand edit 
 done safely. Newer checkpoints stay on disk and in the index: the resumed run replaces each one
 (atomically) when it saves that step again; ``--discard-newer`` deletes them instead (only those
 the index lists, after the index no longer names them, and only committed checkpoints of the run's
-basename: `supervisor.checkpoint.commit.deletable_problem`, the rule every deleter applies). Refused (exit 1)
+basename: `supervisor.checkpoint.save.commit.deletable_problem`, the rule every deleter applies). Refused (exit 1)
 while a writer holds the logdir's lock; the lock is held while the index is rewritten.
 """
 from __future__ import annotations

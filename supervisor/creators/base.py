@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from supervisor._validate import check_bool, check_callable
-from supervisor.checkpoint.restore import Restored
+from supervisor.checkpoint.load.apply import Restored
 from supervisor.environment import SessionEnvironment
 from supervisor.state import TrainingState
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from supervisor.checkpoint.finished import clear_finished, mark_finished
-from supervisor.checkpoint.index import latest_checkpoint
+from supervisor.checkpoint.layout.finished import clear_finished, mark_finished
+from supervisor.checkpoint.layout.index import latest_checkpoint
 from supervisor.checkpoint.manager import CheckpointManager
-from supervisor.checkpoint.restore import Restored
-from supervisor.checkpoint.tiered import TieredCheckpointManager
+from supervisor.checkpoint.load.apply import Restored
+from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
 from supervisor.creators import chief_choice
 from supervisor.distributed import env
 from supervisor.creators.base import SessionCreator
@@ -39,7 +39,7 @@ class ManagedCheckpointCreator(SessionCreator):
     with the session's environment, opened (ownership lock) at the first restore, and — when it
     has no ``on_error`` of its own — reports a failed background save to the session's
     ``request_stop``, so the session stops and its ``close`` re-raises it. On the chief it also
-    keeps the run's finished mark (`supervisor.checkpoint.finished`), for ``state.pt`` and
+    keeps the run's finished mark (`supervisor.checkpoint.layout.finished`), for ``state.pt`` and
     sharded runs alike, so an evaluator of either stops after the final checkpoint."""
 
     reinitialise_on_recreate = True

@@ -10,7 +10,7 @@ broadcast), which knows no checkpoint format; loading and verifying are `supervi
 
 Read once per job (issue 31): the chief keeps the verified copy of the ``state.pt`` it restored,
 posts the checkpoint's manifest with its decision and broadcasts the bytes
-(`supervisor.checkpoint.shared_copy`); every other rank receives them into a private copy of
+(`supervisor.checkpoint.load.shared_copy`); every other rank receives them into a private copy of
 its own, checked against that manifest, and loads from it — no other rank reads the checkpoint
 from storage. A decision without a manifest (an older chief) is restored from storage as before.
 """
@@ -20,10 +20,10 @@ import logging
 from typing import Any
 
 from supervisor.distributed import env
-from supervisor.checkpoint.format import STATE_FILE
-from supervisor.checkpoint.loader import LoadedCheckpoint, load_state_copy
-from supervisor.checkpoint.restore import apply_checkpoint, load_verified
-from supervisor.checkpoint.shared_copy import receive_copy, share_copy
+from supervisor.checkpoint.layout.format import STATE_FILE
+from supervisor.checkpoint.load.loader import LoadedCheckpoint, load_state_copy, load_verified
+from supervisor.checkpoint.load.apply import apply_checkpoint
+from supervisor.checkpoint.load.shared_copy import receive_copy, share_copy
 from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.clock import Clock
 from supervisor.distributed.restore import (

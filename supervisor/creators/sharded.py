@@ -1,14 +1,14 @@
 """The sharded session creator (SPEC §4, §12): ``checkpoint_format="dcp"``, on every rank.
 
 The chief chooses the checkpoint (verified), every rank loads its shards of exactly that one:
-`supervisor.checkpoint.dcp_manager.ShardedCheckpointManager.restore` does both.
+`supervisor.checkpoint.sharded.manager.ShardedCheckpointManager.restore` does both.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager
-from supervisor.checkpoint.restore import Restored
+from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
+from supervisor.checkpoint.load.apply import Restored
 from supervisor.creators.chief import ManagedCheckpointCreator
 from supervisor.state import TrainingState
 

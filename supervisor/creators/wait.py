@@ -25,8 +25,8 @@ import os
 from typing import Any, Callable, Mapping
 
 from supervisor._validate import check_int, check_number
-from supervisor.checkpoint.format import step_of
-from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.layout.format import step_of
+from supervisor.checkpoint.layout.index import read_index
 from supervisor.checkpoint.storage import Storage, check_storage, split_scheme, storage_for
 from supervisor.clock import Clock, resolve_clock
 

@@ -16,8 +16,10 @@ from typing import Any, Callable, Iterable, Mapping
 from supervisor.distributed import env
 from supervisor._paths import check_logdir, check_path, check_storage, is_url
 from supervisor._validate import check_bool, check_choice, check_number
-from supervisor.checkpoint.options import check_basename, check_trusted_globals
-from supervisor.checkpoint.restore import VERIFY_MODES, Restored, apply_checkpoint, find_and_load
+from supervisor.checkpoint.arguments import check_basename, check_trusted_globals
+from supervisor.checkpoint.layout.verify import VERIFY_MODES
+from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
+from supervisor.checkpoint.load.choose import find_and_load
 from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
 from supervisor.clock import Clock, resolve_clock
 from supervisor.creators import chief_choice

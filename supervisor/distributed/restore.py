@@ -65,7 +65,7 @@ class RestoreDecision:
     (`broadcast_bytes`) instead of every rank reading them from storage; None (a decision of an
     older chief, or a sharded checkpoint): each rank reads its part itself. ``shared``: for a
     sharded checkpoint, how many bytes of replicated items the chief sends after ``.metadata``
-    (`supervisor.checkpoint.dcp_replicated`); None or 0: none."""
+    (`supervisor.checkpoint.formats.dcp_replicated`); None or 0: none."""
 
     path: str | None = None
     step: int | None = None

@@ -18,7 +18,7 @@ another process and calls ``evaluate_fn(checkpoint)`` on each new checkpoint, wh
   apart; look for a new checkpoint every ``poll_secs``. When ``timeout`` seconds pass without a
   new checkpoint, stop unless ``timeout_fn()`` returns False (then keep waiting).
 - **until**: ``max_evaluations`` evaluations by this loop; a checkpoint at ``global_step >=
-  max_steps`` evaluated; the trainer marked the run finished (`supervisor.checkpoint.finished`)
+  max_steps`` evaluated; the trainer marked the run finished (`supervisor.checkpoint.layout.finished`)
   and nothing newer is left to evaluate — so the final checkpoint is always evaluated first;
   `stop()` (from another thread or a signal handler); or the timeout.
 

@@ -20,7 +20,7 @@ import struct
 from typing import IO, Any, Mapping
 
 from supervisor.checkpoint import get_checkpoint_state, read_index, read_manifest
-from supervisor.checkpoint.records import fields, parse_object
+from supervisor.checkpoint.storage.records import fields, parse_object
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.estimator.export_objects import list_object_exports, remove_object_leftovers
 from supervisor.estimator.locations import is_url
@@ -161,7 +161,7 @@ def read_export_file(export_dir: str | os.PathLike, name: str, storage_options: 
 
 def read_export_record(export_dir: str, storage_options: Options = None) -> dict[str, Any] | None:
     """The eval result an export holds (``eval_result.json``), or None with a WARNING."""
-    try:  # untrusted: supervisor.checkpoint.records
+    try:  # untrusted: supervisor.checkpoint.storage.records
         record = parse_object(read_export_file(export_dir, RESULT_FILE, storage_options, max_bytes=_RECORD_MAX_BYTES))
         return fields(lambda: dict(_metrics(record["metrics"]), global_step=_step(record["global_step"])),
                       "export record")
@@ -179,7 +179,7 @@ def export_step(export_dir: str, storage_options: Options = None) -> int | None:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > 100 << 20:
                 return None
-            header = parse_object(f.read(length))  # untrusted: supervisor.checkpoint.records
+            header = parse_object(f.read(length))  # untrusted: supervisor.checkpoint.storage.records
         return fields(lambda: _step(int(header["__metadata__"]["global_step"])), "safetensors header")
     except (OSError, ValueError, struct.error):
         return None

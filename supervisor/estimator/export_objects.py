@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 from supervisor.checkpoint import MANIFEST_FILE
-from supervisor.checkpoint.records import parse_json
+from supervisor.checkpoint.storage.records import parse_json
 from supervisor.checkpoint.storage import Storage
 
 __all__ = ["EXPORT_FORMAT", "MANIFEST_MAX_BYTES", "upload_export", "list_object_exports", "remove_object_leftovers",

@@ -25,7 +25,7 @@ from typing import Any
 from supervisor import _validate as v
 from supervisor import distributed
 from supervisor._paths import check_logdir, is_url, local_path
-from supervisor.checkpoint.best import check_retention
+from supervisor.checkpoint.layout.best import check_retention
 
 __all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max", "resolve_config"]
 

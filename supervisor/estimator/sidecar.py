@@ -4,7 +4,7 @@ Runs in its own process next to a trainer and evaluates each new checkpoint the 
 commits, on the `EvaluationLoop` that ``train_and_evaluate``'s evaluator uses too:
 
 - each checkpoint is read once from open descriptors, verified while loaded
-  (`supervisor.checkpoint.reading`); one deleted by retention before it could be opened is
+  (`supervisor.checkpoint.load.loader`); one deleted by retention before it could be opened is
   skipped with an INFO line, a damaged one with a WARNING — the evaluator never crashes on
   either, and never evaluates a partial or mixed checkpoint;
 - the checkpoint's ``"model"`` entry is loaded into ``model`` (wrapper prefixes reconciled),

@@ -1,5 +1,5 @@
 """`Estimator.get_variable_names` / `get_variable_value`: TF's names and values of a checkpoint,
-read through `supervisor.checkpoint.reader` (the one naming rule: ``global_step``,
+read through `supervisor.checkpoint.load.variables` (the one naming rule: ``global_step``,
 ``model/fc.weight``, ``optimizer/state/0/exp_avg``, ``optimizer/param_groups/0/lr``; see its
 module docstring). ``state.pt`` is memory-mapped, so only the bytes of the value asked for are
 read; sharded (``checkpoint_format="dcp"``) checkpoints are read through DCP's metadata.

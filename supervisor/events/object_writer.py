@@ -21,7 +21,7 @@ with the writer's creation time, or whole seconds as tensorboard's local files h
 one writer's new object before another's that TensorBoard already read: it would never read it).
 
 What the writer does when an upload fails: botocore retries it (bounded, with backoff: see
-`supervisor.checkpoint.object_store`); if it still fails, the records are **kept**, a WARNING says
+`supervisor.checkpoint.storage.s3.store`); if it still fails, the records are **kept**, a WARNING says
 so, and the next upload (the next ``flush_secs`` tick, `flush` or `close`) sends them again
 under the same name (a plain ``PutObject`` replaces a half-known first attempt: no record is
 written twice or lost). `flush` and `close` raise ``OSError`` naming the object while the upload

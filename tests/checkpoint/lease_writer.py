@@ -15,7 +15,7 @@ import torch
 
 from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.lease import LeaseLostError
+from supervisor.checkpoint.ownership.lease import LeaseLostError
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ def test_wait_does_not_wait_for_retention_to_delete(manager_factory, tmp_path, m
     (slow filesystem work) happens after, so wait() and the next capture don't pay for it."""
     import threading
 
-    from supervisor.checkpoint import publish as publish_module
+    from supervisor.checkpoint.save import publish as publish_module
 
     release, removing = threading.Event(), threading.Event()
     real_remove = publish_module.remove_tree

@@ -96,8 +96,8 @@ def _sealed_dcp_checkpoint(logdir, model, optimizer, step):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    from supervisor.checkpoint.fileio import checksum_file
-    from supervisor.checkpoint.format import FileRecord, Manifest
+    from supervisor.checkpoint.storage.fileio import checksum_file
+    from supervisor.checkpoint.layout.format import FileRecord, Manifest
 
     path = os.path.join(str(logdir), f"model.ckpt-{step}")
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
@@ -110,10 +110,6 @@ def _sealed_dcp_checkpoint(logdir, model, optimizer, step):
 
 
 def test_dcp_checkpoints_are_read_one_tensor_at_a_time(tmp_path):
-    from supervisor.checkpoint import restore
-
-    if not hasattr(restore, "DCP_METADATA"):
-        pytest.skip("needs the dcp checkpoint format's verification (issue 13) in supervisor.checkpoint.restore")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     optimizer = torch.optim.Adam(model.parameters())

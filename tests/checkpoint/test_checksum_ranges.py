@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from supervisor.checkpoint import fileio
+from supervisor.checkpoint.storage import fileio
 
 
 @pytest.mark.parametrize("size", [0, 1, (1 << 20) + 7, (3 << 20) + 12345])

@@ -11,7 +11,7 @@ import torch
 
 from supervisor.checkpoint import latest_checkpoint
 from supervisor.errors import CheckpointError
-from supervisor.checkpoint.fileio import ChecksumWriter, checksum_file, default_opener
+from supervisor.checkpoint.storage.fileio import ChecksumWriter, checksum_file, default_opener
 
 from .conftest import small_state, train_step
 
@@ -138,7 +138,7 @@ def test_no_final_directory_and_no_index_until_sealed(manager_factory, tmp_path)
 
 
 def test_opening_a_manager_reads_the_index_once(manager_factory, monkeypatch):
-    from supervisor.checkpoint import publish as manager_module  # the manager's Publisher reads it
+    from supervisor.checkpoint.save import publish as manager_module  # the manager's Publisher reads it
 
     state = small_state(width=8)
     first = manager_factory()

@@ -1,4 +1,4 @@
-"""Per-item checksums of sharded checkpoints (issue 31, `supervisor.checkpoint.dcp_ranges`), in
+"""Per-item checksums of sharded checkpoints (issue 31, `supervisor.checkpoint.formats.dcp_ranges`), in
 one process: computed while DCP writes (the stretches between its ``tell()`` calls), kept in
 ``.metadata``, checked on exactly the items a restore reads; the chief's choice reads no shard."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from supervisor import TrainingState
-from supervisor.checkpoint.dcp import restore_sharded, save_sharded
-from supervisor.checkpoint.dcp_ranges import _RecordingFileSystem, verifiable_by_ranges
-from supervisor.checkpoint.dcp_reading import read_metadata_file
-from supervisor.checkpoint.dcp_restore import choose_sharded
-from supervisor.checkpoint.format import read_manifest
+from supervisor.checkpoint.sharded import restore_sharded, save_sharded
+from supervisor.checkpoint.formats.dcp_ranges import _RecordingFileSystem, verifiable_by_ranges
+from supervisor.checkpoint.formats.dcp_reading import read_metadata_file
+from supervisor.checkpoint.sharded.restore import choose_sharded
+from supervisor.checkpoint.layout.format import read_manifest
 from supervisor.errors import CheckpointCorruptError
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.timeout(120)]

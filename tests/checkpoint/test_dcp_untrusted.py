@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from supervisor import MonitoredTrainingSession, TrainingState, list_variables, load_checkpoint, load_variable
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into, restore_sharded
-from supervisor.checkpoint.reading import read_checkpoint
+from supervisor.checkpoint.sharded import ShardedCheckpointManager, load_into, restore_sharded
+from supervisor.checkpoint.load.loader import read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 from tests import forked_cli
 from tests.estimator.sidecar_helpers import make_model, weight_metrics

@@ -1,7 +1,7 @@
 """Every deleter deletes checkpoints only (issue 21 items 2 and 3; SPEC §5.5, §13).
 
 A checkpoint is a directory named ``<basename>-<step>`` (not a symbolic link) holding a committed
-``MANIFEST.json`` — one rule, `supervisor.checkpoint.commit.deletable_problem`, applied by
+``MANIFEST.json`` — one rule, `supervisor.checkpoint.save.commit.deletable_problem`, applied by
 retention (`CheckpointManager`), ``prune`` and ``rollback --discard-newer``. Whatever else a
 hand-edited index lists (a user's directory, a user's file, an entry that no longer exists, a
 FIFO, a symbolic-link loop) is never deleted nor renamed, and ``prune --keep N`` counts and keeps
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import supervisor
-from supervisor.checkpoint.commit import deletable_problem, remove_checkpoint
-from supervisor.checkpoint.index import CheckpointState, read_index, write_index
+from supervisor.checkpoint.save.commit import deletable_problem, remove_checkpoint
+from supervisor.checkpoint.layout.index import CheckpointState, read_index, write_index
 from tests.cli.helpers import cli, make_logdir
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,7 +1,7 @@
 """No reader of checkpoint files blocks on a FIFO (issue 21 item 4): a FIFO as ``state.pt``,
 ``MANIFEST.json`` or ``.supervisor.finished`` is reported as "not a regular file" at once.
 
-Files are opened by `supervisor.checkpoint.fileio.open_regular` (``O_NONBLOCK``, ``fstat``, refuse
+Files are opened by `supervisor.checkpoint.storage.fileio.open_regular` (``O_NONBLOCK``, ``fstat``, refuse
 anything but a regular file, then blocking again). Each case runs in a subprocess with a timeout,
 so a regression fails the test instead of hanging the suite; one sends SIGTERM to the evaluator
 CLI while it reads and checks it exits.
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from supervisor.checkpoint.fileio import NotARegularFileError, open_regular
+from supervisor.checkpoint.storage.fileio import NotARegularFileError, open_regular
 from tests import forked_cli
 from tests.cli.helpers import ROOT, make_logdir
 
@@ -60,7 +60,7 @@ def test_a_fifo_state_pt_is_damaged_for_every_evaluation_entry_point(tmp_path):
     fifo_instead_of(tmp_path / "model.ckpt-100" / "state.pt")
     done = run_python(f"""
         import torch
-        from supervisor.checkpoint.reading import read_checkpoint
+        from supervisor.checkpoint.load.loader import read_checkpoint
         from supervisor.errors import CheckpointCorruptError
         from supervisor.estimator import Estimator
         from supervisor.estimator.sidecar import SidecarEvaluator
@@ -108,7 +108,7 @@ def test_a_fifo_finished_mark_does_not_block_the_evaluator(tmp_path):
     done = run_python(f"""
         import logging
         logging.basicConfig(level=logging.WARNING)
-        from supervisor.checkpoint.finished import read_finished
+        from supervisor.checkpoint.layout.finished import read_finished
         print("mark:", read_finished({str(tmp_path)!r}))
     """)
     assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from supervisor.checkpoint.reading import read_checkpoint
+from supervisor.checkpoint.load.loader import read_checkpoint
 from supervisor.errors import CheckpointCorruptError
 from supervisor.estimator import Estimator
 from supervisor.estimator.sidecar import SidecarEvaluator
@@ -82,8 +82,8 @@ def big_logdir(tmp_path):
 def test_a_file_truncated_while_verify_reads_it_is_damaged_not_sigbus(big_logdir):
     done = _run(f"""
         import os
-        from supervisor.checkpoint import fileio
-        from supervisor.checkpoint.verify import check_checkpoint
+        from supervisor.checkpoint.storage import fileio
+        from supervisor.checkpoint.layout.verify import check_checkpoint
         from supervisor.errors import CheckpointCorruptError
 
         path = {str(big_logdir / "model.ckpt-1")!r}
@@ -112,7 +112,7 @@ def test_a_file_truncated_while_a_restore_reads_it_is_an_error_not_sigbus(big_lo
         import os
         import torch
         import supervisor
-        from supervisor.checkpoint import loader
+        from supervisor.checkpoint.load import loader
         from supervisor.errors import CheckpointError
 
         state = {str(big_logdir / "model.ckpt-1" / "state.pt")!r}

@@ -1,4 +1,4 @@
-"""The overlapped capture's fingerprints (supervisor/checkpoint/fingerprint.py): every write that
+"""The overlapped capture's fingerprints (supervisor/checkpoint/save/fingerprint.py): every write that
 a bit-sum or a version counter misses changes them; copies of the same bits agree, on any layout
 and (on a GPU machine) across devices."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 
-from supervisor.checkpoint import fingerprint
-from supervisor.checkpoint.fingerprint import Plan, fingerprints
-from supervisor.checkpoint.overlap import resolve_capture
+from supervisor.checkpoint.save import fingerprint
+from supervisor.checkpoint.save.fingerprint import Plan, fingerprints
+from supervisor.checkpoint.save.overlap import resolve_capture
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from supervisor import load_checkpoint, verify_checkpoint
-from supervisor.checkpoint import format_registry as formats
-from supervisor.checkpoint.format import FileRecord, Manifest
-from supervisor.checkpoint.format_registry import CheckpointFormat, format_in, format_named, format_of, register_format
-from supervisor.checkpoint.loader import load_verified, read_checkpoint
+from supervisor.checkpoint.layout import format_registry as formats
+from supervisor.checkpoint.layout.format import FileRecord, Manifest
+from supervisor.checkpoint.layout.format_registry import CheckpointFormat, format_in, format_named, format_of, register_format
+from supervisor.checkpoint.load.loader import load_verified, read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
 pytestmark = pytest.mark.timeout(60)

@@ -24,8 +24,8 @@ from supervisor.checkpoint import (
     load_checkpoint,
     verify_checkpoint,
 )
-from supervisor.checkpoint.fileio import checksum_file
-from supervisor.checkpoint.format import FileRecord, Manifest
+from supervisor.checkpoint.storage.fileio import checksum_file
+from supervisor.checkpoint.layout.format import FileRecord, Manifest
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
 from .conftest import restore_into, small_state, train_step
@@ -160,7 +160,7 @@ def test_eacces_falls_back_with_a_warning(logdir):
     script = textwrap.dedent(f"""
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
-        from supervisor.checkpoint.restore import find_and_load
+        from supervisor.checkpoint.load.choose import find_and_load
         print("RESTORED", find_and_load({str(logdir)!r}, "model.ckpt").step)
     """)
     try:
@@ -274,7 +274,7 @@ def test_a_checkpoint_error_is_not_raised_for_a_healthy_logdir(logdir):
 
 def test_relative_index_leaves_out_what_is_not_a_checkpoint_of_the_logdir(logdir, caplog):
     """What tools that prune or roll back by the index build on (e.g. the CLI)."""
-    from supervisor.checkpoint.index import read_index, relative_index
+    from supervisor.checkpoint.layout.index import read_index, relative_index
 
     _index(logdir, "model.ckpt-3", "userdata", ".supervisor.lock", "../x-1", str(logdir / "model.ckpt-1"),
            "model.ckpt-2")

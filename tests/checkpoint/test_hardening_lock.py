@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.lock import OWNER_FILE
+from supervisor.checkpoint.ownership.lock import OWNER_FILE
 from supervisor.errors import LogdirInUseError
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
@@ -63,7 +63,7 @@ def test_refused_writer_waits_for_the_new_holder_to_record_itself(tmp_path):
 
 
 def test_a_holder_that_never_records_itself_is_not_misnamed(tmp_path, monkeypatch):
-    from supervisor.checkpoint import lock as lock_module
+    from supervisor.checkpoint.ownership import lock as lock_module
 
     monkeypatch.setattr(lock_module, "OWNER_RECORD_WAIT_SECS", 0.2)
     dead_pid = _dead_holder(tmp_path)

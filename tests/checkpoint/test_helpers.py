@@ -17,7 +17,7 @@ from supervisor.checkpoint import (
     load_checkpoint,
     restore_partial,
 )
-from supervisor.checkpoint.index import format_index, parse_index
+from supervisor.checkpoint.layout.index import format_index, parse_index
 from supervisor.errors import CheckpointError, CheckpointNotFoundError
 from supervisor.testing import FakeClock
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from supervisor.checkpoint.commit import clean_transient
+from supervisor.checkpoint.save.commit import clean_transient
 from supervisor.errors import CheckpointError
 from tests.checkpoint.conftest import small_state
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from supervisor import CheckpointManager, TrainingState
-from supervisor.checkpoint.format import deleting_name, temp_name
+from supervisor.checkpoint.layout.format import deleting_name, temp_name
 
 
 def commit_step(logdir, step, value):

@@ -19,10 +19,6 @@ pytestmark = pytest.mark.timeout(60)
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "supervisor" / "checkpoint"
 DOTTED = "supervisor.checkpoint"
-# --- applied by tools/reorg_checkpoint.py: from here (the script removes this guard)
-if not (PACKAGE / "layout").is_dir():
-    pytest.skip("the subpackages are made by tools/reorg_checkpoint.py", allow_module_level=True)
-# --- to here
 
 #: unit -> the units it may import (besides itself). A unit is a subpackage, or a module of the
 #: package's own floor (``manager``, ``arguments``); ``__init__`` is the façade.

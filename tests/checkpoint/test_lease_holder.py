@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from supervisor.checkpoint.lease import Lease, LeaseRecord
+from supervisor.checkpoint.ownership.lease import Lease, LeaseRecord
 from tests.checkpoint.conftest import small_state
 from tests.checkpoint.test_writer_lease import (HOST, _dead_holders_record, _expiry, _kill, _refusal,  # noqa: F401
                                                 _start_writer, _take_over, where)
@@ -56,7 +56,7 @@ def test_a_pid_that_now_belongs_to_another_process_is_taken_over_at_once(where, 
         record = Lease(where.storage, where.root).newest()
         # The same pid, alive, but started at another time: the holder was another process.
         _plant(where, replace(record, generation=record.generation + 1, started=record.started - 1))
-        with caplog.at_level("WARNING", logger="supervisor.checkpoint.lease"):
+        with caplog.at_level("WARNING", logger="supervisor.checkpoint.ownership.lease"):
             manager, _, refusals = _take_over(where, deadline_secs=10)
         manager.close()
         assert not refusals, refusals

@@ -1,6 +1,6 @@
 """`load_checkpoint` is the one public loader for every format (SPEC §5.8, issue 22 item 9): on a
 sharded (``checkpoint_format="dcp"``) checkpoint it returns the full tensors, as `load_into` loads
-them, read through the verified path (`supervisor.checkpoint.reading`)."""
+them, read through the verified path (`supervisor.checkpoint.load.loader`)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from supervisor import load_checkpoint, restore_partial
-from supervisor.checkpoint.dcp import load_into
+from supervisor.checkpoint.sharded import load_into
 from supervisor.errors import CheckpointCorruptError
 from tests.estimator.sidecar_helpers import make_model
 from tests.estimator.test_sidecar_dcp import train_sharded

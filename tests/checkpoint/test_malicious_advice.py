@@ -106,6 +106,6 @@ def test_a_state_holding_such_a_global_is_refused_at_the_boundary_without_sugges
     ("builtins.set", False), ("mypackage.model.Config", False),
 ])
 def test_what_counts_as_a_global_no_checkpoint_holds(name, dangerous):
-    from supervisor.checkpoint.dangerous_globals import is_dangerous
+    from supervisor.checkpoint.formats.dangerous_globals import is_dangerous
 
     assert is_dangerous(name) is dangerous

@@ -8,7 +8,7 @@ import torch
 
 import supervisor
 from supervisor import MonitoredTrainingSession, SingularMonitoredSession, Supervisor
-from supervisor.checkpoint.safe_globals import NUMPY_SAFE_GLOBALS, global_name
+from supervisor.checkpoint.formats.safe_globals import NUMPY_SAFE_GLOBALS, global_name
 from supervisor.errors import CheckpointError
 
 

@@ -14,7 +14,7 @@ import torch
 
 from supervisor import TrainingState, load_checkpoint
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.overlap import Copier, StreamCopier, ThreadCopier
+from supervisor.checkpoint.save.overlap import Copier, StreamCopier, ThreadCopier
 
 pytestmark = pytest.mark.timeout(60)
 

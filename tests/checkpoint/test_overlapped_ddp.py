@@ -62,8 +62,8 @@ def overlapped_dcp(logdir: str, writer_rank: str) -> None:
     import threading
 
     from supervisor import TrainingState, distributed
-    from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into
-    from supervisor.checkpoint.overlap import ThreadCopier
+    from supervisor.checkpoint.sharded import ShardedCheckpointManager, load_into
+    from supervisor.checkpoint.save.overlap import ThreadCopier
 
     gate = threading.Event()
 
@@ -83,7 +83,7 @@ def overlapped_dcp(logdir: str, writer_rank: str) -> None:
     warnings = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
-    logging.getLogger("supervisor.checkpoint.dcp_manager").addHandler(handler)
+    logging.getLogger("supervisor.checkpoint.sharded.manager").addHandler(handler)
     manager = ShardedCheckpointManager(logdir, capture="overlapped", copier=ThreadCopier(held_back))
     manager.open()
     result = {"rank": distributed.rank()}

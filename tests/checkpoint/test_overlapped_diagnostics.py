@@ -10,7 +10,7 @@ import torch
 
 from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.overlap import ThreadCopier
+from supervisor.checkpoint.save.overlap import ThreadCopier
 
 pytestmark = pytest.mark.timeout(60)
 

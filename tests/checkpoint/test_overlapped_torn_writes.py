@@ -21,7 +21,7 @@ import torch
 
 from supervisor import TrainingState, load_checkpoint
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.overlap import ThreadCopier
+from supervisor.checkpoint.save.overlap import ThreadCopier
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""Verified loads read ``state.pt`` once into a private copy (`supervisor.checkpoint.private_copy`):
+"""Verified loads read ``state.pt`` once into a private copy (`supervisor.checkpoint.load.private_copy`):
 the CRC-32 computed on the way is zlib's whatever the split into threads, a file shorter than it
 was when opened (truncated meanwhile) is damage, the copy cannot be truncated by anyone, and a
 restore's tensors survive the checkpoint file being truncated after the verified read (they map
@@ -17,8 +17,8 @@ import zlib
 import pytest
 import torch
 
-from supervisor.checkpoint import private_copy
-from supervisor.checkpoint.private_copy import read_private_copy
+from supervisor.checkpoint.load import private_copy
+from supervisor.checkpoint.load.private_copy import read_private_copy
 from supervisor.errors import CheckpointCorruptError
 from tests.cli.helpers import ROOT
 
@@ -109,7 +109,7 @@ def test_a_restore_survives_the_checkpoint_file_being_truncated_after_the_verifi
         import os
         import torch
         import supervisor
-        from supervisor.checkpoint import loader
+        from supervisor.checkpoint.load import loader
 
         real = loader.safe_torch_load
 
@@ -134,8 +134,8 @@ def test_a_restore_survives_the_checkpoint_file_being_truncated_after_the_verifi
 
 def test_restore_and_the_evaluators_read_load_the_same_through_either_form(tmp_path, form):
     import supervisor
-    from supervisor.checkpoint.reading import read_checkpoint
-    from supervisor.checkpoint.restore import load_verified
+    from supervisor.checkpoint.load.loader import read_checkpoint
+    from supervisor.checkpoint.load.loader import load_verified
 
     model = torch.nn.Linear(64, 32)
     with supervisor.CheckpointManager(str(tmp_path), save_mode="sync") as manager:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from supervisor.checkpoint import CheckpointManager, get_checkpoint_state
-from supervisor.checkpoint.index import CheckpointState
-from supervisor.checkpoint.retention import RetentionState, recover, record, sweep, to_index
+from supervisor.checkpoint.layout.index import CheckpointState
+from supervisor.checkpoint.layout.retention import RetentionState, recover, record, sweep, to_index
 
 from .conftest import small_state
 

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from supervisor.checkpoint import CheckpointManager, get_checkpoint_state
-from supervisor.checkpoint.index import format_index, parse_index
-from supervisor.checkpoint.retention import (RetentionRule, RetentionState, kept_reasons, record, recover, sweep,
+from supervisor.checkpoint.layout.index import format_index, parse_index
+from supervisor.checkpoint.layout.retention import (RetentionRule, RetentionState, kept_reasons, record, recover, sweep,
                                              to_index, with_metric)
 
 from .conftest import small_state

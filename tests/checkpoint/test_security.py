@@ -8,8 +8,8 @@ import torch
 
 from supervisor import MonitoredSession
 from supervisor.checkpoint import CheckpointManager, CheckpointSessionCreator, load_checkpoint
-from supervisor.checkpoint.fileio import checksum_file
-from supervisor.checkpoint.format import FileRecord, Manifest
+from supervisor.checkpoint.storage.fileio import checksum_file
+from supervisor.checkpoint.layout.format import FileRecord, Manifest
 from supervisor.errors import CheckpointError
 
 from .conftest import small_state

@@ -5,8 +5,8 @@ import threading
 
 import torch
 
-from supervisor.checkpoint import staging
-from supervisor.checkpoint.staging import StagingArea
+from supervisor.checkpoint.save import staging
+from supervisor.checkpoint.save.staging import StagingArea
 
 
 def _many_tensor_state():

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from supervisor.checkpoint import serialize as serialize_module
+from supervisor.checkpoint.formats import serialize as serialize_module
 from supervisor.checkpoint import verify_checkpoint
-from supervisor.checkpoint.fileio import ChecksumWriter, checksum_file, default_opener
-from supervisor.checkpoint.format import read_manifest
-from supervisor.checkpoint.temp import TempCheckpoint
+from supervisor.checkpoint.storage.fileio import ChecksumWriter, checksum_file, default_opener
+from supervisor.checkpoint.layout.format import read_manifest
+from supervisor.checkpoint.save.temp import TempCheckpoint
 
 
 def _write_raw(path: str, data: bytes) -> None:
@@ -57,7 +57,7 @@ def test_seal_refuses_a_recorded_file_that_is_missing(tmp_path):
 
 
 def _record(size: int):
-    from supervisor.checkpoint.format import FileRecord
+    from supervisor.checkpoint.layout.format import FileRecord
 
     return FileRecord(size, "crc32:00000000")
 
@@ -74,7 +74,7 @@ def test_serializer_falls_back_to_torch_save_with_a_warning(monkeypatch, caplog,
     monkeypatch.setattr(serialize_module, "_save_without_record_crc", broken)
     serialize_module._resolve_serializer.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="supervisor.checkpoint.serialize"):
+        with caplog.at_level(logging.WARNING, logger="supervisor.checkpoint.formats.serialize"):
             path = str(tmp_path / "state.pt")
             with ChecksumWriter(default_opener(path)) as writer:
                 serialize_module.serialize({"x": torch.arange(4)}, writer)

@@ -23,10 +23,10 @@ import torch
 
 from supervisor import MonitoredTrainingSession, Supervisor
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.dcp import ShardedCheckpointManager
-from supervisor.checkpoint.index import read_index
-from supervisor.checkpoint.lease import LEASE_DIR, Lease, LeaseLostError, LeaseRecord
-from supervisor.checkpoint.lock import OwnershipLock, acquire_writer_lock
+from supervisor.checkpoint.sharded import ShardedCheckpointManager
+from supervisor.checkpoint.layout.index import read_index
+from supervisor.checkpoint.ownership.lease import LEASE_DIR, Lease, LeaseLostError, LeaseRecord
+from supervisor.checkpoint.ownership.lock import OwnershipLock, acquire_writer_lock
 from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.errors import CheckpointError, LogdirInUseError
 from supervisor.estimator import RunConfig
@@ -179,7 +179,7 @@ def test_after_the_writer_is_sigkilled_on_this_host_a_second_takes_over_at_once_
     writer.send_signal(signal.SIGKILL)
     writer.wait(30)
     last = _dead_holders_record(where, writer)
-    with caplog.at_level("WARNING", logger="supervisor.checkpoint.lease"):
+    with caplog.at_level("WARNING", logger="supervisor.checkpoint.ownership.lease"):
         manager, opened_at, refusals = _take_over(where, deadline_secs=30)
     try:
         assert not refusals and opened_at < last.expires_at - 15, refusals  # not after the 30 s lease

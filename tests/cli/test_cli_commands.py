@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import supervisor
-from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.layout.index import read_index
 from supervisor.cli import main
 from tests.cli.helpers import ROOT, cli, cli_json, flip_byte, make_logdir
 
@@ -138,7 +138,7 @@ def test_rollback_then_a_new_session_restores_that_step(tmp_path):
 
 
 def read_index_text(text):
-    from supervisor.checkpoint.index import parse_index
+    from supervisor.checkpoint.layout.index import parse_index
     return parse_index(text)
 
 

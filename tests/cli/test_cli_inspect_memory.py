@@ -30,7 +30,7 @@ class Blob:
 m = supervisor.CheckpointManager(sys.argv[1], save_mode="sync"); m.open()
 m.save(1, supervisor.TrainingState({"model": Blob()})); m.close()
 """
-BASELINE = "import supervisor.cli, supervisor.checkpoint.reader"
+BASELINE = "import supervisor.cli, supervisor.checkpoint.load.variables"
 LOAD_ONE = ("import sys, supervisor; t = supervisor.load_variable(sys.argv[1], 'model/layer3.weight'); "
             "assert t.numel() == 16 * 1024 * 1024 and t[0].item() == 3.0")
 LOAD_ALL = "import sys, torch; d = torch.load(sys.argv[1] + '/state.pt', weights_only=True); print(len(d['model']))"

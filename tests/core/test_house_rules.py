@@ -44,13 +44,13 @@ FRONT_DOORS = {"supervisor/supervisor.py::Supervisor.__init__", "supervisor/trai
 #: (importer, imported) lazy imports of our modules that exist because the imported module needs
 #: an optional extra; they may not count towards circles (none closes one today).
 LAZY_FOR_EXTRAS = {
-    ("supervisor.checkpoint.storage", "supervisor.checkpoint.object_store"): "s3:// needs s3fs/fsspec ([s3] extra)",
+    ("supervisor.checkpoint.storage", "supervisor.checkpoint.storage.s3.store"): "s3:// needs s3fs/fsspec ([s3] extra)",
 }
 #: The one upward import of supervisor.checkpoint: the names that moved to supervisor.creators
 #: (issue 23), resolved by the package's module ``__getattr__`` at first use.
 UPWARD_FROM_CHECKPOINT = {
     ("supervisor.checkpoint", "supervisor.creators"),
-    ("supervisor.checkpoint.dcp", "supervisor.creators.sharded"),
+    ("supervisor.checkpoint.sharded", "supervisor.creators.sharded"),
 }
 #: What supervisor.checkpoint may import of this project besides itself: the foundation and the
 #: distributed helpers (rank and world size, the per-rank RNG, the restore decision's channel).
@@ -238,7 +238,7 @@ def test_checkpoint_imports_only_the_floors_below_and_the_moved_names_lazily():
 def test_the_moved_creators_resolve_from_their_old_paths():
     import supervisor
     import supervisor.checkpoint as checkpoint
-    import supervisor.checkpoint.dcp as dcp
+    import supervisor.checkpoint.sharded as dcp
     import supervisor.creator as creator
     import supervisor.creators as creators
 

@@ -22,8 +22,8 @@ def dcp_async_save(logdir: str, kind: str = "dtensor") -> None:
     """An async save of step 3 whose writes are held until the training thread has changed every
     parameter in place; then a save of step 4 that fails on rank 1 (an injected ENOSPC)."""
     from supervisor import TrainingState
-    from supervisor.checkpoint import dcp_commit
-    from supervisor.checkpoint.dcp import ShardedCheckpointManager
+    from supervisor.checkpoint.sharded import commit as dcp_commit
+    from supervisor.checkpoint.sharded import ShardedCheckpointManager
     from supervisor.errors import CheckpointError
 
     model, optimizer = sharded(0, kind)
@@ -86,7 +86,7 @@ def dcp_async_killed(logdir: str, last_step: str, kill_step: str, when: str = "a
     are written and fsynced, before the chief has its checksums (``when="after"``), or before it
     joins ``dcp.save``'s collectives (``"before"``: the chief's DCP collective then fails with
     gloo's "Connection closed by peer")."""
-    from supervisor.checkpoint import dcp_commit
+    from supervisor.checkpoint.sharded import commit as dcp_commit
 
     real = dcp_commit.write_own_part
     entered = f"test/chief-enters-dcp-save/{kill_step}"  # the handshake: the chief is entering dcp.save

@@ -77,10 +77,10 @@ def read_once(logdir: str, last_step: str, width: str = "512", fmt: str = "ddp")
 def shared_bytes(size: str, chunk: str, damaged: str = "no") -> None:
     """The chief shares a private copy of ``size`` random bytes in ``chunk``-byte pieces; every
     other rank receives and checks them against a manifest (a wrong checksum when ``damaged``)."""
-    from supervisor.checkpoint.fileio import crc32, format_checksum
-    from supervisor.checkpoint.format import FileRecord, Manifest
-    from supervisor.checkpoint.private_copy import read_private_copy
-    from supervisor.checkpoint.shared_copy import receive_copy, share_copy
+    from supervisor.checkpoint.storage.fileio import crc32, format_checksum
+    from supervisor.checkpoint.layout.format import FileRecord, Manifest
+    from supervisor.checkpoint.load.private_copy import read_private_copy
+    from supervisor.checkpoint.load.shared_copy import receive_copy, share_copy
 
     data = torch.randint(0, 256, (int(size),), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
     blob = data.numpy().tobytes()

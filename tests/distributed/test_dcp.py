@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from supervisor.checkpoint import verify_checkpoint
-from supervisor.checkpoint.dcp import choose_checkpoint, load_into
-from supervisor.checkpoint.reading import read_checkpoint
+from supervisor.checkpoint.sharded import choose_checkpoint, load_into
+from supervisor.checkpoint.load.loader import read_checkpoint
 from supervisor.errors import CheckpointCorruptError
 
 from .harness import describe, run_job

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from supervisor import TrainingState
-from supervisor.checkpoint import dcp_commit, latest_checkpoint, verify_checkpoint
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into, save_sharded
+from supervisor.checkpoint import latest_checkpoint, verify_checkpoint
+from supervisor.checkpoint.sharded import ShardedCheckpointManager, load_into, save_sharded, commit as dcp_commit
 from supervisor.errors import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -243,7 +243,7 @@ def test_a_failed_async_sharded_save_stops_the_session_with_the_error(tmp_path, 
 
 def test_a_failed_close_abandons_a_stuck_save_in_bounded_time_and_publishes_nothing(tmp_path, gate, monkeypatch,
                                                                                     caplog):
-    from supervisor.checkpoint import dcp_manager
+    from supervisor.checkpoint.sharded import manager as dcp_manager
 
     monkeypatch.setattr(dcp_manager, "FAILED_CLOSE_JOIN_SECS", 0.3)
     manager = ShardedCheckpointManager(tmp_path)

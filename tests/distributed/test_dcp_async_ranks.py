@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from supervisor.checkpoint import latest_checkpoint, verify_checkpoint
-from supervisor.checkpoint.dcp import load_into
+from supervisor.checkpoint.sharded import load_into
 
 from .harness import describe, run_job
 

@@ -78,8 +78,8 @@ def test_a_sharded_save_reads_nothing_back_and_each_rank_restores_only_its_range
     param groups: written once, needed by every rank) are read once, by the chief, and broadcast
     (before: every rank read them, ≈ 2.7× at W = 1,000 for this model). So every byte of every
     shard is read at most once, and a non-chief rank reads nothing of another rank's shard."""
-    from supervisor.checkpoint.dcp_ranges import verifiable_by_ranges
-    from supervisor.checkpoint.dcp_reading import read_metadata_file
+    from supervisor.checkpoint.formats.dcp_ranges import verifiable_by_ranges
+    from supervisor.checkpoint.formats.dcp_reading import read_metadata_file
 
     logdir = str(tmp_path / "run")
     os.makedirs(logdir)
@@ -117,7 +117,7 @@ def _replicated_item(path: str) -> tuple[str, int, int]:
     """(file, offset, length) of a non-tensor item of the checkpoint (one every rank loads)."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from supervisor.checkpoint.dcp_reading import read_metadata_file
+    from supervisor.checkpoint.formats.dcp_reading import read_metadata_file
 
     metadata = read_metadata_file(path)
     for index, info in sorted(metadata.storage_data.items(), key=lambda kv: kv[0].fqn):

@@ -136,7 +136,7 @@ def test_a_sigterm_to_one_rank_preempts_every_rank_and_marks_nothing_finished(tm
     session says preempted (so every rank exits 143 by the README's pattern), the chief writes
     no finished mark (evaluators keep waiting for the resumed run), and the final checkpoint is
     that of the agreed step."""
-    from supervisor.checkpoint.finished import FINISHED_FILE
+    from supervisor.checkpoint.layout.finished import FINISHED_FILE
 
     logdir = str(tmp_path / "run")
     results = run_job("ddp_preempted", 2, logdir, timeout=150)

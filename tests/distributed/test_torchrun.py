@@ -68,7 +68,7 @@ def test_a_sigterm_to_one_rank_under_torchrun_is_a_preemption_of_the_job(tmp_pat
     final checkpoint, reports preempted and exits 143 (the example's preemption pattern), so
     torchrun exits non-zero; the chief writes no finished mark (evaluators keep waiting)."""
     from supervisor.checkpoint import latest_checkpoint
-    from supervisor.checkpoint.finished import FINISHED_FILE
+    from supervisor.checkpoint.layout.finished import FINISHED_FILE
 
     logdir = str(tmp_path / "run")
     job = torchrun("tests/distributed/elastic_trainer.py", "--logdir", logdir, "--steps", "40",

@@ -374,7 +374,7 @@ def train_sharded(model: torch.nn.Module, optimizer: Any, steps: int) -> None:
 def dcp_save(logdir: str, kind: str = "dtensor", step: str = "3") -> None:
     from supervisor import TrainingState
     from supervisor.checkpoint import CheckpointManager
-    from supervisor.checkpoint.dcp import save_sharded
+    from supervisor.checkpoint.sharded import save_sharded
 
     model, optimizer = sharded(0, kind)
     train_sharded(model, optimizer, int(step))
@@ -394,7 +394,7 @@ def dcp_save(logdir: str, kind: str = "dtensor", step: str = "3") -> None:
 @scenario
 def dcp_restore(logdir: str, kind: str = "dtensor") -> None:
     from supervisor import TrainingState
-    from supervisor.checkpoint.dcp import choose_checkpoint, restore_sharded
+    from supervisor.checkpoint.sharded import choose_checkpoint, restore_sharded
 
     model, optimizer = sharded(7, kind)  # different initial values: all must come from the checkpoint
     state = TrainingState.from_arguments(model=model, optimizer=optimizer)
@@ -417,7 +417,7 @@ def dcp_session(logdir: str, last_step: str, kind: str = "fsdp2") -> None:
     model, optimizer = sharded(0, kind)
     kill_at = int(os.environ.get("SUPERVISOR_TEST_KILL_SEAL_AT", "-1"))
     if kill_at >= 0 and dist.get_rank() == 0:  # the chief dies after sealing, before the rename
-        from supervisor.checkpoint import temp
+        from supervisor.checkpoint.save import temp
 
         seal = temp.TempCheckpoint.seal
 

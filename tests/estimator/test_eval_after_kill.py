@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from supervisor.checkpoint import latest_checkpoint
-from supervisor.checkpoint.format import read_manifest
+from supervisor.checkpoint.layout.format import read_manifest
 from supervisor.estimator.exporters import RESULT_FILE, list_exports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

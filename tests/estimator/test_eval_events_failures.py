@@ -148,7 +148,7 @@ def test_a_fifo_among_the_events_files_is_skipped_not_opened(tmp_path, reader, c
 
 
 def test_the_evaluate_command_is_not_blocked_by_a_fifo_in_its_eval_dir(tmp_path):
-    from supervisor.checkpoint.finished import mark_finished
+    from supervisor.checkpoint.layout.finished import mark_finished
     from tests.estimator.sidecar_helpers import StepTrainer
 
     trainer = StepTrainer(str(tmp_path / "run"))

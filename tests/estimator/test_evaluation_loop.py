@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import supervisor.estimator.evaluation as evaluation
-from supervisor.checkpoint.finished import mark_finished
+from supervisor.checkpoint.layout.finished import mark_finished
 from supervisor.estimator.evaluation import EvaluationLoop, StopReason
 
 from tests.estimator.sidecar_helpers import ScriptedClock, StepTrainer, weight_of

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from supervisor import MonitoredTrainingSession, latest_checkpoint
-from supervisor.checkpoint.dcp import load_into
-from supervisor.checkpoint.dcp_reading import read_metadata
-from supervisor.checkpoint.reading import read_checkpoint
+from supervisor.checkpoint.sharded import load_into
+from supervisor.checkpoint.formats.dcp_reading import read_metadata
+from supervisor.checkpoint.load.loader import read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 from supervisor.estimator.evaluation import StopReason
 from supervisor.estimator.sidecar import SidecarEvaluator

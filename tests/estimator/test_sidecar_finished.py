@@ -1,4 +1,4 @@
-"""The trainer's "run finished" mark (supervisor.checkpoint.finished, SPEC §10.2): written at a
+"""The trainer's "run finished" mark (supervisor.checkpoint.layout.finished, SPEC §10.2): written at a
 clean end, not after an error or a signal, removed when a new session starts."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession
-from supervisor.checkpoint.finished import (
+from supervisor.checkpoint.layout.finished import (
     FINISHED_FILE,
     FinishedMark,
     clear_finished,

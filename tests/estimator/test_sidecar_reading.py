@@ -1,4 +1,4 @@
-"""Reading a checkpoint once, from open descriptors (supervisor.checkpoint.reading, SPEC §5.5, §10.4)."""
+"""Reading a checkpoint once, from open descriptors (supervisor.checkpoint.load.loader, SPEC §5.5, §10.4)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import zlib
 import pytest
 import torch
 
-import supervisor.checkpoint.loader as loader
-from supervisor.checkpoint.fileio import format_checksum
-from supervisor.checkpoint.reading import CheckpointVanishedError, read_checkpoint
-from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+import supervisor.checkpoint.load.loader as loader
+from supervisor.checkpoint.storage.fileio import format_checksum
+from supervisor.checkpoint.load.loader import read_checkpoint
+from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointVanishedError
 
 from tests.estimator.sidecar_helpers import StepTrainer, weight_of
 

@@ -145,7 +145,9 @@ class _SeamedOs:
 
 def install_seams(seam: Seam) -> None:
     """Wraps the library functions that perform each phase of a save (see the module doc)."""
-    from supervisor.checkpoint import local_storage, manager, publish
+    from supervisor.checkpoint.storage import local as local_storage
+    from supervisor.checkpoint import manager
+    from supervisor.checkpoint.save import publish
 
     for module in (local_storage,):
         if getattr(module, "os", None) is not os:

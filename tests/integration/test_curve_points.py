@@ -19,7 +19,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.layout.index import read_index
 from supervisor.checkpoint.storage import LocalStorage
 from supervisor.events import EVENTS_PREFIX
 from tests import forked_cli

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from supervisor import MonitoredTrainingSession, get_checkpoint_state
-from supervisor.checkpoint.index import read_index
+from supervisor.checkpoint.layout.index import read_index
 from supervisor.checkpoint.storage import LocalStorage
 from tests.cli.helpers import ROOT, cli, cli_json
 from tests.integration import keep_best_trainer

@@ -11,7 +11,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from supervisor.checkpoint.finished import mark_finished
+from supervisor.checkpoint.layout.finished import mark_finished
 from supervisor.cli import evaluate as cli_evaluate
 
 from tests import forked_cli

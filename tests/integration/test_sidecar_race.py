@@ -13,7 +13,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from supervisor.checkpoint.index import latest_checkpoint
+from supervisor.checkpoint.layout.index import latest_checkpoint
 from supervisor.estimator.evaluation import StopReason
 from supervisor.estimator.sidecar import SidecarEvaluator, evaluated_steps
 

@@ -1,4 +1,4 @@
-"""Fencing a writer that lost its lease, piece by piece (supervisor/checkpoint/fencing.py, SPEC §16),
+"""Fencing a writer that lost its lease, piece by piece (supervisor/checkpoint/layout/fencing.py, SPEC §16),
 against the real moto server: a save's files under a root of its own, the manifest replaced only
 over an older lease generation's, the index claimed by the new holder (also where there is none
 yet), a manifest whose files were removed passed over, and the old layout still read.
@@ -13,15 +13,15 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, read_index  # noqa: E402
-from supervisor.checkpoint.commit import serialize  # noqa: E402
-from supervisor.checkpoint.fencing import OrphanedManifestError, claim_index, index_generation  # noqa: E402
-from supervisor.checkpoint.format import make_payload  # noqa: E402
-from supervisor.checkpoint.index import CheckpointState, replace_index  # noqa: E402
-from supervisor.checkpoint.lease import LeaseLostError  # noqa: E402
-from supervisor.checkpoint.loader import verify_checkpoint  # noqa: E402
-from supervisor.checkpoint.restore import find_and_load  # noqa: E402
+from supervisor.checkpoint.save.commit import serialize  # noqa: E402
+from supervisor.checkpoint.layout.fencing import OrphanedManifestError, claim_index, index_generation  # noqa: E402
+from supervisor.checkpoint.layout.format import make_payload  # noqa: E402
+from supervisor.checkpoint.layout.index import CheckpointState, replace_index  # noqa: E402
+from supervisor.checkpoint.ownership.lease import LeaseLostError  # noqa: E402
+from supervisor.checkpoint.load.loader import verify_checkpoint  # noqa: E402
+from supervisor.checkpoint.load.choose import find_and_load  # noqa: E402
 from supervisor.checkpoint.storage import ObjectExistsError, PreconditionFailedError  # noqa: E402
-from supervisor.checkpoint.temp import TempCheckpoint  # noqa: E402
+from supervisor.checkpoint.save.temp import TempCheckpoint  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,7 +95,7 @@ def test_a_manifest_whose_files_were_removed_is_passed_over_not_counted_as_damag
 
 
 def _manifest_text(temp: TempCheckpoint, *, step: int) -> bytes:
-    from supervisor.checkpoint.format import FileRecord, Manifest
+    from supervisor.checkpoint.layout.format import FileRecord, Manifest
 
     return Manifest(step=step, wall_time=0.0, torch_version=torch.__version__, world_size=1,
                     files={"state.pt": FileRecord(10, "crc32:00000000")}, root=temp.root,

@@ -23,8 +23,8 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
-from supervisor.checkpoint.finished import clear_finished, mark_finished, read_finished  # noqa: E402
-from supervisor.checkpoint.lease import LEASE_DIR  # noqa: E402
+from supervisor.checkpoint.layout.finished import clear_finished, mark_finished, read_finished  # noqa: E402
+from supervisor.checkpoint.ownership.lease import LEASE_DIR  # noqa: E402
 from supervisor.errors import CheckpointError  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 
@@ -186,7 +186,7 @@ def test_the_finished_mark_on_an_object_store(logdir, s3_storage):
 
 def test_sharded_checkpoints_on_an_object_store_are_accepted(logdir, s3_server):
     # Was refused until issue 24 item 5 (checkpoint_format="dcp" on s3://: tests/s3_dcp/).
-    from supervisor.checkpoint.dcp_manager import ShardedCheckpointManager
+    from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
 
     manager = ShardedCheckpointManager(logdir, storage_options=options(s3_server.endpoint))
     assert manager.storage.stages_in_place and manager.path_of(3) == f"{logdir}/model.ckpt-3"

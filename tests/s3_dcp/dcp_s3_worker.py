@@ -46,7 +46,7 @@ def dcp_s3_session(url: str, last_step: str, options: str, kind: str = "fsdp2") 
 def _kill_chief_before_the_manifest(step: int) -> None:
     if step < 0 or dist.get_rank() != 0:
         return
-    from supervisor.checkpoint import temp
+    from supervisor.checkpoint.save import temp
 
     seal = temp.TempCheckpoint.seal
 
@@ -64,7 +64,7 @@ def _kill_chief_before_the_manifest(step: int) -> None:
 def _kill_rank_1_mid_upload(step: int) -> None:
     if step < 0 or dist.get_rank() != 1:
         return
-    from supervisor.checkpoint import object_io
+    from supervisor.checkpoint.storage.s3 import objects as object_io
 
     sync = object_io.MultipartWriter.sync
 

@@ -16,8 +16,8 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import list_variables, load_variable, read_checkpoint, verify_checkpoint  # noqa: E402
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, load_into, restore_sharded  # noqa: E402
-from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
+from supervisor.checkpoint.sharded import ShardedCheckpointManager, load_into, restore_sharded  # noqa: E402
+from supervisor.checkpoint.storage.s3.store import ObjectStoreStorage  # noqa: E402
 from supervisor.errors import CheckpointError  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_a_sharded_save_commits_manifest_last_reads_nothing_back_and_restores(lo
     counted.clear()
     manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
     assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "rng-0.pt"]
-    root = manifest["root"]  # every file under the save's data root (supervisor/checkpoint/fencing.py)
+    root = manifest["root"]  # every file under the save's data root (supervisor/checkpoint/layout/fencing.py)
     assert sorted(s3_storage.list_files(path)) == sorted([*(f"{root}/{n}" for n in manifest["files"]), "MANIFEST.json"])
     listed = s3_storage.list_objects(path)
     assert {n: listed[f"{root}/{n}"].size for n in manifest["files"]} == \
@@ -202,7 +202,7 @@ def test_ls_verify_and_inspect_on_the_command_line(logdir, opts, s3_storage, cou
 def test_the_ranges_a_restore_reads_are_coalesced_per_file():
     from types import SimpleNamespace as Info
 
-    from supervisor.checkpoint.dcp_storage import COALESCE_GAP, wanted_ranges
+    from supervisor.checkpoint.formats.dcp_storage import COALESCE_GAP, wanted_ranges
 
     infos = [Info(relative_path="__0_0.distcp", offset=o, length=n) for o, n in ((100, 50), (0, 100), (400, 10))]
     infos += [Info(relative_path="__1_0.distcp", offset=0, length=10),
@@ -214,7 +214,7 @@ def test_the_ranges_a_restore_reads_are_coalesced_per_file():
 def test_a_chief_that_lost_its_lease_uploads_but_commits_nothing(logdir, opts, s3_storage):
     import time
 
-    from supervisor.checkpoint.lease import Lease
+    from supervisor.checkpoint.ownership.lease import Lease
     from supervisor.testing import FakeClock
 
     state = _state(4)

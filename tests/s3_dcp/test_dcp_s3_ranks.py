@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 from supervisor.checkpoint import latest_checkpoint, verify_checkpoint  # noqa: E402
-from supervisor.checkpoint.dcp import ShardedCheckpointManager, choose_checkpoint  # noqa: E402
-from supervisor.checkpoint.lease import LEASE_DIR  # noqa: E402
+from supervisor.checkpoint.sharded import ShardedCheckpointManager, choose_checkpoint  # noqa: E402
+from supervisor.checkpoint.ownership.lease import LEASE_DIR  # noqa: E402
 from tests.distributed.harness import describe, run_job  # noqa: E402
 from tests.s3_fixtures import make_bucket, options  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_every_ranks_shards_are_committed_and_a_3_rank_run_resumes_with_exactly_
     manifest = json.loads(s3_storage.read_bytes(f"{path}/MANIFEST.json"))
     assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"]
     assert manifest["world_size"] == 2 and manifest["step"] == 6
-    root = manifest["root"]  # every file under the save's data root (supervisor/checkpoint/fencing.py)
+    root = manifest["root"]  # every file under the save's data root (supervisor/checkpoint/layout/fencing.py)
     assert sorted(s3_storage.list_files(path)) == sorted([*(f"{root}/{f}" for f in manifest["files"]), "MANIFEST.json"])
     assert verify_checkpoint(path, storage_options=opts).step == 6  # every rank's CRC-32s, recorded while uploading
     assert latest_checkpoint(url, storage_options=opts) == path

@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
+from supervisor.checkpoint.storage.s3.store import ObjectStoreStorage  # noqa: E402
 from tests.estimator.estimator_toy import make_estimator  # noqa: E402
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 
 import supervisor  # noqa: E402 - after the skip
 from supervisor.checkpoint import read_index  # noqa: E402
-from supervisor.checkpoint.format import list_committed  # noqa: E402
+from supervisor.checkpoint.layout.format import list_committed  # noqa: E402
 from supervisor.cli import main  # noqa: E402
 from tests.s3_eval.cli_helpers import cli, model, write_run  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
-from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402 - after the skip
+from supervisor.checkpoint.storage.s3.store import ObjectStoreStorage  # noqa: E402 - after the skip
 from supervisor.cli import main  # noqa: E402
 from tests.s3_eval.cli_helpers import as_json, cli, write_run  # noqa: E402
 from tests.s3_fixtures import data_url, options  # noqa: E402
@@ -131,7 +131,7 @@ def eval_step(model, batch):
 
 
 def test_evaluate_on_a_url_evaluates_the_run_and_exits_at_the_finished_mark(s3_server, s3_storage, run_url, tmp_path):
-    from supervisor.checkpoint.finished import mark_finished
+    from supervisor.checkpoint.layout.finished import mark_finished
     from supervisor.events import read_scalars
 
     (tmp_path / "evalfactory.py").write_text(EVAL_FACTORY)

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 import supervisor  # noqa: E402 - after the skip
-from supervisor.checkpoint.finished import mark_finished  # noqa: E402
+from supervisor.checkpoint.layout.finished import mark_finished  # noqa: E402
 from supervisor.checkpoint.storage import storage_for  # noqa: E402
 from supervisor.estimator.evaluation import EvaluationLoop, StopReason  # noqa: E402
 from supervisor.estimator.sidecar import SidecarEvaluator  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 from supervisor.checkpoint import CheckpointManager  # noqa: E402
-from supervisor.checkpoint.lease import Lease, LeaseLostError  # noqa: E402
+from supervisor.checkpoint.ownership.lease import Lease, LeaseLostError  # noqa: E402
 from supervisor.checkpoint.storage import storage_for  # noqa: E402
 from supervisor.events.object_writer import ObjectEventFile  # noqa: E402
 from tests.s3_fixtures import FaultProxy, options  # noqa: E402
@@ -149,7 +149,7 @@ def test_a_lease_renewal_ends_within_the_bound_and_the_check_then_fails_naming_i
         if not lease.renew():
             raise LeaseLostError(lease.lost)
 
-    with caplog.at_level(logging.ERROR, logger="supervisor.checkpoint.lease"):
+    with caplog.at_level(logging.ERROR, logger="supervisor.checkpoint.ownership.lease"):
         _ends_in_time(renew, operation="put_object", url=url, kind=LeaseLostError)
     assert "renewing it failed" in lease.lost, lease.lost
     assert any("lease" in r.getMessage() and "is lost" in r.getMessage() for r in caplog.records), caplog.text

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 from supervisor.checkpoint import latest_checkpoint, verify_checkpoint  # noqa: E402
-from supervisor.checkpoint.format import MANIFEST_FILE  # noqa: E402
+from supervisor.checkpoint.layout.format import MANIFEST_FILE  # noqa: E402
 from tests.s3_fixtures import CREDENTIALS, FaultProxy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, latest_checkpoint  # noqa: E402
-from supervisor.checkpoint.lease import LEASE_DIR  # noqa: E402
+from supervisor.checkpoint.ownership.lease import LEASE_DIR  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 from tests.s3_faults.upload_killer import model  # noqa: E402
 

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, latest_checkpoint  # noqa: E402
-from supervisor.checkpoint.lease import LeaseLostError  # noqa: E402
+from supervisor.checkpoint.ownership.lease import LeaseLostError  # noqa: E402
 from supervisor.errors import CheckpointError  # noqa: E402
 from tests.s3_fixtures import data_url, options  # noqa: E402
 from tests.s3_faults.outage import OutageProxy  # noqa: E402

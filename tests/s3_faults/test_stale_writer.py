@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
 from supervisor.checkpoint import read_checkpoint, read_index  # noqa: E402
-from supervisor.checkpoint.restore import find_and_load  # noqa: E402
+from supervisor.checkpoint.load.choose import find_and_load  # noqa: E402
 from tests import forked_cli  # noqa: E402
 from tests.s3_fixtures import forward  # noqa: E402
 

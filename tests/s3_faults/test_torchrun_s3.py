@@ -19,7 +19,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 import torch  # noqa: E402
 
 from supervisor.checkpoint import latest_checkpoint  # noqa: E402
-from supervisor.checkpoint.finished import read_finished  # noqa: E402
+from supervisor.checkpoint.layout.finished import read_finished  # noqa: E402
 from supervisor.estimator.sidecar import SidecarEvaluator  # noqa: E402
 from supervisor.events import read_scalars  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from supervisor.checkpoint import private_copy
+from supervisor.checkpoint.load import private_copy
 from supervisor.errors import CheckpointCorruptError
 from tests.s3_fixtures import assert_copy_holds
 

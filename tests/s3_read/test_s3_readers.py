@@ -16,10 +16,10 @@ import supervisor  # noqa: E402 - after the skip
 from supervisor.checkpoint import (  # noqa: E402
     checkpoints_iterator, latest_checkpoint, list_variables, load_checkpoint, load_variable, read_checkpoint,
     verify_checkpoint)
-from supervisor.checkpoint.apply import apply_checkpoint  # noqa: E402
-from supervisor.checkpoint.choose import choose_checkpoint, find_and_load  # noqa: E402
-from supervisor.checkpoint.format import list_committed  # noqa: E402
-from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
+from supervisor.checkpoint.load.apply import apply_checkpoint  # noqa: E402
+from supervisor.checkpoint.load.choose import choose_checkpoint, find_and_load  # noqa: E402
+from supervisor.checkpoint.layout.format import list_committed  # noqa: E402
+from supervisor.checkpoint.storage.s3.store import ObjectStoreStorage  # noqa: E402
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError  # noqa: E402
 from supervisor.testing import FakeClock  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
@@ -179,7 +179,7 @@ def test_retention_deleting_the_objects_mid_read_is_vanished_not_damage(s3_run, 
     """On an object store nothing keeps a deleted object's bytes: each ranged read carries
     If-Match on the ETag listed, so a deletion (or a rewrite) mid-read is "vanished" — a newer
     checkpoint exists — never a mix of two versions nor "corrupt"."""
-    import supervisor.checkpoint.loader as loader
+    import supervisor.checkpoint.load.loader as loader
     from supervisor.errors import CheckpointVanishedError
 
     url, opts = s3_run

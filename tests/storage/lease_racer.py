@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from supervisor.checkpoint.lease import Lease
+from supervisor.checkpoint.ownership.lease import Lease
 from supervisor.checkpoint.storage import storage_for
 from supervisor.errors import LogdirInUseError
 

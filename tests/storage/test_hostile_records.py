@@ -17,10 +17,10 @@ import torch
 
 from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager
-from supervisor.checkpoint.finished import finished_path, read_finished
-from supervisor.checkpoint.format import FORMAT_NAME, FORMAT_VERSION
-from supervisor.checkpoint.lease import LEASE_DIR, Lease
-from supervisor.checkpoint.lock import OWNER_FILE, OwnershipLock
+from supervisor.checkpoint.layout.finished import finished_path, read_finished
+from supervisor.checkpoint.layout.format import FORMAT_NAME, FORMAT_VERSION
+from supervisor.checkpoint.ownership.lease import LEASE_DIR, Lease
+from supervisor.checkpoint.ownership.lock import OWNER_FILE, OwnershipLock
 from supervisor.cli import main
 from supervisor.cli._common import writer_note
 from supervisor.errors import LogdirInUseError

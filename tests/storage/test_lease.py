@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from supervisor.checkpoint.lease import LEASE_DIR, Lease, LeaseLostError
+from supervisor.checkpoint.ownership.lease import LEASE_DIR, Lease, LeaseLostError
 from supervisor.checkpoint.storage import LocalStorage, storage_for
 from supervisor.errors import LogdirInUseError
 from supervisor.testing import FakeClock

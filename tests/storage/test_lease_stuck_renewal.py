@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from supervisor.checkpoint.lease import Lease, LeaseLostError
+from supervisor.checkpoint.ownership.lease import Lease, LeaseLostError
 from supervisor.checkpoint.storage import LocalStorage
 from supervisor.testing import FakeClock
 

@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("s3fs", reason='the object-store tests need the test extra: pip install -e ".[test]"')
 
-from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
-from supervisor.checkpoint.private_copy import checksum_stream, copy_file  # noqa: E402
-from supervisor.checkpoint.storage_base import PreconditionFailedError  # noqa: E402
+from supervisor.checkpoint.storage.s3.store import ObjectStoreStorage  # noqa: E402
+from supervisor.checkpoint.load.private_copy import checksum_stream, copy_file  # noqa: E402
+from supervisor.checkpoint.storage.base import PreconditionFailedError  # noqa: E402
 from tests.s3_fixtures import assert_copy_holds  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)

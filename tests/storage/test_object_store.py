@@ -16,7 +16,7 @@ import botocore.session  # noqa: E402 - after the skip
 import fsspec.config  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
 
-from supervisor.checkpoint.object_store import ObjectStoreStorage  # noqa: E402
+from supervisor.checkpoint.storage.s3.store import ObjectStoreStorage  # noqa: E402
 from supervisor.checkpoint.storage import storage_for  # noqa: E402
 from tests.s3_fixtures import FaultProxy, MotoServer, make_bucket, options  # noqa: E402
 

@@ -14,8 +14,8 @@ import torch
 
 from supervisor import TrainingState
 from supervisor.checkpoint import CheckpointManager, load_checkpoint, read_index, write_index
-from supervisor.checkpoint.fileio import crc32
-from supervisor.checkpoint.format import FileRecord, Manifest
+from supervisor.checkpoint.storage.fileio import crc32
+from supervisor.checkpoint.layout.format import FileRecord, Manifest
 from supervisor.cli import main
 
 pytestmark = pytest.mark.timeout(120)

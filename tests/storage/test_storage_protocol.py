@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from supervisor.checkpoint import storage as storage_module
-from supervisor.checkpoint.local_storage import LocalStorage
+from supervisor.checkpoint.storage.local import LocalStorage
 from supervisor.checkpoint.storage import PreconditionFailedError, Storage, register_scheme, storage_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -68,7 +68,7 @@ def test_a_backend_that_omits_a_member_is_refused_naming_it(monkeypatch):
 
 
 _PLUGIN = """
-    from supervisor.checkpoint.memory_storage import MemoryStorage
+    from supervisor.checkpoint.storage.memory import MemoryStorage
 
     class PluginStorage(MemoryStorage):
         scheme = "memory-like"
@@ -120,7 +120,7 @@ def test_storage_for_picks_by_scheme_and_names_what_is_missing(tmp_path, monkeyp
             raise ModuleNotFoundError("No module named 's3fs'")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.delitem(__import__("sys").modules, "supervisor.checkpoint.object_store", raising=False)
+    monkeypatch.delitem(__import__("sys").modules, "supervisor.checkpoint.storage.s3.store", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_s3fs)
     with pytest.raises(ImportError, match=r"s3://bucket/run.*pip install \"torch-supervisor\[s3\]\""):
         storage_for("s3://bucket/run")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from supervisor.checkpoint.tiered import TieredCheckpointManager
+from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
 from supervisor.state import TrainingState
 from tests.cli.helpers import cli, cli_json, flip_byte
 

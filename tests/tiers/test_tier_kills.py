@@ -16,10 +16,10 @@ import sys
 import pytest
 import torch
 
-from supervisor.checkpoint.choose import candidates
-from supervisor.checkpoint.format import list_committed
-from supervisor.checkpoint.index import read_index
-from supervisor.checkpoint.loader import verify_checkpoint
+from supervisor.checkpoint.load.choose import candidates
+from supervisor.checkpoint.layout.format import list_committed
+from supervisor.checkpoint.layout.index import read_index
+from supervisor.checkpoint.load.loader import verify_checkpoint
 from supervisor.checkpoint.storage import LocalStorage
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
 from tests.killing import trainer_env

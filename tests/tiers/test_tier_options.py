@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import supervisor
-from supervisor.checkpoint import retention
-from supervisor.checkpoint.persist import is_due
-from supervisor.checkpoint.tier_options import check_tiers
+from supervisor.checkpoint.layout import retention
+from supervisor.checkpoint.tiers.persist import is_due
+from supervisor.checkpoint.tiers.options import check_tiers
 
 
 def test_defaults_every_600_secs_when_no_interval_is_given(tmp_path):

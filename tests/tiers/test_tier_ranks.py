@@ -36,5 +36,5 @@ def test_two_ranks_resume_from_the_chiefs_local_tier_then_from_the_logdir(tmp_pa
     assert all(r.returncode == 0 for r in third), describe(third)
     assert [r.result["start"] for r in third] == [8, 8]
     assert {r.result["digest"] for r in third} == {second[0].result["end_digest"]}
-    assert "WARNING supervisor.checkpoint.tiered: restored step 8 from the persistent tier" in third[0].output
+    assert "WARNING supervisor.checkpoint.tiers.manager: restored step 8 from the persistent tier" in third[0].output
     assert "the local tier has no checkpoint (a new or wiped node?)" in third[0].output

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import supervisor
-from supervisor.checkpoint import persist
-from supervisor.checkpoint.index import read_index
-from supervisor.checkpoint.loader import verify_checkpoint
-from supervisor.checkpoint.tiered import TieredCheckpointManager
+from supervisor.checkpoint.tiers import persist
+from supervisor.checkpoint.layout.index import read_index
+from supervisor.checkpoint.load.loader import verify_checkpoint
+from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
 from supervisor.errors import CheckpointError
 from supervisor.state import TrainingState
 
@@ -68,7 +68,7 @@ def test_restore_takes_the_newer_local_checkpoint_bit_exact(backend_logdir, tmp_
         expected = {k: v.clone() for k, v in state.as_dict()["model"].state_dict().items()}
         manager.persister.offer = lambda *a, **k: False  # step 5 stays local-only, as after a kill before its copy
     restored_state = _state(1)
-    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.tiered"), \
+    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.tiers.manager"), \
             _manager(backend_logdir, tmp_path / "local") as manager:
         restored = manager.restore(restored_state)
     assert restored.global_step == 5
@@ -83,7 +83,7 @@ def test_a_wiped_local_tier_falls_back_to_the_logdir(backend_logdir, tmp_path, c
         for step in range(5):
             manager.save(step, state)
     shutil.rmtree(tmp_path / "local")  # the node was replaced
-    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.tiered"), \
+    with caplog.at_level(logging.INFO, logger="supervisor.checkpoint.tiers.manager"), \
             _manager(backend_logdir, tmp_path / "local") as manager:
         restored = manager.restore(_state(1))
     assert restored.global_step == 4  # the final checkpoint was persisted at close

@@ -35,7 +35,8 @@ import torch
 
 import supervisor
 from hooks import StopAtStepHook
-from supervisor.checkpoint import commit, publish, temp, tier_copy
+from supervisor.checkpoint.save import commit, publish, temp
+from supervisor.checkpoint.tiers import copy as tier_copy
 
 POINTS = ("local-write", "local-commit", "copy-write", "copy-commit", "copy-publish")
 _counts: dict[str, int] = {}

@@ -1,0 +1,117 @@
+"""The checkpoint format registry: which format a checkpoint has, decided in one place.
+
+A committed checkpoint's ``MANIFEST.json`` lists its files; each format names the one file that
+marks it (its ``marker``: ``state.pt`` for ``checkpoint_format="torch"``, ``.metadata`` for
+``"dcp"``), and `format_of` answers from the manifest's list (the first registered format whose
+marker is listed: ``torch`` before ``dcp``, so a checkpoint holding both loads as ``torch``, as it
+always did). `format_in` answers from the files of a local directory instead (a checkpoint whose
+manifest is not read yet). The loader, the reader, `load_checkpoint`, verification and the CLI
+ask here; none of them names a format's files.
+
+Each format is one module that registers itself (`supervisor.checkpoint.load.torch_format`,
+`supervisor.checkpoint.load.dcp_format`, imported on the first question); a new format is one more
+module calling `register_format` (docs/development.md: "A new checkpoint format").
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = ["BUILTIN_FORMATS", "CheckpointFormat", "LazyVariable", "format_in", "format_named", "format_of", "formats", "markers",
+           "register_format"]
+
+#: The modules of the built-in formats, imported (and so registered) on the first question.
+BUILTIN_FORMATS = ("supervisor.checkpoint.load.torch_format", "supervisor.checkpoint.load.dcp_format")
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """One checkpoint format.
+
+    Attributes:
+        name: its ``checkpoint_format=`` value (``"torch"``, ``"dcp"``).
+        marker: the file a checkpoint of this format always holds (and its manifest lists).
+        description: how messages name it (``"a sharded torch.distributed.checkpoint"``).
+        read: ``read(path, manifest, copies, trusted_globals, map_location) -> (payload, mapped)``:
+            the whole state of a verified checkpoint, from the private copies of its files
+            (name -> `supervisor.checkpoint.load.private_copy.PrivateCopy`; it pops those it keeps).
+        single_file: its state is the one ``marker`` file, restorable by the single-file restore
+            (`supervisor.checkpoint.load.loader.load_verified`); otherwise ``restore_hint`` says how.
+        restore_hint: what a single-file restore of it tells the user to call instead.
+        variables: ``variables(path, storage) -> {name: entry}`` for `CheckpointReader` where its
+            variables are not read from the ``marker`` file as ``torch.save``'s (None: they are).
+    """
+
+    name: str
+    marker: str
+    description: str
+    read: Callable[..., tuple[Any, bool]]
+    single_file: bool = True
+    restore_hint: str = ""
+    variables: Callable[[str, Any], Mapping[str, Any]] | None = None
+
+
+class LazyVariable:
+    """A variable `CheckpointReader` lists from a format's ``variables`` (its ``shape`` and
+    ``dtype`` known, its tensor read on demand by ``load(path, storage)``)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    def load(self, path: str, storage: Any = None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.load")
+
+
+_FORMATS: dict[str, CheckpointFormat] = {}
+_LOADED = False
+
+
+def register_format(fmt: CheckpointFormat) -> None:
+    """Adds ``fmt`` (a name or a marker already registered by another format is a `ValueError`)."""
+    for other in _FORMATS.values():
+        if other.name != fmt.name and other.marker == fmt.marker:
+            raise ValueError(f"the checkpoint format {fmt.name!r} names the marker file {fmt.marker!r}, which marks "
+                             f"the format {other.name!r} already; choose a file of its own")
+    _FORMATS[fmt.name] = fmt
+
+
+def formats() -> tuple[CheckpointFormat, ...]:
+    """Every registered format, in registration order (the built-in ones first)."""
+    if not _LOADED:
+        _load_builtin()
+    return tuple(_FORMATS.values())
+
+
+def markers() -> tuple[str, ...]:
+    """The marker files of every format (``("state.pt", ".metadata")``)."""
+    return tuple(f.marker for f in formats())
+
+
+def format_named(name: str) -> CheckpointFormat:
+    """The format ``name`` (``checkpoint_format=``); `ValueError` naming the known ones."""
+    for fmt in formats():
+        if fmt.name == name:
+            return fmt
+    raise ValueError(f"checkpoint_format={name!r} is not a checkpoint format (known: "
+                     f"{', '.join(repr(f.name) for f in formats())})")
+
+
+def format_of(files: Iterable[str]) -> CheckpointFormat | None:
+    """The format of a checkpoint whose manifest lists ``files``; None when it lists no marker."""
+    listed = set(files)
+    return next((fmt for fmt in formats() if fmt.marker in listed), None)
+
+
+def format_in(path: str) -> CheckpointFormat | None:
+    """The format of the local checkpoint directory ``path``, from the marker files it holds
+    (links not followed; whether it verifies is verification's question)."""
+    return format_of(name for name in markers() if os.path.lexists(os.path.join(path, name)))
+
+
+def _load_builtin() -> None:
+    global _LOADED
+    _LOADED = True
+    for module in BUILTIN_FORMATS:
+        importlib.import_module(module)

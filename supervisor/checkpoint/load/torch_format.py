@@ -1,0 +1,25 @@
+"""The ``torch`` checkpoint format (``checkpoint_format="torch"``, the default): the whole state
+in one ``torch.save`` file, ``state.pt``; registered in `supervisor.checkpoint.layout.format_registry`."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from supervisor.checkpoint.layout.format import STATE_FILE, Manifest
+from supervisor.checkpoint.layout.format_registry import CheckpointFormat, register_format
+
+__all__ = ["TORCH_FORMAT"]
+
+
+def _read(path: str, manifest: Manifest, copies: dict[str, Any], trusted_globals: Iterable[Any],
+          map_location: Any) -> tuple[Any, bool]:
+    """The payload of the verified private copy of ``state.pt``: views of the copy where it is a
+    file torch maps (``mapped``), else tensors of their own."""
+    from supervisor.checkpoint.load.loader import load_state_copy  # the loader imports the registry
+
+    copy = copies.pop(STATE_FILE)
+    mapped = copy.path is not None
+    return load_state_copy(path, manifest, copy, trusted_globals, map_location, mmap=True), mapped
+
+
+TORCH_FORMAT = CheckpointFormat(name="torch", marker=STATE_FILE, description="a torch.save checkpoint", read=_read)
+register_format(TORCH_FORMAT)

@@ -1,0 +1,270 @@
+"""`TieredCheckpointManager`: checkpoint tiers (SPEC §17), a node-local tier and the logdir.
+
+Saves go to the local tier (``local_dir``: a local disk, tmpfs or ``/dev/shm``), a
+`CheckpointManager` of its own with the local commit protocol and ``local_max_to_keep``: the
+capture is the only part that blocks training, as for any save. Each local commit is offered to
+the `supervisor.checkpoint.tiers.persist.Persister`, which copies the due ones (every
+``persist_every_steps`` steps or ``persist_every_secs`` seconds) from the committed local files
+into the logdir in the background — verified on arrival, committed with the logdir's own
+protocol (rename; manifest last under the lease on an object store), then indexed there and
+retained with ``max_to_keep``. The local tier's retention keeps a checkpoint whose copy is
+pending or in flight. A restore takes the newest checkpoint that verifies in either tier
+(`supervisor.checkpoint.tiers.restore`), with an INFO line naming the tier. ``close`` persists the
+final checkpoint (a preempted run's too) within ``persist_grace_secs``; what it could not is
+said in a WARNING.
+
+It offers what the session, the front doors and the checkpoint hook use of a `CheckpointManager`;
+``directory`` is the logdir (the persistent tier, which evaluators, the CLI and the finished
+mark use), ``local_dir`` the local tier.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable, Mapping
+
+from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
+from supervisor.checkpoint.load.choose import load_chosen
+from supervisor.checkpoint.manager import CheckpointManager
+from supervisor.checkpoint.save.in_flight import PendingSave
+from supervisor.checkpoint.arguments import check_directory, writer_storage
+from supervisor.checkpoint.tiers.persist import Persister
+from supervisor.checkpoint.tiers.restore import Tier, describe, find_in_tiers
+from supervisor.checkpoint.tiers.options import check_tiers
+from supervisor.clock import resolve_clock
+from supervisor.errors import CheckpointError
+from supervisor.state import TrainingState
+
+__all__ = ["TieredCheckpointManager", "make_manager"]
+
+logger = logging.getLogger(__name__)
+
+
+class LocalTier(CheckpointManager):
+    """The local tier's manager: a `CheckpointManager` whose retention keeps what ``held()`` names."""
+
+    def __init__(self, directory: str, *, held: Callable[[], Any], **options: Any) -> None:
+        super().__init__(directory, keep_checkpoint_every_n_hours=None, lock="auto", **options)
+        self._publisher.hold = held
+
+    def mark_restored(self, step: int) -> None:
+        """A restore from another tier: the session continues from ``step``."""
+        self._last_saved_step = self._last_committed_step = step
+
+
+class TieredCheckpointManager:
+    """Saves to a node-local tier, persists every K-th save to the logdir (module docstring).
+
+    Example::
+
+        manager = TieredCheckpointManager("s3://bucket/run", local_dir="/dev/shm/run", persist_every_steps=1000)
+        manager.open()
+        manager.restore(state)            # the newest checkpoint that verifies in either tier
+        manager.save(step, state)         # to /dev/shm/run; copied to the bucket when due
+        manager.close()                   # persists the final checkpoint, releases both tiers
+
+    Args:
+        directory: the logdir (the persistent tier): a local path, shared filesystem or URL.
+        local_dir: the node-local tier's directory (a local path; not the logdir or inside it).
+        persist_every_steps, persist_every_secs: how often a local checkpoint is copied to the
+            logdir (give one; default when neither: every 600 s). The first one always is.
+        local_max_to_keep: how many checkpoints the local tier keeps (default 2).
+        persist_grace_secs: how long ``close`` waits for the final copy (None: until done).
+        max_to_keep, keep_checkpoint_every_n_hours, lock, lease_secs, storage_options: the
+            logdir's retention, single-writer lock and client (as `CheckpointManager`).
+        Every other argument is `CheckpointManager`'s, for the local tier's saves and restores
+        (``max_consecutive_save_failures`` also applies to the copies).
+    """
+
+    collective = False
+
+    def __init__(self, directory: str | os.PathLike, *, local_dir: str | os.PathLike,
+                 persist_every_steps: int | None = None, persist_every_secs: float | None = None,
+                 local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0,
+                 basename: str = "model.ckpt", max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = 10000.0, lock: str = "auto",
+                 lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
+                 **local_options: Any) -> None:
+        self.directory = check_directory(directory)
+        tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
+                            persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
+                            persist_grace_secs=persist_grace_secs, logdir=self.directory)
+        self.local_dir, self.persist_grace_secs = tiers["local_dir"], tiers["persist_grace_secs"]
+        self.storage = writer_storage(self.directory, storage_options)
+        self._clock = resolve_clock(local_options.get("clock"))
+        self._failure: CheckpointError | None = None
+        self._failure_raised = self._closed = False
+        self._mutex = threading.Lock()
+        self._last_local: tuple[int, str] | None = None
+        self.on_commit: Callable[[int, str], Any] | None = None
+        self.local = LocalTier(self.local_dir, held=lambda: self.persister.held(), basename=basename,
+                               max_to_keep=tiers["local_max_to_keep"], **local_options)
+        self.persister = Persister(
+            self.directory, self.storage, basename=self.local.basename, max_to_keep=max_to_keep,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, lock=lock, lease_secs=lease_secs,
+            every_steps=tiers["persist_every_steps"], every_secs=tiers["persist_every_secs"], clock=self._clock,
+            source_storage=self.local.storage, on_failure=self._persist_failed,
+            max_consecutive_failures=self.local.max_consecutive_save_failures)
+        self.local.on_commit = self._committed
+        self.basename, self.max_to_keep = self.local.basename, max_to_keep
+
+    # ------------------------------------------------------------ what a CheckpointManager offers
+    on_error = property(lambda self: self.local.on_error,
+                        lambda self, value: setattr(self.local, "on_error", value))
+    last_saved_step = property(lambda self: self.local.last_saved_step)
+    is_open = property(lambda self: self.local.is_open)
+    save_mode = property(lambda self: self.local.save_mode)
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        """Paths of the logdir's checkpoints its retention manages, oldest first (after `open`)."""
+        kept = self.persister.publisher.retention
+        return tuple(self.storage.join(self.directory, n) for n in (kept.names if kept is not None else ()))
+
+    def path_of(self, step: int) -> str:
+        """Where the save of ``step`` is committed: the local tier."""
+        return self.local.path_of(step)
+
+    def open(self) -> None:
+        """Opens the local tier (its lock, cleanup and retention), then the logdir's (`Persister.open`)."""
+        if self.local.is_open:
+            return
+        self.local.open()
+        try:
+            self.persister.open()
+        except BaseException:
+            self.local.close(failed=True)
+            raise
+
+    def check_writer(self) -> None:
+        self.persister.check_writer()
+
+    def writer_generation(self) -> int | None:
+        return self.persister.writer_generation()
+
+    # ------------------------------------------------------------ saving
+    def save(self, step: int, state: TrainingState, *, wait: bool = False,
+             rng_states: Mapping[int, Any] | None = None) -> str:
+        """`CheckpointManager.save` into the local tier; the copy to the logdir follows when due."""
+        self._raise_failure()
+        return self.local.save(step, state, wait=wait, rng_states=rng_states)
+
+    def start_save(self, step: int, state: TrainingState, *, wait: bool = False,
+                   rng_states: Mapping[int, Any] | None = None, durable: Callable[[], Any] | None = None) -> PendingSave:
+        self._raise_failure()
+        return self.local.start_save(step, state, wait=wait, rng_states=rng_states, durable=durable)
+
+    def wait(self) -> None:
+        """Waits for the local save in flight (never for a copy to the logdir: `persist`)."""
+        self.local.wait()
+        self._raise_failure()
+
+    def persist(self, timeout_secs: float | None = None) -> bool:
+        """Persists the newest local checkpoint now (unless it is already) and waits for the copy;
+        False when ``timeout_secs`` ran out first."""
+        self.local.wait()
+        with self._mutex:
+            last = self._last_local
+        if last is not None:
+            self.persister.offer(*last, force=True)
+        done = self.persister.flush(timeout_secs)
+        self._raise_failure()
+        return done
+
+    def _committed(self, step: int, path: str) -> None:
+        with self._mutex:
+            self._last_local = (step, path)
+        self.persister.offer(step, path)
+        on_commit = self.on_commit
+        if on_commit is not None:
+            on_commit(step, path)
+
+    def _persist_failed(self, failure: CheckpointError) -> None:
+        with self._mutex:
+            if self._failure is None:
+                self._failure, self._failure_raised = failure, False
+        on_error = self.local.on_error
+        if on_error is not None:
+            on_error(failure)
+
+    def _raise_failure(self) -> None:
+        with self._mutex:
+            failure, raised = self._failure, self._failure_raised
+            self._failure_raised = True
+        if failure is not None and not raised:
+            raise failure
+
+    def close(self, *, failed: bool = False) -> None:
+        """Closes the local tier (finishing the save in flight), persists its newest checkpoint
+        within ``persist_grace_secs`` (WARNING for what was not), releases the logdir. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.local.close(failed=failed)
+        finally:
+            with self._mutex:
+                last = self._last_local
+            if last is not None:
+                self.persister.offer(*last, force=True)
+            self.persister.close(self.persist_grace_secs)
+        with self._mutex:
+            failure, raised, self._failure = self._failure, self._failure_raised, None
+        if failure is not None and not failed and not raised:
+            raise failure
+
+    def __enter__(self) -> TieredCheckpointManager:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(failed=exc is not None)
+
+    # ------------------------------------------------------------ restoring
+    def restore(self, state: TrainingState, step: int | str | os.PathLike | None = None, *,
+                keep_copy: bool = False) -> Restored | None:
+        """Restores the newest checkpoint that verifies in either tier (`tier_restore`), with an
+        INFO line naming the tier; ``step``: that step, from the local tier if it has it, else
+        from the logdir (`CheckpointManager.restore`)."""
+        self.local.wait()
+        if step is not None:
+            return self._restore_chosen(state, step, keep_copy)
+        tiers = (Tier("local", self.local_dir, self.local.storage), Tier("persistent", self.directory, self.storage))
+        choice = find_in_tiers(tiers, self.basename, verify=self.local.verify,
+                               trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
+        if choice is None:
+            return None
+        restored = apply_checkpoint(choice.loaded, state, restore_rng=self.local.save_rng)
+        self.local.mark_restored(restored.global_step)
+        local_newest = choice.newest.get("local")
+        # From the logdir while the local tier had nothing (a replaced node) or only damage: the
+        # steps since the logdir's copy are lost, a WARNING; the usual cases are INFO.
+        degraded = choice.tier.name == "persistent" and (local_newest is None or local_newest > restored.global_step)
+        logger.log(logging.WARNING if degraded else logging.INFO, "%s", describe(choice))
+        return restored
+
+    def _restore_chosen(self, state: TrainingState, step: Any, keep_copy: bool) -> Restored | None:
+        if isinstance(step, int) and os.path.isdir(self.local.path_of(step)):
+            return self.local.restore(state, step=step, keep_copy=keep_copy)
+        loaded = load_chosen(self.directory, self.basename, step, verify=self.local.verify, storage=self.storage,
+                             trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
+        restored = apply_checkpoint(loaded, state, restore_rng=self.local.save_rng)
+        self.local.mark_restored(restored.global_step)
+        return restored
+
+    def __repr__(self) -> str:
+        return (f"TieredCheckpointManager({self.directory!r}, local_dir={self.local_dir!r}, "
+                f"persist_every_steps={self.persister.every_steps}, persist_every_secs={self.persister.every_secs})")
+
+
+def make_manager(directory: str, *, local_dir: str | None = None, persist_every_steps: int | None = None,
+                 persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
+                 persist_grace_secs: float | None = 120.0, **options: Any) -> Any:
+    """A `TieredCheckpointManager` when ``local_dir`` is given, else a `CheckpointManager` (the
+    front doors' one call; the tier options come checked from `tier_options.check_tiers`)."""
+    if local_dir is None:
+        return CheckpointManager(directory, **options)
+    return TieredCheckpointManager(directory, local_dir=local_dir, persist_every_steps=persist_every_steps,
+                                   persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
+                                   persist_grace_secs=persist_grace_secs, **options)

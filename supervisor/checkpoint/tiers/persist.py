@@ -1,0 +1,219 @@
+"""The persist worker of checkpoint tiers (SPEC §17): local commits copied to the logdir.
+
+`Persister` owns the logdir's side of a tiered manager: its single-writer lock (flock, or the
+lease on an object store), its index and retention (`supervisor.checkpoint.save.publish.Publisher`,
+``max_to_keep`` of the logdir), and one resident background thread. After each local commit the
+local writer thread calls `offer`; when the schedule says the checkpoint is due (`is_due`:
+``every_steps`` training steps, or ``every_secs`` seconds, since the last one scheduled; the
+first one always) it becomes the pending copy — a newer due checkpoint replaces a pending one
+not started yet, so the copies never queue up. The thread copies it (`tier_copy.persist_copy`:
+from the committed local files, verified on arrival, committed with the logdir's protocol),
+publishes it in the logdir's index, then runs the logdir's retention.
+
+`held` names the local checkpoints pending or being copied: the local tier's retention keeps
+them until their copy is done. Training never waits for a copy; only `close` does, for at most
+its ``grace_secs``, and says in a WARNING what was not persisted.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from supervisor.checkpoint.layout.format import step_of
+from supervisor.checkpoint.ownership.lock import WriterLock, acquire_writer_lock
+from supervisor.checkpoint.save.publish import Publisher
+from supervisor.checkpoint.save.failure_policy import failure_verdict
+from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.tiers.copy import persist_copy
+from supervisor.clock import Clock
+from supervisor.errors import CheckpointError
+
+__all__ = ["Persister", "is_due"]
+
+logger = logging.getLogger(__name__)
+
+
+def is_due(step: int, now: float, *, last_step: int | None, last_time: float, every_steps: int | None,
+           every_secs: float | None) -> bool:
+    """Whether the local checkpoint of ``step``, committed at ``now``, is to be persisted: the
+    first one always, then one ``every_steps`` steps or ``every_secs`` seconds after the last one
+    scheduled (``last_step`` at ``last_time``). Pure: the schedule's table test drives it."""
+    if last_step is None:
+        return True
+    if step <= last_step:
+        return False
+    if every_steps is not None:
+        return step - last_step >= every_steps
+    return every_secs is not None and now - last_time >= every_secs
+
+
+class Persister:
+    """Copies due local checkpoints into the logdir in the background (module docstring).
+
+    Args:
+        directory, storage, basename: the logdir, its storage, the checkpoints' basename.
+        max_to_keep, keep_checkpoint_every_n_hours: the logdir's retention.
+        lock, lease_secs: the logdir's single-writer lock (`acquire_writer_lock`).
+        every_steps, every_secs: the schedule (`is_due`); one of them.
+        clock: the schedule's and the index timestamps' clock.
+        source_storage: the local tier's storage.
+        max_consecutive_failures: None: the first failed copy is fatal; K: tolerated (WARNING)
+            until K copies in a row failed.
+        on_failure: ``on_failure(CheckpointError)``, called from the worker for a fatal failure.
+    """
+
+    def __init__(self, directory: str, storage: Storage, *, basename: str, max_to_keep: int | None,
+                 keep_checkpoint_every_n_hours: float | None, lock: str, lease_secs: float | None,
+                 every_steps: int | None, every_secs: float | None, clock: Clock, source_storage: Storage,
+                 max_consecutive_failures: int | None, on_failure: Callable[[CheckpointError], Any]) -> None:
+        self.directory, self.storage, self.basename = directory, storage, basename
+        self.every_steps, self.every_secs = every_steps, every_secs
+        self._lock_kind, self._lease_secs = lock, lease_secs
+        self._clock, self._source_storage = clock, source_storage
+        self._limit, self._on_failure = max_consecutive_failures, on_failure
+        self.publisher = Publisher(storage, directory, basename, max_to_keep=max_to_keep,
+                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, writer=self)
+        self._lock: WriterLock | None = None
+        self._cond = threading.Condition()
+        self._pending: tuple[int, str] | None = None  # (step, local path) not started yet
+        self._copying: tuple[int, str] | None = None
+        self._closing = self._cancelled = False
+        self._thread: threading.Thread | None = None
+        self._failures_in_a_row = 0
+        #: The newest step the logdir holds (opened, or persisted since); None: none yet.
+        self.persisted_step: int | None = None
+        self._scheduled: tuple[int | None, float] = (None, 0.0)  # (step, time) of the last one scheduled
+
+    # ------------------------------------------------------------ lifecycle
+    def open(self) -> None:
+        """Takes the logdir's writer lock, cleans and recovers it (`Publisher.open`), starts the worker."""
+        self.storage.makedirs(self.directory)
+        self._lock = acquire_writer_lock(self.storage, self.directory, kind=self._lock_kind,
+                                         lease_secs=self._lease_secs)
+        try:
+            self.publisher.claim()
+            index, version = self.publisher.read_trusted_index()
+            self.publisher.open(index, self._clock.time(), index_version=version)
+        except BaseException:
+            self._lock.release()
+            raise
+        names = self.publisher.retention.names if self.publisher.retention is not None else ()
+        steps = [s for s in (step_of(n, self.basename) for n in names) if s is not None]
+        self.persisted_step = max(steps, default=None)
+        self._scheduled = (self.persisted_step, self._clock.time())
+        self._thread = threading.Thread(target=self._run, name="supervisor-checkpoint-persist", daemon=True)
+        self._thread.start()
+
+    def check_writer(self) -> None:
+        """Raises `LeaseLostError` once the logdir's lease is lost, or the copy was abandoned at close."""
+        if self._cancelled:
+            raise CheckpointError(f"the copy to {self.directory} was abandoned when the session closed")
+        if self._lock is not None:
+            self._lock.check()
+
+    def writer_generation(self) -> int | None:
+        return getattr(self._lock, "generation", None)
+
+    def close(self, grace_secs: float | None) -> None:
+        """Waits up to ``grace_secs`` (None: without bound) for the copy in flight and the pending
+        one, then stops the worker and releases the lock; what was not persisted is said in a
+        WARNING (it stays in the local tier, which a resume on this node restores)."""
+        done = self.flush(grace_secs)
+        with self._cond:
+            left = [s for s in (self._copying, self._pending) if s is not None]
+            self._closing, self._pending = True, None
+            self._cancelled = not done
+            self._cond.notify_all()
+        if not done:
+            logger.warning("the checkpoint(s) of step %s were not persisted to %s within persist_grace_secs=%s; "
+                           "they stay in the local tier (%s), which a resume on this node restores; elsewhere "
+                           "the job resumes from the logdir's step %s", ", ".join(str(s) for s, _ in left),
+                           self.directory, grace_secs, ", ".join(p for _, p in left), self.persisted_step)
+        elif self._thread is not None:
+            self._thread.join(timeout=60)
+        if self._lock is not None:
+            self._lock.release()
+
+    # ------------------------------------------------------------ the schedule
+    def offer(self, step: int, path: str, *, force: bool = False) -> bool:
+        """A local commit of ``step`` at ``path``: makes it the pending copy when due (or
+        ``force``: the final checkpoint, unless persisted already); returns whether it did."""
+        now = self._clock.time()
+        with self._cond:
+            last_step, last_time = self._scheduled
+            due = is_due(step, now, last_step=last_step, last_time=last_time, every_steps=self.every_steps,
+                         every_secs=self.every_secs)
+            if not (due or (force and (last_step is None or step > last_step))) or self._closing:
+                return False
+            if self._pending is not None:
+                logger.debug("the copy of step %d to %s is replaced by step %d before it started",
+                             self._pending[0], self.directory, step)
+            self._pending, self._scheduled = (step, path), (step, now)
+            self._cond.notify_all()
+        return True
+
+    def held(self) -> set[str]:
+        """Names of the local checkpoints pending or being copied (local retention keeps them)."""
+        with self._cond:
+            return {self._source_storage.basename(job[1]) for job in (self._pending, self._copying) if job is not None}
+
+    def flush(self, timeout_secs: float | None = None) -> bool:
+        """Waits until nothing is pending or being copied; False when ``timeout_secs`` ran out."""
+        deadline = None if timeout_secs is None else time.monotonic() + timeout_secs
+        with self._cond:
+            while self._pending is not None or self._copying is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # ------------------------------------------------------------ the worker
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closing:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                self._copying, self._pending = self._pending, None
+                step, path = self._copying
+            try:
+                self._persist(step, path)
+            finally:
+                with self._cond:
+                    self._copying = None
+                    self._cond.notify_all()
+
+    def _persist(self, step: int, path: str) -> None:
+        name = self._source_storage.basename(path)
+        start = time.perf_counter()
+        try:
+            result = persist_copy(path, self._source_storage, self.directory, name, self.storage,
+                                  generation=self.writer_generation(), before_commit=self.check_writer)
+            self.publisher.publish(name, result.manifest.wall_time)
+            self.publisher.remove_dropped()
+        except Exception as e:  # noqa: BLE001 - every copy failure goes through the policy
+            self._failed(step, path, e)
+            return
+        self._failures_in_a_row = 0
+        self.persisted_step = max(step, self.persisted_step or 0)
+        mib = result.nbytes / 2**20
+        logger.debug("persisted step %d to %s (%.1f MiB in %.2f s)", step, result.path, mib,
+                     time.perf_counter() - start)
+
+    def _failed(self, step: int, path: str, error: Exception) -> None:
+        self._failures_in_a_row += 1
+        failure, tolerated = failure_verdict(
+            f"persisting the checkpoint of step {step} from {path} to {self.directory} failed", error,
+            in_a_row=self._failures_in_a_row, limit=self._limit)
+        if self._cancelled:
+            logger.debug("%s", failure)
+        elif tolerated:
+            logger.warning("%s; it stays in the local tier and the next due checkpoint is persisted instead "
+                           "(%d of max_consecutive_save_failures=%d failures in a row)", failure,
+                           self._failures_in_a_row, self._limit)
+        else:
+            self._on_failure(failure)
