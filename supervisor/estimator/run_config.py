@@ -116,6 +116,7 @@ class RunConfig:
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
         lock, lease_secs = v.check_lock(lock, lease_secs, model_dir, object_store=is_url(model_dir))
+        keep_checkpoint_max = check_keep_max("keep_checkpoint_max", keep_checkpoint_max)  # 0: all, as TF
         check_retention(max_to_keep=keep_checkpoint_max, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                         keep_best=keep_best, best_metric=best_metric, best_mode=best_mode, keep_period=keep_period)
         fields = {
@@ -123,7 +124,7 @@ class RunConfig:
             "save_checkpoints_secs": secs,
             "save_checkpoints_steps": steps,
             "save_summary_steps": v.check_int("save_summary_steps", save_summary_steps, minimum=0),
-            "keep_checkpoint_max": check_keep_max("keep_checkpoint_max", keep_checkpoint_max),
+            "keep_checkpoint_max": keep_checkpoint_max,
             "keep_checkpoint_every_n_hours": v.check_number(
                 "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, strictly_positive=True),
             "log_step_count_steps": v.check_int("log_step_count_steps", log_step_count_steps, minimum=0),

@@ -18,7 +18,6 @@ which the next writer opening the logdir removes: the logdir never lists a parti
 """
 from __future__ import annotations
 
-import shutil
 from typing import Any, Callable
 
 from supervisor.checkpoint.layout.format import MANIFEST_FILE, Manifest, read_manifest
@@ -60,4 +59,5 @@ def persist_copy(source: str, source_storage: Storage, directory: str, name: str
 
 def _stream(source_storage: Storage, source: str, manifest: Manifest, relpath: str, writer: Any) -> None:
     with source_storage.open_read(source_storage.join(source, manifest.key(relpath))) as f:
-        shutil.copyfileobj(f, writer, COPY_CHUNK_BYTES)
+        while chunk := f.read(COPY_CHUNK_BYTES):  # the storage's own streams, end to end
+            writer.write(chunk)
