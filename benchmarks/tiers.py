@@ -26,7 +26,8 @@ resume from its previous life), SIGKILLed at a random step drawn once per round 
 2 x the largest interval after its first step) and restarted. Per kill: steps lost = the last
 step done before the kill - the step the next start restored; resume = process start to the
 first step after the restore (of which: session creation, restore and first step after the
-imports). Figures: median (min-max) over the rounds. Targets: steps lost (tiered) <= 1/10 of
+imports); the overhead per step of each life (its mean step time - the baseline's: short lives,
+noisy, can read below 0). Figures: median (min-max) over the rounds. Targets: steps lost (tiered) <= 1/10 of
 persistent-only at equal overhead; resume from the local tier <= 1.0x a plain local restore.
 
 The machine may be shared and small: moto is pure Python and competes with the trainer for the
@@ -102,7 +103,7 @@ def read_events(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.endswith("\n")]
 
 
-def step_overhead_source(events: list[dict[str, Any]]) -> float | None:
+def mean_step_time(events: list[dict[str, Any]]) -> float | None:
     """Mean time per step, the first step after the start left out (it pays the restore)."""
     times = [e["t"] for e in events if e["event"] == "step"]
     return (times[-1] - times[1]) / (len(times) - 2) if len(times) > 2 else None
@@ -118,7 +119,7 @@ def calibrate_run(bench: Bench, mode: str, tag: str) -> float:
             proc.wait()
     if status != 0:
         raise RuntimeError(f"the {mode} calibration run exited with {status}:\n{bench.log_tail()}")
-    return step_overhead_source(read_events(events))
+    return mean_step_time(read_events(events))
 
 
 def calibrate(bench: Bench) -> dict[str, float]:
@@ -171,7 +172,7 @@ def kill_life(bench: Bench, mode: str, offset: int | None) -> dict[str, Any]:
     launched = next(e for e in events if e["event"] == "launched")
     return {"restored": start["step"], "last": max(e["step"] for e in events if e["event"] == "step"),
             "resume": first["t"] - t0, "session": first["t"] - launched["t"],
-            "step_time": step_overhead_source(events)}
+            "step_time": mean_step_time(events)}
 
 
 def failures(bench: Bench, modes: tuple[str, ...]) -> dict[str, dict[str, list[float]]]:
