@@ -88,10 +88,10 @@ def install_seams() -> None:
         _reached("copy-commit" if _in_persist_thread() else "local-commit")
         return finalize(self, **kwargs)
 
-    def publish_seam(self, name, timestamp):
+    def publish_seam(self, name, timestamp, *metric):
         if _in_persist_thread():
             _reached("copy-publish")
-        return publish_(self, name, timestamp)
+        return publish_(self, name, timestamp, *metric)
     temp.TempCheckpoint.finalize, publish.Publisher.publish = finalize_, publish_seam
 
 
