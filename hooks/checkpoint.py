@@ -67,7 +67,7 @@ class CheckpointSaverHook(Hook):
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (),
                  checkpoint_basename: str = "model.ckpt", *, clock: Clock | None = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
-        self._dir = _directory(check_path("checkpoint_dir", checkpoint_dir), storage_options)
+        self._dir = _directory(checkpoint_dir, storage_options)
         self._storage_options = dict(storage_options) if storage_options else None
         steps, secs = check_schedule("CheckpointSaverHook", ("save_steps", save_steps), ("save_secs", save_secs))
         if isinstance(listeners, CheckpointSaverListener):  # one listener given bare: accept it
@@ -140,11 +140,13 @@ class CheckpointSaverHook(Hook):
             manager.close(failed=failed)
 
 
-def _directory(path: str, storage_options: Mapping[str, Any] | None) -> str:
+def _directory(value: Any, storage_options: Mapping[str, Any] | None) -> str:
     """A URL as the checkpoint manager spells it (no trailing ``/``; its scheme and client
-    checked), a local path made absolute (``storage_options`` refused for it)."""
+    checked, unless ``value`` is a location a front door resolved already), a local path made
+    absolute (``storage_options`` refused for it)."""
+    path = check_path("checkpoint_dir", value)
     if is_url(path):
-        return check_logdir("checkpoint_dir", path, storage_options=storage_options)  # type: ignore[return-value]
+        return check_logdir("checkpoint_dir", value, storage_options=storage_options)  # type: ignore[return-value]
     check_storage("checkpoint_dir", path, storage_options)
     return os.path.abspath(local_path(path))
 

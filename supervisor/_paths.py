@@ -25,10 +25,10 @@ from typing import Any, Mapping
 
 from supervisor._validate import check_int, check_path, check_watched_directory  # re-exported: checkpoint/ imports them there
 # re-exported: the storage seam owns them
-from supervisor.checkpoint.storage import check_storage, is_url, split_scheme
+from supervisor.checkpoint.storage import Location, check_location, check_storage, is_url, split_scheme
 
 __all__ = ["check_directory", "check_logdir", "check_path", "check_restore_step", "check_storage",
-           "check_watched_directory", "is_url", "local_path"]
+           "check_watched_directory", "is_url", "local_path", "locate_logdir"]
 
 # The checkpoint format's own files (supervisor/checkpoint/layout/format.py: MANIFEST_FILE, STATE_FILE).
 _CHECKPOINT_FILES = ("MANIFEST.json", "state.pt")
@@ -55,7 +55,7 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
                  hint: str = "", storage_options: Mapping[str, Any] | None = None) -> str | None:
     """`check_path`, then refuses a file, a checkpoint directory and (``writable``) a path that
     cannot be created or written, with `ValueError`; a URL gets `check_storage` instead (see
-    the module docstring).
+    the module docstring). The checked path of `locate_logdir`'s location.
 
     Examples:
         >>> check_logdir("checkpoint_dir", "file:///tmp/run")
@@ -64,15 +64,31 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
         Traceback (most recent call last):
         TypeError: checkpoint_dir must be a directory path or None, got 7
     """
+    location = locate_logdir(name, value, allow_none=allow_none, writable=writable, hint=hint,
+                             storage_options=storage_options)
+    return None if location is None else location.path
+
+
+def locate_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bool = True,
+                  hint: str = "", storage_options: Mapping[str, Any] | None = None) -> Location | None:
+    """`check_logdir`'s checks, returning the directory's `Location`: the checked path and its
+    storage, resolved once here (a front door passes it inward instead of ``storage_options``)."""
+    if isinstance(value, Location) and storage_options is None:
+        return value
     path = local_path(check_path(name, value, allow_none=allow_none, hint=hint))
-    check_storage(name, path, storage_options)
-    if path is None:
+    location = check_location(name, path, storage_options)
+    if location is None:
         return None
     if is_url(path):  # as the checkpoint manager spells it: no trailing "/"
         scheme, rest = path.split("://", 1)
         if not rest.strip("/"):
             raise ValueError(f"{name} {path!r} names no bucket; use {scheme}://<bucket>/<prefix>")
-        return path.rstrip("/")
+        return location
+    _check_local_logdir(name, path, writable=writable)
+    return Location(path, location.storage)
+
+
+def _check_local_logdir(name: str, path: str, *, writable: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} exists and is not a directory; choose another path")
     marker = next((f for f in _CHECKPOINT_FILES if os.path.isfile(os.path.join(path, f))), None)
@@ -82,7 +98,6 @@ def check_logdir(name: str, value: Any, *, allow_none: bool = True, writable: bo
                          f"pass the directory that holds the checkpoints, {parent!r}, to resume from them")
     if writable:
         _check_creatable(name, path)
-    return path
 
 
 def local_path(value: Any) -> Any:

@@ -1,8 +1,11 @@
 """The checkpoint arguments every front door shares (`Supervisor`, `MonitoredTrainingSession`,
-`SingularMonitoredSession`), checked at construction, and the formats they may name."""
+`SingularMonitoredSession`), checked at construction into one frozen record, `CheckpointOptions`,
+and the formats they may name. Where the checkpoints go is not an option: the front door resolves
+it once into a `supervisor.checkpoint.storage.Location` (``storage_options`` end there)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor import _validate as v
@@ -11,23 +14,70 @@ from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
 from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
 
-__all__ = ["CHECKPOINT_FORMATS", "check_checkpoint_options", "pop_restore_step"]
+__all__ = ["CHECKPOINT_FORMATS", "CheckpointOptions", "check_checkpoint_options"]
+
+#: The values of every front door's ``checkpoint_format`` (SPEC §12).
+CHECKPOINT_FORMATS = ("torch", "dcp")
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """The checkpoint arguments a front door was given, checked (`check_checkpoint_options`):
+    what the session creator hands the checkpoint manager, read by attribute. Each field is the
+    front-door argument of that name (``basename``: ``checkpoint_basename``); ``lock`` is resolved
+    (``"auto"`` → ``"flock"`` or ``"lease"``), ``trusted_globals`` a tuple, ``local_dir`` absolute
+    and the persist interval pair resolved (`supervisor.checkpoint.tiers.options.check_tiers`)."""
+
+    basename: str = "model.ckpt"
+    max_to_keep: int | None = 5
+    keep_checkpoint_every_n_hours: float = 10000.0
+    save_mode: str = "async"
+    trusted_globals: tuple = ()
+    capture: str = "auto"
+    lock: str = "flock"
+    lease_secs: float | None = None
+    restore_step: int | str | None = None
+    keep_best: int | None = None
+    best_metric: Any = None
+    best_mode: str = "min"
+    keep_period: int | None = None
+    local_dir: str | None = None
+    persist_every_steps: int | None = None
+    persist_every_secs: float | None = None
+    local_max_to_keep: int | None = 2
+    persist_grace_secs: float | None = 120.0
+
+    def after_first_session(self) -> CheckpointOptions:
+        """These options without ``restore_step``: it chooses the first session's checkpoint only."""
+        return replace(self, restore_step=None)
+
+    def check_sharded(self) -> None:
+        """Refuses what sharded checkpoints (``checkpoint_format="dcp"``) do not take yet:
+        ``keep_best``/``keep_period``, checkpoint tiers, ``restore_step`` (`ValueError` naming the fix)."""
+        refuse_for_sharded({"keep_best": self.keep_best, "best_metric": self.best_metric,
+                            "best_mode": self.best_mode, "keep_period": self.keep_period})
+        pop_tiers({"local_dir": self.local_dir})
+        if self.restore_step is not None:
+            raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
+                             "step with `python -m supervisor rollback LOGDIR STEP` instead")
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,
                              save_mode: Any, trusted_globals: Any = (), capture: Any = "auto",
-                             lock: Any = "auto", lease_secs: Any = None,
-                             storage_options: dict[str, Any] | None = None, logdir: str | None = None,
+                             lock: Any = "auto", lease_secs: Any = None, logdir: str | os.PathLike | None = None,
                              restore_step: Any = None, keep_best: Any = None, best_metric: Any = None,
-                             best_mode: Any = "min", keep_period: Any = None, **tiers: Any) -> dict[str, Any]:
-    """Validates the checkpoint arguments the front doors share, at their construction
-    (``storage_options``: already checked with `supervisor._paths.check_storage`; ``logdir``: the
-    checked checkpoint directory, which ``lock``/``lease_secs`` must suit; the retention ones:
-    `supervisor.checkpoint.layout.best.check_retention`; ``tiers``: the checkpoint-tier arguments,
-    `supervisor.checkpoint.tiers.options.check_tiers`)."""
+                             best_mode: Any = "min", keep_period: Any = None, local_dir: Any = None,
+                             persist_every_steps: Any = None, persist_every_secs: Any = None,
+                             local_max_to_keep: Any = 2, persist_grace_secs: Any = 120.0) -> CheckpointOptions:
+    """Validates the checkpoint arguments the front doors share, at their construction, into a
+    `CheckpointOptions` (``logdir``: the checked checkpoint directory or its `Location`, which
+    ``lock``/``lease_secs``, ``restore_step`` and ``local_dir`` must suit; the retention ones:
+    `supervisor.checkpoint.layout.best.check_retention`; the tier ones:
+    `supervisor.checkpoint.tiers.options.check_tiers`). Errors name the argument, the value and the fix."""
+    logdir = None if logdir is None else os.fspath(logdir)
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
-    if tiers.get("local_dir") is not None and (keep_best or keep_period):
+    if local_dir is not None and (keep_best or keep_period):
         raise ValueError(f"keep_best/keep_period with local_dir (checkpoint tiers) is not supported yet, got "
                          f"keep_best={keep_best!r}, keep_period={keep_period!r}: drop local_dir to keep the best or every "
                          "N-th checkpoint in the logdir, or drop keep_best/keep_period")
@@ -35,34 +85,14 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
     check_retention(max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                     keep_best=keep_best, best_metric=best_metric, best_mode=best_mode, keep_period=keep_period,
                     hours_allow_none=False)
-    return {
-        "lock": lock,
-        "lease_secs": lease_secs,
-        "basename": basename,
-        "max_to_keep": max_to_keep,
-        "keep_checkpoint_every_n_hours": keep_checkpoint_every_n_hours,
-        "keep_best": keep_best, "best_metric": best_metric, "best_mode": best_mode, "keep_period": keep_period,
-        "save_mode": v.check_choice("save_mode", save_mode, ("async", "sync")),
-        "trusted_globals": check_trusted_globals(trusted_globals),
-        "capture": check_capture(capture),
-        "storage_options": storage_options,
-        "restore_step": check_restore_step(restore_step, logdir, basename),
-        **check_tiers(**tiers, logdir=logdir),
-    }
-
-
-#: The values of every front door's ``checkpoint_format`` (SPEC §12).
-CHECKPOINT_FORMATS = ("torch", "dcp")
-
-
-def pop_restore_step(options: dict[str, Any], checkpoint_format: str) -> Any:
-    """Pops ``restore_step`` from ``options``: the chief's creator's (sharded checkpoints: not yet,
-    nor ``keep_best``/``keep_period``, popped here for them)."""
-    restore_step = options.pop("restore_step", None)
-    if checkpoint_format == "dcp":
-        refuse_for_sharded(options)
-        pop_tiers(options)
-    if restore_step is not None and checkpoint_format == "dcp":
-        raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
-                         "step with `python -m supervisor rollback LOGDIR STEP` instead")
-    return restore_step
+    tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
+                        persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
+                        persist_grace_secs=persist_grace_secs, logdir=logdir)
+    return CheckpointOptions(
+        basename=basename, max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+        save_mode=v.check_choice("save_mode", save_mode, ("async", "sync")),
+        trusted_globals=check_trusted_globals(trusted_globals), capture=check_capture(capture), lock=lock,
+        lease_secs=lease_secs, restore_step=check_restore_step(restore_step, logdir, basename), keep_best=keep_best,
+        best_metric=best_metric, best_mode=best_mode, keep_period=keep_period, local_dir=tiers["local_dir"],
+        persist_every_steps=tiers["persist_every_steps"], persist_every_secs=tiers["persist_every_secs"],
+        local_max_to_keep=tiers["local_max_to_keep"], persist_grace_secs=tiers["persist_grace_secs"])

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
-from supervisor.checkpoint.storage import split_scheme
+from supervisor.checkpoint.storage import Location, split_scheme
 from supervisor.events.location import locate
 from supervisor.events.record import protos, scalars_event, session_log_event, version_event
 from supervisor.events.writer import open_event_file
@@ -62,7 +62,7 @@ class SummaryWriter:
     added so far. Thread-safe.
 
     Args:
-        logdir: directory of the events file (created if missing).
+        logdir: directory of the events file (created if missing), or its resolved `Location`.
         filename_suffix: appended to the events file's name.
         flush_secs: the longest time events wait in memory before being written.
         max_queue: events waiting that make the writer thread write before ``flush_secs`` (on
@@ -74,10 +74,10 @@ class SummaryWriter:
             once the session holds the logdir, so a writer refused there leaves nothing in it.
     """
 
-    def __init__(self, logdir: str | os.PathLike, *, filename_suffix: str = "", flush_secs: float = 120,
+    def __init__(self, logdir: str | os.PathLike | Location, *, filename_suffix: str = "", flush_secs: float = 120,
                  max_queue: int = 10, storage_options: dict[str, Any] | None = None,
                  defer_open: bool = False) -> None:
-        logdir = check_path("logdir", logdir)
+        check_path("logdir", logdir)
         if not isinstance(filename_suffix, str):
             raise TypeError(f"filename_suffix must be a string, got {filename_suffix!r}")
         check_number("flush_secs", flush_secs, strictly_positive=True)
@@ -222,7 +222,7 @@ class SummaryWriterCache:
     _owners: dict[str, int] = {}
 
     @staticmethod
-    def acquire(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
+    def acquire(logdir: str | os.PathLike | Location, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` for a session that will `release` it: the writer is closed
         when its last owner releases it, so a session refused on a logdir (e.g. another writer
         holds it) never closes the writer a running session shares. A new one is opened (its
@@ -250,12 +250,14 @@ class SummaryWriterCache:
         return SummaryWriterCache._get(logdir, storage_options, defer_open=False)
 
     @staticmethod
-    def _get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None, *, defer_open: bool) -> SummaryWriter:
-        key = _cache_key(logdir)
+    def _get(logdir: str | os.PathLike | Location, storage_options: dict[str, Any] | None, *,
+             defer_open: bool) -> SummaryWriter:
+        key = _cache_key(logdir)  # a location keeps its storage (resolved once, at the front door)
+        where = Location(key, logdir.storage) if isinstance(logdir, Location) else key
         with SummaryWriterCache._lock:
             writer = SummaryWriterCache._writers.get(key)
             if writer is None or writer.closed:
-                writer = SummaryWriterCache._writers[key] = SummaryWriter(key, storage_options=storage_options,
+                writer = SummaryWriterCache._writers[key] = SummaryWriter(where, storage_options=storage_options,
                                                                           defer_open=defer_open)
             elif not defer_open:
                 writer.open()

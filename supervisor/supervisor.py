@@ -23,13 +23,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 from supervisor import _validate as v
 from supervisor._console import check_progress, progress_hooks
-from supervisor._paths import check_logdir
+from supervisor._paths import locate_logdir
 from supervisor.checkpoint import CheckpointManager, check_writable_directory
 from supervisor.checkpoint.sharded import ShardedCheckpointManager
-from supervisor.checkpoint.storage import options_for
-from supervisor.checkpoint.tiers.options import TIER_ARGUMENTS
+from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.tiers.manager import make_manager
-from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options, pop_restore_step
+from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, CheckpointOptions, check_checkpoint_options
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
@@ -127,8 +126,9 @@ class Supervisor:
         local_dir: str | os.PathLike | None = None, persist_every_steps: int | None = None,
         persist_every_secs: float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
-        self._logdir = check_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
-                                    storage_options=storage_options)
+        self._location = locate_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
+                                       storage_options=storage_options)  # resolved once, here
+        self._logdir = None if self._location is None else self._location.path
         self._sinks, state = prepare_sinks(summary_sinks, state, is_chief=self._is_chief, logdir=self._logdir,
                                            writes_summaries=save_summaries_secs)
         self._state = TrainingState.from_arguments(model=model, optimizer=optimizer, state=state)
@@ -140,10 +140,10 @@ class Supervisor:
         self._checkpoint_options = check_checkpoint_options(
             basename=checkpoint_basename, max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
-            storage_options=dict(storage_options) if storage_options else None,  # checked by check_logdir
-            logdir=self._logdir, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
-            best_mode=best_mode, keep_period=keep_period,
-            **{n: a for n, a in locals().items() if n in TIER_ARGUMENTS})
+            logdir=self._location, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
+            best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
+            persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
+            persist_grace_secs=persist_grace_secs)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
@@ -168,9 +168,9 @@ class Supervisor:
                                    "close it before opening another")
             self._coord.clear_stop()
             creator = make_session_creator(
-                self._state, self._logdir, is_chief=self._is_chief,
+                self._state, self._location, is_chief=self._is_chief,
                 checkpoint_options=self._checkpoint_options,
-                summary_dir=self._logdir if self._is_chief and self._save_summaries_secs else None,
+                summary_dir=self._location if self._is_chief and self._save_summaries_secs else None,
                 max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
                 clock=self._clock, checkpoint_format=self._checkpoint_format, summary_sinks=self._sinks,
                 **self._init_fns)
@@ -184,7 +184,7 @@ class Supervisor:
                 stop_grace_secs=self._stop_grace_secs, recoverable_exceptions=self._recoverable,
                 max_recoveries=self._max_recoveries, handle_signals=self._handle_signals,
                 coord=self._coord, clock=self._clock)
-            self._checkpoint_options["restore_step"] = None  # chosen for the first session only
+            self._checkpoint_options = self._checkpoint_options.after_first_session()
             return self._session
 
     def _session_closed(self, last_step: int) -> None:
@@ -214,7 +214,7 @@ class Supervisor:
         """The checkpoint path prefix, ``<logdir>/<checkpoint_basename>``, or None."""
         if self._logdir is None:
             return None
-        return os.path.join(self._logdir, self._checkpoint_options["basename"])
+        return os.path.join(self._logdir, self._checkpoint_options.basename)
 
     @property
     def summary_writer(self) -> Any:
@@ -307,46 +307,62 @@ class _ManagedSession:
             self._session_closed(session.global_step)
 
 
-def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is_chief: bool,
-                         checkpoint_options: dict[str, Any] | None, summary_dir: str | None,
+def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, *, is_chief: bool,
+                         checkpoint_options: CheckpointOptions, summary_dir: Location | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
                          checkpoint_format: str = "torch", summary_sinks: list[Any] | None = None,
                          **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief (taking the
     ownership lock), wait-and-restore on workers, in memory without a directory. ``checkpoint_format="dcp"``:
-    sharded checkpoints every rank takes part in (§12). ``checkpoint_options["storage_options"]`` go to each
-    directory that is a URL (a worker's too: it reads the chief's checkpoints), ``["restore_step"]`` to the chief."""
-    options = dict(checkpoint_options or {})
-    storage_options, restore_step = options.pop("storage_options", None), pop_restore_step(options, checkpoint_format)
-    writer = None
+    sharded checkpoints every rank takes part in (§12). The directories come resolved (their
+    `Location`: path and storage, made once by the front door), and each manager, writer and
+    creator uses that storage (a worker's too: it reads the chief's checkpoints);
+    ``checkpoint_options.restore_step`` goes to the chief."""
+    options, writer = checkpoint_options, None
+    if checkpoint_format == "dcp":
+        options.check_sharded()
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         _check_writable(checkpoint_dir=checkpoint_dir, summary_dir=summary_dir)
     if summary_dir is not None and is_chief:
-        writer = SummaryWriterCache.acquire(summary_dir, options_for(summary_dir, storage_options))
+        writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
     elif checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
-        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,  # every rank's
-                                           storage_options=options_for(checkpoint_dir, storage_options),
-                                           **options)  # save_mode too (async by default)
-        creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
-                                        summary_writer=writer, **init_fns)
+        creator = ShardedSessionCreator(state, _sharded_manager(checkpoint_dir, options, max_wait_secs, clock),
+                                        is_chief=is_chief, logdir=checkpoint_dir.path, summary_writer=writer, **init_fns)
     elif is_chief:
-        manager = make_manager(checkpoint_dir, clock=clock, storage_options=options_for(
-            checkpoint_dir, storage_options), **options)
-        creator = CheckpointSessionCreator(state, manager, logdir=checkpoint_dir, summary_writer=writer,
-                                           restore_step=restore_step, **init_fns)
+        creator = CheckpointSessionCreator(state, _manager(checkpoint_dir, options, clock), logdir=checkpoint_dir.path,
+                                           summary_writer=writer, restore_step=options.restore_step, **init_fns)
     else:
         # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
-        # Its client (a URL) has the same storage_options as the chief's: a job configured
+        # Its storage is the chief's location's (the same storage_options): a job configured
         # through them alone restores on every rank.
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
-                                       recovery_wait_secs=recovery_wait_secs, clock=clock,
-                                       logdir=checkpoint_dir, trusted_globals=options.get("trusted_globals", ()),
-                                       storage_options=options_for(checkpoint_dir, storage_options), **init_fns)
+                                       recovery_wait_secs=recovery_wait_secs, clock=clock, logdir=checkpoint_dir.path,
+                                       trusted_globals=options.trusted_globals, **init_fns)
     creator.environment.owns_summary_writer = writer is not None
     _attach_sinks(creator, writer, summary_sinks or [])
     return creator
+
+
+def _manager(location: Location, o: CheckpointOptions, clock: Clock) -> Any:
+    """The chief's `CheckpointManager` (a `TieredCheckpointManager` with ``o.local_dir``)."""
+    return make_manager(
+        location, local_dir=o.local_dir, persist_every_steps=o.persist_every_steps,
+        persist_every_secs=o.persist_every_secs, local_max_to_keep=o.local_max_to_keep,
+        persist_grace_secs=o.persist_grace_secs, basename=o.basename, max_to_keep=o.max_to_keep,
+        keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours, save_mode=o.save_mode,
+        trusted_globals=o.trusted_globals, capture=o.capture, lock=o.lock, lease_secs=o.lease_secs,
+        keep_best=o.keep_best, best_metric=o.best_metric, best_mode=o.best_mode, keep_period=o.keep_period, clock=clock)
+
+
+def _sharded_manager(location: Location, o: CheckpointOptions, max_wait_secs: float,
+                     clock: Clock) -> ShardedCheckpointManager:
+    """Every rank's `ShardedCheckpointManager` (`CheckpointOptions.check_sharded` passed)."""
+    return ShardedCheckpointManager(
+        location, basename=o.basename, max_to_keep=o.max_to_keep, keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours,
+        save_mode=o.save_mode, trusted_globals=o.trusted_globals, max_wait_secs=max_wait_secs, clock=clock,
+        capture=o.capture, lock=o.lock, lease_secs=o.lease_secs)
 
 
 def _check_writable(**directories: str | None) -> None:

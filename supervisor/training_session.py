@@ -32,10 +32,10 @@ from supervisor.session import MonitoredSession, check_exception_types
 from supervisor.sinks import prepare_sinks
 from supervisor.state import TrainingState
 from supervisor._console import check_progress, progress_hooks
-from supervisor._paths import check_logdir, check_storage, is_url
+from supervisor._paths import is_url, local_path, locate_logdir
+from supervisor.checkpoint.storage import Location
 from supervisor._shadowing import import_builtin_hooks
-from supervisor.checkpoint.tiers.options import TIER_ARGUMENTS
-from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, check_checkpoint_options
+from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, CheckpointOptions, check_checkpoint_options
 from supervisor.supervisor import make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
@@ -72,30 +72,19 @@ def _interval_pair(service: str, secs: Any, steps: Any) -> tuple[float | None, i
 
 
 def _build(
-    *, checkpoint_dir: Any, model: Any, optimizer: Any, state: Mapping[str, Any] | None, is_chief: bool,
-    hooks: Iterable[Any], chief_only_hooks: Iterable[Any], save_checkpoint_secs: Any,
-    save_checkpoint_steps: Any, save_summaries_steps: Any, save_summaries_secs: Any,
-    log_step_count_steps: int | None, summary_dir: Any, max_to_keep: int | None,
-    keep_checkpoint_every_n_hours: float, max_wait_secs: float, init_fn: Any, local_init_fn: Any,
-    ready_fn: Any, save_mode: str, clock: Clock, trusted_globals: Any = (), checkpoint_format: str = "torch",
-    capture: str = "auto", lock: str = "auto", lease_secs: float | None = None,
-    storage_options: Mapping[str, Any] | None = None, summary_sinks: Iterable[Any] = (), restore_step: Any = None,
-    progress: Any = "auto", keep_best: Any = None, best_metric: Any = None, best_mode: Any = "min", keep_period: Any = None,
-    **tiers: Any) -> tuple[Any, list[Any]]:
-    """Validates the front-door arguments; returns the session creator and the hook list."""
-    checkpoint_dir = check_logdir("checkpoint_dir", checkpoint_dir, writable=is_chief)
-    summary_dir = check_logdir("summary_dir", summary_dir, writable=is_chief) or checkpoint_dir
-    storage_options = _check_storage_options(checkpoint_dir, summary_dir, storage_options)
+    checkpoint_dir: Location | None, summary_dir: Location | None, options: CheckpointOptions, *, model: Any,
+    optimizer: Any, state: Mapping[str, Any] | None, is_chief: bool, hooks: Iterable[Any],
+    chief_only_hooks: Iterable[Any], save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,
+    save_summaries_secs: Any, log_step_count_steps: int | None, max_wait_secs: float, init_fn: Any,
+    local_init_fn: Any, ready_fn: Any, clock: Clock, checkpoint_format: str, summary_sinks: Iterable[Any],
+    progress: Any) -> tuple[Any, list[Any]]:
+    """Validates the other front-door arguments; returns the session creator and the hook list.
+    The directories come resolved (`_locations`), the checkpoint options checked (`_options`)."""
     user_hooks = v.check_hooks("hooks", hooks)
     chief_hooks = progress_hooks(check_progress(progress), is_chief=is_chief) + v.check_hooks("chief_only_hooks", chief_only_hooks)
     ckpt_secs, ckpt_steps = _interval_pair("checkpoint", save_checkpoint_secs, save_checkpoint_steps)
     summary_secs, summary_steps = _interval_pair("summaries", save_summaries_secs, save_summaries_steps)
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
-    options = check_checkpoint_options(
-        basename="model.ckpt", max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
-        storage_options=storage_options, logdir=checkpoint_dir, restore_step=restore_step, keep_best=keep_best,
-        best_metric=best_metric, best_mode=best_mode, keep_period=keep_period, **tiers)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
     checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
@@ -113,15 +102,22 @@ def _build(
         user_hooks=user_hooks, clock=clock)
 
 
-def _check_storage_options(checkpoint_dir: str | None, summary_dir: str | None,
-                           storage_options: Any) -> dict[str, Any] | None:
-    """``storage_options`` configure the client of whichever directory is a URL (both, when both
-    are); given with two local directories they are a `ValueError` (`check_storage`)."""
-    urls = [(name, d) for name, d in (("checkpoint_dir", checkpoint_dir), ("summary_dir", summary_dir))
-            if d is not None and is_url(d)]
-    for name, url in urls or [("checkpoint_dir", checkpoint_dir)]:
-        checked = check_storage(name, url, storage_options)
-    return checked
+def _locations(checkpoint_dir: Any, summary_dir: Any, storage_options: Any,
+               *, writable: bool) -> tuple[Location | None, Location | None]:
+    """The `Location` of each directory, resolved once (the summary directory is the
+    checkpoint directory's location when it is None or the same path). ``storage_options``
+    configure the client of whichever directory is a URL (both, when both are); given with two
+    local directories they are a `ValueError` naming ``checkpoint_dir`` (`check_location`)."""
+    urls = {name for name, d in (("checkpoint_dir", checkpoint_dir), ("summary_dir", summary_dir))
+            if isinstance(d, (str, os.PathLike)) and is_url(local_path(d))}
+    def options(name: str) -> Any:
+        return storage_options if name in urls or not urls and name == "checkpoint_dir" else None
+    checkpoint = locate_logdir("checkpoint_dir", checkpoint_dir, writable=writable,
+                               storage_options=options("checkpoint_dir"))
+    same = checkpoint is not None and isinstance(summary_dir, (str, os.PathLike)) and os.fspath(summary_dir) == checkpoint.path
+    if summary_dir is None or same:
+        return checkpoint, checkpoint
+    return checkpoint, locate_logdir("summary_dir", summary_dir, writable=writable, storage_options=options("summary_dir"))
 
 
 def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, checkpoint_format: str,
@@ -159,17 +155,6 @@ def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, 
 def _shows_bar(builtin: Any, hooks: list[Any]) -> bool:
     """A `ProgressBarHook` drawing a bar replaces the step counter's periodic line."""
     return any(isinstance(h, builtin.ProgressBarHook) and h.uses_tqdm for h in hooks)
-
-
-# What both front doors hand to `_build`: their own arguments of these names.
-_BUILD_ARGUMENTS = (
-    "checkpoint_dir", "model", "optimizer", "state", "is_chief", "hooks", "chief_only_hooks",
-    "save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps", "save_summaries_secs",
-    "log_step_count_steps", "summary_dir", "max_to_keep", "keep_checkpoint_every_n_hours",
-    "max_wait_secs", "init_fn", "local_init_fn", "ready_fn", "save_mode", "clock", "trusted_globals",
-    "checkpoint_format", "capture", "lock", "lease_secs", "storage_options", "summary_sinks", "restore_step",
-    "progress", "keep_best", "best_metric", "best_mode", "keep_period", *TIER_ARGUMENTS,
-)
 
 
 def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
@@ -212,8 +197,20 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
     v.check_int("max_recoveries", max_recoveries, minimum=0)
     v.check_bool("handle_signals", handle_signals)
-    arguments = dict(locals(), is_chief=chief, clock=clock)
-    creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
+    checkpoint, summary = _locations(checkpoint_dir, summary_dir, storage_options, writable=chief)  # resolved once
+    options = check_checkpoint_options(
+        basename="model.ckpt", max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+        save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
+        logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
+        keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
+        persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs)
+    creator, all_hooks = _build(
+        checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
+        chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
+        save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
+        save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
+        init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, clock=clock,
+        checkpoint_format=checkpoint_format, summary_sinks=summary_sinks, progress=progress)
     return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                             recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
                             handle_signals=handle_signals, clock=clock)
@@ -257,8 +254,21 @@ class SingularMonitoredSession(MonitoredSession):
         else:
             # The chief alone, except that sharded checkpoints need every rank (§12).
             chief = True if checkpoint_format != "dcp" else default_is_chief(None)
-            arguments = dict(locals(), is_chief=chief, clock=clock)
-            creator, all_hooks = _build(**{name: arguments[name] for name in _BUILD_ARGUMENTS})
+            checkpoint, summary = _locations(checkpoint_dir, summary_dir, storage_options, writable=chief)
+            options = check_checkpoint_options(
+                basename="model.ckpt", max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
+                logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
+                best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
+                persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
+                persist_grace_secs=persist_grace_secs)
+            creator, all_hooks = _build(
+                checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
+                chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
+                save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
+                save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
+                max_wait_secs=max_wait_secs, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
+                clock=clock, checkpoint_format=checkpoint_format, summary_sinks=summary_sinks, progress=progress)
         super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                          handle_signals=handle_signals, clock=clock)
 

@@ -4,21 +4,30 @@ A tramp parameter is one a function only passes on: ``storage_options`` (the obj
 client's options, resolved into a `Storage` by whoever finally needs one), ``trusted_globals``
 (the loader's allow-list) and ``clock``. Run it from the repository root::
 
-    python tools/tramp_count.py            # a table: parameter, functions, files
+    python tools/tramp_count.py            # a table: parameter, functions, files (all; inside)
     python tools/tramp_count.py --list     # and every function, as path::qualified.name
 
 A function counts when the parameter is one of its own (positional or keyword-only), not when
-it only forwards ``**kwargs``. Nested functions and methods count as functions.
+it only forwards ``**kwargs``. Nested functions and methods count as functions. ``inside``: the
+ones that are not an entry point, where a parameter can only have been handed down: an entry
+point is a name the documented packages export (`PUBLIC`: ``supervisor``, ``hooks``,
+``supervisor.estimator``, ``supervisor.sinks``, ``supervisor.toolkit``; a class's methods with it),
+or a command of the CLI (``supervisor/cli/<verb>.py::main``). The public ones keep accepting
+``storage_options`` where users pass it. ``tramps``: the inside ones that only pass the parameter
+on (every use of it is an argument of a call; `only_passes_on`), marked ``~`` by ``--list``.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
+import inspect
 import pathlib
 import sys
 from typing import Iterator
 
 PARAMETERS = ("storage_options", "trusted_globals", "clock")
+PUBLIC = ("supervisor", "hooks", "supervisor.estimator", "supervisor.sinks", "supervisor.toolkit")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -36,15 +45,54 @@ def _parameters(node: ast.AST) -> set[str]:
     return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
 
 
+def only_passes_on(node: ast.AST, parameter: str) -> bool:
+    """Whether every use of ``parameter`` in ``node``'s body is an argument of a call (it is only
+    handed down: a tramp), not read, tested or resolved here."""
+    passed, used = 0, 0
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Call):
+            values = [*inner.args, *(k.value for k in inner.keywords)]
+            passed += sum(isinstance(a, ast.Name) and a.id == parameter for a in values)
+        elif isinstance(inner, ast.Name) and inner.id == parameter and isinstance(inner.ctx, ast.Load):
+            used += 1
+    return used > 0 and used == passed
+
+
 def count(package: pathlib.Path) -> dict[str, list[str]]:
-    """``{parameter: ["path::function", ...]}`` over every module under ``package``."""
+    """``{parameter: ["path::function", ...]}`` over every module under ``package`` (``~`` before
+    the path: the function only passes the parameter on, `only_passes_on`)."""
     found: dict[str, list[str]] = {p: [] for p in PARAMETERS}
     for path in sorted(package.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for name, node in _functions(tree):
             for parameter in sorted(set(PARAMETERS) & _parameters(node)):
-                found[parameter].append(f"{path.relative_to(package.parent)}::{name}")
+                mark = "~" if only_passes_on(node, parameter) else ""
+                found[parameter].append(f"{mark}{path.relative_to(package.parent)}::{name}")
     return found
+
+
+def entry_points(root: pathlib.Path) -> set[str]:
+    """``path::name`` of every class and function the `PUBLIC` packages export (as defined)."""
+    sys.path.insert(0, str(root))
+    found = set()
+    for package in PUBLIC:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            obj = inspect.unwrap(getattr(module, name))
+            try:
+                path = pathlib.Path(inspect.getsourcefile(obj)).resolve().relative_to(root)
+            except (TypeError, ValueError):
+                continue  # a constant, or defined outside the repository
+            found.add(f"{path}::{obj.__qualname__}")
+    return found
+
+
+def is_inside(function: str, entries: set[str]) -> bool:
+    """Whether ``path::qualified.name`` is no entry point (nor a method of an exported class)."""
+    path, name = function.lstrip("~").split("::", 1)
+    if path.startswith("supervisor/cli/") and name == "main":
+        return False
+    return not any(function.lstrip("~") == e or function.lstrip("~").startswith(e + ".") for e in entries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,14 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="every function, not only the counts")
     parser.add_argument("package", nargs="?", default=str(ROOT / "supervisor"))
     args = parser.parse_args(argv)
-    found = count(pathlib.Path(args.package).resolve())
-    print(f"{'parameter':<18}{'functions':>10}{'files':>7}")
+    package = pathlib.Path(args.package).resolve()
+    found, entries = count(package), entry_points(package.parent)
+    print(f"{'parameter':<18}{'functions':>10}{'files':>7}{'inside':>8}{'files':>7}{'tramps':>8}{'files':>7}")
     for parameter, functions in found.items():
-        files = {f.split("::", 1)[0] for f in functions}
-        print(f"{parameter:<18}{len(functions):>10}{len(files):>7}")
+        inside = [f for f in functions if is_inside(f, entries)]
+        tramps = [f for f in inside if f.startswith("~")]
+        counts = [(len(fs), len({f.lstrip("~").split("::", 1)[0] for f in fs})) for fs in (functions, inside, tramps)]
+        print(f"{parameter:<18}" + "".join(f"{n:>{w}}{k:>7}" for (n, k), w in zip(counts, (10, 8, 8))))
     if args.list:
         for parameter, functions in found.items():
-            print(f"\n{parameter}:", *functions, sep="\n  ")
+            print(f"\n{parameter} (* inside):", *(("* " if is_inside(f, entries) else "  ") + f for f in functions),
+                  sep="\n  ")
     return 0
 
 

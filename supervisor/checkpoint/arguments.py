@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor._validate import check_path
-from supervisor.checkpoint.storage import LocalStorage, Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import LocalStorage, Location, Storage, split_scheme
 from supervisor.errors import CheckpointError
 
 __all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory",
@@ -26,15 +26,13 @@ def check_directory(directory: Any) -> str:
     return spelled.rstrip("/")
 
 
-def writer_storage(directory: str, storage_options: Mapping[str, Any] | None = None,
-                   opener: Callable[[str], Any] | None = None) -> Storage:
-    """The `Storage` a checkpoint writer of ``directory`` uses (`storage_for`); ``opener`` (the
-    fault-injection seam: opens each file written) applies to local directories only."""
-    storage = storage_for(directory, storage_options)
+def writer_storage(location: Location, opener: Callable[[str], Any] | None = None) -> Storage:
+    """The `Storage` a checkpoint writer of ``location`` uses: the location's own; ``opener``
+    (the fault-injection seam: opens each file written) applies to local directories only."""
     if opener is None:
-        return storage
-    if storage.is_object_store:
-        raise ValueError(f"opener={opener!r} applies to local directories only, not {directory!r}; leave it out")
+        return location.storage
+    if location.is_object_store:
+        raise ValueError(f"opener={opener!r} applies to local directories only, not {location.path!r}; leave it out")
     return LocalStorage(opener)
 
 

@@ -26,7 +26,7 @@ from supervisor.checkpoint.layout.format import INDEX_FILE, checkpoint_name, mak
 from supervisor.checkpoint.ownership.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.save.publish import Publisher
 from supervisor.checkpoint.save.failure_policy import failure_verdict
-from supervisor.checkpoint.storage import Storage, is_url
+from supervisor.checkpoint.storage import Storage, is_url, resolve_location
 from supervisor.checkpoint.arguments import (check_basename, check_capture, check_directory, check_trusted_globals,
                                           writer_storage)
 from supervisor.checkpoint.load.choose import load_chosen, find_and_load
@@ -132,7 +132,7 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
         self._clock = resolve_clock(clock)
         self.on_error, self._opener = check_callable("on_error", on_error, signature="on_error(CheckpointError)"), \
             check_callable("opener", opener, signature="opener(path) -> binary file")
-        self.storage: Storage = writer_storage(self.directory, storage_options, self._opener)
+        self.storage: Storage = writer_storage(resolve_location(directory, storage_options), self._opener)
         self.capture = check_capture(capture)
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None

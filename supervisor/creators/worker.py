@@ -14,13 +14,13 @@ import os
 from typing import Any, Callable, Iterable, Mapping
 
 from supervisor.distributed import env
-from supervisor._paths import check_logdir, check_path, check_storage, is_url
+from supervisor._paths import check_path, check_storage, is_url, locate_logdir
 from supervisor._validate import check_bool, check_choice, check_number
 from supervisor.checkpoint.arguments import check_basename, check_trusted_globals
 from supervisor.checkpoint.layout.verify import VERIFY_MODES
 from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
 from supervisor.checkpoint.load.choose import find_and_load
-from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Storage, split_scheme
 from supervisor.clock import Clock, resolve_clock
 from supervisor.creators import chief_choice
 from supervisor.creators.base import SessionCreator
@@ -118,10 +118,11 @@ class WorkerSessionCreator(SessionCreator):
 def _watched_directory(value: Any, storage_options: Mapping[str, Any] | None) -> tuple[str, Storage | None]:
     """``(directory, storage)`` of the chief's directory: a URL as given (no trailing ``/``) with
     its `Storage` (built here, connecting nowhere yet; the first look says what is wrong), a
-    local path made absolute with None (the local storage, as before URLs were accepted)."""
+    local path made absolute with None (the local storage, as before URLs were accepted).
+    ``value`` may be the `Location` a front door resolved."""
     path = check_path("checkpoint_dir", value)
-    if is_url(path):
-        url = check_logdir("checkpoint_dir", path, writable=False, storage_options=storage_options)
-        return url, storage_for(url, storage_options)
+    if is_url(path):  # a front door's location comes with its storage: no second client
+        location = locate_logdir("checkpoint_dir", value, writable=False, storage_options=storage_options)
+        return location.path, location.storage  # type: ignore[union-attr]
     check_storage("checkpoint_dir", path, storage_options)  # options for a local path: refused
     return os.path.abspath(split_scheme(path)[1]), None

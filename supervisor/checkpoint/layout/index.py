@@ -44,7 +44,7 @@ from typing import Any, Mapping
 from supervisor.checkpoint.layout.fencing import index_text, is_claim_only
 from supervisor.checkpoint.storage.fileio import NotARegularFileError
 from supervisor.checkpoint.layout.format import INDEX_FILE, MANIFEST_FILE, step_of
-from supervisor.checkpoint.storage import ObjectInfo, Storage, is_url, split_scheme, storage_for
+from supervisor.checkpoint.storage import LocalStorage, ObjectInfo, Storage, is_url, split_scheme, storage_for
 
 __all__ = ["CheckpointState", "get_checkpoint_state", "latest_checkpoint", "read_index", "write_index", "replace_index",
            "parse_index", "format_index", "relative_index", "trusted_index", "entry_problem",
@@ -235,7 +235,7 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike, *, storage_options: Map
         storage = storage_for(spelled, storage_options)
     directory = os.path.abspath(spelled) if storage is None else spelled.rstrip("/")
     try:
-        state = read_index(directory, storage)
+        state = read_index(directory, storage if storage is not None else LocalStorage())
     except (ValueError, OSError) as e:
         logger.warning("%s; checkpoint index ignored", e)
         return None

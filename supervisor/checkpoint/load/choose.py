@@ -164,7 +164,7 @@ def _index_choice(directory: str, basename: str,
                   storage: Storage) -> tuple[str | None, str | None, CheckpointState | None]:
     """``(path the index names or None, why None, the index)``."""
     try:
-        index = read_index(directory, storage if is_remote(storage) else None)
+        index = read_index(directory, storage)
     except (ValueError, OSError) as e:
         return None, str(e), None
     if index is None:

@@ -51,6 +51,7 @@ import urllib.parse
 from typing import Any, Callable, Mapping
 
 from supervisor.checkpoint.storage.local import LocalStorage
+from supervisor.checkpoint.storage.location import Location
 from supervisor.checkpoint.storage.base import (REQUIRED_METHODS, STORAGE_KINDS, ObjectExistsError, ObjectInfo,
                                                 PreconditionFailedError, Snapshot, SnapshotVanishedError, Storage,
                                                 StorageWriter, check_declared)
@@ -58,8 +59,8 @@ from supervisor.checkpoint.storage.base import (REQUIRED_METHODS, STORAGE_KINDS,
 __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "REQUIRED_METHODS", "STORAGE_KINDS", "Snapshot",
     "SnapshotVanishedError", "Storage", "StorageWriter", "check_declared",
-    "ENTRY_POINT_GROUP", "LocalStorage", "URL_SCHEMES", "check_storage", "check_url_spelling", "is_url", "options_for", "register_scheme",
-    "storage_for", "split_scheme",
+    "ENTRY_POINT_GROUP", "LocalStorage", "Location", "URL_SCHEMES", "check_location", "check_storage", "check_url_spelling",
+    "is_url", "options_for", "register_scheme", "resolve_location", "storage_for", "split_scheme",
 ]
 
 logger = logging.getLogger(__name__)
@@ -180,6 +181,8 @@ def storage_for(path_or_url: str | os.PathLike, storage_options: Mapping[str, An
         ImportError: the scheme's optional client is not installed (the message names the
             extra, e.g. ``pip install "torch-supervisor[s3]"``).
     """
+    if isinstance(path_or_url, Location):  # resolved already: its storage, never a second client
+        return resolve_location(path_or_url, storage_options).storage
     scheme, url = split_scheme(path_or_url)
     if scheme == "file":
         if storage_options:
@@ -216,25 +219,59 @@ def options_for(path: str | os.PathLike, storage_options: Mapping[str, Any] | No
     return dict(storage_options) if storage_options and is_url(path) else None
 
 
+def resolve_location(directory: str | os.PathLike | Location,
+                     storage_options: Mapping[str, Any] | None = None) -> Location:
+    """The `Location` of ``directory``: the directory itself when it is one already (then no
+    ``storage_options`` may be given: its client is built), else resolved now with `storage_for`
+    (a local path or ``file://`` URL: its path; a URL: as given, without a trailing ``/``).
+
+    Raises:
+        ValueError: ``storage_options`` with a `Location` or a local path, or an unknown scheme.
+        ImportError: the scheme's optional client is missing (the message names the extra).
+    """
+    if isinstance(directory, Location):
+        if storage_options:
+            raise ValueError(f"storage_options={dict(storage_options)!r} were given with the resolved location "
+                             f"{directory.path!r}, whose client is built already; drop them")
+        return directory
+    storage = storage_for(directory, storage_options)
+    scheme, spelled = split_scheme(directory)
+    return Location(spelled if scheme == "file" else spelled.rstrip("/"), storage)
+
+
+def check_location(name: str, path: str | None, storage_options: Any) -> Location | None:
+    """The `Location` of the directory argument ``name`` (None when ``path`` is None), resolved
+    once at construction and checked (`check_storage`'s rules)."""
+    _check_options(name, path, storage_options)
+    if path is None or not is_url(path):
+        return None if path is None else resolve_location(path)
+    try:
+        return resolve_location(path, storage_options)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from e
+
+
 def check_storage(name: str, path: str | None, storage_options: Any) -> dict[str, Any] | None:
     """The client options of ``path`` (None when there are none), checked at construction: for
     a URL its scheme is known and its client installed (`storage_for` builds the client, which
-    connects nowhere yet); for a local path no ``storage_options`` may be given."""
+    connects nowhere yet); for a local path no ``storage_options`` may be given. A front door
+    keeps the client instead: `check_location`."""
+    _check_options(name, path, storage_options)
+    if path is None or not is_url(path):
+        return None
+    check_location(name, path, storage_options)
+    return dict(storage_options) if storage_options else None
+
+
+def _check_options(name: str, path: str | None, storage_options: Any) -> None:
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise TypeError(f"storage_options must be a dict of the object-store client's options "
                         f"(e.g. {{'endpoint_url': ...}}) or None, got {storage_options!r}")
-    if path is None or not is_url(path):
-        if storage_options:
-            where = f"the local path {path!r}" if path is not None else "no directory"
-            raise ValueError(f"storage_options={dict(storage_options)!r} were given with {name}={path!r}, "
-                             f"{where}: they configure the client of an object-store URL (s3://bucket/prefix) "
-                             "only; drop them or pass a URL")
-        return None
-    try:
-        storage_for(path, storage_options)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from e
-    return dict(storage_options) if storage_options else None
+    if storage_options and (path is None or not is_url(path)):
+        where = f"the local path {path!r}" if path is not None else "no directory"
+        raise ValueError(f"storage_options={dict(storage_options)!r} were given with {name}={path!r}, "
+                         f"{where}: they configure the client of an object-store URL (s3://bucket/prefix) "
+                         "only; drop them or pass a URL")
 
 
 def _register_builtin() -> None:

@@ -28,7 +28,8 @@ from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
 from supervisor.checkpoint.load.choose import load_chosen
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.save.in_flight import PendingSave
-from supervisor.checkpoint.arguments import check_directory, writer_storage
+from supervisor.checkpoint.arguments import check_directory
+from supervisor.checkpoint.storage import resolve_location
 from supervisor.checkpoint.tiers.persist import Persister
 from supervisor.checkpoint.tiers.restore import Tier, describe, find_in_tiers
 from supervisor.checkpoint.tiers.options import check_tiers
@@ -91,7 +92,7 @@ class TieredCheckpointManager:
                             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
                             persist_grace_secs=persist_grace_secs, logdir=self.directory)
         self.local_dir, self.persist_grace_secs = tiers["local_dir"], tiers["persist_grace_secs"]
-        self.storage = writer_storage(self.directory, storage_options)
+        self.storage = resolve_location(directory, storage_options).storage  # a Location's own
         self._clock = resolve_clock(local_options.get("clock"))
         self._failure: CheckpointError | None = None
         self._failure_raised = self._closed = False
