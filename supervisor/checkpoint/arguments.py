@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from supervisor._validate import check_path
 from supervisor.checkpoint.storage import LocalStorage, Location, Storage, split_scheme
