@@ -24,8 +24,8 @@ CHECKPOINT_FORMATS = ("torch", "dcp")
 class CheckpointOptions:
     """The checkpoint arguments a front door was given, checked (`check_checkpoint_options`):
     what the session creator hands the checkpoint manager, read by attribute. Each field is the
-    front-door argument of that name (``basename``: ``checkpoint_basename``); ``lock`` is resolved
-    (``"auto"`` → ``"flock"`` or ``"lease"``), ``trusted_globals`` a tuple, ``local_dir`` absolute
+    front-door argument of that name (``basename``: ``checkpoint_basename``), checked:
+    ``lock``/``lease_secs`` against the logdir, ``trusted_globals`` a tuple, ``local_dir`` absolute
     and the persist interval pair resolved (`supervisor.checkpoint.tiers.options.check_tiers`)."""
 
     basename: str = "model.ckpt"
@@ -34,7 +34,7 @@ class CheckpointOptions:
     save_mode: str = "async"
     trusted_globals: tuple = ()
     capture: str = "auto"
-    lock: str = "flock"
+    lock: str = "auto"
     lease_secs: float | None = None
     restore_step: int | str | None = None
     keep_best: int | None = None
