@@ -68,3 +68,20 @@ def test_a_registered_rule_checkpoints_the_preempted_step(tmp_path):
         assert _preempted_run(str(tmp_path / "ruled")) == ["model.ckpt-2"]
     finally:
         rule.unregister()
+
+
+@pytest.mark.slow
+def test_on_every_rank_of_a_gloo_job_the_rule_checkpoints_the_agreed_preempted_step(tmp_path):
+    """SIGTERM to rank 1 only, no save schedule: every rank stops preempted at the same step and,
+    with the rule registered on every rank, the chief commits that step's checkpoint."""
+    from tests.distributed.harness import describe, run_job
+
+    for with_rule, expected in (("no", []), ("yes", None)):
+        logdir = str(tmp_path / with_rule)
+        results = run_job("preempted_without_schedule", 2, logdir, with_rule, timeout=150,
+                          module="tests.distributed.rule_worker")
+        assert [r.returncode for r in results] == [0, 0], describe(results)
+        ends = {r.result["end"] for r in results}
+        assert len(ends) == 1 and all(r.result["preempted"] for r in results), describe(results)
+        saved = sorted(n for n in os.listdir(logdir) if n.startswith("model.ckpt-"))
+        assert saved == (expected if expected is not None else [f"model.ckpt-{ends.pop()}"]), describe(results)
