@@ -3,8 +3,14 @@
 Values in, values out: a `Requests` (what this process asked for since the last boundary) goes
 into an `Agreement`, a `Decision` comes out. The base `Agreement` is the identity, for one
 process; the collective one (`supervisor.distributed.agreement`) sends each rank's requests as
-flags and turns every rank's flags back into a decision with `combine` — a pure function, so a
-new agreement rule is a change here and a table test, no process group needed.
+flags and turns every rank's flags back into a decision with `combine` — a pure function.
+
+Decision rules, the seam for a new rule: a pure function ``Decision -> Decision`` given to
+`register_rule` is applied by the step boundary to every agreed decision that saves or stops,
+after the agreement (one process or many: the same place). It reads the agreed fields (``step``,
+``save``, ``stop``, ``preempted``: equal on every rank), so it keeps the ranks in agreement with
+no collective of its own; a new rule is one module and its table test, no process group needed
+(examples/save_on_preemption.py, docs/development.md).
 
 The flag layout, written once here: ``2 × world_size`` integers, reduced with MAX across ranks;
 ``flags[rank]`` is rank's save flag (1: a save), ``flags[world_size + rank]`` its stop flag
@@ -27,11 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["NO_REQUESTS", "PREEMPTED_FLAG", "SUMMARY_SIZE", "Agreement", "Decision", "LocalAgreement", "Requests",
-           "combine", "combine_summary", "flag_count", "merge", "stop_flag", "summary_of_flags", "write_flags",
-           "write_summary"]
+__all__ = ["NO_REQUESTS", "PREEMPTED_FLAG", "RULES", "SUMMARY_SIZE", "Agreement", "Decision", "LocalAgreement",
+           "Requests", "apply_rules", "combine", "combine_summary", "flag_count", "merge", "register_rule",
+           "stop_flag", "summary_of_flags", "unregister_rule", "write_flags", "write_summary"]
 
 #: The stop flag of a stop caused by SIGTERM/SIGINT (MAX keeps it over a plain stop).
 PREEMPTED_FLAG = 2
@@ -210,3 +216,38 @@ def combine_summary(summary: Sequence[Any], *, step: int, started: int, rank: in
         stop_reason = own_stop or f"stop requested on rank {world_size - int(summary[4])} at step {started}"
     return Decision(step, save=bool(summary[0]), stop=bool(summary[1]), save_reasons=save_reasons,
                     stop_reason=stop_reason, preempted=int(summary[1]) >= PREEMPTED_FLAG)
+
+
+# ---------------------------------------------------------------- decision rules (the seam)
+#: The registered decision rules, applied in order to every agreed decision that saves or stops.
+RULES: list[Callable[[Decision], Decision]] = []
+
+
+def register_rule(rule: Callable[[Decision], Decision]) -> None:
+    """Adds a decision rule: a pure function ``Decision -> Decision`` that the step boundary
+    applies, in registration order, to each agreed decision with a save or a stop (a step where
+    nobody asked for anything is left alone: no per-step cost). Every rank applies it to the same
+    ``step``, ``save``, ``stop`` and ``preempted`` (the agreed fields), so a rule that reads only
+    those keeps every rank in agreement; the reasons are this rank's text, for messages only.
+    Registered once per process (a second registration of the same function is ignored)."""
+    if not callable(rule):
+        raise TypeError(f"register_rule(rule): expected a function Decision -> Decision, got {rule!r}")
+    if rule not in RULES:
+        RULES.append(rule)
+
+
+def unregister_rule(rule: Callable[[Decision], Decision]) -> None:
+    """Removes a rule `register_rule` added (nothing happens if it is not registered)."""
+    if rule in RULES:
+        RULES.remove(rule)
+
+
+def apply_rules(decision: Decision) -> Decision:
+    """``decision`` after every registered rule, in order (unchanged when none is registered)."""
+    for rule in RULES:
+        result = rule(decision)
+        if not isinstance(result, Decision) or result.step != decision.step:
+            raise TypeError(f"the agreement rule {rule!r} returned {result!r} for step {decision.step}; "
+                            f"a rule returns a Decision of the same step (dataclasses.replace(decision, ...))")
+        decision = result
+    return decision

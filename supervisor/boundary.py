@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from supervisor.agreement import NO_REQUESTS, Agreement, Decision, LocalAgreement, Requests
+from supervisor.agreement import NO_REQUESTS, RULES, Agreement, Decision, LocalAgreement, Requests, apply_rules
 from supervisor.checkpoint import check_loadable
 
 if TYPE_CHECKING:
@@ -261,6 +261,8 @@ class StepBoundary:
         with self._lock:
             managers, self._save_managers = self._save_managers, []
         decision = self.agreement.decide(step, self.take_requests())
+        if RULES and (decision.save or decision.stop):  # the registered rules (supervisor.agreement)
+            decision = apply_rules(decision)
         if decision.save:
             # None is the session's own manager; with no request here another rank asked.
             default = session.checkpoint_manager

@@ -23,6 +23,7 @@ from supervisor._validate import check_bool, check_callable, check_choice, check
 from supervisor.checkpoint.save.commit import write_checkpoint
 from supervisor.checkpoint.storage.fileio import Opener
 from supervisor.checkpoint.layout.format import INDEX_FILE, checkpoint_name, make_payload
+from supervisor.checkpoint.layout.format_registry import writable_format
 from supervisor.checkpoint.ownership.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.save.publish import Publisher
 from supervisor.checkpoint.save.failure_policy import failure_verdict
@@ -81,15 +82,15 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
             is raised by the next ``save``, ``wait`` or ``close``.
         opener: ``opener(path) -> binary file`` for every file written into a checkpoint
             (default: ``open(path, "xb", buffering=0)``); the seam fault-injection tests use.
-        capture: ``"overlapped"``: a background save copies the parameters the state's
-            optimizers own and their state while the next step runs, and each optimizer's
-            ``step()`` first waits for that copy (SPEC §5.9, overlap.py); everything else is
-            copied at the boundary. ``"blocking"``: everything at the boundary. ``"auto"``
-            (default): blocking until the CUDA path has run on a GPU (`overlap.resolve_capture`).
-            A save whose staged copy differs from the boundary's state (fingerprints: a write
-            outside ``optimizer.step()`` before or during the copy) is discarded with a WARNING.
+        capture: ``"overlapped"``: a background save copies the parameters the state's optimizers own and their
+            state while the next step runs, and each optimizer's ``step()`` first waits for that copy (SPEC §5.9,
+            overlap.py); everything else is copied at the boundary. ``"blocking"``: everything at the boundary.
+            ``"auto"`` (default): blocking until the CUDA path has run on a GPU (`overlap.resolve_capture`). A save
+            whose staged copy differs from the boundary's state (fingerprints: a write outside ``optimizer.step()``
+            before or during the copy) is discarded with a WARNING.
         copier: the `overlap.Copier` of overlapped captures (default: a side CUDA stream, a
             side thread for CPU tensors); the seam the overlap tests use to force a slow copy.
+        checkpoint_format: the registered format it writes (default ``"torch"``; `format_registry.writable_format`).
         lock: how this writer keeps others out of the logdir (SPEC §5.6, §16): ``"flock"`` (an
             OS file lock), ``"lease"`` (renewed every ``lease_secs / 3``; taken over only after it
             expired: the safe choice on NFS/Lustre, where ``flock`` may be node-local), ``"auto"``
@@ -110,10 +111,9 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
             step boundary, which delivers them to listeners on the training thread.
     """
 
-    def __init__(
-        self, directory: str | os.PathLike, *, basename: str = "model.ckpt", max_to_keep: int | None = 5,
+    def __init__(self, directory: str | os.PathLike, *, basename: str = "model.ckpt", max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = 10000.0, save_mode: str = "async", verify: str = "full",
-        max_consecutive_save_failures: int | None = None, trusted_globals: Iterable[Any] = (),
+        max_consecutive_save_failures: int | None = None, trusted_globals: Iterable[Any] = (), checkpoint_format: str = "torch",
         save_rng: bool = True, clock: Clock | None = None, on_error: Callable[[CheckpointError], Any] | None = None,
         opener: Opener | None = None, capture: str = "auto", copier: Copier | None = None, lock: str = "auto",
         lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None, keep_best: int | None = None,
@@ -133,7 +133,7 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
         self.on_error, self._opener = check_callable("on_error", on_error, signature="on_error(CheckpointError)"), \
             check_callable("opener", opener, signature="opener(path) -> binary file")
         self.storage: Storage = writer_storage(resolve_location(directory, storage_options), self._opener)
-        self.capture = check_capture(capture)
+        self.capture, self.checkpoint_format = check_capture(capture), writable_format(checkpoint_format).name
         self._copier = check_copier(copier)
         self._pending: PendingCopy | None = None
         self.on_commit: Callable[[int, str], Any] | None = None
@@ -310,8 +310,8 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
         if pending is not None and not self._copied(step, pending, outcome):
             return
         try:
-            result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp,
-                                      world_size=distributed.world_size(), storage=self.storage,
+            result = write_checkpoint(self.directory, name, payload, step=step, wall_time=timestamp, storage=self.storage,
+                                      world_size=distributed.world_size(), checkpoint_format=self.checkpoint_format,
                                       before_commit=check or self.check_writer, generation=self.writer_generation())
         except Exception as e:  # noqa: BLE001 - every write failure goes through the policy
             self._failed(step, f"saving the checkpoint of step {step} to {path} failed", e, outcome)

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["BUILTIN_FORMATS", "CheckpointFormat", "LazyVariable", "format_in", "format_named", "format_of", "formats", "markers",
-           "register_format"]
+           "register_format", "writable_format"]
 
 #: The modules of the built-in formats, imported (and so registered) on the first question.
-BUILTIN_FORMATS = ("supervisor.checkpoint.load.torch_format", "supervisor.checkpoint.load.dcp_format")
+BUILTIN_FORMATS = ("supervisor.checkpoint.load.torch_format", "supervisor.checkpoint.load.dcp_format",
+                   "supervisor.checkpoint.load.safetensors_format")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class CheckpointFormat:
         restore_hint: what a single-file restore of it tells the user to call instead.
         variables: ``variables(path, storage) -> {name: entry}`` for `CheckpointReader` where its
             variables are not read from the ``marker`` file as ``torch.save``'s (None: they are).
+        write: ``write(payload, write_file)``: writes a checkpoint of this format for
+            ``CheckpointManager(checkpoint_format=name)``; ``write_file(name, fill)`` adds the
+            file ``name`` to the checkpoint, ``fill(writer)`` writing its bytes (checksummed and
+            listed in the manifest by the commit). None: the manager cannot write it (``dcp``:
+            the sharded manager writes it).
+        torch_file: the ``marker`` is a ``torch.save`` file the single-file restore loads itself
+            (mapped, shared with the other ranks); False: the restore calls ``read``.
     """
 
     name: str
@@ -51,6 +59,15 @@ class CheckpointFormat:
     single_file: bool = True
     restore_hint: str = ""
     variables: Callable[[str, Any], Mapping[str, Any]] | None = None
+    write: Callable[[Any, Callable[[str, Callable[[Any], None]], None]], None] | None = None
+    torch_file: bool = True
+
+    def read_files(self, path: str, files: Any, trusted_globals: Iterable[Any], map_location: Any) -> tuple[Any, bool]:
+        """``read`` of a checkpoint's verified private copies (``files``, closed after)."""
+        try:
+            return self.read(path, files.manifest, files.copies, trusted_globals, map_location)
+        finally:
+            files.close()
 
 
 class LazyVariable:
@@ -96,6 +113,17 @@ def format_named(name: str) -> CheckpointFormat:
             return fmt
     raise ValueError(f"checkpoint_format={name!r} is not a checkpoint format (known: "
                      f"{', '.join(repr(f.name) for f in formats())})")
+
+
+def writable_format(name: str) -> CheckpointFormat:
+    """The format ``name`` for ``CheckpointManager(checkpoint_format=)``: a `ValueError` names the
+    known formats, or says which writes a format the manager cannot (``dcp``)."""
+    fmt = format_named(name)
+    if fmt.write is None:
+        writable = ", ".join(repr(f.name) for f in formats() if f.write is not None)
+        raise ValueError(f"checkpoint_format={name!r}: CheckpointManager cannot write {fmt.description} "
+                         f"({fmt.restore_hint or 'its own writer does'}); it writes {writable}")
+    return fmt
 
 
 def format_of(files: Iterable[str]) -> CheckpointFormat | None:

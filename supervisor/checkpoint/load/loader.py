@@ -146,9 +146,8 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
                           bytes_read=bytes_read, deleted_while_reading=files.deleted_while_reading)
 
 
-def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
-                  map_location: Any = "cpu", mmap: bool = False, storage: Storage | None = None,
-                  keep_copy: bool = False) -> LoadedCheckpoint:
+def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (), map_location: Any = "cpu",
+                  mmap: bool = False, storage: Storage | None = None, keep_copy: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` for a restore (see the module docstring).
 
     With ``mmap=True`` the tensors are views of the private copy (zero further copies;
@@ -163,8 +162,7 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         CheckpointVanishedError: deleted while it was being opened (retention; not damage).
         CheckpointCorruptError: damaged; the message says how.
         CheckpointError: a format that is not one file (a sharded checkpoint: the message says
-            what loads it), or it verifies but
-            needs a global that is not trusted.
+            what loads it), or it verifies but needs a global that is not trusted.
     """
     verify = check_verify(verify)
     storage, path = resolve_storage(path, storage)
@@ -179,6 +177,9 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         files.close()
         raise CheckpointError(f"{path} is {fmt.description} (checkpoint_format={fmt.name!r}); "  # type: ignore[union-attr]
                               f"{fmt.restore_hint}")  # type: ignore[union-attr]
+    if not fmt.torch_file:  # a format of its own decoding (no torch.load, no shared copy): its read
+        return LoadedCheckpoint(path, files.manifest.step, files.manifest, *fmt.read_files(path, files, trusted_globals,
+                                                                                           map_location))
     copy = files.copies.pop(fmt.marker)
     files.close()
     mapped = mmap and copy.path is not None

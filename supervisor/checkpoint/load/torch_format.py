@@ -2,8 +2,9 @@
 in one ``torch.save`` file, ``state.pt``; registered in `supervisor.checkpoint.layout.format_registry`."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
+from supervisor.checkpoint.formats.serialize import serialize
 from supervisor.checkpoint.layout.format import STATE_FILE, Manifest
 from supervisor.checkpoint.layout.format_registry import CheckpointFormat, register_format
 
@@ -21,5 +22,11 @@ def _read(path: str, manifest: Manifest, copies: dict[str, Any], trusted_globals
     return load_state_copy(path, manifest, copy, trusted_globals, map_location, mmap=True), mapped
 
 
-TORCH_FORMAT = CheckpointFormat(name="torch", marker=STATE_FILE, description="a torch.save checkpoint", read=_read)
+def _write(payload: Any, write_file: Callable[[str, Callable[[Any], None]], None]) -> None:
+    """``state.pt``: ``torch.save``'s zip format (`supervisor.checkpoint.formats.serialize`)."""
+    write_file(STATE_FILE, lambda writer: serialize(payload, writer))
+
+
+TORCH_FORMAT = CheckpointFormat(name="torch", marker=STATE_FILE, description="a torch.save checkpoint", read=_read,
+                                write=_write)
 register_format(TORCH_FORMAT)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 
 from supervisor.checkpoint.storage.fileio import Opener
 from supervisor.checkpoint.layout.format import INDEX_FILE, MANIFEST_FILE, STATE_FILE, is_transient, transient_base
+from supervisor.checkpoint.layout.format_registry import writable_format
 from supervisor.checkpoint.layout.index import entry_problem
 from supervisor.checkpoint.formats.serialize import serialize
 from supervisor.checkpoint.storage import Storage, storage_for
@@ -49,7 +50,7 @@ def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall
                      world_size: int = 1, opener: Opener | None = None,
                      storage: Storage | None = None,
                      before_commit: Callable[[], Any] | None = None,
-                     generation: int | None = None) -> CommitResult:
+                     generation: int | None = None, checkpoint_format: str = "torch") -> CommitResult:
     """Writes ``payload`` as the committed checkpoint ``directory/name``; ``before_commit()``
     runs right before the commit (see `TempCheckpoint.finalize`); ``generation``: the writer's
     lease generation (fences its files and manifest on an object store: fencing.py).
@@ -58,10 +59,12 @@ def write_checkpoint(directory: str, name: str, payload: Any, *, step: int, wall
     step); committed checkpoints are never touched, except a committed ``directory/name`` of
     the same step, which is replaced (locally only once the new one is sealed).
     ``opener`` (local directories only): opens each file written, the fault-injection seam.
+    ``checkpoint_format``: the registered format whose ``write`` writes the files (`format_registry`).
     """
+    fmt = writable_format(checkpoint_format)
     temp = TempCheckpoint.create(directory, name, _storage(directory, storage), generation=generation)
     try:
-        temp.write_file(STATE_FILE, lambda w: serialize(payload, w), opener)
+        fmt.write(payload, lambda file_name, fill: temp.write_file(file_name, fill, opener))  # type: ignore[misc]
     except BaseException:
         temp.discard()
         raise
