@@ -13,7 +13,6 @@ Both bit-exact, every rank with its own RNG stream back."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -64,21 +63,27 @@ def _ok(ranks: list) -> list[dict]:
     return [r.result for r in ranks]
 
 
+def _saved_and_resumed(url: str, fmt: str, port: int) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """Trains to step 3 (the checkpoint), then resumes from it; each rank's GETs while saving and
+    while resuming. The resumed ranks start at 3 with the saved state, bit-exact, and each its own RNG."""
+    first, saving = _job(url, 3, fmt, port)
+    saved = _ok(first)
+    second, got = _job(url, 4, fmt, port)
+    resumed = _ok(second)
+    assert [r["start"] for r in resumed] == [3] * W
+    assert {r["digest"] for r in resumed} == {saved[0]["end_digest"]}  # bit-exact on every rank
+    assert [r["first_draw"] for r in resumed] == [r["next_draw"] for r in saved]  # each rank's own RNG
+    return saving, got
+
+
 def test_a_replicated_restore_from_s3_gets_the_checkpoint_once_and_rank_1_gets_it_bit_exactly(
         s3_server, s3_storage, s3_root):
     url = s3_root + "/run"
-    first, _ = _job(url, 3, "ddp", s3_server.port)
-    saved = _ok(first)
+    _, got = _saved_and_resumed(url, "ddp", s3_server.port)
     path = f"{url}/model.ckpt-3"
     objects = _checkpoint(s3_storage, path)
     size = sum(objects.values())
     assert size > 1 << 20  # the payload, not the manifest, is what is counted
-
-    second, got = _job(url, 4, "ddp", s3_server.port)
-    resumed = _ok(second)
-    assert [r["start"] for r in resumed] == [3] * W
-    assert resumed[0]["digest"] == resumed[1]["digest"] == saved[0]["end_digest"]  # bit-exact on both ranks
-    assert [r["first_draw"] for r in resumed] == [r["next_draw"] for r in saved]  # each rank's own RNG
     prefix = path[len("s3://"):].split("/", 1)[1] + "/"
     read = [_under(g, prefix) for g in got]
     assert read[0] >= size - objects[next(k for k in objects if k.endswith("MANIFEST.json"))], (read, objects)
@@ -89,8 +94,7 @@ def test_a_replicated_restore_from_s3_gets_the_checkpoint_once_and_rank_1_gets_i
 def test_a_sharded_save_gets_nothing_back_and_each_rank_restores_only_its_own_ranges_from_s3(
         s3_server, s3_storage, s3_root):
     url = s3_root + "/run"
-    first, saving = _job(url, 3, "fsdp2", s3_server.port)
-    saved = _ok(first)
+    saving, got = _saved_and_resumed(url, "fsdp2", s3_server.port)
     path = f"{url}/model.ckpt-3"
     prefix = path[len("s3://"):].split("/", 1)[1] + "/"
     assert [_under(g, prefix, r"\.distcp$") for g in saving] == [0] * W, f"shards read back while saving: {saving}"
@@ -99,12 +103,6 @@ def test_a_sharded_save_gets_nothing_back_and_each_rank_restores_only_its_own_ra
     assert names == sorted([".metadata", "MANIFEST.json", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"])
     shards = sum(n for key, n in objects.items() if key.endswith(".distcp"))
     assert shards > 1 << 20
-
-    second, got = _job(url, 4, "fsdp2", s3_server.port)
-    resumed = _ok(second)
-    assert [r["start"] for r in resumed] == [3] * W
-    assert {r["digest"] for r in resumed} == {saved[0]["end_digest"]}  # bit-exact
-    assert [r["first_draw"] for r in resumed] == [r["next_draw"] for r in saved]  # each rank's own RNG
     # Every shard byte is GET once, but for the replicated items (Adam's step counters...: the chief
     # reads them and sends them) lying between a rank's own items: its ranges closer than
     # COALESCE_GAP are one GET (fewer requests, a little more data: dcp_storage.wanted_ranges).

@@ -44,11 +44,11 @@ MOMENTS = ("before writer 2 saves", "after writer 2 saved steps 2 and 3", "while
 
 class HoldingProxy(FaultProxy):
     """A loopback proxy in front of the server that holds the first PUT of ``<held>`` (a key
-    ending) until `release`; ``held`` is set once it holds it. Everything else is forwarded."""
+    ending) until `release`; ``holding`` is set once it holds it. Everything else is forwarded."""
 
     def __init__(self, upstream_port: int, held: str) -> None:
         super().__init__(upstream_port)
-        self.held, self.released = threading.Event(), threading.Event()
+        self.holding, self.released = threading.Event(), threading.Event()
         self._key, self._armed = held, True
         self.intercept = self._hold
 
@@ -57,7 +57,7 @@ class HoldingProxy(FaultProxy):
             hold = self._armed and command == "PUT" and path.split("?", 1)[0].endswith(self._key)
             self._armed = self._armed and not hold
         if hold:
-            self.held.set()
+            self.holding.set()
             self.released.wait(WAIT_SECS * 2)
 
     def release(self) -> None:
@@ -116,7 +116,7 @@ def _one_try(moment: str, server, storage, logdir: str, signals: str) -> dict:
         try:
             assert _until("READY", lambda: "READY" in _read(stale_out), stale, stale_out), _read(stale_out)
             _touch(signals, "go")
-            assert proxy.held.wait(WAIT_SECS), f"writer 1 never sent its manifest PUT: {_read(stale_out)}"
+            assert proxy.holding.wait(WAIT_SECS), f"writer 1 never sent its manifest PUT: {_read(stale_out)}"
             os.kill(stale.pid, signal.SIGSTOP)  # past its pre-commit check, its PUT in flight
             rightful, rightful_out = _start("rightful", logdir, server.endpoint, signals)
             saved = lambda: "SAVED" in _read(rightful_out)  # noqa: E731
