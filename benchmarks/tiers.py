@@ -2,7 +2,7 @@
 resume and overhead per step, with the logdir on an ``s3://`` store behind a limited link.
 
 Setup: moto's S3 server on loopback (benchmarks/_s3_server.py) behind a proxy that limits the
-link to ``--bandwidth`` MB/s each way (benchmarks/_throttle.py; loopback is much faster than any
+link to ``--bandwidth`` MB/s each way (benchmarks/_loopback_proxy.py; loopback is much faster than any
 real link to an object store). The trainer (benchmarks/_tiers_trainer.py) holds ``--mib`` MiB of
 float32 parameters, runs steps of ``--step-secs`` (a sleep standing for the accelerator's work)
 and saves as one of these configurations:
@@ -56,7 +56,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks._ranks import spread  # noqa: E402
 from benchmarks._s3_server import S3Server  # noqa: E402
-from benchmarks._throttle import ThrottleProxy  # noqa: E402
+from benchmarks._loopback_proxy import ThrottleProxy  # noqa: E402
 
 TRAINER = os.path.join(ROOT, "benchmarks", "_tiers_trainer.py")
 CONFIGS = ("tiered", "persistent", "dcp", "local")

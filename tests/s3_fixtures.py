@@ -1,23 +1,22 @@
 """Fixtures of every object-store test: a real S3-compatible server (moto) on loopback, a fresh
-bucket per test, both storage backends, and a fault-injecting HTTP proxy. A test folder uses them
+bucket per test, both storage backends, and the fault-injecting loopback proxy (`FaultProxy`: the
+benchmarks' `benchmarks._loopback_proxy.LoopbackProxy`, one proxy for both). A test folder uses them
 with ``from tests.s3_fixtures import *`` in its conftest.py (see tests/storage/conftest.py).
 
 The real ``s3fs``/``botocore`` client talks to the server over HTTP; nothing is mocked in-process.
 """
 from __future__ import annotations
 
-import http.client
-import http.server
 import os
 import socket
-import threading
 import uuid
 import zlib
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import fsspec.asyn
 import pytest
 
+from benchmarks._loopback_proxy import LoopbackProxy as FaultProxy, forward  # noqa: F401 - the tests' proxy
 from benchmarks._s3_server import S3Server
 from supervisor.checkpoint.storage import LocalStorage, storage_for
 
@@ -116,113 +115,6 @@ def lifetime_thread_prefixes() -> tuple[str, ...]:
     return ("pydevd", "ThreadPoolExecutor-", "Dummy-", "tqdm_monitor", "fsspecIO", "asyncio_")
 
 
-class FaultProxy:
-    """A loopback HTTP proxy in front of the server: answers the first ``fail_first`` requests
-    (every request while ``fail_all`` is set) with ``503 SlowDown``, forwards the rest.
-
-    While ``black_hole`` is set it accepts every new connection and then does nothing with it:
-    never reads a byte, never answers, never closes it (an endpoint gone silent: a dead load
-    balancer target, a firewall dropping packets after the handshake). Those connections stay
-    silent when ``black_hole`` is cleared (only new ones are forwarded again) until the proxy
-    exits; ``held`` counts them. ``silence_on(command, path)``: the first request it matches is
-    read and never answered, and ``black_hole`` is set from then (e.g. mid multipart upload)."""
-
-    def __init__(self, upstream_port: int, fail_first: int = 0, fail_all: bool = False,
-                 body_filter: Callable[[str, Any, bytes], bytes] | None = None) -> None:
-        """``body_filter(command, headers, body)``: what a forwarded answer's body becomes on the
-        wire (its Content-Length still promises the whole body), e.g. a body cut short."""
-        self.upstream_port = upstream_port
-        self.body_filter = body_filter
-        self.fail_first = fail_first
-        self.fail_all = fail_all
-        self.requests = 0
-        self.failed = 0
-        self.black_hole = False
-        self.silence_on: Callable[[str, str], bool] | None = None
-        self.lock = threading.Lock()
-        self._held: list[socket.socket] = []
-        self._closing = threading.Event()
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                if proxy._silences(self.command, self.path):
-                    proxy._closing.wait()  # read, never answered, never closed while the proxy runs
-                    return
-                with proxy.lock:
-                    proxy.requests += 1
-                    fail = proxy.fail_all or proxy.requests <= proxy.fail_first
-                    proxy.failed += fail
-                if fail:
-                    payload = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
-                               b"<Message>Please reduce your request rate.</Message></Error>")
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.send_header("Connection", "close")
-                    self.end_headers()
-                    self.close_connection = True
-                    if self.command != "HEAD":  # a HEAD answer has no body (S3's 503 to a HEAD neither)
-                        self.wfile.write(payload)
-                    return
-                self._forward(body)
-
-            def _forward(self, body: bytes) -> None:
-                forward(self, proxy.upstream_port, body, proxy.body_filter)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
-
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = True
-
-            def process_request(self, request: Any, client_address: Any) -> None:
-                with proxy.lock:
-                    if proxy.black_hole:
-                        proxy._held.append(request)  # accepted; never read, answered or closed
-                        return
-                super().process_request(request, client_address)
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="test-fault-proxy", daemon=True)
-
-    def __enter__(self) -> FaultProxy:
-        self.thread.start()
-        return self
-
-    def _silences(self, command: str, path: str) -> bool:
-        with self.lock:
-            if self.silence_on is None or not self.silence_on(command, path):
-                return False
-            self.silence_on, self.black_hole = None, True
-            self._held.append(None)  # type: ignore[arg-type] - counted; its handler thread keeps it open
-            return True
-
-    @property
-    def held(self) -> int:
-        """Connections the black hole accepted (still open, silent)."""
-        with self.lock:
-            return len(self._held)
-
-    def __exit__(self, *exc: object) -> None:
-        self._closing.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
-        with self.lock:
-            held, self._held = self._held, []
-        for connection in held:
-            if connection is not None:
-                connection.close()
-
-
 def assert_copy_holds(copy: Any, data: bytes) -> None:
     """A private copy (`supervisor.checkpoint.load.private_copy.copy_file`) holds exactly ``data``
     (in its file or its buffer) and its CRC-32 is that of ``data``."""
@@ -232,31 +124,6 @@ def assert_copy_holds(copy: Any, data: bytes) -> None:
     else:
         assert bytes(copy.data) == data
     assert copy.crc == zlib.crc32(data)
-
-
-def forward(handler: http.server.BaseHTTPRequestHandler, upstream_port: int, body: bytes,
-            body_filter: Callable[[str, Any, bytes], bytes] | None = None) -> None:
-    """A loopback proxy's forwarding of one request: ``handler``'s request (``body`` already
-    read) goes to the server on ``upstream_port``, its answer back, one connection each
-    (``body_filter`` as `FaultProxy`'s)."""
-    upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
-    headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("expect", "connection")}
-    upstream.request(handler.command, handler.path, body=body, headers=headers)
-    response = upstream.getresponse()
-    data = response.read()
-    handler.send_response(response.status, response.reason)
-    for k, v in response.getheaders():
-        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-            handler.send_header(k, v)
-    # A HEAD answer has no body but the object's length (what stat reports).
-    head_length = response.getheader("Content-Length") if handler.command == "HEAD" else None
-    handler.send_header("Content-Length", head_length or str(len(data)))
-    handler.send_header("Connection", "close")
-    handler.end_headers()
-    handler.close_connection = True
-    if handler.command != "HEAD":
-        handler.wfile.write(data if body_filter is None else body_filter(handler.command, handler.headers, data))
-    upstream.close()
 
 
 def data_url(storage, checkpoint: str, name: str = "state.pt") -> str:

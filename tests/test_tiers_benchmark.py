@@ -9,7 +9,7 @@ import fsspec
 import pytest
 
 from benchmarks._s3_server import S3Server
-from benchmarks._throttle import ThrottleProxy
+from benchmarks._loopback_proxy import ThrottleProxy
 
 ROWS = ("tiered (local + persist)", "persistent-only (s3)", "DCP async_save (s3)", "plain local restore")
 SPREAD = r"\d+(\.\d+)? \(\d+(\.\d+)?-\d+(\.\d+)?\)"

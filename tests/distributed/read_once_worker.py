@@ -36,10 +36,14 @@ def _step(model: torch.nn.Module, optimizer: Any, step: int, width: int) -> None
 
 
 @scenario
-def read_once(logdir: str, last_step: str, width: str = "512", fmt: str = "ddp") -> None:
+def read_once(logdir: str, last_step: str, width: str = "512", fmt: str = "ddp", options: str = "") -> None:
     """Trains until ``last_step`` through MonitoredTrainingSession: ``fmt="ddp"`` (a replicated
     ``state.pt`` checkpoint) or ``"fsdp2"`` (``checkpoint_format="dcp"``, sharded). Emits the
-    state's digest and this rank's first RNG draw right after the restore."""
+    state's digest and this rank's first RNG draw right after the restore. ``options``: the
+    ``storage_options`` as JSON, or a JSON list of them, one per rank (e.g. each rank's own
+    counting proxy in front of the object store)."""
+    import json
+
     import hooks
     from supervisor import MonitoredTrainingSession
 
@@ -55,6 +59,9 @@ def read_once(logdir: str, last_step: str, width: str = "512", fmt: str = "ddp")
         from torch.nn.parallel import DistributedDataParallel
 
         trained, extra = DistributedDataParallel(model), {}
+    if options:
+        chosen = json.loads(options)
+        extra["storage_options"] = chosen[dist.get_rank()] if isinstance(chosen, list) else chosen
     optimizer = torch.optim.Adam(trained.parameters(), lr=0.01)
     torch.manual_seed(1000 + dist.get_rank())
     with MonitoredTrainingSession(logdir, model=trained, optimizer=optimizer,

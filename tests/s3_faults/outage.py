@@ -13,7 +13,7 @@ import http.server
 import threading
 from typing import Callable
 
-from tests.s3_fixtures import forward
+from benchmarks._loopback_proxy import forward
 
 
 class OutageProxy:

@@ -13,7 +13,6 @@ lease), and a restore gets writer 2's newest.
 """
 from __future__ import annotations
 
-import http.server
 import os
 import signal
 import threading
@@ -26,7 +25,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 from supervisor.checkpoint import read_checkpoint, read_index  # noqa: E402
 from supervisor.checkpoint.load.choose import find_and_load  # noqa: E402
 from tests import forked_cli  # noqa: E402
-from tests.s3_fixtures import forward  # noqa: E402
+from tests.s3_fixtures import FaultProxy  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -43,52 +42,30 @@ MOMENTS = ("before writer 2 saves", "after writer 2 saved steps 2 and 3", "while
            "its first checkpoint, before writer 2 saves")
 
 
-class HoldingProxy:
+class HoldingProxy(FaultProxy):
     """A loopback proxy in front of the server that holds the first PUT of ``<held>`` (a key
-    ending) until `release`; ``held`` is set once it holds it. Everything else is forwarded."""
+    ending) until `release`; ``holding`` is set once it holds it. Everything else is forwarded."""
 
     def __init__(self, upstream_port: int, held: str) -> None:
-        self.held, self.released = threading.Event(), threading.Event()
-        proxy, armed = self, [True]
-        lock = threading.Lock()
+        super().__init__(upstream_port)
+        self.holding, self.released = threading.Event(), threading.Event()
+        self._key, self._armed = held, True
+        self.intercept = self._hold
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                key = self.path.split("?", 1)[0]
-                with lock:
-                    hold = armed[0] and self.command == "PUT" and key.endswith(held)
-                    armed[0] = armed[0] and not hold
-                if hold:
-                    proxy.held.set()
-                    proxy.released.wait(WAIT_SECS * 2)
-                forward(self, upstream_port, body)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="test-holding-proxy", daemon=True)
+    def _hold(self, command: str, path: str) -> None:
+        with self.lock:
+            hold = self._armed and command == "PUT" and path.split("?", 1)[0].endswith(self._key)
+            self._armed = self._armed and not hold
+        if hold:
+            self.holding.set()
+            self.released.wait(WAIT_SECS * 2)
 
     def release(self) -> None:
         self.released.set()
 
-    def __enter__(self) -> HoldingProxy:
-        self.thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.released.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().__exit__(*exc)
 
 
 def _start(role: str, logdir: str, endpoint: str, signals: str, *extra: str) -> tuple[forked_cli.Forked, str]:
@@ -139,7 +116,7 @@ def _one_try(moment: str, server, storage, logdir: str, signals: str) -> dict:
         try:
             assert _until("READY", lambda: "READY" in _read(stale_out), stale, stale_out), _read(stale_out)
             _touch(signals, "go")
-            assert proxy.held.wait(WAIT_SECS), f"writer 1 never sent its manifest PUT: {_read(stale_out)}"
+            assert proxy.holding.wait(WAIT_SECS), f"writer 1 never sent its manifest PUT: {_read(stale_out)}"
             os.kill(stale.pid, signal.SIGSTOP)  # past its pre-commit check, its PUT in flight
             rightful, rightful_out = _start("rightful", logdir, server.endpoint, signals)
             saved = lambda: "SAVED" in _read(rightful_out)  # noqa: E731
