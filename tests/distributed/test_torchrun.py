@@ -3,6 +3,7 @@ rank bit-exactly (SPEC §12, §15)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -14,13 +15,31 @@ from .harness import ROOT
 STEPS = "24"
 
 
-def torchrun(script: str, *args: str, restarts: int = 0, env: dict[str, str] | None = None,
-             timeout: float = 240, nproc: int = 2) -> subprocess.CompletedProcess:
+def start(script: str, *args: str, restarts: int = 0, env: dict[str, str] | None = None,
+          nproc: int = 2) -> subprocess.Popen:
+    """A torchrun job started (its own session: a timeout kills the agent and its ranks)."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     full_env.update(env or {})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                f"--max-restarts={restarts}", "--monitor-interval=0.5", script, *args]
-    return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def finish(job: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The job's status and output, as ``subprocess.run`` gives them; past ``timeout`` its whole
+    process group is SIGKILLed and ``TimeoutExpired`` raised."""
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
+def torchrun(script: str, *args: str, timeout: float = 240, **options) -> subprocess.CompletedProcess:
+    return finish(start(script, *args, **options), timeout)
 
 
 @pytest.mark.slow
@@ -45,12 +64,20 @@ def test_elastic_restart_after_a_sigkilled_rank_resumes_bit_exact(tmp_path, npro
     keeps one layout for the whole run."""
     script = "tests/distributed/elastic_trainer.py"
     reference = str(tmp_path / "reference.pt")
-    clean = torchrun(script, "--logdir", str(tmp_path / "clean"), "--steps", STEPS, "--save-steps", "4",
-                     "--out", reference, nproc=nproc)
-    assert clean.returncode == 0, clean.stdout + clean.stderr
     resumed_out = str(tmp_path / "resumed.pt")
-    killed = torchrun(script, "--logdir", str(tmp_path / "killed"), "--steps", STEPS, "--save-steps", "4",
-                      "--out", resumed_out, restarts=1, env={"SUPERVISOR_TEST_KILL": "1:14"}, nproc=nproc)
+    # The two jobs are independent (own logdir, own rendezvous port): they run at the same time.
+    jobs = [start(script, "--logdir", str(tmp_path / "clean"), "--steps", STEPS, "--save-steps", "4",
+                  "--out", reference, nproc=nproc),
+            start(script, "--logdir", str(tmp_path / "killed"), "--steps", STEPS, "--save-steps", "4",
+                  "--out", resumed_out, restarts=1, env={"SUPERVISOR_TEST_KILL": "1:14"}, nproc=nproc)]
+    try:
+        clean, killed = [finish(job) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.communicate()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
     output = killed.stdout + killed.stderr
     assert killed.returncode == 0, output
     assert "killing rank 1 after step 14" in output
