@@ -7,13 +7,15 @@ real link to an object store). The trainer (benchmarks/_tiers_trainer.py) holds 
 float32 parameters, runs steps of ``--step-secs`` (a sleep standing for the accelerator's work)
 and saves as one of these configurations:
 
-- **tiered**: every ``--save-steps`` steps to a node-local directory, one every
+- **tiered**: every ``--save-steps`` steps to a node-local directory (``/dev/shm`` when the machine
+  has one, a tmpfs), one every
   ``--persist-steps`` steps copied to the ``s3://`` logdir in the background;
 - **persistent-only**: async saves straight to the logdir, every N steps, N chosen so its
   overhead per step matches the tiered run's (calibration below);
 - **DCP async**: the runtime's ``checkpoint_format="dcp"`` (DCP's writer, async saves, one
   process) straight to the logdir, its interval chosen the same way;
-- **local restore**: plain saves every ``--save-steps`` steps to a logdir on the local disk,
+- **local restore**: plain saves every ``--save-steps`` steps to a logdir in that same node-local
+  directory,
   the reference for the resume time.
 
 Calibration: a run of ``--calibration-steps`` steps per configuration and interval (and one with
@@ -59,6 +61,7 @@ from benchmarks._s3_server import S3Server  # noqa: E402
 from benchmarks._loopback_proxy import ThrottleProxy  # noqa: E402
 
 TRAINER = os.path.join(ROOT, "benchmarks", "_tiers_trainer.py")
+SHM = "/dev/shm"  # the local tier (and the plain local logdir) go there when the machine has it
 CONFIGS = ("tiered", "persistent", "dcp", "local")
 TITLES = {"tiered": "tiered (local + persist)", "persistent": "persistent-only (s3)",
           "dcp": "DCP async_save (s3)", "local": "plain local restore", "none": "no checkpoint"}
@@ -69,13 +72,15 @@ class Bench:
     args: argparse.Namespace
     tmp: str
     endpoint: str
+    node: str = ""  # the node-local directories: /dev/shm when there is one (a tmpfs), else tmp
     interval: dict[str, int] = field(default_factory=dict)
     runs: int = 0
 
     def dirs(self, mode: str, tag: str) -> tuple[str, str]:
-        logdir = os.path.join(self.tmp, f"{tag}-{mode}-logdir") if mode in ("local", "none") \
+        node = self.node or self.tmp
+        logdir = os.path.join(node, f"{tag}-{mode}-logdir") if mode in ("local", "none") \
             else f"s3://bench/{tag}-{mode}"
-        return logdir, os.path.join(self.tmp, f"{tag}-{mode}-node")
+        return logdir, os.path.join(node, f"{tag}-{mode}-node")
 
     def start(self, mode: str, tag: str, steps: int = 0) -> tuple[subprocess.Popen, str, float]:
         self.runs += 1
@@ -207,6 +212,7 @@ def report(bench: Bench, step: dict[str, float], out: dict[str, dict[str, list[f
     print(f"\ncheckpoint tiers: {a.mib} MiB of parameters, steps of {a.step_secs:g} s, s3:// on moto behind "
           f"a {a.bandwidth:g} MB/s link, {a.kills} SIGKILLs per configuration at random steps (interleaved "
           f"rounds); median (min-max). Baseline step (no checkpoint): {base * 1e3:.1f} ms")
+    print(f"  node-local directories (local tier, plain local logdir): {bench.node or bench.tmp}")
     print(f"  intervals: tiered saves every {a.save_steps} steps locally, persists every {a.persist_steps}; "
           f"persistent-only every {bench.interval['persistent']}; DCP every {bench.interval['dcp']}; "
           f"local every {a.save_steps}")
@@ -242,8 +248,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mib", type=int, default=32, help="parameters in MiB (the checkpoint's size)")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="the link to the store, MB/s each way")
     parser.add_argument("--step-secs", type=float, default=0.1)
-    parser.add_argument("--save-steps", type=int, default=5, help="the tiered (local) and plain local interval")
-    parser.add_argument("--persist-steps", type=int, default=20, help="the tiered run's persist interval")
+    parser.add_argument("--save-steps", type=int, default=2, help="the tiered (local) and plain local interval")
+    parser.add_argument("--persist-steps", type=int, default=40, help="the tiered run's persist interval")
     parser.add_argument("--calibration-steps", type=int, default=80)
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -259,14 +265,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     tmp = tempfile.mkdtemp(prefix="tiers-bench-")
+    node = tempfile.mkdtemp(prefix="tiers-bench-node-", dir=SHM) if os.path.isdir(SHM) else tmp
     try:
         with S3Server() as server, ThrottleProxy(server.port, args.bandwidth * 1e6) as proxy:
             server.create_bucket("bench")
-            bench = Bench(args, tmp, proxy.endpoint)
+            bench = Bench(args, tmp, proxy.endpoint, node=node)
             step = calibrate(bench)
             return report(bench, step, failures(bench, CONFIGS))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(node, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ class ManagedCheckpointCreator(SessionCreator):
         if self._routes_errors:
             manager.on_error = session.request_stop
         self._session = session
-        if self.is_chief:
-            clear_finished(manager.directory, storage=manager.storage)
+        if self.is_chief:  # checkpoint tiers: once their logdir is open, off the restore's path
+            clear = lambda: clear_finished(manager.directory, storage=manager.storage)  # noqa: E731
+            getattr(manager, "when_logdir_open", lambda action: action())(clear)
         return manager
 
     def shutdown(self, *, failed: bool) -> None:

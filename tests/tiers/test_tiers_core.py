@@ -54,7 +54,7 @@ def test_due_saves_are_persisted_and_the_logdir_indexes_only_what_it_holds(backe
                 verify_checkpoint(storage.join(logdir, name), storage=storage)
             assert manager.persister.flush(30)
     assert _steps(storage, logdir) == [0, 3, 6, 9, 10]  # the first, every 3 steps, and the final one at close
-    assert sorted(os.listdir(tmp_path / "local")) == [".supervisor.lock", "checkpoint", "model.ckpt-10", "model.ckpt-9"]
+    assert sorted(os.listdir(tmp_path / "local")) == [".supervisor.lock", "checkpoint", "model.ckpt-10", "model.ckpt-9", "tier-persisted.json"]
 
 
 def test_restore_takes_the_newer_local_checkpoint_bit_exact(backend_logdir, tmp_path, caplog):

@@ -31,10 +31,11 @@ from supervisor.checkpoint.save.in_flight import PendingSave
 from supervisor.checkpoint.arguments import check_directory
 from supervisor.checkpoint.storage import resolve_location
 from supervisor.checkpoint.tiers.persist import Persister
-from supervisor.checkpoint.tiers.restore import Tier, describe, find_in_tiers
+from supervisor.checkpoint.tiers.record import RECORD_FILE, read_record, remove_record, write_record
+from supervisor.checkpoint.tiers.restore import Tier, TierChoice, describe, find_in_tiers
 from supervisor.checkpoint.tiers.options import check_tiers
 from supervisor.clock import resolve_clock
-from supervisor.errors import CheckpointError
+from supervisor.errors import CheckpointCorruptError, CheckpointError
 from supervisor.state import TrainingState
 
 __all__ = ["TieredCheckpointManager", "make_manager"]
@@ -98,6 +99,11 @@ class TieredCheckpointManager:
         self._failure_raised = self._closed = False
         self._mutex = threading.Lock()
         self._last_local: tuple[int, str] | None = None
+        # The logdir opened in the background: its newest step once known; the step a restore
+        # took from the local tier without waiting (checked when the logdir opens); what waits.
+        self._logdir_known, self._logdir_newest = False, None
+        self._fast_step: int | None = None
+        self._after_open: list[Callable[[], Any]] = []
         self.on_commit: Callable[[int, str], Any] | None = None
         self.local = LocalTier(self.local_dir, held=lambda: self.persister.held(), basename=basename,
                                max_to_keep=tiers["local_max_to_keep"], **local_options)
@@ -108,6 +114,7 @@ class TieredCheckpointManager:
             source_storage=self.local.storage, on_failure=self._persist_failed,
             max_consecutive_failures=self.local.max_consecutive_save_failures)
         self.local.on_commit = self._committed
+        self.persister.on_persisted = self._persisted
         self.basename, self.max_to_keep = self.local.basename, max_to_keep
 
     # ------------------------------------------------------------ what a CheckpointManager offers
@@ -132,11 +139,41 @@ class TieredCheckpointManager:
         if self.local.is_open:
             return
         self.local.open()
+        self.persister.open(on_open=self._logdir_opened)
+
+    def when_logdir_open(self, action: Callable[[], Any]) -> None:
+        """Runs ``action()`` once the logdir is open (now if it is), before anything is persisted:
+        what a session does in the logdir (e.g. clearing the finished mark) without waiting on it."""
+        with self._mutex:
+            if not self._logdir_known:
+                self._after_open.append(action)
+                return
+        action()
+
+    def _logdir_opened(self, newest: int | None) -> None:
+        """On the persist worker, the logdir open: checks the restore that did not wait for it,
+        runs what waited for the open, records the logdir's newest step in the local tier."""
+        with self._mutex:
+            self._logdir_known, self._logdir_newest, fast = True, newest, self._fast_step
+            actions, self._after_open = self._after_open, []
+        if fast is not None and newest is not None and newest > fast:
+            remove_record(self.local.storage, self.local_dir)
+            raise CheckpointError(
+                f"the logdir {self.directory} holds step {newest}, newer than step {fast} this session restored from "
+                f"the local tier {self.local_dir} without waiting for the logdir: another writer trained from the "
+                f"logdir after this node last wrote it. Nothing of this session is persisted; restart the job and it "
+                f"resumes from step {newest} (the local tier's record {RECORD_FILE} was removed, so the next start "
+                "waits for the logdir)")
+        for action in actions:
+            action()
+        write_record(self.local.storage, self.local_dir, self.directory, newest)
+
+    def _persisted(self, step: int) -> None:
         try:
-            self.persister.open()
-        except BaseException:
-            self.local.close(failed=True)
-            raise
+            write_record(self.local.storage, self.local_dir, self.directory, step)
+        except OSError as e:  # the next start then waits for the logdir: slower, never wrong
+            remove_record(self.local.storage, self.local_dir)
+            logger.warning("could not record the logdir's step %d in %s (%s)", step, self.local_dir, e)
 
     def check_writer(self) -> None:
         self.persister.check_writer()
@@ -227,13 +264,17 @@ class TieredCheckpointManager:
                 keep_copy: bool = False) -> Restored | None:
         """Restores the newest checkpoint that verifies in either tier (`tier_restore`), with an
         INFO line naming the tier; ``step``: that step, from the local tier if it has it, else
-        from the logdir (`CheckpointManager.restore`)."""
+        from the logdir (`CheckpointManager.restore`). The local tier's newest is restored without
+        waiting for the logdir when the local tier's record proves it the newest (`tiers.record`)."""
         self.local.wait()
         if step is not None:
             return self._restore_chosen(state, step, keep_copy)
-        tiers = (Tier("local", self.local_dir, self.local.storage), Tier("persistent", self.directory, self.storage))
-        choice = find_in_tiers(tiers, self.basename, verify=self.local.verify,
-                               trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
+        choice = self._local_choice(keep_copy)
+        if choice is None:
+            self.persister.wait_open()
+            tiers = (Tier("local", self.local_dir, self.local.storage), Tier("persistent", self.directory, self.storage))
+            choice = find_in_tiers(tiers, self.basename, verify=self.local.verify,
+                                   trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
         if choice is None:
             return None
         restored = apply_checkpoint(choice.loaded, state, restore_rng=self.local.save_rng)
@@ -245,9 +286,34 @@ class TieredCheckpointManager:
         logger.log(logging.WARNING if degraded else logging.INFO, "%s", describe(choice))
         return restored
 
+    def _local_choice(self, keep_copy: bool) -> TierChoice | None:
+        """The local tier's newest verified checkpoint when it is the newest of either tier by what
+        is known of the logdir without waiting for it (its open, or the local record); else None."""
+        with self._mutex:
+            known, newest = self._logdir_known, self._logdir_newest
+        if not known:
+            known, newest = read_record(self.local.storage, self.local_dir, self.directory)
+        if not known:
+            return None
+        try:
+            choice = find_in_tiers((Tier("local", self.local_dir, self.local.storage),), self.basename,
+                                   verify=self.local.verify, trusted_globals=self.local.trusted_globals,
+                                   keep_copy=keep_copy)
+        except CheckpointCorruptError:
+            return None  # nothing local verifies: the logdir decides (the warnings named each)
+        if choice is None or (newest is not None and choice.loaded.step < newest):
+            return None
+        with self._mutex:  # the logdir's open checks this step (_logdir_opened) unless it already ran
+            self._fast_step = choice.loaded.step
+            if self._logdir_known and self._logdir_newest is not None and self._logdir_newest > choice.loaded.step:
+                self._fast_step = None
+                return None
+        return TierChoice(choice.loaded, choice.tier, {"local": choice.loaded.step, "persistent": newest})
+
     def _restore_chosen(self, state: TrainingState, step: Any, keep_copy: bool) -> Restored | None:
         if isinstance(step, int) and os.path.isdir(self.local.path_of(step)):
             return self.local.restore(state, step=step, keep_copy=keep_copy)
+        self.persister.wait_open()
         loaded = load_chosen(self.directory, self.basename, step, verify=self.local.verify, storage=self.storage,
                              trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
         restored = apply_checkpoint(loaded, state, restore_rng=self.local.save_rng)

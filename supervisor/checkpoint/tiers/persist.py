@@ -85,26 +85,89 @@ class Persister:
         #: The newest step the logdir holds (opened, or persisted since); None: none yet.
         self.persisted_step: int | None = None
         self._scheduled: tuple[int | None, float] = (None, 0.0)  # (step, time) of the last one scheduled
+        self._forced = False  # the pending copy was forced (close, persist) rather than due
+        self._opened = threading.Event()  # set once the worker's open ended (see _open_error)
+        self._open_error: CheckpointError | None = None
+        self._on_open: Callable[[int | None], Any] | None = None
+        #: ``on_persisted(step)``: the logdir's newest step after each copy published (worker thread).
+        self.on_persisted: Callable[[int], Any] | None = None
 
     # ------------------------------------------------------------ lifecycle
-    def open(self) -> None:
-        """Takes the logdir's writer lock, cleans and recovers it (`Publisher.open`), starts the worker."""
+    def open(self, on_open: Callable[[int | None], Any] | None = None) -> None:
+        """Starts the worker, which first opens the logdir (`_open_logdir`: its writer lock,
+        cleanup and index) off the caller's thread, then calls ``on_open(persisted_step)``, then
+        copies: nothing is persisted before the lock is held. A failure to open goes to
+        ``on_failure`` (fatal) and the worker ends; `wait_open` waits for the outcome."""
+        self._on_open = on_open
+        self._thread = threading.Thread(target=self._run, name="supervisor-checkpoint-persist", daemon=True)
+        self._thread.start()
+
+    def wait_open(self, timeout_secs: float | None = None) -> None:
+        """Waits until the worker opened the logdir; raises what made the open fail, or
+        `CheckpointError` when ``timeout_secs`` ran out first."""
+        if not self._opened.wait(timeout_secs):
+            raise CheckpointError(f"opening the logdir {self.directory} (its writer lock and index) did not finish "
+                                  f"within {timeout_secs} s; check that the store is reachable")
+        if self._open_error is not None:
+            raise self._open_error
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the worker holds the logdir's writer lock and read its index."""
+        return self._opened.is_set() and self._open_error is None
+
+    def _open_logdir(self) -> None:
+        """Takes the logdir's writer lock, cleans and recovers it (`Publisher.open`)."""
         self.storage.makedirs(self.directory)
-        self._lock = acquire_writer_lock(self.storage, self.directory, kind=self._lock_kind,
-                                         lease_secs=self._lease_secs)
+        lock = acquire_writer_lock(self.storage, self.directory, kind=self._lock_kind, lease_secs=self._lease_secs)
+        self._lock = lock
         try:
             self.publisher.claim()
             index, version = self.publisher.read_trusted_index()
             self.publisher.open(index, self._clock.time(), index_version=version)
         except BaseException:
-            self._lock.release()
+            lock.release()
             raise
         names = self.publisher.retention.names if self.publisher.retention is not None else ()
         steps = [s for s in (step_of(n, self.basename) for n in names) if s is not None]
         self.persisted_step = max(steps, default=None)
-        self._scheduled = (self.persisted_step, self._clock.time())
-        self._thread = threading.Thread(target=self._run, name="supervisor-checkpoint-persist", daemon=True)
-        self._thread.start()
+        now = self._clock.time()
+        with self._cond:  # a save offered before the logdir was open is due against the logdir's step
+            pending, self._scheduled = self._pending, (self.persisted_step, now)
+            if pending is not None and not self._forced and not is_due(
+                    pending[0], now, last_step=self.persisted_step, last_time=now, every_steps=self.every_steps,
+                    every_secs=self.every_secs):
+                self._pending = pending = None
+            if pending is not None:
+                self._scheduled = (pending[0], now)
+
+    def _start_worker(self) -> bool:
+        """The worker's first part: opens the logdir and hands its newest step to ``on_open``;
+        False (the failure reported) when either failed."""
+        try:
+            self._open_logdir()
+            if self._on_open is not None:
+                self._on_open(self.persisted_step)
+            with self._cond:
+                closed = self._cancelled
+            if closed:  # close gave up waiting while the logdir was opened: nothing more is copied
+                self._lock.release()
+                self._opened.set()
+                return False
+        except Exception as e:  # noqa: BLE001 - reported through on_failure, raised by wait_open
+            if self._lock is not None:
+                self._lock.release()
+            self._open_error = e if isinstance(e, CheckpointError) else CheckpointError(
+                f"opening the logdir {self.directory} failed: {e}")
+            self._open_error.__cause__ = e if self._open_error is not e else e.__cause__
+            with self._cond:
+                self._pending, self._cancelled = None, True
+                self._cond.notify_all()
+            self._opened.set()
+            self._on_failure(self._open_error)
+            return False
+        self._opened.set()
+        return True
 
     def check_writer(self) -> None:
         """Raises `LeaseLostError` once the logdir's lease is lost, or the copy was abandoned at close."""
@@ -145,12 +208,14 @@ class Persister:
             last_step, last_time = self._scheduled
             due = is_due(step, now, last_step=last_step, last_time=last_time, every_steps=self.every_steps,
                          every_secs=self.every_secs)
-            if not (due or (force and (last_step is None or step > last_step))) or self._closing:
+            if not (due or (force and (last_step is None or step > last_step))) or self._closing \
+                    or self._open_error is not None:
                 return False
             if self._pending is not None:
                 logger.debug("the copy of step %d to %s is replaced by step %d before it started",
                              self._pending[0], self.directory, step)
             self._pending, self._scheduled = (step, path), (step, now)
+            self._forced = force
             self._cond.notify_all()
         return True
 
@@ -172,6 +237,8 @@ class Persister:
 
     # ------------------------------------------------------------ the worker
     def _run(self) -> None:
+        if not self._start_worker():
+            return
         while True:
             with self._cond:
                 while self._pending is None and not self._closing:
@@ -200,6 +267,8 @@ class Persister:
             return
         self._failures_in_a_row = 0
         self.persisted_step = max(step, self.persisted_step or 0)
+        if self.on_persisted is not None:
+            self.on_persisted(self.persisted_step)
         mib = result.nbytes / 2**20
         logger.debug("persisted step %d to %s (%.1f MiB in %.2f s)", step, result.path, mib,
                      time.perf_counter() - start)
