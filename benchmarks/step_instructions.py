@@ -147,7 +147,9 @@ def print_breakdown(name: str, n: int, warmup: int, top: int = 15) -> None:
             print(f"    {cost:+10.0f}  {fn[:110]}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, cpus: set[int] | None = None) -> None:
+    """``cpus``: the CPUs the two callgrind workers may run on (a caller that pinned itself to one
+    for the timing ratios passes the set it had: they inherit its mask and would share one CPU)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=500, help="N steps (the 2N run minus the N run; default 500)")
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp, frozen_heap():
             report_loops(args.loop_rounds, args.steps, session_factories(tmp), {})
         print()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     report_instructions(args.n, args.warmup, args.annotate)
     return None
 

@@ -204,21 +204,21 @@ def main(argv: list[str] | None = None) -> None:
     pinned = pin(args.cpu)
     try:
         with frozen_heap():  # the gc.collect() between rounds walks only the benchmark's objects
-            run(args, pinned)
+            run(args, pinned, previous)
     finally:  # a caller (the smoke test) keeps its own CPUs and intra-op threads
         torch.set_num_threads(threads)
         if pinned is not None and previous is not None:
             os.sched_setaffinity(0, previous)
 
 
-def run(args: argparse.Namespace, pinned: int | None) -> None:
-    if args.instructions:
+def run(args: argparse.Namespace, pinned: int | None, unpinned: set[int] | None = None) -> None:
+    if args.instructions:  # the callgrind workers run on every CPU we had (``unpinned``), not the timing's one
         rounds = 2 if args.quick else min(args.loop_rounds, 7)
         steps = 200 if args.quick else args.steps
         print(f"pinned to CPU {pinned} (the timing ratios)" if pinned is not None else "not pinned")
         return step_instructions.main(["--n", str(args.n), "--warmup", "5" if args.quick else "100",
                              "--loop-rounds", str(rounds), "--steps", str(steps),
-                             *(["--annotate"] if args.annotate else [])])
+                             *(["--annotate"] if args.annotate else [])], cpus=unpinned)
     rounds, n_noop = (2, 2_000) if args.quick else (args.rounds, 50_000)
     loop_rounds, n_model = (2, 200) if args.quick else (args.loop_rounds, args.steps)
     print(f"pinned to CPU {pinned}, with every thread the runtime starts" if pinned is not None else "not pinned")

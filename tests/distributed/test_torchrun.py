@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -17,25 +18,34 @@ STEPS = "24"
 
 def start(script: str, *args: str, restarts: int = 0, env: dict[str, str] | None = None,
           nproc: int = 2) -> subprocess.Popen:
-    """A torchrun job started (its own session: a timeout kills the agent and its ranks)."""
+    """A torchrun job started (its own session: a timeout kills the agent and its ranks), its
+    output going to files: a job nobody reads yet (another one is waited for) never blocks on a pipe."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     full_env.update(env or {})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                f"--max-restarts={restarts}", "--monitor-interval=0.5", script, *args]
-    return subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    job = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=out, stderr=err, text=True, start_new_session=True)
+    job.outputs = (out, err)  # type: ignore[attr-defined]
+    return job
 
 
 def finish(job: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
     """The job's status and output, as ``subprocess.run`` gives them; past ``timeout`` its whole
     process group is SIGKILLed and ``TimeoutExpired`` raised."""
     try:
-        out, err = job.communicate(timeout=timeout)
+        job.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
+        job.wait()
         raise
-    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+    finally:
+        texts = []
+        for file in job.outputs:  # type: ignore[attr-defined]
+            file.seek(0)
+            texts.append(file.read())
+            file.close()
+    return subprocess.CompletedProcess(job.args, job.returncode, *texts)
 
 
 def torchrun(script: str, *args: str, timeout: float = 240, **options) -> subprocess.CompletedProcess:
@@ -76,7 +86,7 @@ def test_elastic_restart_after_a_sigkilled_rank_resumes_bit_exact(tmp_path, npro
         for job in jobs:
             if job.poll() is None:
                 os.killpg(job.pid, signal.SIGKILL)
-                job.communicate()
+                job.wait()
     assert clean.returncode == 0, clean.stdout + clean.stderr
     output = killed.stdout + killed.stderr
     assert killed.returncode == 0, output

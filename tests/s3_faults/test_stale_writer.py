@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -33,9 +34,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WRITER = os.path.join(HERE, "fenced_writer.py")
 TRIES = 12
+#: Tries run at once: each mostly waits, idle, for writer 1's lease to run out (a lease long enough
+#: that writer 1's own renewals keep it on a loaded machine until the test pauses it).
+CONCURRENT = 4
 #: Writer 1's lease is short (writer 2 takes over once it ran out); writer 2's is long, so that on a
 #: loaded machine its own renewals cannot fall behind (that is the lease's own margin, tested elsewhere).
-LEASE_SECS = {"stale": 5.0, "rightful": 30.0}
+LEASE_SECS = {"stale": 8.0, "rightful": 30.0}
 WAIT_SECS = 90.0
 #: When writer 1 resumes and its held manifest PUT reaches the server, relative to writer 2.
 MOMENTS = ("before writer 2 saves", "after writer 2 saved steps 2 and 3", "while writer 2 saves",
@@ -166,11 +170,16 @@ def _indexed_problems(storage, logdir: str) -> list[str]:
 
 def test_a_paused_holders_late_manifest_neither_commits_nor_moves_the_index_nor_kills_the_new_holder(
         s3_server, s3_root, s3_storage, tmp_path):
+    # The tries are independent (each its own logdir, proxy, writers and signal files) and mostly
+    # wait for writer 1's lease to run out, so CONCURRENT of them run at once; checked one by one.
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        tries = [pool.submit(_one_try, MOMENTS[number % len(MOMENTS)], s3_server, s3_storage,
+                             f"{s3_root}/run-{number}", str(tmp_path / f"try-{number}")) for number in range(TRIES)]
+        seen_by_try = [future.result() for future in tries]
     outcomes = []
-    for number in range(TRIES):
+    for number, seen in enumerate(seen_by_try):
         moment = MOMENTS[number % len(MOMENTS)]
         logdir = f"{s3_root}/run-{number}"
-        seen = _one_try(moment, s3_server, s3_storage, logdir, str(tmp_path / f"try-{number}"))
         rightful_code, rightful_out = seen["rightful"]
         problems = [] if rightful_code == 0 and "DONE" in rightful_out else [f"writer 2 died: {rightful_out.strip().splitlines()[-1:]}"]
         problems += _indexed_problems(s3_storage, logdir)

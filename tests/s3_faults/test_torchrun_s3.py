@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ from supervisor.checkpoint.layout.finished import read_finished  # noqa: E402
 from supervisor.estimator.sidecar import SidecarEvaluator  # noqa: E402
 from supervisor.events import read_scalars  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
-from tests.distributed.test_torchrun import torchrun  # noqa: E402
+from tests.distributed.test_torchrun import finish, start, torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -53,23 +54,18 @@ def test_torchrun_job_on_an_s3_logdir_survives_a_sigkilled_rank_bit_exact_with_a
     env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "OMP_NUM_THREADS": "1"}
     url = s3_root + "/run"
     reference = str(tmp_path / "reference.pt")
-    clean = torchrun(TRAINER, "--logdir", str(tmp_path / "clean"), "--steps", STEPS, "--save-steps", SAVE_STEPS,
-                     "--out", reference)
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-
-    path = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    sidecar = subprocess.Popen([sys.executable, os.path.join(HERE, "s3_sidecar.py"), url], cwd=ROOT,
-                               env={**os.environ, **env, "PYTHONPATH": path},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The uninterrupted reference job runs (local logdir, own rendezvous) while the killed one does.
+    clean_job = start(TRAINER, "--logdir", str(tmp_path / "clean"), "--steps", STEPS, "--save-steps", SAVE_STEPS,
+                      "--out", reference)
     try:
-        resumed = str(tmp_path / "resumed.pt")
-        killed = torchrun(TRAINER, "--logdir", url, "--steps", STEPS, "--save-steps", SAVE_STEPS, "--out", resumed,
-                          restarts=1, env={**env, "SUPERVISOR_TEST_KILL": "1:14"}, timeout=400)
-        sidecar_output, _ = sidecar.communicate(timeout=120)
+        killed, sidecar_output, sidecar = _killed_job_with_a_sidecar(s3_server, url, env, tmp_path)
+        clean = finish(clean_job)
     finally:
-        if sidecar.poll() is None:
-            sidecar.kill()
-            sidecar.wait(10)
+        if clean_job.poll() is None:
+            os.killpg(clean_job.pid, signal.SIGKILL)
+            clean_job.wait()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    resumed = str(tmp_path / "resumed.pt")
     output = killed.stdout + killed.stderr
     assert killed.returncode == 0, output
     assert "killing rank 1 after step 14" in output and "attempt 1" in output, output
@@ -87,3 +83,22 @@ def test_torchrun_job_on_an_s3_logdir_survives_a_sigkilled_rank_bit_exact_with_a
     assert steps[-1] == int(STEPS) and all(s % int(SAVE_STEPS) == 0 for s in steps), sidecar_output
     assert "sidecar stopped: finished" in sidecar_output, sidecar_output  # the trainer's finished mark
     assert sorted(read_scalars(url + "/eval", options(s3_server.endpoint))) == steps  # its events, on the URL
+
+
+def _killed_job_with_a_sidecar(s3_server, url: str, env: dict[str, str], tmp_path):
+    """The job on the URL, rank 1 SIGKILLed after step 14 (torchrun restarts the group), with a
+    sidecar evaluating every checkpoint it commits; returns (the job, the sidecar's output, the sidecar)."""
+    path = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    sidecar = subprocess.Popen([sys.executable, os.path.join(HERE, "s3_sidecar.py"), url], cwd=ROOT,
+                               env={**os.environ, **env, "PYTHONPATH": path},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        resumed = str(tmp_path / "resumed.pt")
+        killed = torchrun(TRAINER, "--logdir", url, "--steps", STEPS, "--save-steps", SAVE_STEPS, "--out", resumed,
+                          restarts=1, env={**env, "SUPERVISOR_TEST_KILL": "1:14"}, timeout=400)
+        sidecar_output, _ = sidecar.communicate(timeout=120)
+    finally:
+        if sidecar.poll() is None:
+            sidecar.kill()
+            sidecar.wait(10)
+    return killed, sidecar_output, sidecar
