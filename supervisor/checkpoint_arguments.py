@@ -9,7 +9,7 @@ from supervisor import _validate as v
 from supervisor._paths import check_restore_step, is_url
 from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
-from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
+from supervisor.checkpoint.tiers.options import check_tiers
 
 __all__ = ["CHECKPOINT_FORMATS", "check_checkpoint_options", "pop_restore_step"]
 
@@ -61,7 +61,6 @@ def pop_restore_step(options: dict[str, Any], checkpoint_format: str) -> Any:
     restore_step = options.pop("restore_step", None)
     if checkpoint_format == "dcp":
         refuse_for_sharded(options)
-        pop_tiers(options)
     if restore_step is not None and checkpoint_format == "dcp":
         raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
                          "step with `python -m supervisor rollback LOGDIR STEP` instead")

@@ -25,7 +25,7 @@ from supervisor import _validate as v
 from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import check_logdir
 from supervisor.checkpoint import CheckpointManager, check_writable_directory
-from supervisor.checkpoint.sharded import ShardedCheckpointManager
+from supervisor.checkpoint.tiers.sharded import make_sharded_manager
 from supervisor.checkpoint.storage import options_for
 from supervisor.checkpoint.tiers.options import TIER_ARGUMENTS
 from supervisor.checkpoint.tiers.manager import make_manager
@@ -326,9 +326,9 @@ def make_session_creator(state: TrainingState, checkpoint_dir: str | None, *, is
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
     elif checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
-        sharded = ShardedCheckpointManager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,  # every rank's
-                                           storage_options=options_for(checkpoint_dir, storage_options),
-                                           **options)  # save_mode too (async by default)
+        sharded = make_sharded_manager(checkpoint_dir, max_wait_secs=max_wait_secs, clock=clock,  # every rank's
+                                       storage_options=options_for(checkpoint_dir, storage_options),
+                                       **options)  # save_mode and the tiers' too (async by default)
         creator = ShardedSessionCreator(state, sharded, is_chief=is_chief, logdir=checkpoint_dir,
                                         summary_writer=writer, **init_fns)
     elif is_chief:
