@@ -43,11 +43,13 @@ from supervisor.checkpoint.save.temp import TempCheckpoint
 from supervisor.checkpoint.storage import Storage
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
-__all__ = ["ALL_RANKS", "CopyQueue", "committed_steps", "copy_part", "mark_committed", "merged_metadata", "part_root",
-           "prune_parts", "remove_part", "save_part", "verified_part"]
+__all__ = ["ALL_RANKS", "COPY_CHUNK_BYTES", "CopyQueue", "committed_steps", "copy_part", "mark_committed",
+           "merged_metadata", "part_root", "prune_parts", "remove_part", "save_part", "verified_part"]
 
 logger = logging.getLogger(__name__)
 
+#: How much of a file is in memory at once while it is copied to the logdir.
+COPY_CHUNK_BYTES = 8 << 20
 #: The suffix of the chief's commit mark next to a rank's part.
 ALL_RANKS = ".all-ranks"
 
@@ -193,7 +195,7 @@ def copy_part(part: str, local: Storage, staged: str, storage: Storage, rank: in
 
 def _stream(storage: Storage, path: str, writer: Any) -> None:
     with storage.open_read(path) as f:
-        while chunk := f.read(8 << 20):
+        while chunk := f.read(COPY_CHUNK_BYTES):
             writer.write(chunk)
 
 
