@@ -18,7 +18,8 @@ copy-seal     (the chief) every rank's copy arrived, before the merged metadata 
 
 ``NODE_LOSS="step:mark"`` (torchrun): the node of group rank 1, the first time (no file
 ``mark``), kills its agent and itself once the local save of ``step`` is committed: a lost node.
-``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``."""
+``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
+``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto)."""
 from __future__ import annotations
 
 import hashlib
@@ -139,9 +140,12 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
     torch.manual_seed(1000 + dist.get_rank())  # each rank's own RNG stream (a restore replaces it)
     sessions: list = []
     loss = _node_loss(lambda: sessions[0].checkpoint_manager)
+    endpoint = os.environ.get("S3_ENDPOINT")  # an s3:// logdir on the test's moto server
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"} if endpoint else None
     with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
                                   local_dir=os.environ.get("TIER_LOCAL_DIR", f"{local}/node{dist.get_rank()}"),
                                   persist_every_steps=int(persist_every), save_checkpoint_steps=1,
+                                  storage_options=options,
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step)), *loss],
                                   log_step_count_steps=None, save_summaries_steps=None, stop_grace_secs=30,
                                   max_wait_secs=120) as s:

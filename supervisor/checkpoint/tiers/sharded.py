@@ -332,7 +332,12 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             step = last if last is not None and self._due(last, force=True) else None
             channel.post(f"{key}/step", {"step": step})
         else:
-            step = channel.wait(f"{key}/step", deadline=deadline, what="the chief's final copy")["step"]
+            try:  # the chief first waits for its copy in flight: up to the grace, then decides
+                step = channel.wait(f"{key}/step", deadline=deadline + (grace or 0) + 30,
+                                    what="the chief's final copy")["step"]
+            except CheckpointError as e:
+                logger.warning("not persisting the final sharded checkpoint: %s", e)
+                return
         if step is not None:
             path = os.path.join(self.part_root, checkpoint_name(self.basename, step))
             self._persister.enqueue(step, f"{key}/copy", path)
