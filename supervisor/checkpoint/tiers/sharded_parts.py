@@ -271,13 +271,15 @@ class CopyQueue:
                 self._cond.wait(left)
         return True
 
-    def stop(self) -> list[int]:
-        """Stops taking copies; returns the steps left unpersisted."""
+    def stop(self, join_secs: float = 10.0) -> list[int]:
+        """Stops taking copies and joins the thread (a copy still in flight after ``join_secs``
+        is left behind: a daemon thread); returns the steps left unpersisted."""
         with self._cond:
             left = sorted(self.held())
             self._closing = True
             self._queue.clear()
             self._cond.notify_all()
+        self._thread.join(join_secs)
         return left
 
     def _run(self) -> None:
