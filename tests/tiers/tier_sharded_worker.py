@@ -17,7 +17,8 @@ copy-seal     (the chief) every rank's copy arrived, before the merged metadata 
 ============  =====================================================================
 
 ``NODE_LOSS="step:mark"`` (torchrun): the node of group rank 1, the first time (no file
-``mark``), kills its agent and itself once the local save of ``step`` is committed: a lost node.
+``mark``), kills its agent and itself in ``step``'s ``after_run`` once the save in flight (the
+previous step's) is committed: a lost node.
 ``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
 ``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto)."""
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _node_loss(manager_of) -> list:
     class NodeLoss(Hook):
         def after_run(self, run_context, run_values) -> None:
             if run_context.session.global_step == step:
-                manager_of().wait()  # the local save of `step`, committed on every rank
+                manager_of().wait()  # the save in flight (step - 1), committed on every rank
                 with open(mark, "w") as f:
                     f.write("lost")
                 print(f"node of group rank 1 lost after step {step}", flush=True)
