@@ -12,7 +12,7 @@ from supervisor import _validate as v
 from supervisor._paths import check_restore_step, is_url
 from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
-from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
+from supervisor.checkpoint.tiers.options import check_tiers
 
 __all__ = ["CHECKPOINT_FORMATS", "CheckpointOptions", "check_checkpoint_options"]
 
@@ -53,10 +53,9 @@ class CheckpointOptions:
 
     def check_sharded(self) -> None:
         """Refuses what sharded checkpoints (``checkpoint_format="dcp"``) do not take yet:
-        ``keep_best``/``keep_period``, checkpoint tiers, ``restore_step`` (`ValueError` naming the fix)."""
+        ``keep_best``/``keep_period``, ``restore_step`` (`ValueError` naming the fix)."""
         refuse_for_sharded({"keep_best": self.keep_best, "best_metric": self.best_metric,
                             "best_mode": self.best_mode, "keep_period": self.keep_period})
-        pop_tiers({"local_dir": self.local_dir})
         if self.restore_step is not None:
             raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
                              "step with `python -m supervisor rollback LOGDIR STEP` instead")

@@ -26,6 +26,7 @@ from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import locate_logdir
 from supervisor.checkpoint import CheckpointManager, check_writable_directory
 from supervisor.checkpoint.sharded import ShardedCheckpointManager
+from supervisor.checkpoint.tiers.sharded import make_sharded_manager
 from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.tiers.manager import make_manager
 from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, CheckpointOptions, check_checkpoint_options
@@ -358,9 +359,12 @@ def _manager(location: Location, o: CheckpointOptions, clock: Clock) -> Any:
 
 def _sharded_manager(location: Location, o: CheckpointOptions, max_wait_secs: float,
                      clock: Clock) -> ShardedCheckpointManager:
-    """Every rank's `ShardedCheckpointManager` (`CheckpointOptions.check_sharded` passed)."""
-    return ShardedCheckpointManager(
-        location, basename=o.basename, max_to_keep=o.max_to_keep, keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours,
+    """Every rank's `ShardedCheckpointManager` (`CheckpointOptions.check_sharded` passed; a
+    `ShardedTieredCheckpointManager` with ``o.local_dir``)."""
+    return make_sharded_manager(
+        location, local_dir=o.local_dir, persist_every_steps=o.persist_every_steps,
+        persist_every_secs=o.persist_every_secs, local_max_to_keep=o.local_max_to_keep,
+        persist_grace_secs=o.persist_grace_secs, basename=o.basename, max_to_keep=o.max_to_keep, keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours,
         save_mode=o.save_mode, trusted_globals=o.trusted_globals, max_wait_secs=max_wait_secs, clock=clock,
         capture=o.capture, lock=o.lock, lease_secs=o.lease_secs)
 

@@ -32,7 +32,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "save": {"storage", "ownership", "layout", "formats", "arguments"},
     "manager": {"storage", "ownership", "layout", "formats", "arguments", "load", "save"},
     "sharded": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager"},
-    "tiers": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager"},
+    "tiers": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager", "sharded"},
     "__init__": {"storage", "ownership", "layout", "formats", "arguments", "load", "save", "manager", "sharded", "tiers"},
 }
 MAX_MODULES_PER_FOLDER = 15

@@ -42,11 +42,16 @@ def test_a_file_as_local_dir_is_refused(tmp_path):
         supervisor.Supervisor(str(tmp_path / "logdir"), torch.nn.Linear(1, 1), local_dir=str(tmp_path / "file"))
 
 
-def test_sharded_checkpoints_refuse_tiers(tmp_path):
-    with pytest.raises(ValueError, match="not supported with checkpoint_format='dcp'"):
-        supervisor.MonitoredTrainingSession(str(tmp_path / "logdir"), torch.nn.Linear(1, 1), checkpoint_format="dcp",
-                                            local_dir=str(tmp_path / "local"), save_summaries_steps=None,
-                                            log_step_count_steps=None)
+def test_sharded_checkpoints_take_tiers_at_the_front_door(tmp_path):
+    # Refused before issue 33; now a ShardedTieredCheckpointManager (tests/tiers/test_tier_sharded*.py).
+    model = torch.nn.Linear(1, 1)
+    with supervisor.MonitoredTrainingSession(str(tmp_path / "logdir"), model, checkpoint_format="dcp",
+                                             local_dir=str(tmp_path / "local"), save_summaries_steps=None,
+                                             log_step_count_steps=None, save_checkpoint_steps=1) as s:
+        assert type(s.checkpoint_manager).__name__ == "ShardedTieredCheckpointManager"
+        s.run(lambda: None)
+    assert (tmp_path / "local" / "rank-0" / "model.ckpt-0.all-ranks").exists()
+    assert supervisor.latest_checkpoint(str(tmp_path / "logdir")) is not None  # the final one, persisted at close
 
 
 @pytest.mark.parametrize("step, now, last_step, last_time, steps, secs, due", [

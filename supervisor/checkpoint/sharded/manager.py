@@ -268,7 +268,7 @@ class ShardedCheckpointManager(ManagerCommon):
         try:
             if pending is not None and not self._agree_copied(save, pending):
                 return
-            path = dcp_commit.commit(save, dcp_commit.channel_for(self._abort))
+            path = self._commit(save, dcp_commit.channel_for(self._abort))
         except CheckpointError as e:
             self._failed(save.step, e, outcome)
             return
@@ -276,6 +276,10 @@ class ShardedCheckpointManager(ManagerCommon):
             save.state_dict = None  # the staging buffers are reused by the next capture
         self._last_committed_step = save.step
         self._report_commit(save.step, path)
+
+    def _commit(self, save: dcp_commit.ShardedSave, channel: dcp_commit.Channel) -> str:
+        """This rank's part of the commit protocol (a tiered manager writes its local tier instead)."""
+        return dcp_commit.commit(save, channel)
 
     def _agree_copied(self, save: dcp_commit.ShardedSave, pending: PendingCopy) -> bool:
         """Every rank's verdict on its overlapped copy, through the store: True when all are

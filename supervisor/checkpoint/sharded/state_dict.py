@@ -115,7 +115,7 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
                     trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
                     manifest: Manifest | None = None, metadata: bytes | None = None, verify: str = "full",
-                    items: Mapping[tuple[str, int], bytes] | None = None) -> Restored:
+                    items: Mapping[tuple[str, int], bytes] | None = None, no_dist: bool | None = None) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
@@ -133,15 +133,15 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     against it (``verify``), and each item read against its CRC-32 when the checkpoint has them
     (`supervisor.checkpoint.formats.dcp_ranges`); `CheckpointCorruptError` names what differs. ``items``:
     bytes of items the chief sent, checked (`supervisor.checkpoint.formats.dcp_replicated`): not read here.
-    """
+    ``no_dist=True``: this rank loads alone (its own part in the local tier, SPEC §17)."""
     storage = storage if storage is not None else storage_for(path)
     live = resume.live_iterators(state)  # exact resume: checked before the load
     if manifest is not None:
         data = metadata if metadata is not None else checked_file(path, DCP_METADATA, manifest, storage, verify=verify)
         metadata = read_metadata(checked_bytes(path, DCP_METADATA, data, manifest, verify=verify), path)
     try:
-        _load(path, state, no_dist=not distributed.is_initialized(), trusted_globals=trusted_globals,
-              storage=storage, metadata=metadata, items=items)
+        _load(path, state, no_dist=not distributed.is_initialized() if no_dist is None else no_dist,
+              trusted_globals=trusted_globals, storage=storage, metadata=metadata, items=items)
     except CheckpointError:
         raise
     except Exception as e:

@@ -48,13 +48,10 @@ def check_tiers(*, local_dir: Any, persist_every_steps: Any = None, persist_ever
             "local_max_to_keep": keep, "persist_grace_secs": grace}
 
 
-def pop_tiers(options: dict[str, Any]) -> None:
-    """Removes the tier options from a sharded manager's ``options``; `ValueError` when they ask for tiers."""
-    if options.get("local_dir") is not None:
-        raise ValueError("local_dir (checkpoint tiers) is not supported with checkpoint_format='dcp' yet; use "
-                         "checkpoint_format='torch', or drop local_dir to save the shards to the logdir")
-    for name in TIER_ARGUMENTS:
-        options.pop(name, None)
+def pop_tiers(options: dict[str, Any]) -> dict[str, Any]:
+    """Removes the tier options from ``options`` and returns them (a sharded manager's front door:
+    `supervisor.checkpoint.tiers.sharded.make_sharded_manager` takes them back)."""
+    return {name: options.pop(name) for name in TIER_ARGUMENTS if name in options}
 
 
 def _check_local_dir(local_dir: Any, logdir: str | None) -> str:

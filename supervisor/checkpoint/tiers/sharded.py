@@ -1,0 +1,344 @@
+"""`ShardedTieredCheckpointManager`: checkpoint tiers for sharded state (SPEC §17, issue 33).
+
+``checkpoint_format="dcp"`` with a ``local_dir``. A save is a collective, as without tiers:
+
+1. every rank writes its own part — its shards, its RNG states — into its node's local tier and
+   commits it with the local protocol (staged, CRC-32 while written, fsynced, manifest, rename;
+   `supervisor.checkpoint.tiers.sharded_parts`), then reports to the chief through the store;
+2. the chief, once every rank's part is durable (and its logdir lease still held), posts the
+   commit — and whether this step is to be persisted (every ``persist_every_steps`` steps or
+   ``persist_every_secs`` seconds, when no copy is in flight) — and every rank marks its part
+   committed; a failure on any rank fails the save on every rank (the parts are removed);
+3. a persisted step is copied in the background by every rank's persist thread: the chief stages
+   the checkpoint in the logdir, each rank streams its own part there (verified against its local
+   manifest on arrival) and reports; the chief — only once every rank's copy arrived — writes the
+   merged DCP ``.metadata``, seals the manifest (last; under the lease on an object store),
+   publishes the index and runs the logdir's retention. A kill at any point leaves a temp
+   directory or a manifest-less prefix, never a listed partial copy.
+
+Restore (`restore`): the ranks agree on the newest step **every** rank can restore from its local
+tier — a few rounds of one all-reduce of a 4-integer record (``O(1)`` in the world size per round,
+``O(log W)`` latency; rounds: 2 when the ranks hold the same steps, one more per step some rank
+lacks): each rank proposes its newest verified part not newer than the current candidate, the
+minimum becomes the candidate, until it stands. When that step is at least the logdir's newest,
+each rank loads its own part (no collective; bit-exact: model, optimizer, RNG); otherwise — a
+rank's local tier is empty (a replaced node) or behind — the job restores the logdir's newest step
+as plain ``dcp`` does, said in a WARNING. Parts newer than the restored step (an abandoned
+timeline) are removed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+from typing import Any
+
+from supervisor import distributed
+from supervisor.checkpoint.layout.format import FileRecord, checkpoint_name, read_manifest, step_of
+from supervisor.checkpoint.layout.verify import DCP_METADATA
+from supervisor.checkpoint.load.choose import candidates
+from supervisor.checkpoint.save.temp import TempCheckpoint
+from supervisor.checkpoint.sharded import commit as dcp_commit
+from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
+from supervisor.checkpoint.sharded.state_dict import restore_sharded
+from supervisor.checkpoint.storage import storage_for
+from supervisor.checkpoint.tiers import sharded_parts as parts
+from supervisor.checkpoint.tiers.sharded_agree import agree_step, all_reduce_max
+from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
+from supervisor.checkpoint.tiers.persist import is_due
+from supervisor.errors import CheckpointError
+
+__all__ = ["ShardedTieredCheckpointManager", "make_sharded_manager"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_sharded_manager(directory: str, **options: Any) -> ShardedCheckpointManager:
+    """A `ShardedTieredCheckpointManager` when ``options`` name a ``local_dir``, else a
+    `ShardedCheckpointManager` (the front doors' one call for ``checkpoint_format="dcp"``)."""
+    tiers = pop_tiers(options)
+    if tiers.get("local_dir") is None:
+        return ShardedCheckpointManager(directory, **options)
+    return ShardedTieredCheckpointManager(directory, **tiers, **options)
+
+
+class ShardedTieredCheckpointManager(ShardedCheckpointManager):
+    """``checkpoint_format="dcp"`` with a node-local tier (module docstring); one on every rank.
+
+    Args:
+        directory: the logdir (the persistent tier): a local path, shared filesystem or URL.
+        local_dir: the node-local tier (ranks of one node share it: each keeps ``rank-<r>/``).
+        persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs: as
+            `TieredCheckpointManager` (the chief decides which steps are persisted).
+        Every other argument is `ShardedCheckpointManager`'s (the logdir's retention and lock).
+    """
+
+    def __init__(self, directory: Any, *, local_dir: Any, persist_every_steps: int | None = None,
+                 persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
+                 persist_grace_secs: float | None = 120.0, **options: Any) -> None:
+        super().__init__(directory, **options)
+        tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
+                            persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
+                            persist_grace_secs=persist_grace_secs, logdir=self.directory)
+        self.local_dir, self.persist_grace_secs = tiers["local_dir"], tiers["persist_grace_secs"]
+        self.persist_every_steps, self.persist_every_secs = tiers["persist_every_steps"], tiers["persist_every_secs"]
+        self.local_max_to_keep = tiers["local_max_to_keep"]
+        self.local_storage = storage_for(self.local_dir)
+        self._rank, self._world = dcp_commit.rank_and_size()
+        self.part_root = parts.part_root(self.local_dir, self._rank)
+        self._scheduled: tuple[int | None, float] = (None, 0.0)  # the chief's last persisted step, time
+        self._persister: parts.CopyQueue | None = None
+        self._final_abort = threading.Event()
+
+    def open(self) -> None:
+        super().open()
+        self.local_storage.makedirs(self.part_root)
+        parts.prune_parts(self.part_root, self.basename, keep=None)  # a crashed writer's staging leftovers
+        if self._inner is not None:
+            steps = [s for s in (step_of(self.storage.basename(p), self.basename)
+                                 for p in candidates(self.directory, self.basename, self.storage)) if s is not None]
+            self._scheduled = (max(steps, default=None), self._clock.time())
+        if self._persister is None:
+            self._persister = parts.CopyQueue(self._persist)
+
+    def _remove_dropped(self) -> None:
+        """The logdir's retention runs after each persisted copy (the persist thread), not after a local save."""
+
+    # ---------------------------------------------------------------- the local save
+    def _commit(self, save: dcp_commit.ShardedSave, channel: dcp_commit.Channel) -> str:
+        """This rank's part of a local save (module docstring, 1-2); returns its part's path."""
+        deadline = time.monotonic() + save.timeout_secs
+        path = None
+        try:
+            path = parts.save_part(self.part_root, self.local_storage, name=save.name, step=save.step,
+                                   wall_time=save.wall_time, state_dict=save.state_dict, rng=save.rng,
+                                   rank=save.rank, world_size=save.world_size)
+            mine = {"ok": True, "message": ""}
+        except Exception as e:  # noqa: BLE001 - reported to the chief, raised on every rank
+            mine = {"ok": False, "message": f"rank {save.rank}: {type(e).__name__}: {e}"}
+        try:
+            channel.post(f"{save.key}/tier-{save.rank}", mine)
+            verdict = (self._decide(save, channel, deadline) if save.rank == 0 else
+                       channel.wait(f"{save.key}/tier-verdict", deadline=deadline, what="the chief's commit"))
+        except Exception as e:  # noqa: BLE001 - e.g. the store is gone with the chief
+            verdict = {"error": f"rank {save.rank}: {type(e).__name__}: {e}", "persist": False}
+        if verdict["error"]:
+            if path is not None:
+                parts.remove_part(path)
+            raise CheckpointError(f"saving the sharded checkpoint of step {save.step} to the local tier "
+                                  f"{self.part_root} failed: {verdict['error']}")
+        parts.mark_committed(path)  # type: ignore[arg-type]
+        if verdict["persist"] and self._persister is not None:
+            self._persister.enqueue(save.step, save.key, path)  # type: ignore[arg-type]
+        parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep,
+                          held=self._persister.held() if self._persister else ())
+        return path  # type: ignore[return-value]
+
+    def _decide(self, save: dcp_commit.ShardedSave, channel: dcp_commit.Channel, deadline: float) -> dict:
+        """The chief's commit: every rank's part durable, the lease held; and whether to persist."""
+        error = ""
+        for rank in range(save.world_size):
+            outcome = channel.wait(f"{save.key}/tier-{rank}", deadline=deadline, what=f"rank {rank}'s local part")
+            if not outcome["ok"]:
+                error = outcome["message"]
+                break
+        if not error and channel.abort.is_set():
+            error = "rank 0: the checkpoint manager is closing after an error; not committed"
+        if not error and save.before_commit is not None:
+            try:
+                save.before_commit()
+            except Exception as e:  # noqa: BLE001 - e.g. a lost lease: nothing is committed
+                error = f"rank 0: {type(e).__name__}: {e}"
+        verdict = {"error": error, "persist": not error and self._due(save.step)}
+        channel.post(f"{save.key}/tier-verdict", verdict)
+        return verdict
+
+    def _due(self, step: int, *, force: bool = False) -> bool:
+        now = self._clock.time()
+        last_step, last_time = self._scheduled
+        due = is_due(step, now, last_step=last_step, last_time=last_time, every_steps=self.persist_every_steps,
+                     every_secs=self.persist_every_secs) or (force and (last_step is None or step > last_step))
+        if not due or self._persister is None or not self._persister.idle():
+            return False
+        self._scheduled = (step, now)
+        return True
+
+    # ---------------------------------------------------------------- the copy to the logdir
+    def _persist(self, step: int, key: str, path: str) -> None:
+        """This rank's part of persisting ``step`` (module docstring, 3), on the persist thread."""
+        channel = dcp_commit.channel_for(self._final_abort)
+        deadline = time.monotonic() + self.save_timeout_secs
+        start = time.perf_counter()
+        if self._rank == 0:
+            error = self._persist_as_chief(step, key, path, channel, deadline)
+        else:
+            message = channel.wait(f"{key}/persist-path", deadline=deadline, what="the chief's staged copy")
+            if message.get("error"):
+                return
+            try:
+                mine = {"ok": True, "records": parts.copy_part(path, self.local_storage, message["path"],
+                                                               self.storage, self._rank)}
+            except Exception as e:  # noqa: BLE001 - reported to the chief
+                mine = {"ok": False, "message": f"rank {self._rank}: {type(e).__name__}: {e}"}
+            channel.post(f"{key}/persist-{self._rank}", mine)
+            error = channel.wait(f"{key}/persist-verdict", deadline=deadline, what="the chief's copy")["error"]
+        if error:
+            logger.warning("persisting the sharded checkpoint of step %d to %s failed: %s; it stays in the local "
+                           "tiers and the next due checkpoint is persisted instead", step, self.directory, error)
+        else:
+            logger.debug("persisted step %d to %s in %.2f s", step, self.directory, time.perf_counter() - start)
+
+    def _persist_as_chief(self, step: int, key: str, path: str, channel: dcp_commit.Channel, deadline: float) -> str:
+        name = checkpoint_name(self.basename, step)
+        inner = self._inner
+        try:
+            temp = TempCheckpoint.create(self.directory, name, self.storage, generation=inner.writer_generation())
+        except Exception as e:  # noqa: BLE001 - the others stop waiting
+            channel.post(f"{key}/persist-path", {"error": f"{type(e).__name__}: {e}"})
+            return f"rank 0 cannot stage {name} in {self.directory}: {type(e).__name__}: {e}"
+        channel.post(f"{key}/persist-path", {"path": temp.path})
+        try:
+            error = self._gather_and_commit(temp, step, key, path, channel, deadline)
+        except Exception as e:  # noqa: BLE001 - reported to every rank
+            error = f"rank 0: {type(e).__name__}: {e}"
+        if error:
+            temp.discard()
+        channel.post(f"{key}/persist-verdict", {"error": error})
+        return error
+
+    def _gather_and_commit(self, temp: TempCheckpoint, step: int, key: str, path: str,
+                           channel: dcp_commit.Channel, deadline: float) -> str:
+        """Every rank's copy (the chief's own first), then the merged metadata, seal, index, retention."""
+        outcomes = [{"ok": True, "records": parts.copy_part(path, self.local_storage, temp.path, self.storage, 0)}]
+        for rank in range(1, self._world):
+            outcomes.append(channel.wait(f"{key}/persist-{rank}", deadline=deadline, what=f"rank {rank}'s copy"))
+            if not outcomes[-1]["ok"]:
+                return outcomes[-1]["message"]
+        for outcome in outcomes:
+            for rel, (nbytes, checksum) in outcome["records"].items():
+                temp.add_record(rel, FileRecord(int(nbytes), str(checksum)))
+        merged = parts.merged_metadata(temp.path, self.storage, self._world)
+        temp.write_file(DCP_METADATA, lambda w: w.write(merged))
+        wall_time = read_manifest(path, self.local_storage).wall_time
+        temp.finalize(step=step, wall_time=wall_time, world_size=self._world, before_commit=self._inner.check_writer)
+        self._inner.publish(temp.name, wall_time)
+        self._inner.remove_dropped()
+        return ""
+
+    # ---------------------------------------------------------------- restoring
+    def restore(self, state: Any) -> Any:
+        """The newest step every rank can restore from its local tier, when it is at least the
+        logdir's newest; else the logdir's, as plain ``dcp`` (module docstring)."""
+        self._settle()
+        self._writer.wait()
+        steps = parts.committed_steps(self.part_root, self.basename)
+        checked: dict[int, bool] = {}
+
+        def propose(candidate: int | None) -> int:
+            for step in steps:
+                if candidate is not None and step > candidate:
+                    continue
+                if step not in checked:
+                    checked[step] = parts.verified_part(self.part_root, self.basename, step, self.local_storage,
+                                                        world_size=self._world, verify=self.verify) is not None
+                if checked[step]:
+                    return step
+            return -1
+
+        persistent = self._scheduled[0] if self._inner is not None and self._scheduled[0] is not None else -1
+        step, newest, persistent, empty, rounds = agree_step(
+            propose, newest=steps[0] if steps else -1, persistent=persistent, empty_rank=-1 if steps else self._rank)
+        logger.debug("the ranks agreed on local step %d in %d all-reduce round(s)", step, rounds)
+        if step >= 0 and step >= persistent:
+            restored = self._restore_local(state, step, persistent)
+        else:
+            restored = super().restore(state)
+            self._say_fallback(restored, newest, empty)
+        parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep,
+                          newer_than=restored.global_step if restored is not None else -1)
+        return restored
+
+    def _restore_local(self, state: Any, step: int, persistent: int) -> Any:
+        path = os.path.join(self.part_root, checkpoint_name(self.basename, step))
+        failure = None
+        try:
+            with warnings.catch_warnings():  # a one-rank load on purpose, not DCP's guess
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+                restored = restore_sharded(path, state, step=step, restore_rng=self.save_rng, no_dist=True,
+                                           trusted_globals=self.trusted_globals, storage=self.local_storage)
+        except CheckpointError as e:
+            failure = e
+        if all_reduce_max([int(failure is not None)])[0]:  # every rank fails alike, none trains on alone
+            raise CheckpointError(f"restoring step {step} from the local tiers failed "
+                                  f"({failure or 'on another rank'}); remove {self.local_dir} on the node that "
+                                  "failed to resume from the logdir") from failure
+        self._last_saved_step = self._last_committed_step = step
+        why = "the logdir has no checkpoint yet" if persistent < 0 else (
+            f"newer than the logdir's step {persistent}" if step > persistent else "the logdir holds the same step")
+        logger.info("restored step %d from the local tier %s on each of the %d rank(s) (%s)", step, self.local_dir,
+                    self._world, why)
+        return restored
+
+    def _say_fallback(self, restored: Any, newest: int, empty: int) -> None:
+        """A WARNING when the logdir was restored while a local tier held a newer step, or while a
+        rank's local tier was empty (a replaced node) and another's was not."""
+        step = restored.global_step if restored is not None else -1
+        if newest < 0 or (newest <= step and empty < 0):
+            return
+        lacking = (f"rank {empty}'s local tier has no checkpoint (a new or wiped node?)" if empty >= 0 else
+                   f"not every rank's local tier holds a restorable part of step {newest}")
+        lost = f"the steps {step + 1}..{newest} are lost" if newest > step else "no step is lost"
+        logger.warning("restored %s from the persistent tier %s: %s; %s, and the local parts newer than it are "
+                       "removed", f"step {step}" if step >= 0 else "nothing", self.directory, lacking, lost)
+
+    # ---------------------------------------------------------------- closing
+    def close(self, *, failed: bool = False) -> None:
+        """Finishes the local save in flight, persists the newest local step within
+        ``persist_grace_secs`` (not after an error; a WARNING names what was not), then closes
+        as `ShardedCheckpointManager`. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if not failed:
+                self._settle()
+                self._writer.wait()
+                self._persist_final()
+        finally:
+            if failed:
+                self._final_abort.set()
+            if self._persister is not None:
+                left = self._persister.stop()
+                if left and not failed:
+                    logger.warning("the sharded checkpoint(s) of step %s were not persisted to %s within "
+                                   "persist_grace_secs=%s; they stay in the local tiers (%s), which a resume on "
+                                   "these nodes restores", ", ".join(map(str, left)), self.directory,
+                                   self.persist_grace_secs, self.local_dir)
+            super().close(failed=failed)
+
+    def _persist_final(self) -> None:
+        """Every rank: the chief says whether the newest local step still needs its copy (through
+        the store), each rank queues its part, and waits up to ``persist_grace_secs``."""
+        if self._persister is None:
+            return
+        key = distributed.env.agreed_key("dcp-tier-final") if distributed.is_initialized() else "dcp-tier-final"
+        channel = dcp_commit.channel_for(self._final_abort)
+        grace = self.persist_grace_secs
+        deadline = time.monotonic() + (grace if grace is not None else self.save_timeout_secs)
+        if self._rank == 0:
+            self._persister.flush(grace)
+            last = self._last_committed_step
+            step = last if last is not None and self._due(last, force=True) else None
+            channel.post(f"{key}/step", {"step": step})
+        else:
+            try:  # the chief first waits for its copy in flight: up to the grace, then decides
+                step = channel.wait(f"{key}/step", deadline=deadline + (grace or 0) + 30,
+                                    what="the chief's final copy")["step"]
+            except CheckpointError as e:
+                logger.warning("not persisting the final sharded checkpoint: %s", e)
+                return
+        if step is not None:
+            path = os.path.join(self.part_root, checkpoint_name(self.basename, step))
+            self._persister.enqueue(step, f"{key}/copy", path)
+        self._persister.flush(max(0.0, deadline - time.monotonic()))

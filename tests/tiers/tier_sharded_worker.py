@@ -1,0 +1,171 @@
+"""Ranks of the sharded tier tests: ``python -m tests.tiers.tier_sharded_worker dcp_tiers LOGDIR
+LOCAL LAST_STEP PERSIST_EVERY CRASH [KIND]``, registering into tests/distributed/worker.py's
+scenarios. A sharded model (``checkpoint_format="dcp"``) saved every step to the rank's node-local
+tier ``LOCAL/node<rank>`` (``LOCAL/node<n>`` with ``NODE=n`` set: a torchrun node), persisted every
+PERSIST_EVERY steps. ``CRASH=yes`` ends every rank with ``os._exit`` after the last local commit
+and the copies already started, before the final copy a close would make. The RESULT line has
+the full model, optimizer and RNG state after the restore and at the end (bit-exact checks).
+
+Kill seam (these tests only; the library runs unchanged): ``TIER_KILL="point:n:rank"`` SIGKILLs
+rank ``rank`` the ``n``-th time it reaches ``point``:
+
+============  =====================================================================
+part-seal     its local part written and fsynced, before its manifest and rename
+part-mark     its part committed and the chief's commit posted, before its mark
+copy-write    a file of its persist copy half sent to the logdir (persist thread)
+copy-seal     (the chief) every rank's copy arrived, before the merged metadata and seal
+============  =====================================================================
+
+``NODE_LOSS="step:mark"`` (torchrun): the node of group rank 1, the first time (no file
+``mark``), kills its agent and itself in ``step``'s ``after_run`` once the save in flight (the
+previous step's) is committed: a lost node.
+``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
+``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+
+from tests.distributed.worker import emit, main, scenario, sharded, train_sharded_step
+
+
+def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """SHA-256 of the full (gathered) parameters and optimizer state: a collective."""
+    h = hashlib.sha256()
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [(names.get(id(p), ""), optimizer.state[p]) for g in optimizer.param_groups for p in g["params"]]
+    tensors = list(model.state_dict().items()) + [(f"{n}.{k}", v) for n, s in order for k, v in sorted(s.items())]
+    for name, tensor in tensors:
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        h.update(name.encode())
+        h.update(full.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+POINTS = ("part-seal", "part-mark", "copy-write", "copy-seal")
+_counts: dict[str, int] = {}
+
+
+def _reached(point: str) -> None:
+    spec = os.environ.get("TIER_KILL", "")
+    if not spec:
+        return
+    name, n, rank = spec.split(":")
+    if name != point or int(rank) != dist.get_rank():
+        return
+    _counts[point] = _counts.get(point, 0) + 1
+    if _counts[point] == int(n):
+        print(f"killing rank {rank} at {point}", flush=True)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _HalfWriter:
+    """Passes writes through; reaches ``point`` after the first one (a half-sent file)."""
+
+    def __init__(self, writer, point: str) -> None:
+        self._writer, self._point, self._writes = writer, point, 0
+
+    def write(self, data):
+        written = self._writer.write(data)
+        self._writes += 1
+        if self._writes == 2:
+            _reached(self._point)
+        return written
+
+    def __getattr__(self, name):
+        return getattr(self._writer, name)
+
+
+def install_seams() -> None:
+    from supervisor.checkpoint.save import temp
+    from supervisor.checkpoint.tiers import sharded_parts
+
+    finalize, mark, stream, merged = (temp.TempCheckpoint.finalize, sharded_parts.mark_committed,
+                                      sharded_parts._stream, sharded_parts.merged_metadata)
+
+    def finalize_(self, **kwargs):
+        if threading.current_thread().name == "supervisor-dcp-writer":
+            _reached("part-seal")
+        return finalize(self, **kwargs)
+
+    def mark_(path):
+        _reached("part-mark")
+        return mark(path)
+
+    def stream_(storage, path, writer):
+        return stream(storage, path, _HalfWriter(writer, "copy-write"))
+
+    def merged_(*args):
+        _reached("copy-seal")
+        return merged(*args)
+    temp.TempCheckpoint.finalize, sharded_parts.mark_committed = finalize_, mark_
+    sharded_parts._stream, sharded_parts.merged_metadata = stream_, merged_
+    sharded_parts.COPY_CHUNK_BYTES = 1 << 10
+
+
+def _node_loss(manager_of) -> list:
+    """The hook of ``NODE_LOSS`` (module docstring), or none."""
+    spec = os.environ.get("NODE_LOSS", "")
+    if not spec or os.environ.get("GROUP_RANK") != "1" or os.path.exists(spec.split(":", 1)[1]):
+        return []
+    from supervisor import Hook
+
+    step, mark = int(spec.split(":", 1)[0]), spec.split(":", 1)[1]
+
+    class NodeLoss(Hook):
+        def after_run(self, run_context, run_values) -> None:
+            if run_context.session.global_step == step:
+                manager_of().wait()  # the save in flight (step - 1), committed on every rank
+                with open(mark, "w") as f:
+                    f.write("lost")
+                print(f"node of group rank 1 lost after step {step}", flush=True)
+                os.kill(os.getppid(), signal.SIGKILL)  # its agent
+                os.kill(os.getpid(), signal.SIGKILL)
+    return [NodeLoss()]
+
+
+@scenario
+def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash: str, kind: str = "dtensor") -> None:
+    import hooks
+    from supervisor import MonitoredTrainingSession
+
+    install_seams()
+    model, optimizer = sharded(0, kind)
+    torch.manual_seed(1000 + dist.get_rank())  # each rank's own RNG stream (a restore replaces it)
+    sessions: list = []
+    loss = _node_loss(lambda: sessions[0].checkpoint_manager)
+    endpoint = os.environ.get("S3_ENDPOINT")  # an s3:// logdir on the test's moto server
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"} if endpoint else None
+    with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
+                                  local_dir=os.environ.get("TIER_LOCAL_DIR", f"{local}/node{dist.get_rank()}"),
+                                  persist_every_steps=int(persist_every), save_checkpoint_steps=1,
+                                  storage_options=options,
+                                  hooks=[hooks.StopAtStepHook(last_step=int(last_step)), *loss],
+                                  log_step_count_steps=None, save_summaries_steps=None, stop_grace_secs=30,
+                                  max_wait_secs=120) as s:
+        sessions.append(s)
+        start, start_digest = s.global_step, digest(model, optimizer)
+        first_draw = torch.rand(1).item()
+        while not s.should_stop():
+            s.run(lambda: train_sharded_step(model, optimizer, s.global_step))
+        if crash == "yes":
+            s.checkpoint_manager.wait()  # the last step's local commit
+            s.checkpoint_manager._persister.flush(120)  # the copies already started
+            dist.barrier()
+            emit({"start": start, "digest": start_digest, "first_draw": first_draw, "end": s.global_step,
+                  "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
+            os._exit(0)
+        end = s.global_step
+    emit({"start": start, "digest": start_digest, "first_draw": first_draw, "end": end,
+          "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
+
+
+if __name__ == "__main__":
+    main()
