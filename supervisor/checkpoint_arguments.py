@@ -76,10 +76,6 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
     logdir = None if logdir is None else os.fspath(logdir)
     if not isinstance(basename, str) or not basename or os.sep in basename or basename.startswith("."):
         raise ValueError(f"checkpoint_basename must be a plain file name such as 'model.ckpt', got {basename!r}")
-    if local_dir is not None and (keep_best or keep_period):
-        raise ValueError(f"keep_best/keep_period with local_dir (checkpoint tiers) is not supported yet, got "
-                         f"keep_best={keep_best!r}, keep_period={keep_period!r}: drop local_dir to keep the best or every "
-                         "N-th checkpoint in the logdir, or drop keep_best/keep_period")
     lock, lease_secs = v.check_lock(lock, lease_secs, logdir, object_store=logdir is not None and is_url(logdir))
     check_retention(max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                     keep_best=keep_best, best_metric=best_metric, best_mode=best_mode, keep_period=keep_period,

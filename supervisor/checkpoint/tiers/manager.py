@@ -24,6 +24,9 @@ import os
 import threading
 from typing import Any, Callable, Mapping
 
+from supervisor._validate import check_choice
+from supervisor.checkpoint.layout.best import SOURCES, MetricKeeper, check_retention
+from supervisor.checkpoint.layout.format import checkpoint_name
 from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
 from supervisor.checkpoint.load.choose import load_chosen
 from supervisor.checkpoint.manager import CheckpointManager
@@ -44,11 +47,24 @@ logger = logging.getLogger(__name__)
 
 
 class LocalTier(CheckpointManager):
-    """The local tier's manager: a `CheckpointManager` whose retention keeps what ``held()`` names."""
+    """The local tier's manager: a `CheckpointManager` whose retention keeps what ``held()`` names
+    (its newest ``max_to_keep`` otherwise); ``best_metric``: the metric each save records for the
+    logdir (`metric_of`), which ranks checkpoints there, never here."""
 
-    def __init__(self, directory: str, *, held: Callable[[], Any], **options: Any) -> None:
+    def __init__(self, directory: str, *, held: Callable[[], Any], best_metric: Any = None, **options: Any) -> None:
         super().__init__(directory, keep_checkpoint_every_n_hours=None, lock="auto", **options)
         self._publisher.hold = held
+        self._metrics = MetricKeeper(best_metric)
+        self._published: dict[str, float | None] = {}
+
+    def publish(self, name: str, timestamp: float) -> None:
+        metric = self._metrics.pop(name)
+        self._published[name] = metric  # the writer thread: `metric_of` takes it at the commit
+        self._publisher.publish(name, timestamp, metric)
+
+    def metric_of(self, name: str) -> float | None:
+        """The metric the save of ``name`` recorded (once, at its commit)."""
+        return self._published.pop(name, None)
 
     def mark_restored(self, step: int) -> None:
         """A restore from another tier: the session continues from ``step``."""
@@ -71,7 +87,9 @@ class TieredCheckpointManager:
         local_dir: the node-local tier's directory (a local path; not the logdir or inside it).
         persist_every_steps, persist_every_secs: how often a local checkpoint is copied to the
             logdir (give one; default when neither: every 600 s). The first one always is.
-        local_max_to_keep: how many checkpoints the local tier keeps (default 2).
+        local_max_to_keep: how many checkpoints the local tier keeps (default 2, its newest).
+        keep_best, best_metric, best_mode, keep_period: the logdir's (as `CheckpointManager`): a
+            local checkpoint these keep is copied to the logdir even when not due, with its metric.
         persist_grace_secs: how long ``close`` waits for the final copy (None: until done).
         max_to_keep, keep_checkpoint_every_n_hours, lock, lease_secs, storage_options: the
             logdir's retention, single-writer lock and client (as `CheckpointManager`).
@@ -87,7 +105,8 @@ class TieredCheckpointManager:
                  basename: str = "model.ckpt", max_to_keep: int | None = 5,
                  keep_checkpoint_every_n_hours: float | None = 10000.0, lock: str = "auto",
                  lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None,
-                 **local_options: Any) -> None:
+                 keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min",
+                 keep_period: int | None = None, **local_options: Any) -> None:
         self.directory = check_directory(directory)
         tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
                             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
@@ -98,17 +117,19 @@ class TieredCheckpointManager:
         self._failure: CheckpointError | None = None
         self._failure_raised = self._closed = False
         self._mutex = threading.Lock()
-        self._last_local: tuple[int, str] | None = None
+        self._last_local: tuple[int, str, float | None] | None = None  # (step, path, metric)
         # The logdir opened in the background: its newest step once known; the step a restore
         # took from the local tier without waiting (checked when the logdir opens); what waits.
         self._logdir_known, self._logdir_newest = False, None
         self._fast_step: int | None = None
         self._after_open: list[Callable[[], Any]] = []
         self.on_commit: Callable[[int, str], Any] | None = None
+        rule = check_retention(max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                               keep_best=keep_best, best_metric=best_metric, best_mode=best_mode, keep_period=keep_period)
         self.local = LocalTier(self.local_dir, held=lambda: self.persister.held(), basename=basename,
-                               max_to_keep=tiers["local_max_to_keep"], **local_options)
+                               max_to_keep=tiers["local_max_to_keep"], best_metric=best_metric, **local_options)
         self.persister = Persister(
-            self.directory, self.storage, basename=self.local.basename, max_to_keep=max_to_keep,
+            self.directory, self.storage, basename=self.local.basename, max_to_keep=max_to_keep, rule=rule,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, lock=lock, lease_secs=lease_secs,
             every_steps=tiers["persist_every_steps"], every_secs=tiers["persist_every_secs"], clock=self._clock,
             source_storage=self.local.storage, on_failure=self._persist_failed,
@@ -205,15 +226,42 @@ class TieredCheckpointManager:
         with self._mutex:
             last = self._last_local
         if last is not None:
-            self.persister.offer(*last, force=True)
+            self.persister.offer(*last[:2], force=True, metric=last[2])
         done = self.persister.flush(timeout_secs)
         self._raise_failure()
         return done
 
+    @property
+    def metrics(self) -> MetricKeeper:
+        """How checkpoints are judged by a metric (``keep_best``: `supervisor.checkpoint.layout.best`)."""
+        return self.local.metrics
+
+    def report_metrics(self, step: int, metrics: Any, *, source: str = "evaluation") -> None:
+        """`CheckpointManager.report_metrics`: the metric ranks the checkpoint of ``step`` in the
+        logdir. One reported after its local commit goes with its pending copy, into the logdir's
+        index when it is there, or makes a copy when it makes the step one the logdir keeps; too
+        late for that (newer steps persisted) it is not kept, a WARNING."""
+        value = self.local.metrics.value(metrics, check_choice("source", source, SOURCES))
+        saved = self.local.last_saved_step
+        if value is None or saved is None or step > saved or not self.local.is_open:
+            if value is not None:
+                self.local.metrics.note(step, value, source)
+            return
+        self.local.wait()
+        name, path = checkpoint_name(self.basename, step), self.local.path_of(step)
+        if self.persister.record_metric(step, name, value) or not self.persister.keeps(step, name, value):
+            return
+        if not (self.local.storage.exists(path) and self.persister.offer(step, path, metric=value)):
+            logger.warning("the metric %s=%g of step %d arrived after newer checkpoints were persisted to %s (or "
+                           "after the local tier deleted it): the checkpoint of step %d is not kept there; report "
+                           "metrics before the next save", self.local.metrics.best_metric, value, step,
+                           self.directory, step)
+
     def _committed(self, step: int, path: str) -> None:
+        metric = self.local.metric_of(self.local.storage.basename(path))
         with self._mutex:
-            self._last_local = (step, path)
-        self.persister.offer(step, path)
+            self._last_local = (step, path, metric)
+        self.persister.offer(step, path, metric=metric)
         on_commit = self.on_commit
         if on_commit is not None:
             on_commit(step, path)
@@ -245,7 +293,7 @@ class TieredCheckpointManager:
             with self._mutex:
                 last = self._last_local
             if last is not None:
-                self.persister.offer(*last, force=True)
+                self.persister.offer(*last[:2], force=True, metric=last[2])
             self.persister.close(self.persist_grace_secs)
         with self._mutex:
             failure, raised, self._failure = self._failure, self._failure_raised, None

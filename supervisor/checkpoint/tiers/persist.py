@@ -6,7 +6,11 @@ lease on an object store), its index and retention (`supervisor.checkpoint.save.
 local writer thread calls `offer`; when the schedule says the checkpoint is due (`is_due`:
 ``every_steps`` training steps, or ``every_secs`` seconds, since the last one scheduled; the
 first one always) it becomes the pending copy — a newer due checkpoint replaces a pending one
-not started yet, so the copies never queue up. The thread copies it (`tier_copy.persist_copy`:
+not started yet, so the copies never queue up. With ``keep_best``/``keep_period`` (the logdir's
+`RetentionRule`) a checkpoint the logdir's retention would keep — its metric among the best
+``keep_best`` of the logdir's and the pending ones, or its step a multiple of ``keep_period`` — is
+copied even when not due, and a newer save never replaces it (`keeps`); its metric is published
+with it into the logdir's index. The thread copies it (`tier_copy.persist_copy`:
 from the committed local files, verified on arrival, committed with the logdir's protocol),
 publishes it in the logdir's index, then runs the logdir's retention.
 
@@ -19,9 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from supervisor.checkpoint.layout.format import step_of
+from supervisor.checkpoint.layout.retention import RetentionRule, RetentionState, best_names
 from supervisor.checkpoint.ownership.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.save.publish import Publisher
 from supervisor.checkpoint.save.failure_policy import failure_verdict
@@ -30,7 +36,7 @@ from supervisor.checkpoint.tiers.copy import persist_copy
 from supervisor.clock import Clock
 from supervisor.errors import CheckpointError
 
-__all__ = ["Persister", "is_due"]
+__all__ = ["CopyJob", "Persister", "is_due"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +55,24 @@ def is_due(step: int, now: float, *, last_step: int | None, last_time: float, ev
     return every_secs is not None and now - last_time >= every_secs
 
 
+@dataclass
+class CopyJob:
+    """A local checkpoint to copy: ``metric`` goes into the logdir's index with it; ``kept``: the
+    logdir's retention keeps it (best or period), so no newer save replaces it."""
+
+    step: int
+    path: str
+    metric: float | None = None
+    kept: bool = False
+
+
 class Persister:
     """Copies due local checkpoints into the logdir in the background (module docstring).
 
     Args:
         directory, storage, basename: the logdir, its storage, the checkpoints' basename.
         max_to_keep, keep_checkpoint_every_n_hours: the logdir's retention.
+        rule: the logdir's whole retention rule instead (``keep_best``, ``keep_period``).
         lock, lease_secs: the logdir's single-writer lock (`acquire_writer_lock`).
         every_steps, every_secs: the schedule (`is_due`); one of them.
         clock: the schedule's and the index timestamps' clock.
@@ -67,18 +85,19 @@ class Persister:
     def __init__(self, directory: str, storage: Storage, *, basename: str, max_to_keep: int | None,
                  keep_checkpoint_every_n_hours: float | None, lock: str, lease_secs: float | None,
                  every_steps: int | None, every_secs: float | None, clock: Clock, source_storage: Storage,
-                 max_consecutive_failures: int | None, on_failure: Callable[[CheckpointError], Any]) -> None:
+                 max_consecutive_failures: int | None, on_failure: Callable[[CheckpointError], Any],
+                 rule: RetentionRule | None = None) -> None:
         self.directory, self.storage, self.basename = directory, storage, basename
         self.every_steps, self.every_secs = every_steps, every_secs
         self._lock_kind, self._lease_secs = lock, lease_secs
         self._clock, self._source_storage = clock, source_storage
         self._limit, self._on_failure = max_consecutive_failures, on_failure
         self.publisher = Publisher(storage, directory, basename, max_to_keep=max_to_keep,
-                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, writer=self)
+                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, writer=self, rule=rule)
         self._lock: WriterLock | None = None
         self._cond = threading.Condition()
-        self._pending: tuple[int, str] | None = None  # (step, local path) not started yet
-        self._copying: tuple[int, str] | None = None
+        self._pending: list[CopyJob] = []  # not started yet, oldest first
+        self._copying: CopyJob | None = None
         self._closing = self._cancelled = False
         self._thread: threading.Thread | None = None
         self._failures_in_a_row = 0
@@ -133,13 +152,13 @@ class Persister:
         self.persisted_step = max(steps, default=None)
         now = self._clock.time()
         with self._cond:  # a save offered before the logdir was open is due against the logdir's step
-            pending, self._scheduled = self._pending, (self.persisted_step, now)
-            if pending is not None and not self._forced and not is_due(
-                    pending[0], now, last_step=self.persisted_step, last_time=now, every_steps=self.every_steps,
-                    every_secs=self.every_secs):
-                self._pending = pending = None
-            if pending is not None:
-                self._scheduled = (pending[0], now)
+            self._scheduled, last = (self.persisted_step, now), self._pending[-1:]
+            self._pending = [job for job in self._pending if (self.persisted_step is None or job.step > self.persisted_step)
+                             and (job.kept or (self._forced and job in last) or is_due(
+                                 job.step, now, last_step=self.persisted_step, last_time=now,
+                                 every_steps=self.every_steps, every_secs=self.every_secs))]
+            if self._pending:
+                self._scheduled = (self._pending[-1].step, now)
 
     def _start_worker(self) -> bool:
         """The worker's first part: opens the logdir and hands its newest step to ``on_open``;
@@ -161,7 +180,7 @@ class Persister:
                 f"opening the logdir {self.directory} failed: {e}")
             self._open_error.__cause__ = e if self._open_error is not e else e.__cause__
             with self._cond:
-                self._pending, self._cancelled = None, True
+                self._pending, self._cancelled = [], True
                 self._cond.notify_all()
             self._opened.set()
             self._on_failure(self._open_error)
@@ -185,8 +204,8 @@ class Persister:
         WARNING (it stays in the local tier, which a resume on this node restores)."""
         done = self.flush(grace_secs)
         with self._cond:
-            left = [s for s in (self._copying, self._pending) if s is not None]
-            self._closing, self._pending = True, None
+            left = [(job.step, job.path) for job in self._jobs()]
+            self._closing, self._pending = True, []
             self._cancelled = not done
             self._cond.notify_all()
         if not done:
@@ -200,35 +219,77 @@ class Persister:
             self._lock.release()
 
     # ------------------------------------------------------------ the schedule
-    def offer(self, step: int, path: str, *, force: bool = False) -> bool:
-        """A local commit of ``step`` at ``path``: makes it the pending copy when due (or
-        ``force``: the final checkpoint, unless persisted already); returns whether it did."""
+    def offer(self, step: int, path: str, *, force: bool = False, metric: float | None = None) -> bool:
+        """A local commit of ``step`` at ``path`` (its ``metric``: None when none): makes it the
+        pending copy when due (or ``force``: the final checkpoint, unless persisted already), or
+        queues it when the logdir's retention would keep it (`keeps`); returns whether it did."""
         now = self._clock.time()
         with self._cond:
             last_step, last_time = self._scheduled
             due = is_due(step, now, last_step=last_step, last_time=last_time, every_steps=self.every_steps,
-                         every_secs=self.every_secs)
-            if not (due or (force and (last_step is None or step > last_step))) or self._closing \
-                    or self._open_error is not None:
+                         every_secs=self.every_secs) or (force and (last_step is None or step > last_step))
+            newest = max([j.step for j in self._jobs()] + [self.persisted_step or -1])
+            kept = self.keeps(step, self._source_storage.basename(path), metric)
+            if not (due or kept) or step <= newest or self._closing or self._open_error is not None:
                 return False
-            if self._pending is not None:
-                logger.debug("the copy of step %d to %s is replaced by step %d before it started",
-                             self._pending[0], self.directory, step)
-            self._pending, self._scheduled = (step, path), (step, now)
-            self._forced = force
+            if due:
+                for job in [j for j in self._pending if not j.kept]:
+                    logger.debug("the copy of step %d to %s is replaced by step %d before it started", job.step,
+                                 self.directory, step)
+                self._pending = [j for j in self._pending if j.kept]
+                self._scheduled, self._forced = (step, now), force
+            self._pending.append(CopyJob(step, path, metric, kept))
             self._cond.notify_all()
         return True
+
+    def keeps(self, step: int, name: str, metric: float | None) -> bool:
+        """Whether the logdir's retention would keep the checkpoint ``name`` of ``step`` with
+        ``metric``: its step a multiple of ``keep_period``, or its metric among the best
+        ``keep_best`` of the logdir's and the pending copies' (a tie keeps the older)."""
+        rule = self.publisher.rule
+        if rule.keep_period and step % rule.keep_period == 0:
+            return True
+        if not rule.keep_best or metric is None:
+            return False
+        state = self.publisher.retention
+        metrics = dict(state.metrics) if state is not None else {}
+        with self._cond:
+            metrics.update({self._source_storage.basename(j.path): j.metric for j in self._jobs() if j.metric is not None})
+        metrics[name] = metric
+        names = [n for n in (state.names if state is not None else ()) if n in metrics]
+        names += [n for n in metrics if n not in names and n != name] + [name]
+        return name in best_names(RetentionState(tuple((n, 0.0) for n in names), 0.0, metrics), rule.keep_best,
+                                  rule.best_mode)
+
+    def record_metric(self, step: int, name: str, metric: float) -> bool:
+        """A metric reported after the local commit of ``step`` (an evaluation at the end): given
+        to its pending copy, or recorded in the logdir's index when it is there (once the copy in
+        flight is published); False when neither (the caller may `offer` it)."""
+        with self._cond:
+            for job in self._pending:
+                if job.step == step:
+                    job.metric, job.kept = metric, job.kept or self.keeps(step, name, metric)
+                    return True
+        self.flush()
+        if self.publisher.record_metric(name, metric):
+            self.publisher.remove_dropped()
+            return True
+        return False
+
+    def _jobs(self) -> list[CopyJob]:
+        """The copy in flight and the pending ones, oldest first (under ``_cond``)."""
+        return ([self._copying] if self._copying is not None else []) + self._pending
 
     def held(self) -> set[str]:
         """Names of the local checkpoints pending or being copied (local retention keeps them)."""
         with self._cond:
-            return {self._source_storage.basename(job[1]) for job in (self._pending, self._copying) if job is not None}
+            return {self._source_storage.basename(job.path) for job in self._jobs()}
 
     def flush(self, timeout_secs: float | None = None) -> bool:
         """Waits until nothing is pending or being copied; False when ``timeout_secs`` ran out."""
         deadline = None if timeout_secs is None else time.monotonic() + timeout_secs
         with self._cond:
-            while self._pending is not None or self._copying is not None:
+            while self._pending or self._copying is not None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -241,26 +302,25 @@ class Persister:
             return
         while True:
             with self._cond:
-                while self._pending is None and not self._closing:
+                while not self._pending and not self._closing:
                     self._cond.wait()
-                if self._pending is None:
+                if not self._pending:
                     return
-                self._copying, self._pending = self._pending, None
-                step, path = self._copying
+                self._copying = job = self._pending.pop(0)
             try:
-                self._persist(step, path)
+                self._persist(job.step, job.path, job.metric)
             finally:
                 with self._cond:
                     self._copying = None
                     self._cond.notify_all()
 
-    def _persist(self, step: int, path: str) -> None:
+    def _persist(self, step: int, path: str, metric: float | None = None) -> None:
         name = self._source_storage.basename(path)
         start = time.perf_counter()
         try:
             result = persist_copy(path, self._source_storage, self.directory, name, self.storage,
                                   generation=self.writer_generation(), before_commit=self.check_writer)
-            self.publisher.publish(name, result.manifest.wall_time)
+            self.publisher.publish(name, result.manifest.wall_time, metric)
             self.publisher.remove_dropped()
         except Exception as e:  # noqa: BLE001 - every copy failure goes through the policy
             self._failed(step, path, e)
