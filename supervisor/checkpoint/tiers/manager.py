@@ -8,8 +8,10 @@ the `supervisor.checkpoint.tiers.persist.Persister`, which copies the due ones (
 into the logdir in the background — verified on arrival, committed with the logdir's own
 protocol (rename; manifest last under the lease on an object store), then indexed there and
 retained with ``max_to_keep``. The local tier's retention keeps a checkpoint whose copy is
-pending or in flight. A restore takes the newest checkpoint that verifies in either tier
-(`supervisor.checkpoint.tiers.restore`), with an INFO line naming the tier. ``close`` persists the
+pending or in flight. ``keep_best``/``keep_period`` rank the logdir's checkpoints by the metric
+each save recorded; one they keep is persisted even when not due (docs/tiers.md). A restore
+takes the newest checkpoint that verifies in either tier (`supervisor.checkpoint.tiers.restore`),
+with an INFO line naming the tier. ``close`` persists the
 final checkpoint (a preempted run's too) within ``persist_grace_secs``; what it could not is
 said in a WARNING.
 

@@ -36,7 +36,7 @@ from supervisor.checkpoint.tiers.copy import persist_copy
 from supervisor.clock import Clock
 from supervisor.errors import CheckpointError
 
-__all__ = ["CopyJob", "Persister", "is_due"]
+__all__ = ["Persister", "is_due"]
 
 logger = logging.getLogger(__name__)
 
