@@ -83,3 +83,30 @@ def test_a_best_step_not_due_is_persisted_even_when_the_logdir_is_slow(tmp_path)
     manager.close()
     assert _steps(LocalStorage(), logdir) == [2, 3]
     assert read_index(logdir).all_model_checkpoint_metrics == (0.5, 4.0)
+
+
+def test_a_metric_after_the_local_commit_follows_the_copy_or_warns_when_too_late(tmp_path, caplog):
+    """The evaluation at the end reports after the commit: a step not due is copied then, with its
+    metric; one whose newer steps are persisted already is not kept, in a WARNING."""
+    from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
+    from supervisor.state import TrainingState
+
+    logdir, local = str(tmp_path / "logdir"), str(tmp_path / "local")
+    state = TrainingState.from_arguments(model=torch.nn.Linear(2, 1))
+    with TieredCheckpointManager(logdir, local_dir=local, persist_every_steps=2, save_mode="sync", max_to_keep=1,
+                                 keep_best=1, best_metric="loss", local_max_to_keep=3) as manager:
+        manager.persister.wait_open(30)
+        manager.save(1, state)  # the first: persisted
+        manager.save(2, state)  # not due
+        manager.report_metrics(2, {"loss": 0.25})
+        assert manager.persister.flush(30)
+        assert _steps(LocalStorage(), logdir) == [2]  # step 1 (no metric) left by max_to_keep=1
+        assert read_index(logdir).all_model_checkpoint_metrics[-1] == 0.25
+        manager.save(4, state)  # due (2 steps after 2)
+        manager.save(5, state)  # not due
+        manager.save(6, state)  # due
+        assert manager.persister.flush(30)
+        with caplog.at_level("WARNING"):
+            manager.report_metrics(5, {"loss": 0.01})
+    assert "the checkpoint of step 5 is not kept there" in caplog.text
+    assert _steps(LocalStorage(), logdir) == [2, 6]
