@@ -33,9 +33,9 @@ STEPS = 60
 RUN_SECS = 180
 
 
-def _run(logdir, local, out, env, kill_at=None) -> tuple[int, str]:
+def _run(logdir, local, out, env, kill_at=None, steps=STEPS) -> tuple[int, str]:
     env = dict(env, KILL_AT=kill_at or "")
-    proc = subprocess.run([sys.executable, TRAINER, logdir, local, "--steps", str(STEPS), "--out", out],
+    proc = subprocess.run([sys.executable, TRAINER, logdir, local, "--steps", str(steps), "--out", out],
                           env=env, capture_output=True, text=True, timeout=RUN_SECS)
     return proc.returncode, proc.stderr
 
@@ -112,6 +112,15 @@ def _reference(tmp_path) -> str:
         torch.set_num_threads(threads)
     torch.save(tier_trainer.final_state(model, opt, STEPS), ref)
     return ref
+
+
+@pytest.mark.parametrize("point", tier_trainer.POINTS)
+def test_every_kill_point_of_the_trainer_is_reached(tmp_path, point):
+    """A seam that the library no longer passes through would let a life armed there finish the
+    job (rc=0) and make every later life a no-op: each point, armed at its first pass, kills."""
+    rc, stderr = _run(str(tmp_path / "logdir"), str(tmp_path / "local"), str(tmp_path / "out.pt"), trainer_env(),
+                      f"{point}:1", steps=3)
+    assert rc == -signal.SIGKILL and f"killing at {point}" in stderr, f"rc={rc}\n{stderr[-3000:]}"
 
 
 def test_kills_with_a_local_logdir_resume_from_the_newest_verified_tier_bit_exact(tmp_path):
