@@ -29,13 +29,13 @@ from tests.tiers import tier_trainer
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tier_trainer.py")
-STEPS = 60
+STEPS = 90  # a life killed at its first copy trains ~10 steps first (the logdir's open): a margin
 RUN_SECS = 180
 
 
-def _run(logdir, local, out, env, kill_at=None) -> tuple[int, str]:
+def _run(logdir, local, out, env, kill_at=None, steps=STEPS) -> tuple[int, str]:
     env = dict(env, KILL_AT=kill_at or "")
-    proc = subprocess.run([sys.executable, TRAINER, logdir, local, "--steps", str(STEPS), "--out", out],
+    proc = subprocess.run([sys.executable, TRAINER, logdir, local, "--steps", str(steps), "--out", out],
                           env=env, capture_output=True, text=True, timeout=RUN_SECS)
     return proc.returncode, proc.stderr
 
@@ -65,6 +65,14 @@ def _restored_step(stderr: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _kill_point(rng: random.Random, left: int) -> str:
+    """A kill point the life reaches: its n-th local save (n <= the ``left`` saves it makes), or
+    its first copy — the logdir opens in the background while training runs (a resume does not
+    wait for it), so a life may make only its final copy, which it always makes."""
+    point = rng.choice(tier_trainer.POINTS)
+    return f"{point}:{1 if point.startswith('copy') else rng.randint(1, min(3, left))}"
+
+
 def _kill_loop(tmp_path, logdir: str, storage, env, *, kills: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     local, out = str(tmp_path / "local"), str(tmp_path / "out.pt")
@@ -73,16 +81,15 @@ def _kill_loop(tmp_path, logdir: str, storage, env, *, kills: int, seed: int) ->
         if i == kills // 2:
             shutil.rmtree(local, ignore_errors=True)  # the node is replaced: its local tier is gone
             expected = max(_verified_steps(logdir, storage), default=None)
-        point = rng.choice(tier_trainer.POINTS)
-        # The logdir opens in the background while training runs (a resume does not wait for it), so
-        # a short life may make only its final copy: the first copy of a life is the one always reached.
-        kill_at = f"{point}:{1 if point.startswith('copy') else rng.randint(1, 3)}"
+        left = STEPS - (expected or 0)  # the local saves this life makes (it restores `expected`)
+        assert left > 0, f"the run finished before kill {i + 1} of {kills}: raise STEPS\n{log}"
+        kill_at = _kill_point(rng, left)
         rc, stderr = _run(logdir, local, out, env, kill_at)
         restored = _restored_step(stderr)
         log.append(f"{kill_at}: rc={rc} restored={restored} expected={expected}")
-        assert rc in (-signal.SIGKILL, 0), f"{log}\n{stderr[-3000:]}"
         if restored is not None or expected is not None:
             assert restored == expected, f"{log}\n{stderr[-3000:]}"
+        assert rc == -signal.SIGKILL, f"the armed kill point was not reached\n{log}\n{stderr[-3000:]}"
         _check_logdir(logdir, storage)
         expected = max(_verified_steps(local, LocalStorage()) + _verified_steps(logdir, storage), default=None)
     rc, stderr = _run(logdir, local, out, env)
@@ -112,6 +119,15 @@ def _reference(tmp_path) -> str:
         torch.set_num_threads(threads)
     torch.save(tier_trainer.final_state(model, opt, STEPS), ref)
     return ref
+
+
+@pytest.mark.parametrize("point", tier_trainer.POINTS)
+def test_every_kill_point_of_the_trainer_is_reached(tmp_path, point):
+    """A seam that the library no longer passes through would let a life armed there finish the
+    job (rc=0) and make every later life a no-op: each point, armed at its first pass, kills."""
+    rc, stderr = _run(str(tmp_path / "logdir"), str(tmp_path / "local"), str(tmp_path / "out.pt"), trainer_env(),
+                      f"{point}:1", steps=3)
+    assert rc == -signal.SIGKILL and f"killing at {point}" in stderr, f"rc={rc}\n{stderr[-3000:]}"
 
 
 def test_kills_with_a_local_logdir_resume_from_the_newest_verified_tier_bit_exact(tmp_path):
