@@ -40,13 +40,16 @@ from supervisor.checkpoint.layout.format import FileRecord, checkpoint_name, rea
 from supervisor.checkpoint.layout.verify import DCP_METADATA
 from supervisor.checkpoint.load.loader import verify_checkpoint
 from supervisor.checkpoint.save.temp import TempCheckpoint
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
 __all__ = ["ALL_RANKS", "COPY_CHUNK_BYTES", "CopyQueue", "committed_steps", "copy_part", "mark_committed",
            "merged_metadata", "part_root", "prune_parts", "remove_part", "save_part", "verified_part"]
 
 logger = logging.getLogger(__name__)
+
+#: The node-local tier's disk (the storage rule: every filesystem call goes through a Storage).
+_NODE_DISK = LocalStorage()
 
 #: How much of a file is in memory at once while it is copied to the logdir.
 COPY_CHUNK_BYTES = 8 << 20
@@ -95,23 +98,15 @@ def save_part(root: str, storage: Storage, *, name: str, step: int, wall_time: f
 
 
 def mark_committed(path: str) -> None:
-    """The chief's commit, recorded next to this rank's part (created and fsynced)."""
-    fd = os.open(path + ALL_RANKS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """The chief's commit, recorded next to this rank's part (written atomically and fsynced,
+    with its directory, through the node-local disk's `LocalStorage`)."""
+    _NODE_DISK.write_atomic(path + ALL_RANKS, b"")
 
 
 def committed_steps(root: str, basename: str) -> list[int]:
     """Steps of this rank's parts that carry the chief's commit, newest first."""
     try:
-        names = set(os.listdir(root))
+        names = set(_NODE_DISK.listdir(root))
     except FileNotFoundError:
         return []
     steps = []
@@ -147,7 +142,7 @@ def prune_parts(root: str, basename: str, *, keep: int | None, held: Iterable[in
     one, and every part newer than ``newer_than`` (an abandoned timeline, after a restore). The
     mark goes first, so a part is never restorable half deleted."""
     try:
-        names = os.listdir(root)
+        names = _NODE_DISK.listdir(root)
     except FileNotFoundError:
         return
     committed, held = committed_steps(root, basename), set(held)
@@ -167,13 +162,9 @@ def prune_parts(root: str, basename: str, *, keep: int | None, held: Iterable[in
 
 
 def remove_part(path: str) -> None:
-    import shutil
-
-    try:
-        os.remove(path + ALL_RANKS)
-    except FileNotFoundError:
-        pass
-    shutil.rmtree(path, ignore_errors=True)
+    """Removes one part: its mark first (never restorable half deleted), then its directory."""
+    _NODE_DISK.remove(path + ALL_RANKS)
+    _NODE_DISK.remove_tree(path)
 
 
 def copy_part(part: str, local: Storage, staged: str, storage: Storage, rank: int) -> dict[str, list]:
