@@ -100,6 +100,8 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             steps = [s for s in (step_of(self.storage.basename(p), self.basename)
                                  for p in candidates(self.directory, self.basename, self.storage)) if s is not None]
             self._scheduled = (max(steps, default=None), self._clock.time())
+        else:  # one request per rank: its client's set-up is paid here, not by its first copy
+            self.storage.exists(self.directory)
         if self._persister is None:
             self._persister = parts.CopyQueue(self._persist)
 
