@@ -28,6 +28,7 @@ the status file, and on timeout SIGKILLs the child and raises `subprocess.Timeou
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import runpy
@@ -46,10 +47,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Modules that read the environment when imported: the zygote must not have them.
 _READS_ENV_AT_IMPORT = ("fsspec", "s3fs", "botocore", "aiobotocore", "boto3")
 
+#: What the zygote imports once, so that no child pays for it: the CLI, and the torch.distributed
+#: and DCP modules that each rank of tests/distributed's jobs would import (~2x torch's own import).
+PRELOADED = ("supervisor.cli", "hooks", "torch.distributed", "torch.distributed.checkpoint",
+             "torch.nn.parallel")
+
 _lock = threading.Lock()
 _zygote: subprocess.Popen | None = None
 _scratch: str | None = None
 _count = 0
+_CPU_THREADS = 1
 
 
 def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None = None,
@@ -73,24 +80,38 @@ def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None
 
 
 class Forked:
-    """A ``python SCRIPT ARGS`` started like ``subprocess.Popen(..., stdout=file, stderr=STDOUT)``
-    but forked from the zygote: ``pid`` (signal it at will: SIGKILL, SIGSTOP, SIGCONT),
-    ``poll()``, ``wait(timeout)``, ``kill()``, ``send_signal()`` and ``returncode`` as
-    `subprocess.Popen` has them. Its output goes to the file ``output`` names."""
+    """A ``python SCRIPT ARGS`` (or, with ``module``, ``python -m MODULE ARGS``) started like
+    ``subprocess.Popen(..., stdout=file, stderr=STDOUT)`` but forked from the zygote: ``pid``
+    (signal it at will: SIGKILL, SIGSTOP, SIGCONT), ``poll()``, ``wait(timeout)``, ``kill()``,
+    ``send_signal()`` and ``returncode`` as `subprocess.Popen` has them. Its output goes to the
+    file ``output`` names. ``new_session``: as ``start_new_session=True`` (its own process group,
+    which `kill_group` SIGKILLs). ``stdin_pipe``: as ``stdin=subprocess.PIPE``, ``stdin`` is the
+    (unbuffered, binary) write end of a pipe the child reads as its fd 0; without it fd 0 is
+    ``/dev/null``."""
 
-    def __init__(self, script: str, args: Sequence[object], *, output: str,
-                 env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
-        self.args = [sys.executable, script, *map(str, args)]
+    def __init__(self, script: str | None, args: Sequence[object], *, output: str,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 module: str | None = None, new_session: bool = False, stdin_pipe: bool = False) -> None:
+        argv = [str(a) for a in args]
+        self.output = output
+        self.args = [sys.executable, *(["-m", module] if module else [script]), *argv]
         open(output, "w").close()  # exists (empty) from now on, as Popen's caller opened it
-        self._files = _send("path:" + os.path.abspath(script), self.args[2:],
+        self.stdin, self._stdin_read, stdin = None, None, os.devnull
+        if stdin_pipe:  # the child opens the read end by its /proc name, which this process keeps open
+            self._stdin_read, write = os.pipe()
+            self.stdin, stdin = os.fdopen(write, "wb", buffering=0), f"/proc/{os.getpid()}/fd/{self._stdin_read}"
+        self._files = _send(module or "path:" + os.path.abspath(script), argv,
                             dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()),
-                            output=output)
+                            output=output, new_session=new_session, stdin=stdin)
         self.pid = int(_read(_appeared(self._files["pid"])))
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and os.path.exists(self._files["status"]):
             self.returncode = int(_read(self._files["status"]))
+            if self._stdin_read is not None:  # the child is gone: nobody opens it any more
+                os.close(self._stdin_read)
+                self._stdin_read = None
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -111,8 +132,16 @@ class Forked:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def kill_group(self) -> None:
+        """SIGKILLs its process group (``new_session``), or itself if it has not made one yet."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:  # not a group leader yet (or gone): the process alone
+            self.kill()
 
-def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: str | None = None) -> dict[str, str]:
+
+def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: str | None = None,
+          new_session: bool = False, stdin: str = os.devnull) -> dict[str, str]:
     global _count
     with _lock:
         zygote = _start()
@@ -121,7 +150,8 @@ def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: s
         files = {name: f"{base}.{name}" for name in ("stdout", "stderr", "pid", "status")}
         if output is not None:  # stdout and stderr into one file, as stderr=subprocess.STDOUT
             files["stdout"] = files["stderr"] = output
-        zygote.stdin.write(json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "files": files}) + "\n")  # type: ignore[union-attr]
+        zygote.stdin.write(json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "files": files,
+                                        "new_session": new_session, "stdin": stdin}) + "\n")  # type: ignore[union-attr]
         zygote.stdin.flush()  # type: ignore[union-attr]
     return files
 
@@ -187,9 +217,17 @@ def _write_whole(path: str, text: str) -> None:
 
 # ---------------------------------------------------------------- the zygote's side
 def serve() -> None:
-    """The zygote's loop: imports the CLI once, then forks one child per request line."""
-    import supervisor.cli  # noqa: F401  (what every command would import: the point of the zygote)
+    """The zygote's loop: imports the CLI and what the test workers use once (`PRELOADED`),
+    then forks one child per request line."""
+    import importlib
 
+    for name in PRELOADED:  # what every command would import: the point of the zygote
+        importlib.import_module(name)
+
+    global _CPU_THREADS
+    import torch
+
+    _CPU_THREADS = torch.get_num_threads()  # what a child without OMP_NUM_THREADS gets
     found = [m for m in _READS_ENV_AT_IMPORT if m in sys.modules]
     assert not found, f"the zygote imported {found}, which read the environment at import"
     sys.stdout.write("ready\n")
@@ -232,10 +270,13 @@ def _child(request: dict) -> None:
     redirected (the zygote's requests gone), then the module run as ``-m`` runs it
     (``supervisor/__main__.py`` for the CLI) or the script as ``python`` does; its exit is the
     process's."""
+    if request.get("new_session"):
+        os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    _redirect(request["files"]["stdout"], request["files"]["stderr"])
+    _as_a_fresh_interpreter()
+    _redirect(request.get("stdin", os.devnull), request["files"]["stdout"], request["files"]["stderr"])
     script = request["module"][len("path:"):] if request["module"].startswith("path:") else None
     sys.argv = [script or "-m", *request["argv"]]
     if script is not None:
@@ -254,10 +295,27 @@ def _child(request: dict) -> None:
     _finish(code)
 
 
-def _redirect(stdout: str, stderr: str) -> None:
-    """fd 0 from /dev/null, fds 1 and 2 into their files (one shared file description when they
+def _as_a_fresh_interpreter() -> None:
+    """What a fresh interpreter would have differently from a fork: its own seeds for `random`
+    and numpy's global generator (from the OS; every child of the zygote would otherwise draw the
+    same numbers), and torch's thread count from this child's ``OMP_NUM_THREADS`` (the OpenMP
+    runtime read the zygote's environment when torch loaded it). torch's own generator starts at
+    its fixed default seed in both. Only the string hash seed stays the zygote's."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed()
+    np.random.seed()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else _CPU_THREADS)
+
+
+def _redirect(stdin: str, stdout: str, stderr: str) -> None:
+    """fd 0 from ``stdin`` (/dev/null or a pipe), fds 1 and 2 into their files (one shared file description when they
     are the same file, as ``stderr=subprocess.STDOUT`` gives)."""
-    for fd, path in ((0, os.devnull), (1, stdout), (2, stderr)):
+    for fd, path in ((0, stdin), (1, stdout), (2, stderr)):
         if fd == 2 and path == stdout:
             os.dup2(1, 2)
             continue
@@ -265,6 +323,13 @@ def _redirect(stdout: str, stderr: str) -> None:
         os.dup2(target, fd)
         os.close(target)
     sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the zygote's buffered requests
+    # stdout and stderr as a fresh interpreter opens them: stdout block-buffered into a file
+    # (unbuffered under ``-u``/PYTHONUNBUFFERED), stderr line-buffered; not the zygote's pipe's.
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
+                                                   write_through=unbuffered)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), line_buffering=True,
+                                                   write_through=True, errors="backslashreplace")
 
 
 def _exit_status(e: SystemExit) -> int:

@@ -3,12 +3,13 @@ reads of a checkpoint's files, counted from outside the process."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 
 from benchmarks._traced_reads import bytes_read, strace_command, strace_works
-from .harness import ROOT, RankResult, _kill, env_for, free_port
+from .harness import ROOT, RankResult, env_for, free_port
 
 __all__ = ["bytes_read", "run_traced", "strace_works"]
 
@@ -47,3 +48,11 @@ def run_traced(module: str, scenario: str, world_size: int, args: list[str], fil
                 _kill(proc)
                 proc.communicate()
     return results, [bytes_read(t) if os.path.exists(t) else {} for t in traces]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILLs the rank's process group (strace and the rank under it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

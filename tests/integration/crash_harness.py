@@ -1,10 +1,11 @@
 """Parent side of the crash tests: start trainer lives, kill them, read what they left on disk.
 
-A *life* is one run of ``crash_trainer.py`` in a fresh interpreter. Importing torch and
-building an optimizer costs a child about 2.7 s of CPU, far more than the training a life
-does, so lives are spawned ahead of time: each one imports, prints ``ready`` and waits for a
-``go`` line on stdin; it opens the logdir only after ``go``. The parent therefore keeps the
-next life(s) warming up on the second core while the current one trains and dies.
+A *life* is one run of ``crash_trainer.py`` in its own process, forked from the test process's
+zygote (tests/forked_cli.py: torch and the runtime imported once; a fresh interpreter would
+pay ~4 s of CPU for them, far more than the training a life does). Lives are still spawned
+ahead of time: each one builds its model and optimizer, prints ``ready`` and waits for a ``go``
+line on stdin; it opens the logdir only after ``go``, so the next life warms up while the
+current one trains and dies.
 
 `inspect_logdir` is the oracle between two lives: every committed checkpoint directory must
 verify (sizes and checksums), and the checkpoint the next life must restore is the one the
@@ -16,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 import supervisor
+from tests import forked_cli
 from supervisor.checkpoint import verify_checkpoint
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_trainer.py")
@@ -41,11 +42,9 @@ class Life:
         if seam:
             env["CRASH_AT"] = seam
         self.seam, self.log = seam, log
-        self._log_file = open(log, "wb")  # noqa: SIM115 - the child writes it until close()
-        argv = [sys.executable, "-u", TRAINER, logdir, "--steps", str(steps), "--out", out,
-                "--wait-for-go", *extra]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._log_file,
-                                     stderr=subprocess.STDOUT, env=env)
+        env["PYTHONUNBUFFERED"] = "1"  # as ``python -u``: each line reaches the log at once
+        self.proc = forked_cli.Forked(TRAINER, [logdir, "--steps", steps, "--out", out, "--wait-for-go", *extra],
+                                      output=log, env=env, stdin_pipe=True)
 
     def output(self) -> str:
         with open(self.log, encoding="utf-8", errors="replace") as f:
@@ -74,7 +73,6 @@ class Life:
         except subprocess.TimeoutExpired:
             self.close()
             raise AssertionError(f"the trainer hung (seam {self.seam}):\n{self.output()}") from None
-        self._log_file.close()
         return LifeResult.parse(returncode, self.output())
 
     def kill(self) -> None:
@@ -93,7 +91,6 @@ class Life:
                     self.proc.stdin.close()
                 except BrokenPipeError:
                     pass
-            self._log_file.close()
 
 
 @dataclass(frozen=True)
