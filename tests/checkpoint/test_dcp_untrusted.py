@@ -21,7 +21,7 @@ from supervisor import MonitoredTrainingSession, TrainingState, list_variables, 
 from supervisor.checkpoint.sharded import ShardedCheckpointManager, load_into, restore_sharded
 from supervisor.checkpoint.load.loader import read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
-from tests import forked_cli
+from tests import zygote
 from tests.estimator.sidecar_helpers import make_model, weight_metrics
 from tests.estimator.test_sidecar_dcp import train_sharded
 from tests.estimator.test_sidecar_reading import rewrite_manifest_for
@@ -128,7 +128,7 @@ def _estimator(logdir: str, path: str) -> None:
 
 
 def _inspect(logdir: str, path: str) -> None:
-    done = forked_cli.run(["inspect", path], timeout=60)  # a real process, without its own torch import
+    done = zygote.run(["inspect", path], timeout=60)  # a real process, without its own torch import
     if done.returncode != 0:
         raise CheckpointError(done.stdout + done.stderr)
 

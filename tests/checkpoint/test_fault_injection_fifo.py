@@ -18,7 +18,7 @@ import time
 import pytest
 
 from supervisor.checkpoint.storage.fileio import NotARegularFileError, open_regular
-from tests import forked_cli
+from tests import zygote
 from tests.cli.helpers import ROOT, make_logdir
 
 pytestmark = pytest.mark.timeout(180)
@@ -96,7 +96,7 @@ def test_a_fifo_manifest_does_not_block_inspect(tmp_path):
     fifo_instead_of(tmp_path / "model.ckpt-200" / "MANIFEST.json")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        done = forked_cli.run(["inspect", tmp_path], timeout=60, env=env)  # a real process (tests/forked_cli.py)
+        done = zygote.run(["inspect", tmp_path], timeout=60, env=env)  # a real process (tests/zygote.py)
     except subprocess.TimeoutExpired:
         pytest.fail("inspect LOGDIR blocked on a FIFO MANIFEST.json")
     assert done.returncode == 0, done.stderr

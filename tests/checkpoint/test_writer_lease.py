@@ -31,7 +31,7 @@ from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.errors import CheckpointError, LogdirInUseError
 from supervisor.estimator import RunConfig
 from supervisor.testing import FakeClock
-from tests import forked_cli
+from tests import zygote
 from tests.checkpoint.conftest import small_state
 from tests.s3_fixtures import lifetime_thread_prefixes, make_bucket, options, s3_server, s3_storage  # noqa: F401
 
@@ -78,13 +78,13 @@ def where(request, tmp_path) -> Where:
                  {"storage_options": options(server.endpoint)})
 
 
-def _start_writer(where: Where, lease_secs: float, signals: str) -> tuple[forked_cli.Forked, str]:
+def _start_writer(where: Where, lease_secs: float, signals: str) -> tuple[zygote.Forked, str]:
     """The writer process, once it holds the lease and committed step 1; and its output file.
     A real process, forked from an interpreter that imported torch and the runtime once
-    (tests/forked_cli.py), so the lease's timing is not spent on ``import torch``."""
+    (tests/zygote.py), so the lease's timing is not spent on ``import torch``."""
     os.makedirs(signals, exist_ok=True)
     out = os.path.join(signals, "writer.out")
-    writer = forked_cli.Forked(WRITER, [where.root, lease_secs, signals, where.endpoint], output=out,
+    writer = zygote.Forked(WRITER, [where.root, lease_secs, signals, where.endpoint], output=out,
                                env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])})
     deadline = time.monotonic() + 60
     while "READY" not in _read(out):
@@ -99,7 +99,7 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _kill(process: forked_cli.Forked) -> None:
+def _kill(process: zygote.Forked) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGCONT)
         process.kill()
@@ -123,7 +123,7 @@ def _expiry(message: str) -> float:
     return float(match.group(1))
 
 
-def _dead_holders_record(where: Where, writer: forked_cli.Forked) -> LeaseRecord:
+def _dead_holders_record(where: Where, writer: zygote.Forked) -> LeaseRecord:
     """The lease record a killed or stopped writer left: the last word on when its lease expires
     (a renewal under way when it stopped has finished or never happened: waited for briefly)."""
     time.sleep(0.2)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import supervisor
-from tests import forked_cli
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,12 +43,12 @@ def flip_byte(path) -> None:
 
 def cli(*args, timeout=120, fresh=False) -> subprocess.CompletedProcess:
     """``python -m supervisor ARGS`` in a real subprocess (this tree first on the path): forked
-    from an interpreter that imported the CLI once (tests/forked_cli.py: ~2 s of ``import torch``
+    from an interpreter that imported the CLI once (tests/zygote.py: ~2 s of ``import torch``
     less per command), or with ``fresh`` a new interpreter, for a test about the interpreter's
     own start or exit."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if not fresh:
-        return forked_cli.run(args, timeout=timeout, env=env)
+        return zygote.run(args, timeout=timeout, env=env)
     return subprocess.run([sys.executable, "-m", "supervisor", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env)
 

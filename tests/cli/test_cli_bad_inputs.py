@@ -1,6 +1,6 @@
 """The command line on the wrong path, the wrong kind of path and broken user code, run as a user
 runs it: ``python -m supervisor ...`` in real processes (forked from an interpreter that imported
-the CLI once, tests/forked_cli.py; the pipe test starts fresh ones) (issue 22 items 12-16, issue
+the CLI once, tests/zygote.py; the pipe test starts fresh ones) (issue 22 items 12-16, issue
 21's CLI bad inputs). Every run is bounded by a timeout, so a command that waits forever fails."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 import supervisor
 from supervisor.cli import build_parser
-from tests import forked_cli
+from tests import zygote
 from tests.cli.helpers import ROOT, cli, cli_json, make_logdir
 
 HELPERS = "tests.estimator.sidecar_helpers"
@@ -103,11 +103,11 @@ def _files(tmp) -> None:
 
 def _run(args: tuple[str, ...], values: dict[str, str]) -> subprocess.CompletedProcess:
     """One row's command in a real process, forked from an interpreter that imported the CLI
-    once (tests/forked_cli.py)."""
+    once (tests/zygote.py)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = [a.format(**values) for a in args]
     try:
-        return forked_cli.run(argv, timeout=120, env=env, cwd=ROOT)
+        return zygote.run(argv, timeout=120, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired as e:  # a command that waits forever: that row fails, the others run
         return subprocess.CompletedProcess(e.cmd, None, str(e.stdout), f"timed out after 120 s: {e.stderr}")
 

@@ -2,11 +2,11 @@
 ``python -m tests.distributed.worker SCENARIO`` (gloo on loopback, a free port, env://), each
 job bounded by a timeout; every process is killed and reaped before the helper returns.
 
-Each rank is forked from the test process's zygote (tests/forked_cli.py: torch, torch.distributed
+Each rank is forked from the test process's zygote (tests/zygote.py: torch, torch.distributed
 and DCP imported once), not started as a fresh interpreter: a rank is a separate process with
 its own pid, process group, environment, seeds and exit status, as before, minus the ~4 s of CPU
 that importing torch and DCP costs a fresh one (the suite starts ~600 ranks on CI's 2 cores).
-What a fork shares is the string hash seed (see `forked_cli._as_a_fresh_interpreter`); the
+What a fork shares is the string hash seed (see `zygote._as_a_fresh_interpreter`); the
 torchrun tests start fresh interpreters, as torchrun does."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tests import forked_cli
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -79,7 +79,7 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
         extra_env = {**(extra_env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     start = time.monotonic()
     outputs = tempfile.mkdtemp(prefix="ranks-")
-    procs = [forked_cli.Forked(None, [scenario, *args], module=module, cwd=ROOT, new_session=True,
+    procs = [zygote.Forked(None, [scenario, *args], module=module, cwd=ROOT, new_session=True,
                                env=env_for(r, world_size, port, extra_env), output=os.path.join(outputs, str(r)))
              for r in range(world_size)]
     results: list[RankResult] = []
@@ -100,7 +100,7 @@ def run_job(scenario: str, world_size: int, *args: str, timeout: float = 120.0,
     return results
 
 
-def _wait(proc: forked_cli.Forked, timeout: float, hung_if_stopped: bool) -> tuple[str, int | None]:
+def _wait(proc: zygote.Forked, timeout: float, hung_if_stopped: bool) -> tuple[str, int | None]:
     """``proc``'s output and exit status; None when it is still running at ``timeout`` (killed).
     With ``hung_if_stopped`` (rank 0 has ended) a rank found SIGSTOPped is hung at once: nothing
     resumes it, so waiting out the rest of ``after_rank0_secs`` would only cost time."""
@@ -116,7 +116,7 @@ def _wait(proc: forked_cli.Forked, timeout: float, hung_if_stopped: bool) -> tup
                 return _output(proc), None
 
 
-def _output(proc: forked_cli.Forked) -> str:
+def _output(proc: zygote.Forked) -> str:
     with open(proc.output, encoding="utf-8", errors="replace") as f:
         return f.read()
 

@@ -1,7 +1,7 @@
 """Parent side of the crash tests: start trainer lives, kill them, read what they left on disk.
 
 A *life* is one run of ``crash_trainer.py`` in its own process, forked from the test process's
-zygote (tests/forked_cli.py: torch and the runtime imported once; a fresh interpreter would
+zygote (tests/zygote.py: torch and the runtime imported once; a fresh interpreter would
 pay ~4 s of CPU for them, far more than the training a life does). Lives are still spawned
 ahead of time: each one builds its model and optimizer, prints ``ready`` and waits for a ``go``
 line on stdin; it opens the logdir only after ``go``, so the next life warms up while the
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 import supervisor
-from tests import forked_cli
+from tests import zygote
 from supervisor.checkpoint import verify_checkpoint
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_trainer.py")
@@ -43,7 +43,7 @@ class Life:
             env["CRASH_AT"] = seam
         self.seam, self.log = seam, log
         env["PYTHONUNBUFFERED"] = "1"  # as ``python -u``: each line reaches the log at once
-        self.proc = forked_cli.Forked(TRAINER, [logdir, "--steps", steps, "--out", out, "--wait-for-go", *extra],
+        self.proc = zygote.Forked(TRAINER, [logdir, "--steps", steps, "--out", out, "--wait-for-go", *extra],
                                       output=log, env=env, stdin_pipe=True)
 
     def output(self) -> str:

@@ -22,7 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from supervisor.checkpoint.layout.index import read_index
 from supervisor.checkpoint.storage import LocalStorage
 from supervisor.events import EVENTS_PREFIX
-from tests import forked_cli
+from tests import zygote
 from tests.s3_fixtures import lifetime_thread_prefixes, make_bucket, options, s3_server, s3_storage  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,7 +47,7 @@ def _life(where: str, storage_options, out: str) -> tuple[int, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     args = [where, MAX_STEPS, "kill"] + ([json.dumps(storage_options)] if storage_options else [])
-    life = forked_cli.Forked(TRAINER, args, output=out, env=env)
+    life = zygote.Forked(TRAINER, args, output=out, env=env)
     try:
         status = life.wait(120)
     finally:

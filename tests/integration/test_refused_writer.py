@@ -15,7 +15,7 @@ from supervisor import MonitoredTrainingSession
 from supervisor.errors import LogdirInUseError
 from supervisor.events import EVENTS_PREFIX
 from supervisor.summary import SummaryWriterCache
-from tests import forked_cli
+from tests import zygote
 from tests.s3_fixtures import backend_logdir, lifetime_thread_prefixes, s3_server, s3_storage  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,13 +35,13 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _hold(storage_logdir, tmp_path) -> tuple[forked_cli.Forked, str]:
+def _hold(storage_logdir, tmp_path) -> tuple[zygote.Forked, str]:
     """Writer 1, once its session is created (it holds the logdir); and its release file."""
     _, where, storage_options = storage_logdir
     out, release = str(tmp_path / "writer1.out"), str(tmp_path / "release")
     env = {**os.environ, "RELEASE_FILE": release, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     args = [where, 0, "hold"] + ([json.dumps(storage_options)] if storage_options else [])
-    writer = forked_cli.Forked(TRAINER, args, output=out, env=env)
+    writer = zygote.Forked(TRAINER, args, output=out, env=env)
     deadline = time.monotonic() + 90
     while "holding" not in _read(out):
         assert writer.poll() is None, f"writer 1 died: {_read(out)}"

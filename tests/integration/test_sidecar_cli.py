@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from supervisor.checkpoint.layout.finished import mark_finished
 from supervisor.cli import evaluate as cli_evaluate
 
-from tests import forked_cli
+from tests import zygote
 from tests.estimator.sidecar_helpers import StepTrainer, weight_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,8 +24,8 @@ HELPERS = "tests.estimator.sidecar_helpers"
 
 def run_cli(*args, timeout=120):
     """``python -m supervisor.cli.evaluate ARGS``: a real process, forked from an interpreter that
-    imported the CLI once (tests/forked_cli.py)."""
-    return forked_cli.run(args, timeout=timeout, cwd=ROOT, module="supervisor.cli.evaluate")
+    imported the CLI once (tests/zygote.py)."""
+    return zygote.run(args, timeout=timeout, cwd=ROOT, module="supervisor.cli.evaluate")
 
 
 def eval_steps(log_dir):

@@ -9,7 +9,7 @@ import subprocess
 import torch
 
 import supervisor
-from tests import forked_cli
+from tests import zygote
 from tests.s3_fixtures import CREDENTIALS, options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,10 +30,10 @@ def write_run(url: str, endpoint: str, steps=(1, 2, 3), **kwargs) -> None:
 def cli(endpoint: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """``python -m supervisor ARGV`` with the client configured by the environment only (a real
     process forked from an interpreter that imported the CLI once, and none of the modules that
-    read the environment at import: tests/forked_cli.py)."""
+    read the environment at import: tests/zygote.py)."""
     env = {**os.environ, **CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": ROOT,
            "AWS_MAX_ATTEMPTS": "2"}
-    return forked_cli.run(argv, timeout=timeout, env=env, cwd=ROOT)
+    return zygote.run(argv, timeout=timeout, env=env, cwd=ROOT)
 
 
 def as_json(done: subprocess.CompletedProcess):

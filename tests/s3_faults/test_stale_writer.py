@@ -25,7 +25,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 
 from supervisor.checkpoint import read_checkpoint, read_index  # noqa: E402
 from supervisor.checkpoint.load.choose import find_and_load  # noqa: E402
-from tests import forked_cli  # noqa: E402
+from tests import zygote  # noqa: E402
 from tests.s3_fixtures import FaultProxy  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
@@ -72,9 +72,9 @@ class HoldingProxy(FaultProxy):
         super().__exit__(*exc)
 
 
-def _start(role: str, logdir: str, endpoint: str, signals: str, *extra: str) -> tuple[forked_cli.Forked, str]:
+def _start(role: str, logdir: str, endpoint: str, signals: str, *extra: str) -> tuple[zygote.Forked, str]:
     out = os.path.join(signals, f"{role}.out")
-    process = forked_cli.Forked(WRITER, [role, logdir, endpoint, LEASE_SECS[role], signals, *extra], output=out,
+    process = zygote.Forked(WRITER, [role, logdir, endpoint, LEASE_SECS[role], signals, *extra], output=out,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])})
     return process, out
 
@@ -87,7 +87,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _until(what: str, done, process: forked_cli.Forked, out: str) -> bool:
+def _until(what: str, done, process: zygote.Forked, out: str) -> bool:
     """Waits (bounded) for ``done()``; False when the process ended first."""
     deadline = time.monotonic() + WAIT_SECS
     while not done():
@@ -102,7 +102,7 @@ def _touch(signals: str, name: str) -> None:
     open(os.path.join(signals, name), "w").close()
 
 
-def _stop(process: forked_cli.Forked) -> None:
+def _stop(process: zygote.Forked) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGCONT)
         process.kill()

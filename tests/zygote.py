@@ -1,29 +1,32 @@
-"""``python -m supervisor ARGS`` for the CLI tests, without paying ``import torch`` per command.
+"""Test subprocesses without paying ``import torch`` per process: each is forked from a *zygote*.
 
-`run` behaves like ``subprocess.run([sys.executable, "-m", "supervisor", *args], capture_output=True,
-text=True, timeout=..., env=..., cwd=...)``: a separate process with its own exit status, stdout and
-stderr, the command run by ``supervisor/__main__.py`` as ``-m`` runs it (``runpy``), an uncaught
-exception's traceback and status 1, non-daemon threads joined and atexit handlers run at exit.
-What it skips is the interpreter's start and the ~2 s of CPU of importing torch and the runtime
-(and of tearing them down): each command is forked from a *zygote*, one interpreter per test
-process that imported ``supervisor.cli`` once and does nothing else (started on first use, ended
-at exit). About 70 commands in the suite paid those ~2 s each on CI's 2 cores; forked, each
-costs what the command itself does (0.1-0.3 s). `Forked` starts ``python SCRIPT ARGS`` the same
-way as a `subprocess.Popen` look-alike (pid, poll, wait, kill, send_signal), for tests that
-signal a process they started (the lease tests' writer: SIGKILL, SIGSTOP).
+Every ``python ...`` a test starts used to cost ~4 s of CPU before it did anything (importing
+torch, torch.distributed, DCP and the runtime) and again at exit, on CI's 2 cores: the suite
+started ~1,000 of them. Here each test process starts one zygote (on first use, ended at exit)
+that imports `PRELOADED` once and then forks one child per command:
 
-Only what is decided at import could differ, so the zygote checks that it imported nothing that
-reads the environment then (fsspec reads ``FSSPEC_*``; botocore and s3fs are imported by the
-command, after its environment is set: tests/s3_eval configures the client by ``AWS_*`` alone).
-The child ends as the interpreter does, but without tearing every module down (see `_finish`). A
-test about the interpreter's own start or exit (a pipe closed early: the status 141 comes from
-Python's exit) starts a fresh one.
+- `python` behaves like ``subprocess.run([sys.executable, *args], capture_output=True,
+  text=True, timeout=..., env=..., cwd=...)`` for ``SCRIPT ARGS``, ``-m MODULE ARGS`` or
+  ``-c CODE ARGS`` (`run`: ``-m supervisor ARGS``, the CLI);
+- `Forked` is a `subprocess.Popen` look-alike (pid, poll, wait, kill, send_signal, a stdin pipe,
+  its own session) whose output goes to a file, for tests that signal what they started
+  (SIGKILL, SIGSTOP) or read it while it runs; tests/distributed/harness.py starts ranks with it.
 
-Protocol: one JSON line per command on the zygote's stdin (argv, cwd, env, and the paths of its
-stdout, stderr, pid and status files); the zygote forks, the child redirects fds 0-2 and runs the
-command, the zygote writes the child's pid at once and its exit status (as ``subprocess`` reports
-it: ``-N`` for signal N) once it is reaped, each file renamed into place whole. `run` waits for
-the status file, and on timeout SIGKILLs the child and raises `subprocess.TimeoutExpired`.
+A child is a separate process with its own pid, exit status (``-N`` for signal N), environment,
+working directory, fds 0-2, and the seeds and thread count a fresh interpreter would have
+(`_as_a_fresh_interpreter`); the script runs as ``python`` runs it (``runpy``), an uncaught
+exception gives its traceback and status 1, non-daemon threads are joined and atexit handlers
+run at exit, but modules are not torn down (see `_finish`). What a fork cannot give: the
+zygote's string hash seed, its imported modules (so the zygote imports nothing that reads the
+environment at import: fsspec, s3fs and botocore are imported by the child after its environment
+is set; a child whose ``PYTHONPATH`` holds another checkout is refused), and anything about the
+interpreter's own start or exit (peak RSS, import side effects, the status 141 of a pipe closed
+early): tests about those, and torchrun's workers, start fresh interpreters.
+
+Protocol: one JSON line per command on the zygote's stdin (what to run, argv, cwd, env, and the
+paths of its stdin, stdout, stderr, pid and status files); the zygote forks, the child redirects
+fds 0-2 and runs the command, the zygote writes the child's pid at once and its exit status once
+it is reaped, each file renamed into place whole.
 """
 from __future__ import annotations
 
@@ -63,9 +66,21 @@ def run(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None
         cwd: str | None = None, module: str = "supervisor") -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` (``supervisor``: the CLI), forked from the zygote (see the
     module docstring)."""
-    argv = [str(a) for a in args]
-    files = _send(module, argv, dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()))
-    command = [sys.executable, "-m", module, *argv]
+    return python(["-m", module, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def python(args: Sequence[object], *, timeout: float, env: Mapping[str, str] | None = None,
+           cwd: str | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+    env=env, cwd=cwd)``, forked from the zygote. ``args``: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or
+    ``-c CODE ARGS``, optionally after ``-u`` (PYTHONUNBUFFERED)."""
+    argv, env = [str(a) for a in args], dict(os.environ if env is None else env)
+    command = [sys.executable, *argv]
+    if argv[0] == "-u":
+        argv, env["PYTHONUNBUFFERED"] = argv[1:], "1"
+    what = {"-m": argv[1], "-c": "code:" + argv[1]}.get(argv[0]) if argv[0] in ("-m", "-c") else None
+    what, argv = (what, argv[2:]) if what else ("path:" + os.path.abspath(argv[0]), argv[1:])
+    files = _send(what, argv, env, os.path.abspath(cwd or os.getcwd()))
     deadline = time.monotonic() + timeout
     while not os.path.exists(files["status"]):
         if time.monotonic() > deadline:
@@ -91,18 +106,19 @@ class Forked:
 
     def __init__(self, script: str | None, args: Sequence[object], *, output: str,
                  env: Mapping[str, str] | None = None, cwd: str | None = None,
-                 module: str | None = None, new_session: bool = False, stdin_pipe: bool = False) -> None:
+                 module: str | None = None, new_session: bool = False, stdin_pipe: bool = False,
+                 stdin: str = os.devnull, stderr: str | None = None) -> None:
         argv = [str(a) for a in args]
         self.output = output
         self.args = [sys.executable, *(["-m", module] if module else [script]), *argv]
         open(output, "w").close()  # exists (empty) from now on, as Popen's caller opened it
-        self.stdin, self._stdin_read, stdin = None, None, os.devnull
+        self.stdin, self._stdin_read = None, None
         if stdin_pipe:  # the child opens the read end by its /proc name, which this process keeps open
             self._stdin_read, write = os.pipe()
             self.stdin, stdin = os.fdopen(write, "wb", buffering=0), f"/proc/{os.getpid()}/fd/{self._stdin_read}"
         self._files = _send(module or "path:" + os.path.abspath(script), argv,
                             dict(os.environ if env is None else env), os.path.abspath(cwd or os.getcwd()),
-                            output=output, new_session=new_session, stdin=stdin)
+                            output=output, new_session=new_session, stdin=stdin, stderr=stderr)
         self.pid = int(_read(_appeared(self._files["pid"])))
         self.returncode: int | None = None
 
@@ -141,7 +157,7 @@ class Forked:
 
 
 def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: str | None = None,
-          new_session: bool = False, stdin: str = os.devnull) -> dict[str, str]:
+          new_session: bool = False, stdin: str = os.devnull, stderr: str | None = None) -> dict[str, str]:
     global _count
     with _lock:
         zygote = _start()
@@ -150,6 +166,8 @@ def _send(module: str, argv: list[str], env: dict[str, str], cwd: str, output: s
         files = {name: f"{base}.{name}" for name in ("stdout", "stderr", "pid", "status")}
         if output is not None:  # stdout and stderr into one file, as stderr=subprocess.STDOUT
             files["stdout"] = files["stderr"] = output
+        if stderr is not None:
+            files["stderr"] = stderr
         zygote.stdin.write(json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "files": files,
                                         "new_session": new_session, "stdin": stdin}) + "\n")  # type: ignore[union-attr]
         zygote.stdin.flush()  # type: ignore[union-attr]
@@ -162,7 +180,7 @@ def _start() -> subprocess.Popen:
     if _zygote is None or _zygote.poll() is not None:
         _scratch = tempfile.mkdtemp(prefix="forked-cli-")
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        _zygote = subprocess.Popen([sys.executable, "-c", "from tests.forked_cli import serve; serve()"],
+        _zygote = subprocess.Popen([sys.executable, "-c", "from tests.zygote import serve; serve()"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         atexit.register(_stop, _zygote, _scratch)
         ready = _zygote.stdout.readline()  # type: ignore[union-attr]  # its imports do not count
@@ -266,10 +284,10 @@ def _reap(running: dict[int, str]) -> None:
 
 
 def _child(request: dict) -> None:
-    """Becomes ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV`` for ``path:SCRIPT``): fds 0-2
-    redirected (the zygote's requests gone), then the module run as ``-m`` runs it
-    (``supervisor/__main__.py`` for the CLI) or the script as ``python`` does; its exit is the
-    process's."""
+    """Becomes ``python -m MODULE ARGV`` (``python SCRIPT ARGV`` for ``path:SCRIPT``, ``python -c
+    CODE ARGV`` for ``code:CODE``): fds 0-2 redirected (the zygote's requests gone), then the
+    module run as ``-m`` runs it (``supervisor/__main__.py`` for the CLI), the script or the code
+    as ``python`` does; its exit is the process's."""
     if request.get("new_session"):
         os.setsid()
     os.chdir(request["cwd"])
@@ -277,15 +295,18 @@ def _child(request: dict) -> None:
     os.environ.update(request["env"])
     _as_a_fresh_interpreter()
     _redirect(request.get("stdin", os.devnull), request["files"]["stdout"], request["files"]["stderr"])
-    script = request["module"][len("path:"):] if request["module"].startswith("path:") else None
-    sys.argv = [script or "-m", *request["argv"]]
-    if script is not None:
-        sys.path[0] = os.path.dirname(script)  # as ``python SCRIPT`` has it
+    kind, _, what = request["module"].partition(":") if request["module"].startswith(("path:", "code:")) \
+        else ("module", "", request["module"])
+    sys.argv = [{"path": what, "code": "-c", "module": "-m"}[kind], *request["argv"]]
+    sys.path[0] = {"path": os.path.dirname(what), "code": "", "module": os.getcwd()}[kind]  # as python has it
     try:
-        if script is not None:
-            runpy.run_path(script, run_name="__main__")
+        _extend_path()
+        if kind == "path":
+            runpy.run_path(what, run_name="__main__")
+        elif kind == "code":
+            exec(compile(what, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
         else:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            runpy.run_module(what, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = _exit_status(e)
@@ -295,12 +316,26 @@ def _child(request: dict) -> None:
     _finish(code)
 
 
+def _extend_path() -> None:
+    """The child's ``PYTHONPATH`` entries the zygote's path lacks, put where a fresh interpreter
+    would (after the script's directory). One holding a package the zygote already imported
+    (another checkout of the runtime) cannot be honoured by a fork: an error says so."""
+    known = {os.path.abspath(p) for p in sys.path}
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    extra = [p for p in dict.fromkeys(extra) if p not in known]
+    clash = [p for p in extra for name in ("supervisor", "hooks", "tests") if os.path.isdir(os.path.join(p, name))]
+    if clash:
+        raise SystemExit(f"forked from the test zygote, this process cannot import another checkout from "
+                         f"PYTHONPATH {clash}: start a fresh interpreter (subprocess) for it")
+    sys.path[1:1] = extra
+
+
 def _as_a_fresh_interpreter() -> None:
-    """What a fresh interpreter would have differently from a fork: its own seeds for `random`
-    and numpy's global generator (from the OS; every child of the zygote would otherwise draw the
-    same numbers), and torch's thread count from this child's ``OMP_NUM_THREADS`` (the OpenMP
-    runtime read the zygote's environment when torch loaded it). torch's own generator starts at
-    its fixed default seed in both. Only the string hash seed stays the zygote's."""
+    """What a fresh interpreter would have differently from a fork: its own seeds for `random`,
+    numpy's global generator and torch's default generator (each seeded from the OS at import;
+    every child of the zygote would otherwise draw the same numbers), and torch's thread count
+    from this child's ``OMP_NUM_THREADS`` (the OpenMP runtime read the zygote's environment when
+    torch loaded it). Only the string hash seed stays the zygote's."""
     import random
 
     import numpy as np
@@ -308,6 +343,7 @@ def _as_a_fresh_interpreter() -> None:
 
     random.seed()
     np.random.seed()
+    torch.seed()
     threads = os.environ.get("OMP_NUM_THREADS", "")
     torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else _CPU_THREADS)
 
