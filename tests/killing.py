@@ -3,12 +3,11 @@ the kill-and-resume tests of LoopState, EvaluationHook and MLflowSink."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
+import tempfile
 import time
 
 import supervisor
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,18 +25,20 @@ def committed_step(logdir: str) -> int:
 
 def kill_after_checkpoint(args: list[str], logdir: str, *, past_step: int, env: dict[str, str],
                           timeout_secs: float = 120) -> int:
-    """Runs ``python *args``, SIGKILLs it once ``logdir`` indexes a checkpoint beyond ``past_step``
+    """Runs ``python *args`` (forked from the zygote, tests/zygote.py), SIGKILLs it once ``logdir`` indexes a checkpoint beyond ``past_step``
     (polled every 5 ms, bounded by ``timeout_secs``); returns the step of the index's checkpoint."""
-    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        deadline = time.monotonic() + timeout_secs
-        while committed_step(logdir) <= past_step:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"no checkpoint past step {past_step} in {logdir} in time: "
-                                     f"{proc.communicate()[1] if proc.poll() is not None else 'still running'}")
-            time.sleep(0.005)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+    with tempfile.TemporaryDirectory(prefix="killed-") as scratch:
+        stderr = os.path.join(scratch, "stderr")
+        proc = zygote.Forked(args[0], args[1:], output=os.devnull, stderr=stderr, env=env)
+        try:
+            deadline = time.monotonic() + timeout_secs
+            while committed_step(logdir) <= past_step:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    with open(stderr, encoding="utf-8", errors="replace") as f:
+                        said = f.read() if proc.poll() is not None else "still running"
+                    raise AssertionError(f"no checkpoint past step {past_step} in {logdir} in time: {said}")
+                time.sleep(0.005)
+        finally:
+            proc.kill()
+            proc.wait(60)
     return committed_step(logdir)

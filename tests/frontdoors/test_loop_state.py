@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 import supervisor
 from hooks import StopAtStepHook
 from supervisor import LoopState, MonitoredTrainingSession, Supervisor, TrainingState
+from tests import zygote
 from tests.killing import kill_after_checkpoint, trainer_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -137,7 +137,6 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_the_loop_variables_of_that
     script.write_text(_TRAINER)
     logdir, env = str(tmp_path / "run"), trainer_env()
     step = kill_after_checkpoint([str(script), logdir, str(10**9)], logdir, past_step=3, env=env)
-    rerun = subprocess.run([sys.executable, str(script), logdir, str(step)], env=env, capture_output=True, text=True,
-                           timeout=120)
+    rerun = zygote.python([script, logdir, step], env=env, timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f"restored {step} {step} {step * 0.5} {[float(step)] * 3}" in rerun.stdout, rerun.stdout

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ import supervisor
 from hooks import EvaluationHook, StopAtStepHook
 from supervisor import MonitoredTrainingSession
 from supervisor.estimator import BestExporter, FinalExporter, LatestExporter
+from tests import zygote
 from tests.killing import kill_after_checkpoint, trainer_env
 
 EXPORTERS = ("latest_exporter", "best_exporter", "final_exporter")
@@ -112,8 +112,7 @@ with MonitoredTrainingSession(sys.argv[1], model=model, optimizer=opt, save_chec
 
 
 def _run(script, logdir, last_step, env, **extra):
-    return subprocess.run([sys.executable, str(script), str(logdir), str(last_step)], env={**env, **extra},
-                          timeout=180, capture_output=True, text=True)
+    return zygote.python([script, logdir, last_step], env={**env, **extra}, timeout=180)
 
 
 @pytest.mark.slow

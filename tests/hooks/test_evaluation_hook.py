@@ -5,7 +5,6 @@ lost or doubled."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import supervisor
 from hooks import EvaluationHook, StopAtStepHook, read_eval_metrics, stop_if_no_decrease_hook
 from supervisor import MonitoredTrainingSession
+from tests import zygote
 from tests.killing import kill_after_checkpoint, trainer_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -149,14 +149,12 @@ def test_after_a_kill_no_evaluation_is_lost_or_doubled(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_TRAINER)
     env = trainer_env()
-    reference = subprocess.run([sys.executable, str(script), str(tmp_path / "ref"), "40"], env=env, timeout=120,
-                               capture_output=True, text=True)
+    reference = zygote.python([script, tmp_path / "ref", "40"], env=env, timeout=120)
     assert reference.returncode == 0, reference.stderr
     logdir = str(tmp_path / "run")
     killed_at = kill_after_checkpoint([str(script), logdir, str(10**9)], logdir, past_step=19, env=env)
     assert killed_at < 40, "the run finished before the kill; nothing was tested"
-    rerun = subprocess.run([sys.executable, str(script), logdir, "40"], env=env, timeout=120, capture_output=True,
-                           text=True)
+    rerun = zygote.python([script, logdir, "40"], env=env, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     shown = _events(os.path.join(logdir, "eval"))
     assert [step for step, _ in shown] == [5, 10, 15, 20, 25, 30, 35, 40]  # none lost, none twice

@@ -10,8 +10,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from supervisor.checkpoint.layout.index import read_index
 from supervisor.checkpoint.load.loader import verify_checkpoint
 from supervisor.checkpoint.storage import LocalStorage
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
+from tests import zygote
 from tests.killing import trainer_env
 from tests.s3_fixtures import make_bucket
 from tests.tiers import tier_trainer
@@ -35,8 +34,7 @@ RUN_SECS = 180
 
 def _run(logdir, local, out, env, kill_at=None, steps=STEPS) -> tuple[int, str]:
     env = dict(env, KILL_AT=kill_at or "")
-    proc = subprocess.run([sys.executable, TRAINER, logdir, local, "--steps", str(steps), "--out", out],
-                          env=env, capture_output=True, text=True, timeout=RUN_SECS)
+    proc = zygote.python([TRAINER, logdir, local, "--steps", steps, "--out", out], env=env, timeout=RUN_SECS)
     return proc.returncode, proc.stderr
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 import supervisor
+from tests import zygote
 from tests.killing import trainer_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -28,21 +27,19 @@ def _preempt(tmp_path, *extra: str) -> tuple[int, str]:
     """Starts the trainer for a long run, sends SIGTERM once its local tier holds step 5."""
     logdir, local = str(tmp_path / "logdir"), str(tmp_path / "local")
     log = tmp_path / "trainer.log"  # a file, not a pipe: a full pipe would block the trainer's logging
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, TRAINER, logdir, local, "--steps", "100000", "--persist-steps", "50",
-                                 "--out", str(tmp_path / "out.pt"), *extra], env=trainer_env(),
-                                stdout=subprocess.DEVNULL, stderr=err)
-        try:
-            deadline = time.monotonic() + 240
-            while _local_step(local) < 5:
-                assert proc.poll() is None and time.monotonic() < deadline, "the trainer did not reach step 5"
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=60)
+    proc = zygote.Forked(TRAINER, [logdir, local, "--steps", "100000", "--persist-steps", "50", "--out",
+                                   tmp_path / "out.pt", *extra], env=trainer_env(), output=os.devnull, stderr=str(log))
+    try:
+        deadline = time.monotonic() + 240
+        while _local_step(local) < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, "the trainer did not reach step 5"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
     return proc.returncode, log.read_text()
 
 
@@ -64,8 +61,7 @@ def test_sigterm_without_grace_says_what_was_not_persisted_and_the_node_resumes_
     assert f"the checkpoint(s) of step {final} were not persisted to {tmp_path / 'logdir'}" in stderr
     assert "they stay in the local tier" in stderr
     assert supervisor.latest_checkpoint(str(tmp_path / "logdir")).endswith("model.ckpt-0")
-    rc2 = subprocess.run([sys.executable, TRAINER, str(tmp_path / "logdir"), str(tmp_path / "local"), "--steps",
-                          str(final), "--out", str(tmp_path / "out.pt")], env=trainer_env(), capture_output=True,
-                         text=True, timeout=120)
+    rc2 = zygote.python([TRAINER, tmp_path / "logdir", tmp_path / "local", "--steps", final, "--out",
+                         tmp_path / "out.pt"], env=trainer_env(), timeout=120)
     assert rc2.returncode == 0, rc2.stderr[-3000:]
     assert f"restored step {final} from the local tier" in rc2.stderr
