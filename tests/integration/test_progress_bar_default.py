@@ -9,7 +9,6 @@ import os
 import pty
 import select
 import struct
-import subprocess
 import sys
 import termios
 import time
@@ -17,6 +16,7 @@ import time
 import pytest
 
 from supervisor import MonitoredTrainingSession, Supervisor
+from tests import zygote
 from tests.killing import trainer_env
 
 _TRAINER = """
@@ -56,9 +56,9 @@ def _on_a_terminal(args, timeout=180):
     wrote there (read until it exits; bounded by ``timeout``)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    proc = subprocess.Popen([sys.executable, *args], stdin=slave, stdout=subprocess.DEVNULL, stderr=slave,
-                            env=trainer_env(), close_fds=True)
-    os.close(slave)
+    terminal = os.ttyname(slave)  # the child opens it by name as its stdin and stderr, so this process
+    proc = zygote.Forked(args[0], args[1:], output=os.devnull, stdin=terminal, stderr=terminal, env=trainer_env())
+    # keeps it open until the child is gone (closed earlier, the terminal could hang up before the child opens it)
     chunks, deadline = [], time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -66,7 +66,7 @@ def _on_a_terminal(args, timeout=180):
             if ready:
                 try:
                     data = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal (exited)
+                except OSError:  # EIO: every end of the terminal closed
                     break
                 if not data:
                     break
@@ -78,12 +78,13 @@ def _on_a_terminal(args, timeout=180):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=60)
+        os.close(slave)
         os.close(master)
     return b"".join(chunks).decode(errors="replace")
 
 
 def _piped(args):
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180, env=trainer_env())
+    done = zygote.python(args, timeout=180, env=trainer_env())
     assert done.returncode == 0, done.stderr
     return done.stderr
 
