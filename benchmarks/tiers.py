@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -67,6 +67,13 @@ TITLES = {"tiered": "tiered (local + persist)", "persistent": "persistent-only (
           "dcp": "DCP async_save (s3)", "local": "plain local restore", "none": "no checkpoint"}
 
 
+def fresh_interpreter(argv: list[str], env: dict[str, str], log: str) -> subprocess.Popen:
+    """``python ARGV`` in a fresh interpreter, its output into ``log``: what a restarted job
+    pays, interpreter start and imports included (the resume times count them)."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
 @dataclass
 class Bench:
     args: argparse.Namespace
@@ -75,6 +82,9 @@ class Bench:
     node: str = ""  # the node-local directories: /dev/shm when there is one (a tmpfs), else tmp
     interval: dict[str, int] = field(default_factory=dict)
     runs: int = 0
+    #: How a trainer starts: `fresh_interpreter`; the test's smoke run forks it from its zygote
+    #: (tests/zygote.py: imports not paid, figures not asserted) with the same arguments.
+    spawn: Callable[[list[str], dict[str, str], str], Any] = fresh_interpreter
 
     def dirs(self, mode: str, tag: str) -> tuple[str, str]:
         node = self.node or self.tmp
@@ -87,14 +97,13 @@ class Bench:
         logdir, local_dir = self.dirs(mode, tag)
         events = os.path.join(self.tmp, f"events-{self.runs}.jsonl")
         a = self.args
-        command = [sys.executable, TRAINER, "--mode", mode, "--logdir", logdir, "--local-dir", local_dir,
+        command = [TRAINER, "--mode", mode, "--logdir", logdir, "--local-dir", local_dir,
                    "--endpoint", self.endpoint, "--events", events, "--mib", str(a.mib), "--step-secs",
                    str(a.step_secs), "--save-steps", str(self.interval.get(mode, a.save_steps)),
                    "--persist-steps", str(a.persist_steps), "--steps", str(steps)]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        log = open(os.path.join(self.tmp, f"trainer-{self.runs}.log"), "w")
         t0 = time.time()
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), events, t0
+        return self.spawn(command, env, os.path.join(self.tmp, f"trainer-{self.runs}.log")), events, t0
 
     def log_tail(self) -> str:
         with open(os.path.join(self.tmp, f"trainer-{self.runs}.log")) as f:
@@ -262,14 +271,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, spawn: Callable[[list[str], dict[str, str], str], Any] = fresh_interpreter
+         ) -> dict[str, Any]:
     args = parse(argv)
     tmp = tempfile.mkdtemp(prefix="tiers-bench-")
     node = tempfile.mkdtemp(prefix="tiers-bench-node-", dir=SHM) if os.path.isdir(SHM) else tmp
     try:
         with S3Server() as server, ThrottleProxy(server.port, args.bandwidth * 1e6) as proxy:
             server.create_bucket("bench")
-            bench = Bench(args, tmp, proxy.endpoint, node=node)
+            bench = Bench(args, tmp, proxy.endpoint, node=node, spawn=spawn)
             step = calibrate(bench)
             return report(bench, step, failures(bench, CONFIGS))
     finally:

@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks._s3_server import S3Server
 from benchmarks._loopback_proxy import ThrottleProxy
+from benchmarks.tiers import ROOT
+from tests import zygote
 
 ROWS = ("tiered (local + persist)", "persistent-only (s3)", "DCP async_save (s3)", "plain local restore")
 SPREAD = r"\d+(\.\d+)? \(\d+(\.\d+)?-\d+(\.\d+)?\)"
@@ -41,7 +43,10 @@ def test_throttle_proxy_limits_the_link_both_ways():
 def test_tiers_benchmark_quick(capsys):
     from benchmarks.tiers import main
 
-    result = main(["--quick"])
+    def forked(argv: list[str], env: dict[str, str], log: str) -> zygote.Forked:  # imports not paid per run
+        return zygote.Forked(argv[0], argv[1:], output=log, env=env, cwd=ROOT)
+
+    result = main(["--quick"], spawn=forked)
     out = capsys.readouterr().out
     assert out.count("calibration:") >= 2 and "Baseline step (no checkpoint)" in out
     table = out.split("configuration", 1)[1]
