@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[tuple[float, float, li
     parser.add_argument("--n", type=int, default=200, help="--instructions: N (the 2N run minus the N run)")
     args = parser.parse_args(argv)
     if args.instructions:
-        return distributed_instructions.main(["--n", str(args.n), *(["--rounds", "3", "--steps", "50", "--warmup", "5"]
+        return distributed_instructions.main(["--n", str(args.n), *(["--rounds", "2", "--steps", "50", "--warmup", "2"]
                                                    if args.quick else [])])
     rounds, steps = (3, 50) if args.quick else (30, 200)
     times = run_ranks(rank_main, rounds, steps)

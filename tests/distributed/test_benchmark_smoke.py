@@ -51,7 +51,7 @@ def test_distributed_benchmark_instruction_counts(capsys):
     the agreement's ratio judged against the target, next to the timing ratios."""
     from benchmarks.distributed import LOOPS, main
 
-    ratios = main(["--instructions", "--quick", "--n", "5"])
+    ratios = main(["--instructions", "--quick", "--n", "3"])
     out = capsys.readouterr().out
     assert "timing (2 ranks native" in out
     counts, main_thread = out.split("instructions per steady-state step", 1)[1].split("the training thread alone", 1)
