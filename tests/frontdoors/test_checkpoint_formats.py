@@ -149,6 +149,7 @@ def test_an_unregistered_or_unwritable_format_is_refused_at_construction(tmp_pat
     for part in ("checkpoint_format='npz'", "'torch'", "'dcp'", "'safetensors'", "register_format",
                  "torch_supervisor.checkpoint_formats"):
         assert part in str(info.value)
+    format_registry.formats()  # the built-in ones, into the registry kept after the test
     monkeypatch.setattr(format_registry, "_FORMATS", dict(format_registry._FORMATS))
     register_format(CheckpointFormat(name="readonly", marker="weights.ro", description="a read-only format",
                                      read=_read_only))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["BUILTIN_FORMATS", "ENTRY_POINT_GROUP", "CheckpointFormat", "LazyVariable", "format_in", "format_named",
-           "format_of", "formats", "markers", "register_format", "writable_format"]
+           "format_of", "formats", "markers", "register_format", "unmarked", "writable_format"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,17 @@ def format_of(files: Iterable[str]) -> CheckpointFormat | None:
     def find() -> CheckpointFormat | None:
         return next((fmt for fmt in formats() if fmt.marker in listed), None)
     return find() or (_discover() and find()) or None
+
+
+def unmarked(files: Iterable[str]) -> str:
+    """What a manifest listing ``files`` but no registered format's marker lacks (the message of
+    the `CheckpointCorruptError` that refuses it): the markers and formats known, and how a
+    format of another package becomes known."""
+    listed = sorted(set(files) - {"MANIFEST.json"})
+    shown = ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
+    return (f"lists neither {' nor '.join(markers())} (the files of the registered checkpoint formats "
+            f"{', '.join(repr(f.name) for f in formats())}) but {shown or 'no file'}: a checkpoint of another format "
+            f"is read once the package providing it is installed (entry-point group {ENTRY_POINT_GROUP!r})")
 
 
 def format_in(path: str) -> CheckpointFormat | None:
