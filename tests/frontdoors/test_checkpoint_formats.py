@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hooks import StopAtStepHook
-from supervisor import MonitoredTrainingSession, Supervisor
+from supervisor import LoopState, MonitoredTrainingSession, Supervisor
 from supervisor.checkpoint.layout import format_registry
 from supervisor.checkpoint.layout.format_registry import CheckpointFormat, register_format
 from supervisor.estimator.sidecar import SidecarEvaluator
@@ -33,16 +33,18 @@ def _objects(seed=0):
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(7)
-    loader = stateful_dataloader.StatefulDataLoader(torch.arange(160.0).reshape(40, 4) / 160, batch_size=4, shuffle=True, generator=g)
-    return model, opt, loader
+    data = torch.arange(160.0).reshape(40, 4) / 160  # the same in every process
+    loader = stateful_dataloader.StatefulDataLoader(data, batch_size=4, shuffle=True, generator=g)
+    return model, opt, loader, LoopState(epoch=0, best=float("inf"), hidden=None, window=(0.5, 2))
 
 
 def _run(logdir, last_step, objects, save_at=None, **kwargs):
     """Trains to ``last_step`` (one step per batch, epochs repeated); returns what each step drew
     from every generator (its batch, dropout's torch RNG, Python's and NumPy's)."""
-    model, opt, loader = objects
+    model, opt, loader, loop = objects
     seen = []
-    with MonitoredTrainingSession(str(logdir), model, opt, state={"data": loader}, checkpoint_format="safetensors",
+    with MonitoredTrainingSession(str(logdir), model, opt, state={"data": loader, "loop": loop},
+                                  checkpoint_format="safetensors",
                                   hooks=[StopAtStepHook(last_step=last_step)], **QUIET, **kwargs) as s:
         while not s.should_stop():
             for batch in loader:
@@ -51,8 +53,10 @@ def _run(logdir, last_step, objects, save_at=None, **kwargs):
 
                 def step():
                     opt.zero_grad()
-                    model(batch).sum().backward()
+                    loss = model(batch).sum()
+                    loss.backward()
                     opt.step()
+                    loop.epoch, loop.best = loop.epoch + 1, min(loop.best, loss.item())
                     return batch.sum().item(), torch.rand(1).item(), random.random(), float(np.random.rand())
                 seen.append(s.run(step))
                 if s.global_step == save_at:
@@ -88,10 +92,11 @@ def test_monitored_training_session_saves_safetensors_and_resumes_bit_exact(tmp_
     assert _run(tmp_path / "run", 17, resumed) == expected[13:]
     _same(resumed[0].state_dict(), reference[0].state_dict())
     _same(resumed[1].state_dict(), reference[1].state_dict())
+    _same(resumed[3].state_dict(), reference[3].state_dict())  # the loop's plain values, a tuple too
 
 
 def test_supervisor_saves_safetensors_the_cli_reads_it_and_resumes(tmp_path):
-    model, opt, _ = _objects()
+    model, opt, *_ = _objects()
     sv = Supervisor(str(tmp_path), model, opt, checkpoint_format="safetensors", save_model_secs=0,
                     save_summaries_secs=0, handle_signals=False)
     with sv.managed_session() as s:
@@ -107,7 +112,7 @@ def test_supervisor_saves_safetensors_the_cli_reads_it_and_resumes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert {v["name"]: v["shape"] for v in obj["variables"]}["model/0.weight"] == [8, 4]
 
-    model2, opt2, _ = _objects(seed=3)
+    model2, opt2, *_ = _objects(seed=3)
     sv = Supervisor(str(tmp_path), model2, opt2, checkpoint_format="safetensors", save_model_secs=0,
                     save_summaries_secs=0, handle_signals=False)
     with sv.managed_session() as s:
@@ -118,8 +123,8 @@ def test_supervisor_saves_safetensors_the_cli_reads_it_and_resumes(tmp_path):
 
 
 def test_the_sidecar_evaluator_reads_a_safetensors_run(tmp_path):
-    model, opt, loader = _objects()
-    _run(tmp_path, 4, (model, opt, loader), save_at=4)
+    objects = _objects()
+    _run(tmp_path, 4, objects, save_at=4)
     seen = {}
 
     def eval_step(evaluated, batch):
@@ -129,7 +134,7 @@ def test_the_sidecar_evaluator_reads_a_safetensors_run(tmp_path):
     evaluator = SidecarEvaluator(_objects(seed=2)[0], [torch.ones(2, 4)], str(tmp_path), eval_step=eval_step,
                                  max_evaluations=1, timeout=30, poll_secs=0.05)
     assert [r.step for r in evaluator.start()] == [4]
-    _same(seen, model.state_dict())
+    _same(seen, objects[0].state_dict())
 
 
 def _read_only(*args):
@@ -159,8 +164,9 @@ def test_an_unregistered_or_unwritable_format_is_refused_at_construction(tmp_pat
 
 
 def test_checkpoint_tiers_persist_safetensors_and_restore_it_from_the_persistent_tier(tmp_path):
-    model, opt, loader = _objects()
-    _run(tmp_path / "run", 4, (model, opt, loader), save_at=4, local_dir=str(tmp_path / "local"), persist_every_steps=2)
+    objects = _objects()
+    model, opt = objects[:2]
+    _run(tmp_path / "run", 4, objects, save_at=4, local_dir=str(tmp_path / "local"), persist_every_steps=2)
     assert sorted(os.listdir(tmp_path / "run" / "model.ckpt-4")) == ["MANIFEST.json", "state.safetensors"]
     resumed = _objects(seed=3)
     _run(tmp_path / "run", 4, resumed, local_dir=str(tmp_path / "wiped"), persist_every_steps=2)

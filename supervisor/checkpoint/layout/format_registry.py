@@ -32,10 +32,16 @@ logger = logging.getLogger(__name__)
 #: The modules of the built-in formats, imported (and so registered) on the first question.
 BUILTIN_FORMATS = ("supervisor.checkpoint.load.torch_format", "supervisor.checkpoint.load.dcp_format",
                    "supervisor.checkpoint.load.safetensors_format")
-#: The entry-point group other packages declare checkpoint formats in: ``<name> = "module:FORMAT"``
-#: (a `CheckpointFormat`, registered when loaded) or ``<name> = "module"`` (a module that calls
-#: `register_format` when imported).
 ENTRY_POINT_GROUP = "torch_supervisor.checkpoint_formats"
+"""The entry-point group other packages declare checkpoint formats in, read by every process
+(the CLI, a sidecar evaluator) the first time it meets a format name or a checkpoint that no
+registered format marks. An entry is ``<name> = "module:FORMAT"`` (a `CheckpointFormat`,
+registered when loaded) or ``<name> = "module"`` (a module that calls `register_format` when
+imported); ``<name>`` is the format's ``checkpoint_format=`` value::
+
+    [project.entry-points."torch_supervisor.checkpoint_formats"]
+    jsonweights = "json_weights:FORMAT"
+"""
 _HOW_TO_REGISTER = (f"register one with supervisor.checkpoint.layout.format_registry.register_format("
                     f"CheckpointFormat(...)) in this process or, so that every process (the CLI, a sidecar) finds "
                     f"it, as an entry point of your package in the group {ENTRY_POINT_GROUP!r}")
@@ -101,7 +107,11 @@ _DISCOVERED = False
 
 
 def register_format(fmt: CheckpointFormat) -> None:
-    """Adds ``fmt`` (a name or a marker already registered by another format is a `ValueError`)."""
+    """Adds ``fmt`` to this process's registry: ``checkpoint_format=fmt.name`` is then accepted by
+    every front door and `CheckpointManager` (when ``fmt.write`` is set), and a checkpoint whose
+    manifest lists ``fmt.marker`` is read with ``fmt.read``. A marker already registered by
+    another format is a `ValueError`. Other processes (the CLI, a sidecar) know the format when it
+    is declared in `ENTRY_POINT_GROUP` (or listed in `BUILTIN_FORMATS`)."""
     if not isinstance(fmt, CheckpointFormat):
         raise TypeError(f"register_format takes a CheckpointFormat, got {fmt!r}")
     for other in _FORMATS.values():
