@@ -316,10 +316,10 @@ def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, 
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief (taking the
     ownership lock), wait-and-restore on workers, in memory without a directory. The checkpoints'
     format is ``checkpoint_options.checkpoint_format``: with ``"dcp"`` sharded checkpoints every
-    rank takes part in (§12), with any other the chief's `CheckpointManager` writes it. The directories come resolved (their
-    `Location`: path and storage, made once by the front door), and each manager, writer and
-    creator uses that storage (a worker's too: it reads the chief's checkpoints);
-    ``checkpoint_options.restore_step`` goes to the chief."""
+    rank takes part in (§12), with any other the chief's `CheckpointManager` writes it. The
+    directories come resolved (their `Location`: path and storage, made once by the front door),
+    and each manager, writer and creator uses that storage (a worker's too: it reads the chief's
+    checkpoints); ``checkpoint_options.restore_step`` goes to the chief."""
     options, writer = checkpoint_options, None
     if options.sharded:
         options.check_sharded()

@@ -121,6 +121,12 @@ def test_supervisor_saves_safetensors_the_cli_reads_it_and_resumes(tmp_path):
         _same(opt2.state_dict(), opt.state_dict())
         s.request_stop()
 
+    model3, opt3, *_ = _objects(seed=4)  # a worker restores the chief's safetensors checkpoint, read-only
+    with MonitoredTrainingSession(str(tmp_path), model3, opt3, is_chief=False, checkpoint_format="safetensors",
+                                  max_wait_secs=30, handle_signals=False) as s:
+        assert s.global_step == 3 and not s.is_chief
+        _same(model3.state_dict(), model.state_dict())
+
 
 def test_the_sidecar_evaluator_reads_a_safetensors_run(tmp_path):
     objects = _objects()
