@@ -12,12 +12,27 @@ from supervisor import _validate as v
 from supervisor._paths import check_restore_step, is_url
 from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
+from supervisor.checkpoint.layout.format_registry import writable_format
 from supervisor.checkpoint.tiers.options import check_tiers
 
-__all__ = ["CHECKPOINT_FORMATS", "CheckpointOptions", "check_checkpoint_options"]
+__all__ = ["SHARDED_FORMAT", "CheckpointOptions", "check_checkpoint_format", "check_checkpoint_options"]
 
-#: The values of every front door's ``checkpoint_format`` (SPEC §12).
-CHECKPOINT_FORMATS = ("torch", "dcp")
+#: The ``checkpoint_format`` every rank writes its shards of (SPEC §12): the sharded manager's,
+#: where every other registered format is `CheckpointManager`'s, written by the chief.
+SHARDED_FORMAT = "dcp"
+
+
+def check_checkpoint_format(checkpoint_format: Any) -> str:
+    """``checkpoint_format`` checked at a front door's construction: `SHARDED_FORMAT`, or a format
+    of the registry that `CheckpointManager` writes (`format_registry.writable_format`: the
+    entry-point group is read for a name not registered yet). A `ValueError` names the argument,
+    the value, the registered formats and how to register one; a `TypeError` a value not a str."""
+    if not isinstance(checkpoint_format, str):
+        raise TypeError(f"checkpoint_format must be a str naming a registered checkpoint format ('torch', "
+                        f"'safetensors', 'dcp', ...), got {checkpoint_format!r}")
+    if checkpoint_format == SHARDED_FORMAT:
+        return checkpoint_format
+    return writable_format(checkpoint_format).name
 
 
 @dataclass(frozen=True)
@@ -26,7 +41,8 @@ class CheckpointOptions:
     what the session creator hands the checkpoint manager, read by attribute. Each field is the
     front-door argument of that name (``basename``: ``checkpoint_basename``), checked:
     ``lock``/``lease_secs`` against the logdir, ``trusted_globals`` a tuple, ``local_dir`` absolute
-    and the persist interval pair resolved (`supervisor.checkpoint.tiers.options.check_tiers`)."""
+    and the persist interval pair resolved (`supervisor.checkpoint.tiers.options.check_tiers`),
+    ``checkpoint_format`` a registered format (`check_checkpoint_format`)."""
 
     basename: str = "model.ckpt"
     max_to_keep: int | None = 5
@@ -46,6 +62,12 @@ class CheckpointOptions:
     persist_every_secs: float | None = None
     local_max_to_keep: int | None = 2
     persist_grace_secs: float | None = 120.0
+    checkpoint_format: str = "torch"
+
+    @property
+    def sharded(self) -> bool:
+        """Whether every rank writes its shards (`SHARDED_FORMAT`), else the chief alone."""
+        return self.checkpoint_format == SHARDED_FORMAT
 
     def after_first_session(self) -> CheckpointOptions:
         """These options without ``restore_step``: it chooses the first session's checkpoint only."""
@@ -67,7 +89,8 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
                              restore_step: Any = None, keep_best: Any = None, best_metric: Any = None,
                              best_mode: Any = "min", keep_period: Any = None, local_dir: Any = None,
                              persist_every_steps: Any = None, persist_every_secs: Any = None,
-                             local_max_to_keep: Any = 2, persist_grace_secs: Any = 120.0) -> CheckpointOptions:
+                             local_max_to_keep: Any = 2, persist_grace_secs: Any = 120.0,
+                             checkpoint_format: Any = "torch") -> CheckpointOptions:
     """Validates the checkpoint arguments the front doors share, at their construction, into a
     `CheckpointOptions` (``logdir``: the checked checkpoint directory or its `Location`, which
     ``lock``/``lease_secs``, ``restore_step`` and ``local_dir`` must suit; the retention ones:
@@ -90,4 +113,5 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         lease_secs=lease_secs, restore_step=check_restore_step(restore_step, logdir, basename), keep_best=keep_best,
         best_metric=best_metric, best_mode=best_mode, keep_period=keep_period, local_dir=tiers["local_dir"],
         persist_every_steps=tiers["persist_every_steps"], persist_every_secs=tiers["persist_every_secs"],
-        local_max_to_keep=tiers["local_max_to_keep"], persist_grace_secs=tiers["persist_grace_secs"])
+        local_max_to_keep=tiers["local_max_to_keep"], persist_grace_secs=tiers["persist_grace_secs"],
+        checkpoint_format=check_checkpoint_format(checkpoint_format))

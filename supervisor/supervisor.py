@@ -29,7 +29,7 @@ from supervisor.checkpoint.sharded import ShardedCheckpointManager
 from supervisor.checkpoint.tiers.sharded import make_sharded_manager
 from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.tiers.manager import make_manager
-from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, CheckpointOptions, check_checkpoint_options
+from supervisor.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
 from supervisor.clock import Clock, resolve_clock
 from supervisor.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
@@ -84,8 +84,10 @@ class Supervisor:
         trusted_globals: classes/functions a checkpoint may reference beyond what
             ``torch.load(weights_only=True)`` and NumPy's scalars/arrays need (SPEC §5.4).
         clock: injectable clock for tests.
-        checkpoint_format: ``"torch"`` (one ``state.pt``, written by the chief) or ``"dcp"``
-            (``torch.distributed.checkpoint`` shards written by every rank; SPEC §12).
+        checkpoint_format: ``"torch"`` (one ``state.pt``, written by the chief), ``"dcp"``
+            (``torch.distributed.checkpoint`` shards written by every rank; SPEC §12), or any other
+            registered format the chief writes (``"safetensors"``: one pickle-free ``state.safetensors``;
+            `supervisor.checkpoint.layout.format_registry`); checked at construction.
         max_wait_secs: how long a non-chief waits for the chief's restore decision.
         lock: how the writer keeps other writers out of ``logdir`` (SPEC §5.6, §16):
             ``"auto"`` (default: ``"flock"`` on a local path, ``"lease"`` on an object store),
@@ -144,10 +146,9 @@ class Supervisor:
             logdir=self._location, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
             best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-            persist_grace_secs=persist_grace_secs)
+            persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
-        self._checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
         self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
         self._recoverable, self._max_recoveries = (check_exception_types(recoverable_exceptions),
                                                    v.check_int("max_recoveries", max_recoveries, minimum=0))
@@ -173,7 +174,7 @@ class Supervisor:
                 checkpoint_options=self._checkpoint_options,
                 summary_dir=self._location if self._is_chief and self._save_summaries_secs else None,
                 max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
-                clock=self._clock, checkpoint_format=self._checkpoint_format, summary_sinks=self._sinks,
+                clock=self._clock, summary_sinks=self._sinks,
                 **self._init_fns)
             bar = progress_hooks(self._progress, is_chief=self._is_chief)
             services = SupervisorServices(save_model_secs=self._save_model_secs,
@@ -311,16 +312,16 @@ class _ManagedSession:
 def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, *, is_chief: bool,
                          checkpoint_options: CheckpointOptions, summary_dir: Location | None,
                          max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
-                         checkpoint_format: str = "torch", summary_sinks: list[Any] | None = None,
-                         **init_fns: Any) -> SessionCreator:
+                         summary_sinks: list[Any] | None = None, **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief (taking the
-    ownership lock), wait-and-restore on workers, in memory without a directory. ``checkpoint_format="dcp"``:
-    sharded checkpoints every rank takes part in (§12). The directories come resolved (their
-    `Location`: path and storage, made once by the front door), and each manager, writer and
-    creator uses that storage (a worker's too: it reads the chief's checkpoints);
-    ``checkpoint_options.restore_step`` goes to the chief."""
+    ownership lock), wait-and-restore on workers, in memory without a directory. The checkpoints'
+    format is ``checkpoint_options.checkpoint_format``: with ``"dcp"`` sharded checkpoints every
+    rank takes part in (§12), with any other the chief's `CheckpointManager` writes it. The
+    directories come resolved (their `Location`: path and storage, made once by the front door),
+    and each manager, writer and creator uses that storage (a worker's too: it reads the chief's
+    checkpoints); ``checkpoint_options.restore_step`` goes to the chief."""
     options, writer = checkpoint_options, None
-    if checkpoint_format == "dcp":
+    if options.sharded:
         options.check_sharded()
     if is_chief:  # a read-only or foreign logdir: a clear error before any thread starts
         _check_writable(checkpoint_dir=checkpoint_dir, summary_dir=summary_dir)
@@ -328,7 +329,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, 
         writer = SummaryWriterCache.acquire(summary_dir)
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
-    elif checkpoint_format == "dcp":  # every rank has a manager: each writes its shards (§12)
+    elif options.sharded:  # every rank has a manager: each writes its shards (§12)
         creator = ShardedSessionCreator(state, _sharded_manager(checkpoint_dir, options, max_wait_secs, clock),
                                         is_chief=is_chief, logdir=checkpoint_dir.path, summary_writer=writer, **init_fns)
     elif is_chief:
@@ -354,7 +355,8 @@ def _manager(location: Location, o: CheckpointOptions, clock: Clock) -> Any:
         persist_grace_secs=o.persist_grace_secs, basename=o.basename, max_to_keep=o.max_to_keep,
         keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours, save_mode=o.save_mode,
         trusted_globals=o.trusted_globals, capture=o.capture, lock=o.lock, lease_secs=o.lease_secs,
-        keep_best=o.keep_best, best_metric=o.best_metric, best_mode=o.best_mode, keep_period=o.keep_period, clock=clock)
+        keep_best=o.keep_best, best_metric=o.best_metric, best_mode=o.best_mode, keep_period=o.keep_period, clock=clock,
+        checkpoint_format=o.checkpoint_format)
 
 
 def _sharded_manager(location: Location, o: CheckpointOptions, max_wait_secs: float,

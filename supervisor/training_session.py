@@ -35,7 +35,7 @@ from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import is_url, local_path, locate_logdir
 from supervisor.checkpoint.storage import Location
 from supervisor._shadowing import import_builtin_hooks
-from supervisor.checkpoint_arguments import CHECKPOINT_FORMATS, CheckpointOptions, check_checkpoint_options
+from supervisor.checkpoint_arguments import SHARDED_FORMAT, CheckpointOptions, check_checkpoint_options
 from supervisor.supervisor import make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
@@ -76,7 +76,7 @@ def _build(
     optimizer: Any, state: Mapping[str, Any] | None, is_chief: bool, hooks: Iterable[Any],
     chief_only_hooks: Iterable[Any], save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,
     save_summaries_secs: Any, log_step_count_steps: int | None, max_wait_secs: float, init_fn: Any,
-    local_init_fn: Any, ready_fn: Any, clock: Clock, checkpoint_format: str, summary_sinks: Iterable[Any],
+    local_init_fn: Any, ready_fn: Any, clock: Clock, summary_sinks: Iterable[Any],
     progress: Any) -> tuple[Any, list[Any]]:
     """Validates the other front-door arguments; returns the session creator and the hook list.
     The directories come resolved (`_locations`), the checkpoint options checked (`_options`)."""
@@ -86,7 +86,6 @@ def _build(
     summary_secs, summary_steps = _interval_pair("summaries", save_summaries_secs, save_summaries_steps)
     log_steps = v.check_int("log_step_count_steps", log_step_count_steps, minimum=0, allow_none=True)
     max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0, allow_inf=True)
-    checkpoint_format = v.check_choice("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
     init_fns = check_session_fns(init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn)
     writes_summaries = bool(is_chief and summary_dir is not None and (log_steps or summary_secs or summary_steps))
     sinks, state = prepare_sinks(summary_sinks, state, is_chief=is_chief, writes_summaries=writes_summaries)
@@ -94,9 +93,9 @@ def _build(
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
         summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
-        recovery_wait_secs=30, clock=clock, checkpoint_format=checkpoint_format, summary_sinks=sinks, **init_fns)
+        recovery_wait_secs=30, clock=clock, summary_sinks=sinks, **init_fns)
     return creator, _default_hooks(
-        creator, is_chief=is_chief, checkpoint_dir=checkpoint_dir, checkpoint_format=checkpoint_format,
+        creator, is_chief=is_chief, checkpoint_dir=checkpoint_dir, sharded=options.sharded,
         ckpt_secs=ckpt_secs, ckpt_steps=ckpt_steps, writes_summaries=writes_summaries, log_steps=log_steps,
         summary_secs=summary_secs, summary_steps=summary_steps, chief_hooks=chief_hooks,
         user_hooks=user_hooks, clock=clock)
@@ -120,13 +119,13 @@ def _locations(checkpoint_dir: Any, summary_dir: Any, storage_options: Any,
     return checkpoint, locate_logdir("summary_dir", summary_dir, writable=writable, storage_options=options("summary_dir"))
 
 
-def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, checkpoint_format: str,
+def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, sharded: bool,
                    ckpt_secs: float | None, ckpt_steps: int | None, writes_summaries: bool, log_steps: int | None,
                    summary_secs: float | None, summary_steps: int | None, chief_hooks: list[Any],
                    user_hooks: list[Any], clock: Clock) -> list[Any]:
     """The hook list: the built-in hooks the schedules ask for, then the user's."""
     saves = checkpoint_dir is not None and bool(ckpt_secs or ckpt_steps)
-    if not is_chief and checkpoint_format == "dcp" and saves:
+    if not is_chief and sharded and saves:
         # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
         saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
                                                            save_steps=ckpt_steps, clock=clock)
@@ -175,7 +174,8 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     persist_grace_secs: float | None = 120.0) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
     recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one
-    ``state.pt``, written by the chief) or ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12).
+    ``state.pt``, written by the chief), ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12)
+    or another registered format the chief writes (``"safetensors"``; `supervisor.checkpoint.layout.format_registry`).
     ``max_wait_secs``: how long a non-chief waits for the chief's restore decision. ``capture``:
     ``"overlapped"`` (parameters and optimizer state copied while the next step runs; each
     optimizer's step waits for the copy), ``"blocking"``, or ``"auto"`` (default: blocking;
@@ -203,14 +203,15 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
         save_mode=save_mode, trusted_globals=trusted_globals, capture=capture, lock=lock, lease_secs=lease_secs,
         logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
         keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
-        persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs)
+        persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs,
+        checkpoint_format=checkpoint_format)
     creator, all_hooks = _build(
         checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
         chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
         save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
         save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
         init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, clock=clock,
-        checkpoint_format=checkpoint_format, summary_sinks=summary_sinks, progress=progress)
+        summary_sinks=summary_sinks, progress=progress)
     return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                             recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
                             handle_signals=handle_signals, clock=clock)
@@ -253,7 +254,7 @@ class SingularMonitoredSession(MonitoredSession):
             creator, all_hooks = session_creator, v.check_hooks("hooks", hooks)
         else:
             # The chief alone, except that sharded checkpoints need every rank (§12).
-            chief = True if checkpoint_format != "dcp" else default_is_chief(None)
+            chief = True if checkpoint_format != SHARDED_FORMAT else default_is_chief(None)
             checkpoint, summary = _locations(checkpoint_dir, summary_dir, storage_options, writable=chief)
             options = check_checkpoint_options(
                 basename="model.ckpt", max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
@@ -261,14 +262,14 @@ class SingularMonitoredSession(MonitoredSession):
                 logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
                 best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
                 persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-                persist_grace_secs=persist_grace_secs)
+                persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format)
             creator, all_hooks = _build(
                 checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
                 chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
                 save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
                 save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
                 max_wait_secs=max_wait_secs, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
-                clock=clock, checkpoint_format=checkpoint_format, summary_sinks=summary_sinks, progress=progress)
+                clock=clock, summary_sinks=summary_sinks, progress=progress)
         super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                          handle_signals=handle_signals, clock=clock)
 

@@ -39,8 +39,8 @@ def _read_json(path, manifest, copies, trusted_globals, map_location):
 
 @pytest.fixture
 def json_format(monkeypatch):
+    formats.formats()  # the built-in ones first, into the registry kept after the test
     monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
-    formats.formats()  # the built-in ones first
     register_format(CheckpointFormat(name="json", marker="weights.json", description="a JSON weights file",
                                      read=_read_json, single_file=False, restore_hint="read it with read_checkpoint"))
 

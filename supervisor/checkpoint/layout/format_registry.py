@@ -10,21 +10,41 @@ ask here; none of them names a format's files.
 
 Each format is one module that registers itself (`supervisor.checkpoint.load.torch_format`,
 `supervisor.checkpoint.load.dcp_format`, imported on the first question); a new format is one more
-module calling `register_format` (docs/development.md: "A new checkpoint format").
+module calling `register_format` (docs/development.md: "A new checkpoint format"). A format of
+another package is declared in the entry-point group ``torch_supervisor.checkpoint_formats``
+(`ENTRY_POINT_GROUP`), which every process — the CLI, a sidecar evaluator — reads the first time
+it meets a format name or a checkpoint no registered format marks.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["BUILTIN_FORMATS", "CheckpointFormat", "LazyVariable", "format_in", "format_named", "format_of", "formats", "markers",
-           "register_format", "writable_format"]
+__all__ = ["BUILTIN_FORMATS", "ENTRY_POINT_GROUP", "CheckpointFormat", "LazyVariable", "format_in", "format_named",
+           "format_of", "formats", "markers", "register_format", "unmarked", "writable_format"]
+
+logger = logging.getLogger(__name__)
 
 #: The modules of the built-in formats, imported (and so registered) on the first question.
 BUILTIN_FORMATS = ("supervisor.checkpoint.load.torch_format", "supervisor.checkpoint.load.dcp_format",
                    "supervisor.checkpoint.load.safetensors_format")
+ENTRY_POINT_GROUP = "torch_supervisor.checkpoint_formats"
+"""The entry-point group other packages declare checkpoint formats in, read by every process
+(the CLI, a sidecar evaluator) the first time it meets a format name or a checkpoint that no
+registered format marks. An entry is ``<name> = "module:FORMAT"`` (a `CheckpointFormat`,
+registered when loaded) or ``<name> = "module"`` (a module that calls `register_format` when
+imported); ``<name>`` is the format's ``checkpoint_format=`` value::
+
+    [project.entry-points."torch_supervisor.checkpoint_formats"]
+    jsonweights = "json_weights:FORMAT"
+"""
+_HOW_TO_REGISTER = (f"register one with supervisor.checkpoint.layout.format_registry.register_format("
+                    f"CheckpointFormat(...)) in this process or, so that every process (the CLI, a sidecar) finds "
+                    f"it, as an entry point of your package in the group {ENTRY_POINT_GROUP!r}")
 
 
 @dataclass(frozen=True)
@@ -83,10 +103,17 @@ class LazyVariable:
 
 _FORMATS: dict[str, CheckpointFormat] = {}
 _LOADED = False
+_DISCOVERED = False
 
 
 def register_format(fmt: CheckpointFormat) -> None:
-    """Adds ``fmt`` (a name or a marker already registered by another format is a `ValueError`)."""
+    """Adds ``fmt`` to this process's registry: ``checkpoint_format=fmt.name`` is then accepted by
+    every front door and `CheckpointManager` (when ``fmt.write`` is set), and a checkpoint whose
+    manifest lists ``fmt.marker`` is read with ``fmt.read``. A marker already registered by
+    another format is a `ValueError`. Other processes (the CLI, a sidecar) know the format when it
+    is declared in `ENTRY_POINT_GROUP` (or listed in `BUILTIN_FORMATS`)."""
+    if not isinstance(fmt, CheckpointFormat):
+        raise TypeError(f"register_format takes a CheckpointFormat, got {fmt!r}")
     for other in _FORMATS.values():
         if other.name != fmt.name and other.marker == fmt.marker:
             raise ValueError(f"the checkpoint format {fmt.name!r} names the marker file {fmt.marker!r}, which marks "
@@ -107,12 +134,17 @@ def markers() -> tuple[str, ...]:
 
 
 def format_named(name: str) -> CheckpointFormat:
-    """The format ``name`` (``checkpoint_format=``); `ValueError` naming the known ones."""
-    for fmt in formats():
-        if fmt.name == name:
-            return fmt
-    raise ValueError(f"checkpoint_format={name!r} is not a checkpoint format (known: "
-                     f"{', '.join(repr(f.name) for f in formats())})")
+    """The format ``name`` (``checkpoint_format=``; the entry-point group is read when it is not
+    registered yet); `ValueError` naming the registered ones and how to register one."""
+    found = _named(name) or (_discover() and _named(name))
+    if found:
+        return found
+    raise ValueError(f"checkpoint_format={name!r} is not a checkpoint format (registered: "
+                     f"{', '.join(repr(f.name) for f in formats())}); {_HOW_TO_REGISTER}")
+
+
+def _named(name: str) -> CheckpointFormat | None:
+    return next((fmt for fmt in formats() if fmt.name == name), None)
 
 
 def writable_format(name: str) -> CheckpointFormat:
@@ -127,15 +159,31 @@ def writable_format(name: str) -> CheckpointFormat:
 
 
 def format_of(files: Iterable[str]) -> CheckpointFormat | None:
-    """The format of a checkpoint whose manifest lists ``files``; None when it lists no marker."""
+    """The format of a checkpoint whose manifest lists ``files``; None when it lists no marker
+    (of a registered format, or of one the entry-point group declares)."""
     listed = set(files)
-    return next((fmt for fmt in formats() if fmt.marker in listed), None)
+    def find() -> CheckpointFormat | None:
+        return next((fmt for fmt in formats() if fmt.marker in listed), None)
+    return find() or (_discover() and find()) or None
+
+
+def unmarked(files: Iterable[str]) -> str:
+    """What a manifest listing ``files`` but no registered format's marker lacks (the message of
+    the `CheckpointCorruptError` that refuses it): the markers and formats known, and how a
+    format of another package becomes known."""
+    listed = sorted(set(files) - {"MANIFEST.json"})
+    shown = ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
+    return (f"lists neither {' nor '.join(markers())} (the files of the registered checkpoint formats "
+            f"{', '.join(repr(f.name) for f in formats())}) but {shown or 'no file'}: a checkpoint of another format "
+            f"is read once the package providing it is installed (entry-point group {ENTRY_POINT_GROUP!r})")
 
 
 def format_in(path: str) -> CheckpointFormat | None:
     """The format of the local checkpoint directory ``path``, from the marker files it holds
     (links not followed; whether it verifies is verification's question)."""
-    return format_of(name for name in markers() if os.path.lexists(os.path.join(path, name)))
+    def find() -> CheckpointFormat | None:
+        return format_of(name for name in markers() if os.path.lexists(os.path.join(path, name)))
+    return find() or (_discover() and find()) or None
 
 
 def _load_builtin() -> None:
@@ -143,3 +191,27 @@ def _load_builtin() -> None:
     _LOADED = True
     for module in BUILTIN_FORMATS:
         importlib.import_module(module)
+
+
+def _discover() -> bool:
+    """Registers the formats the entry-point group `ENTRY_POINT_GROUP` declares (once per
+    process, at the first name or checkpoint no registered format answers); True if it ran now.
+    An entry point that fails to load is logged (WARNING, naming it) and skipped."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return False
+    _DISCOVERED = True
+    formats()
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+            if isinstance(loaded, CheckpointFormat) and _FORMATS.get(loaded.name) is not loaded:
+                register_format(loaded)
+        except Exception as e:  # one broken package must not hide the others' formats
+            logger.warning("the checkpoint format entry point %s = %s (group %s) failed to load: %s: %s",
+                           ep.name, ep.value, ENTRY_POINT_GROUP, type(e).__name__, e)
+            continue
+        if ep.name not in _FORMATS:
+            logger.warning("the entry point %s = %s (group %s) registered no checkpoint format named %r",
+                           ep.name, ep.value, ENTRY_POINT_GROUP, ep.name)
+    return True

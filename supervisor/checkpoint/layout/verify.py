@@ -20,8 +20,8 @@ import stat
 from typing import Any
 
 from supervisor.checkpoint.storage.fileio import checksum_file, file_kind
-from supervisor.checkpoint.layout.format import MANIFEST_FILE, STATE_FILE, Manifest, read_manifest
-from supervisor.checkpoint.layout.format_registry import format_of
+from supervisor.checkpoint.layout.format import MANIFEST_FILE, Manifest, read_manifest
+from supervisor.checkpoint.layout.format_registry import format_of, unmarked
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointVanishedError
 
 #: torch.distributed.checkpoint's metadata file: a sharded checkpoint (supervisor.checkpoint.sharded)
@@ -83,7 +83,7 @@ def check_sizes(path: str) -> Manifest:
         raise_if_vanished(path, e)
         raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} is unreadable ({e})") from e
     if format_of(manifest.files) is None:  # no format's file (§12)
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists no {STATE_FILE}")
+        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} {unmarked(manifest.files)}")
     for name, record in manifest.files.items():
         if not name or os.sep in name or (os.altsep and os.altsep in name) or name in (os.curdir, os.pardir):
             raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists {name!r}, which is not a file name "

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 
 from supervisor.checkpoint.storage.fileio import NotARegularFileError, format_checksum
 from supervisor.checkpoint.layout.fencing import check_not_orphaned
-from supervisor.checkpoint.layout.format_registry import format_of, markers
+from supervisor.checkpoint.layout.format_registry import format_of, unmarked
 from supervisor.checkpoint.layout.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.load.private_copy import PrivateCopy, checksum_stream, copy_file
 from supervisor.checkpoint.formats.safe_globals import describe_load_error, safe_torch_load
@@ -327,7 +327,7 @@ def _read_manifest(snapshot: Snapshot, path: str) -> tuple[Manifest, int]:
 def _open_listed(snapshot: Snapshot, path: str, manifest: Manifest) -> None:
     """Opens every file the manifest lists in the snapshot, before any is read."""
     if format_of(manifest.files) is None:
-        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} lists neither {' nor '.join(markers())}")
+        raise CheckpointCorruptError(f"{path}: {MANIFEST_FILE} {unmarked(manifest.files)}")
     listing = getattr(snapshot, "listing", None)  # an object store's (fencing.py)
     if listing is not None:
         check_not_orphaned(path, manifest, listing)

@@ -16,7 +16,7 @@ import json
 import struct
 from typing import Any, Callable, Iterable, Mapping
 
-from supervisor.checkpoint.layout.format import Manifest
+from supervisor.checkpoint.layout.format import Manifest, read_manifest
 from supervisor.checkpoint.layout.format_registry import CheckpointFormat, LazyVariable, register_format
 
 __all__ = ["MARKER", "SAFETENSORS_FORMAT"]
@@ -103,20 +103,24 @@ class _Entry(LazyVariable):
     def load(self, path: str, storage: Any = None) -> Any:
         from safetensors.torch import load
 
-        return load(_storage(path, storage).read_bytes(f"{path}/{MARKER}"))[self.name]
+        store, file = _located(path, storage)
+        return load(store.read_bytes(file))[self.name]
 
 
-def _storage(path: str, storage: Any) -> Any:
+def _located(path: str, storage: Any) -> tuple[Any, str]:
+    """``(storage, the file)``: ``state.safetensors`` where the manifest puts it (on an object
+    store under the save's data root, `supervisor.checkpoint.layout.fencing`)."""
     from supervisor.checkpoint.storage import storage_for
 
-    return storage if storage is not None else storage_for(path)
+    store = storage if storage is not None else storage_for(path)
+    return store, store.join(path, read_manifest(path, store).key(MARKER))
 
 
 def _variables(path: str, storage: Any = None) -> Mapping[str, Any]:
     """The tensors the header lists (dtype and shape; no tensor read)."""
     import torch
 
-    store, file = _storage(path, storage), f"{path}/{MARKER}"
+    store, file = _located(path, storage)
     header = _header(store.read_range(file, 0, 8), lambda n: store.read_range(file, 8, n))
     dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
