@@ -167,5 +167,37 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
           "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
 
 
+@scenario
+def dcp_tier_copy_failures(logdir: str, local: str, last_step: str, max_failures: str) -> None:
+    """`ShardedTieredCheckpointManager` used directly: saves steps 0..LAST_STEP (each waited for,
+    each due for a copy, the copy waited for) with ``max_consecutive_save_failures=MAX_FAILURES``
+    ("none": None); the RESULT names the step whose save raised and the error (or None)."""
+    from supervisor.checkpoint.tiers.sharded import ShardedTieredCheckpointManager
+    from supervisor.errors import CheckpointError
+    from supervisor.state import TrainingState
+
+    model, optimizer = sharded(0, "dtensor")
+    state = TrainingState.from_arguments(model=model, optimizer=optimizer)
+    endpoint = os.environ.get("S3_ENDPOINT")
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"} if endpoint else None
+    manager = ShardedTieredCheckpointManager(
+        logdir, local_dir=f"{local}/node{dist.get_rank()}", persist_every_steps=1, local_max_to_keep=1,
+        max_consecutive_save_failures=None if max_failures == "none" else int(max_failures),
+        storage_options=options)
+    manager.open()
+    error, step = None, 0
+    try:
+        for step in range(int(last_step) + 1):
+            train_sharded_step(model, optimizer, step)
+            manager.save(step, state, wait=True)
+            assert manager._persister.flush(120)
+        manager.wait()
+    except CheckpointError as e:
+        error = str(e)
+    finally:
+        manager.close(failed=error is not None)
+    emit({"error": error, "step": step, "parts": sorted(os.listdir(manager.part_root))})
+
+
 if __name__ == "__main__":
     main()
