@@ -38,7 +38,10 @@ from typing import Any
 from supervisor import distributed
 from supervisor.checkpoint.layout.format import FileRecord, checkpoint_name, read_manifest, step_of
 from supervisor.checkpoint.layout.verify import DCP_METADATA
+from supervisor._validate import check_int
 from supervisor.checkpoint.load.choose import candidates
+from supervisor.checkpoint.ownership.lease import LeaseLostError
+from supervisor.checkpoint.save.failure_policy import failure_verdict
 from supervisor.checkpoint.save.temp import TempCheckpoint
 from supervisor.checkpoint.sharded import commit as dcp_commit
 from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
@@ -72,13 +75,21 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         local_dir: the node-local tier (ranks of one node share it: each keeps ``rank-<r>/``).
         persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs: as
             `TieredCheckpointManager` (the chief decides which steps are persisted).
+        max_consecutive_save_failures: the save-failure policy of the copies to the logdir, as
+            `TieredCheckpointManager`'s: None (default), the first failed copy is fatal; K, a
+            failed copy is a WARNING until K copies in a row failed (a lost lease is always
+            fatal). Every rank counts the chief's verdicts, so every rank fails alike.
         Every other argument is `ShardedCheckpointManager`'s (the logdir's retention and lock).
     """
 
     def __init__(self, directory: Any, *, local_dir: Any, persist_every_steps: int | None = None,
                  persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
-                 persist_grace_secs: float | None = 120.0, **options: Any) -> None:
+                 persist_grace_secs: float | None = 120.0, max_consecutive_save_failures: int | None = None,
+                 **options: Any) -> None:
         super().__init__(directory, **options)
+        self.max_consecutive_save_failures = check_int("max_consecutive_save_failures", max_consecutive_save_failures,
+                                                       minimum=1, allow_none=True)
+        self._failures_in_a_row = 0
         tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
                             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
                             persist_grace_secs=persist_grace_secs, logdir=self.directory)
@@ -174,41 +185,62 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         deadline = time.monotonic() + self.save_timeout_secs
         start = time.perf_counter()
         if self._rank == 0:
-            error = self._persist_as_chief(step, key, path, channel, deadline)
+            verdict = self._persist_as_chief(step, key, path, channel, deadline)
         else:
-            message = channel.wait(f"{key}/persist-path", deadline=deadline, what="the chief's staged copy")
-            if message.get("error"):
-                return
-            try:
-                mine = {"ok": True, "records": parts.copy_part(path, self.local_storage, message["path"],
-                                                               self.storage, self._rank)}
-            except Exception as e:  # noqa: BLE001 - reported to the chief
-                mine = {"ok": False, "message": f"rank {self._rank}: {type(e).__name__}: {e}"}
-            channel.post(f"{key}/persist-{self._rank}", mine)
-            error = channel.wait(f"{key}/persist-verdict", deadline=deadline, what="the chief's copy")["error"]
-        if error:
-            logger.warning("persisting the sharded checkpoint of step %d to %s failed: %s; it stays in the local "
-                           "tiers and the next due checkpoint is persisted instead", step, self.directory, error)
+            verdict = channel.wait(f"{key}/persist-path", deadline=deadline, what="the chief's staged copy")
+            if not verdict.get("error"):
+                try:
+                    mine = {"ok": True, "records": parts.copy_part(path, self.local_storage, verdict["path"],
+                                                                   self.storage, self._rank)}
+                except Exception as e:  # noqa: BLE001 - reported to the chief
+                    mine = {"ok": False, "message": f"rank {self._rank}: {type(e).__name__}: {e}"}
+                channel.post(f"{key}/persist-{self._rank}", mine)
+                verdict = channel.wait(f"{key}/persist-verdict", deadline=deadline, what="the chief's copy")
+        if verdict["error"]:
+            self._copy_failed(step, verdict)
         else:
+            self._failures_in_a_row = 0
             logger.debug("persisted step %d to %s in %.2f s", step, self.directory, time.perf_counter() - start)
 
-    def _persist_as_chief(self, step: int, key: str, path: str, channel: dcp_commit.Channel, deadline: float) -> str:
+    def _copy_failed(self, step: int, verdict: dict) -> None:
+        """The save-failure policy for a failed copy (the same verdicts on every rank: the same count)."""
+        self._failures_in_a_row += 1
+        cause = (LeaseLostError if verdict.get("lease_lost") else CheckpointError)(verdict["error"])
+        failure, tolerated = failure_verdict(
+            f"persisting the sharded checkpoint of step {step} to {self.directory} failed", cause,
+            in_a_row=self._failures_in_a_row, limit=self.max_consecutive_save_failures)
+        if self._final_abort.is_set():
+            logger.debug("%s", failure)
+        elif tolerated:
+            logger.warning("%s; it stays in the local tiers and the next due checkpoint is persisted instead "
+                           "(%d of max_consecutive_save_failures=%d failures in a row)", failure,
+                           self._failures_in_a_row, self.max_consecutive_save_failures)
+        else:
+            logger.error("%s", failure)
+            self._deliver_failure(failure)
+
+    def _persist_as_chief(self, step: int, key: str, path: str, channel: dcp_commit.Channel, deadline: float) -> dict:
+        """Stages the copy, gathers every rank's, commits; posts and returns the verdict."""
         name = checkpoint_name(self.basename, step)
         inner = self._inner
         try:
             temp = TempCheckpoint.create(self.directory, name, self.storage, generation=inner.writer_generation())
         except Exception as e:  # noqa: BLE001 - the others stop waiting
-            channel.post(f"{key}/persist-path", {"error": f"{type(e).__name__}: {e}"})
-            return f"rank 0 cannot stage {name} in {self.directory}: {type(e).__name__}: {e}"
+            verdict = {"error": f"rank 0 cannot stage {name} in {self.directory}: {type(e).__name__}: {e}",
+                       "lease_lost": isinstance(e, LeaseLostError)}
+            channel.post(f"{key}/persist-path", verdict)
+            return verdict
         channel.post(f"{key}/persist-path", {"path": temp.path})
+        lease_lost = False
         try:
             error = self._gather_and_commit(temp, step, key, path, channel, deadline)
         except Exception as e:  # noqa: BLE001 - reported to every rank
-            error = f"rank 0: {type(e).__name__}: {e}"
+            error, lease_lost = f"rank 0: {type(e).__name__}: {e}", isinstance(e, LeaseLostError)
         if error:
             temp.discard()
-        channel.post(f"{key}/persist-verdict", {"error": error})
-        return error
+        verdict = {"error": error, "lease_lost": lease_lost}
+        channel.post(f"{key}/persist-verdict", verdict)
+        return verdict
 
     def _gather_and_commit(self, temp: TempCheckpoint, step: int, key: str, path: str,
                            channel: dcp_commit.Channel, deadline: float) -> str:
