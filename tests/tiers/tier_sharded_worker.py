@@ -20,7 +20,8 @@ copy-seal     (the chief) every rank's copy arrived, before the merged metadata 
 ``mark``), kills its agent and itself in ``step``'s ``after_run`` once the save in flight (the
 previous step's) is committed: a lost node.
 ``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
-``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto)."""
+``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto).
+``RESTORE_STEP``: the front door's ``restore_step=`` (that step, not the newest)."""
 from __future__ import annotations
 
 import hashlib
@@ -131,6 +132,11 @@ def _node_loss(manager_of) -> list:
     return [NodeLoss()]
 
 
+def _restore_step() -> int | None:
+    step = os.environ.get("RESTORE_STEP")
+    return None if step is None else int(step)
+
+
 @scenario
 def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash: str, kind: str = "dtensor") -> None:
     import hooks
@@ -146,7 +152,7 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
     with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
                                   local_dir=os.environ.get("TIER_LOCAL_DIR", f"{local}/node{dist.get_rank()}"),
                                   persist_every_steps=int(persist_every), save_checkpoint_steps=1,
-                                  storage_options=options,
+                                  storage_options=options, restore_step=_restore_step(),
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step)), *loss],
                                   log_step_count_steps=None, save_summaries_steps=None, stop_grace_secs=30,
                                   max_wait_secs=120) as s:
