@@ -32,10 +32,9 @@ def test_a_chosen_step_comes_from_the_local_tiers_else_the_logdir_else_a_clear_e
     assert sorted(os.listdir(parts)) == ["model.ckpt-5", "model.ckpt-5.all-ranks", "model.ckpt-6",
                                          "model.ckpt-6.all-ranks"]
 
-    refused = _job(logdir, local, 7, restore=3, ok=False)  # in neither tier
-    for r in refused:
-        assert "no checkpoint of step 3 to restore" in r.output, describe(refused)
-        assert "the local tiers hold steps 5, 6" in r.output and "the logdir holds steps 0, 4" in r.output
+    refused = _job(logdir, local, 7, restore=3, ok=False)  # in neither tier: every rank fails, the chief says why
+    assert "CheckpointNotFoundError: no checkpoint of step 3 to restore" in refused[0].output, describe(refused)
+    assert "the logdir holds steps 0, 4; the local tiers hold steps 5, 6" in refused[0].output
     assert sorted(os.listdir(parts))[-1] == "model.ckpt-6.all-ranks"  # nothing was removed
 
     older = _job(logdir, local, 6, restore=5)  # every rank holds step 5: from the local tiers

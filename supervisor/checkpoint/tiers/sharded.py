@@ -16,15 +16,13 @@
    publishes the index and runs the logdir's retention. A kill at any point leaves a temp
    directory or a manifest-less prefix, never a listed partial copy.
 
-Restore (`restore`): the ranks agree on the newest step **every** rank can restore from its local
-tier — a few rounds of one all-reduce of a 4-integer record (``O(1)`` in the world size per round,
-``O(log W)`` latency; rounds: 2 when the ranks hold the same steps, one more per step some rank
-lacks): each rank proposes its newest verified part not newer than the current candidate, the
-minimum becomes the candidate, until it stands. When that step is at least the logdir's newest,
-each rank loads its own part (no collective; bit-exact: model, optimizer, RNG); otherwise — a
-rank's local tier is empty (a replaced node) or behind — the job restores the logdir's newest step
-as plain ``dcp`` does, said in a WARNING. Parts newer than the restored step (an abandoned
-timeline) are removed.
+Restore (`restore`): the ranks agree (`sharded_agree.agree_step`) on the newest step **every**
+rank can restore from its local tier; when it is at least the logdir's newest each rank loads its
+own part (no collective; bit-exact: model, optimizer, RNG), otherwise the job restores the
+logdir's newest as plain ``dcp`` does, in a WARNING; parts newer than the restored step (an
+abandoned timeline) are removed. ``restore_step=``: that step, from the local tiers when every rank
+holds it, else from the logdir (`_restore_chosen`). A failed copy follows the save-failure
+policy (``max_consecutive_save_failures``). Design and failure matrix: docs/tiers.md.
 """
 from __future__ import annotations
 
@@ -39,16 +37,16 @@ from supervisor import distributed
 from supervisor.checkpoint.layout.format import FileRecord, checkpoint_name, read_manifest, step_of
 from supervisor.checkpoint.layout.verify import DCP_METADATA
 from supervisor._validate import check_int
-from supervisor.checkpoint.load.choose import candidates
+from supervisor.checkpoint.load.choose import candidates, chosen_path
 from supervisor.checkpoint.ownership.lease import LeaseLostError
-from supervisor.checkpoint.save.failure_policy import failure_verdict
+from supervisor.checkpoint.save.failure_policy import ConsecutiveFailures
 from supervisor.checkpoint.save.temp import TempCheckpoint
 from supervisor.checkpoint.sharded import commit as dcp_commit
 from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
 from supervisor.checkpoint.sharded.state_dict import restore_sharded
 from supervisor.checkpoint.storage import storage_for
 from supervisor.checkpoint.tiers import sharded_parts as parts
-from supervisor.checkpoint.tiers.sharded_agree import agree_step, all_reduce_max
+from supervisor.checkpoint.tiers.sharded_agree import agree_step, all_reduce_max, fallback_note, lowest_lacking
 from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
 from supervisor.checkpoint.tiers.persist import is_due
 from supervisor.errors import CheckpointError
@@ -87,9 +85,8 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
                  persist_grace_secs: float | None = 120.0, max_consecutive_save_failures: int | None = None,
                  **options: Any) -> None:
         super().__init__(directory, **options)
-        self.max_consecutive_save_failures = check_int("max_consecutive_save_failures", max_consecutive_save_failures,
-                                                       minimum=1, allow_none=True)
-        self._failures_in_a_row = 0
+        self._copy_failures = ConsecutiveFailures(check_int(
+            "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True))
         tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
                             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
                             persist_grace_secs=persist_grace_secs, logdir=self.directory)
@@ -199,23 +196,16 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         if verdict["error"]:
             self._copy_failed(step, verdict)
         else:
-            self._failures_in_a_row = 0
+            self._copy_failures.succeeded()
             logger.debug("persisted step %d to %s in %.2f s", step, self.directory, time.perf_counter() - start)
 
     def _copy_failed(self, step: int, verdict: dict) -> None:
         """The save-failure policy for a failed copy (the same verdicts on every rank: the same count)."""
-        self._failures_in_a_row += 1
         cause = (LeaseLostError if verdict.get("lease_lost") else CheckpointError)(verdict["error"])
-        failure, tolerated = failure_verdict(
+        failure = self._copy_failures.failed(
             f"persisting the sharded checkpoint of step {step} to {self.directory} failed", cause,
-            in_a_row=self._failures_in_a_row, limit=self.max_consecutive_save_failures)
-        if self._final_abort.is_set():
-            logger.debug("%s", failure)
-        elif tolerated:
-            logger.warning("%s; it stays in the local tiers and the next due checkpoint is persisted instead "
-                           "(%d of max_consecutive_save_failures=%d failures in a row)", failure,
-                           self._failures_in_a_row, self.max_consecutive_save_failures)
-        else:
+            tolerated_note="it stays in the local tiers and the next due checkpoint is persisted instead")
+        if failure is not None and not self._final_abort.is_set():
             logger.error("%s", failure)
             self._deliver_failure(failure)
 
@@ -262,11 +252,14 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         return ""
 
     # ---------------------------------------------------------------- restoring
-    def restore(self, state: Any) -> Any:
+    def restore(self, state: Any, step: Any = None) -> Any:
         """The newest step every rank can restore from its local tier, when it is at least the
-        logdir's newest; else the logdir's, as plain ``dcp`` (module docstring)."""
+        logdir's newest; else the logdir's, as plain ``dcp`` (module docstring). ``step``
+        (``restore_step=``): that step (`_restore_chosen`)."""
         self._settle()
         self._writer.wait()
+        if step is not None:
+            return self._restore_chosen(state, step)
         steps = parts.committed_steps(self.part_root, self.basename)
         checked: dict[int, bool] = {}
 
@@ -286,7 +279,8 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             propose, newest=steps[0] if steps else -1, persistent=persistent, empty_rank=-1 if steps else self._rank)
         logger.debug("the ranks agreed on local step %d in %d all-reduce round(s)", step, rounds)
         if step >= 0 and step >= persistent:
-            restored = self._restore_local(state, step, persistent)
+            restored = self._restore_local(state, step, "the logdir has no checkpoint yet" if persistent < 0 else (
+                f"newer than the logdir's step {persistent}" if step > persistent else "the logdir holds the same step"))
         else:
             restored = super().restore(state)
             self._say_fallback(restored, newest, empty)
@@ -294,7 +288,7 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
                           newer_than=restored.global_step if restored is not None else -1)
         return restored
 
-    def _restore_local(self, state: Any, step: int, persistent: int) -> Any:
+    def _restore_local(self, state: Any, step: int, why: str, chosen: str = "") -> Any:
         path = os.path.join(self.part_root, checkpoint_name(self.basename, step))
         failure = None
         try:
@@ -309,23 +303,49 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
                                   f"({failure or 'on another rank'}); remove {self.local_dir} on the node that "
                                   "failed to resume from the logdir") from failure
         self._last_saved_step = self._last_committed_step = step
-        why = "the logdir has no checkpoint yet" if persistent < 0 else (
-            f"newer than the logdir's step {persistent}" if step > persistent else "the logdir holds the same step")
-        logger.info("restored step %d from the local tier %s on each of the %d rank(s) (%s)", step, self.local_dir,
-                    self._world, why)
+        logger.info("restored %sstep %d from the local tier %s on each of the %d rank(s) (%s)", chosen, step,
+                    self.local_dir, self._world, why)
         return restored
 
+    def _restore_chosen(self, state: Any, chosen: Any) -> Any:
+        """``restore_step=``: from the local tiers when every rank holds a part of the step that
+        verifies, else from the logdir (as plain ``dcp``; `CheckpointNotFoundError` naming the
+        steps of both tiers when it lacks it too). Local parts of newer steps are removed: the
+        run goes on from the chosen step (the logdir's newer copies stay, as after ``rollback``)."""
+        path = chosen_path(self.directory, self.basename, chosen, self.storage)
+        step = step_of(self.storage.basename(path), self.basename)
+        held = step in parts.committed_steps(self.part_root, self.basename) and parts.verified_part(
+            self.part_root, self.basename, step, self.local_storage, world_size=self._world, verify=self.verify)
+        lacking = lowest_lacking(bool(held))
+        if lacking < 0:
+            restored = self._restore_local(state, step, "every rank holds it", chosen="the chosen ")
+        else:
+            restored = super().restore(state, step=chosen)
+            if self._rank == 0:
+                logger.info("restored the chosen step %d from the persistent tier %s: rank %d's local tier holds no "
+                            "restorable part of it", step, self.directory, lacking)
+        newer = [s for s in parts.committed_steps(self.part_root, self.basename) if s > step]
+        if newer:
+            logger.warning("restore_step=%d: the local parts of the newer step(s) %s are removed from %s (the run "
+                           "goes on from step %d; the logdir's copies stay)", step, ", ".join(map(str, sorted(newer))),
+                           self.part_root, step)
+        parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep, newer_than=step)
+        if self._scheduled[0] is not None and self._scheduled[0] > step:
+            self._scheduled = (step, self._clock.time())  # persisting goes on from the chosen step
+        return restored
+
+    def _elsewhere(self, step: Any) -> str:
+        steps = sorted(parts.committed_steps(self.part_root, self.basename))
+        held = f"hold steps {', '.join(map(str, steps))}" if steps else "hold no step"
+        return (f"; the local tiers {held} (rank {self._rank}'s; a step is restored from them only when every rank "
+                "holds it)")
+
     def _say_fallback(self, restored: Any, newest: int, empty: int) -> None:
-        """A WARNING when the logdir was restored while a local tier held a newer step, or while a
-        rank's local tier was empty (a replaced node) and another's was not."""
         step = restored.global_step if restored is not None else -1
-        if newest < 0 or (newest <= step and empty < 0):
-            return
-        lacking = (f"rank {empty}'s local tier has no checkpoint (a new or wiped node?)" if empty >= 0 else
-                   f"not every rank's local tier holds a restorable part of step {newest}")
-        lost = f"the steps {step + 1}..{newest} are lost" if newest > step else "no step is lost"
-        logger.warning("restored %s from the persistent tier %s: %s; %s, and the local parts newer than it are "
-                       "removed", f"step {step}" if step >= 0 else "nothing", self.directory, lacking, lost)
+        note = fallback_note(step, newest, empty)
+        if note is not None:
+            logger.warning("restored %s from the persistent tier %s: %s", f"step {step}" if step >= 0 else "nothing",
+                           self.directory, note)
 
     # ---------------------------------------------------------------- closing
     def close(self, *, failed: bool = False) -> None:
