@@ -21,7 +21,10 @@ copy-seal     (the chief) every rank's copy arrived, before the merged metadata 
 previous step's) is committed: a lost node.
 ``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
 ``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto).
-``RESTORE_STEP``: the front door's ``restore_step=`` (that step, not the newest)."""
+``RESTORE_STEP``: the front door's ``restore_step=`` (that step, not the newest).
+``HOLD_COPY=step``: each rank's copy of that step to the logdir waits until the training loop
+ended and its last save committed (a slow logdir, by a handshake). The RESULT also lists each
+rank's local parts after the close (``parts``)."""
 from __future__ import annotations
 
 import hashlib
@@ -51,6 +54,7 @@ def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
 
 POINTS = ("part-seal", "part-mark", "copy-write", "copy-seal")
 _counts: dict[str, int] = {}
+_released = threading.Event()  # HOLD_COPY: the loop ended
 
 
 def _reached(point: str) -> None:
@@ -106,6 +110,14 @@ def install_seams() -> None:
     def merged_(*args):
         _reached("copy-seal")
         return merged(*args)
+
+    copy = sharded_parts.copy_part
+
+    def copy_(part, *args):
+        if os.path.basename(part) == f"model.ckpt-{os.environ.get('HOLD_COPY')}":
+            assert _released.wait(120), "HOLD_COPY: the loop did not end"
+        return copy(part, *args)
+    sharded_parts.copy_part = copy_
     temp.TempCheckpoint.finalize, sharded_parts.mark_committed = finalize_, mark_
     sharded_parts._stream, sharded_parts.merged_metadata = stream_, merged_
     sharded_parts.COPY_CHUNK_BYTES = 1 << 10
@@ -169,8 +181,11 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
                   "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
             os._exit(0)
         end = s.global_step
+        s.checkpoint_manager.wait()  # the last step's local commit
+        _released.set()
+    root = sessions[0].checkpoint_manager.part_root
     emit({"start": start, "digest": start_digest, "first_draw": first_draw, "end": end,
-          "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
+          "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item(), "parts": sorted(os.listdir(root))})
 
 
 @scenario

@@ -73,10 +73,8 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         local_dir: the node-local tier (ranks of one node share it: each keeps ``rank-<r>/``).
         persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs: as
             `TieredCheckpointManager` (the chief decides which steps are persisted).
-        max_consecutive_save_failures: the save-failure policy of the copies to the logdir, as
-            `TieredCheckpointManager`'s: None (default), the first failed copy is fatal; K, a
-            failed copy is a WARNING until K copies in a row failed (a lost lease is always
-            fatal). Every rank counts the chief's verdicts, so every rank fails alike.
+        max_consecutive_save_failures: the copies' save-failure policy, as `TieredCheckpointManager`'s
+            (None: the first failed copy is fatal); every rank counts the chief's verdicts alike.
         Every other argument is `ShardedCheckpointManager`'s (the logdir's retention and lock).
     """
 
@@ -90,9 +88,9 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
                             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
                             persist_grace_secs=persist_grace_secs, logdir=self.directory)
-        self.local_dir, self.persist_grace_secs = tiers["local_dir"], tiers["persist_grace_secs"]
+        self.local_dir, self.persist_grace_secs, self.local_max_to_keep = (
+            tiers["local_dir"], tiers["persist_grace_secs"], tiers["local_max_to_keep"])
         self.persist_every_steps, self.persist_every_secs = tiers["persist_every_steps"], tiers["persist_every_secs"]
-        self.local_max_to_keep = tiers["local_max_to_keep"]
         self.local_storage = storage_for(self.local_dir)
         self._rank, self._world = dcp_commit.rank_and_size()
         self.part_root = parts.part_root(self.local_dir, self._rank)
@@ -350,8 +348,9 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
     # ---------------------------------------------------------------- closing
     def close(self, *, failed: bool = False) -> None:
         """Finishes the local save in flight, persists the newest local step within
-        ``persist_grace_secs`` (not after an error; a WARNING names what was not), then closes
-        as `ShardedCheckpointManager`. Idempotent."""
+        ``persist_grace_secs`` (not after an error; a WARNING names what was not), closes as
+        `ShardedCheckpointManager`, then prunes this rank's parts: the newest
+        ``local_max_to_keep`` and those not persisted. Idempotent."""
         if self._closed:
             return
         try:
@@ -362,14 +361,17 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         finally:
             if failed:
                 self._final_abort.set()
-            if self._persister is not None:
-                left = self._persister.stop()
-                if left and not failed:
-                    logger.warning("the sharded checkpoint(s) of step %s were not persisted to %s within "
-                                   "persist_grace_secs=%s; they stay in the local tiers (%s), which a resume on "
-                                   "these nodes restores", ", ".join(map(str, left)), self.directory,
-                                   self.persist_grace_secs, self.local_dir)
-            super().close(failed=failed)
+            left = self._persister.stop() if self._persister is not None else []
+            if left and not failed:
+                logger.warning("the sharded checkpoint(s) of step %s were not persisted to %s within "
+                               "persist_grace_secs=%s; they stay in the local tiers (%s), which a resume on "
+                               "these nodes restores", ", ".join(map(str, left)), self.directory,
+                               self.persist_grace_secs, self.local_dir)
+            try:
+                super().close(failed=failed)
+            finally:
+                if self._writer.join(0):  # retention once more: a part whose copy ended is not kept past it
+                    parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep, held=left)
 
     def _persist_final(self) -> None:
         """Every rank: the chief says whether the newest local step still needs its copy (through
