@@ -1,8 +1,9 @@
 """``restore_step=`` with sharded checkpoint tiers (``checkpoint_format="dcp"``, ``local_dir``;
 SPEC §5.4, §17, issue 33), on 2 real gloo ranks: the chosen step comes from the local tiers when
 every rank holds a part of it that verifies, else from the logdir (resharding as plain ``dcp``),
-else every rank fails with an error naming the step and the steps each tier holds. Bit-exact:
-training on from the chosen step reproduces the first run's later state."""
+else every rank fails with an error naming the step and the steps each tier holds. Newer local
+parts lose their mark (kept, never restored; replaced as the run saves their steps again).
+Bit-exact: training on from the chosen step reproduces the first run's later state."""
 from __future__ import annotations
 
 import os
@@ -41,7 +42,7 @@ def test_a_chosen_step_comes_from_the_local_tiers_else_the_logdir_else_a_clear_e
     assert [r.result["start"] for r in older] == [5, 5]
     assert f"restored the chosen step 5 from the local tier {local}/node0 on each of the 2 rank(s)" in \
         older[0].output, describe(older)
-    assert "the local parts of the newer step(s) 6 are removed" in older[0].output
+    assert f"the local parts of the newer step(s) 6 in {local}/node0/rank-0 are no longer restored" in older[0].output
     assert {r.result["end_digest"] for r in older} == {first[0].result["end_digest"]}  # step 5 restored bit-exact
     assert supervisor.latest_checkpoint(logdir).endswith("model.ckpt-6")  # persisted at close
 

@@ -308,8 +308,8 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
     def _restore_chosen(self, state: Any, chosen: Any) -> Any:
         """``restore_step=``: from the local tiers when every rank holds a part of the step that
         verifies, else from the logdir (as plain ``dcp``; `CheckpointNotFoundError` naming the
-        steps of both tiers when it lacks it too). Local parts of newer steps are removed: the
-        run goes on from the chosen step (the logdir's newer copies stay, as after ``rollback``)."""
+        steps of both tiers when it lacks it too). Local parts of newer steps lose their mark
+        (kept, never restored; replaced as the run saves their steps again, as after ``rollback``)."""
         path = chosen_path(self.directory, self.basename, chosen, self.storage)
         step = step_of(self.storage.basename(path), self.basename)
         held = step in parts.committed_steps(self.part_root, self.basename) and parts.verified_part(
@@ -322,21 +322,20 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             if self._rank == 0:
                 logger.info("restored the chosen step %d from the persistent tier %s: rank %d's local tier holds no "
                             "restorable part of it", step, self.directory, lacking)
-        newer = [s for s in parts.committed_steps(self.part_root, self.basename) if s > step]
+        newer = sorted(s for s in parts.committed_steps(self.part_root, self.basename) if s > step)
+        for old in newer:  # unmarked: never restored, each replaced when the run saves its step again
+            parts.unmark(os.path.join(self.part_root, checkpoint_name(self.basename, old)))
         if newer:
-            logger.warning("restore_step=%d: the local parts of the newer step(s) %s are removed from %s (the run "
-                           "goes on from step %d; the logdir's copies stay)", step, ", ".join(map(str, sorted(newer))),
-                           self.part_root, step)
-        parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep, newer_than=step)
+            logger.warning("restore_step=%d: the local parts of the newer step(s) %s in %s are no longer restored (marks "
+                           "removed; each is replaced when the run saves its step again)", step,
+                           ", ".join(map(str, newer)), self.part_root)
         if self._scheduled[0] is not None and self._scheduled[0] > step:
             self._scheduled = (step, self._clock.time())  # persisting goes on from the chosen step
         return restored
 
     def _elsewhere(self, step: Any) -> str:
-        steps = sorted(parts.committed_steps(self.part_root, self.basename))
-        held = f"hold steps {', '.join(map(str, steps))}" if steps else "hold no step"
-        return (f"; the local tiers {held} (rank {self._rank}'s; a step is restored from them only when every rank "
-                "holds it)")
+        steps = ", ".join(map(str, sorted(parts.committed_steps(self.part_root, self.basename)))) or "no step"
+        return f"; the local tiers hold steps {steps} (rank {self._rank}'s; restored only when every rank holds it)"
 
     def _say_fallback(self, restored: Any, newest: int, empty: int) -> None:
         step = restored.global_step if restored is not None else -1
