@@ -334,8 +334,9 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         return restored
 
     def _elsewhere(self, step: Any) -> str:
-        steps = ", ".join(map(str, sorted(parts.committed_steps(self.part_root, self.basename)))) or "no step"
-        return f"; the local tiers hold steps {steps} (rank {self._rank}'s; restored only when every rank holds it)"
+        steps = ", ".join(map(str, sorted(parts.committed_steps(self.part_root, self.basename))))
+        return f"; the local tiers hold {'steps ' + steps if steps else 'no step'} (rank {self._rank}'s; restored " \
+            "only when every rank holds it)"
 
     def _say_fallback(self, restored: Any, newest: int, empty: int) -> None:
         step = restored.global_step if restored is not None else -1
