@@ -4,6 +4,8 @@ benchmarks and the object-store tests: it forwards every request and can
 - limit the link's bandwidth (``bytes_per_sec``: `Link`, each direction shared by every
   connection, full duplex: two uploads at once each get half; benchmarks/tiers.py);
 - answer ``503 SlowDown`` (the first ``fail_first`` requests, every one while ``fail_all``);
+- refuse some requests with ``403 AccessDenied`` (``refuse(command, path)`` true: e.g. a bucket
+  policy that denies writes under one prefix; clients do not retry it);
 - go silent (``black_hole``: new connections accepted and never read, answered or closed;
   ``silence_on(command, path)``: the first request it matches is read and never answered, and
   ``black_hole`` is set from then, e.g. mid multipart upload);
@@ -36,6 +38,8 @@ __all__ = ["Exchange", "Link", "LoopbackProxy", "ThrottleProxy", "forward"]
 HEADER_BYTES = 200
 SLOW_DOWN = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
              b"<Message>Please reduce your request rate.</Message></Error>")
+ACCESS_DENIED = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
+                 b"<Message>Access Denied</Message></Error>")
 
 
 class Link:
@@ -90,6 +94,7 @@ class LoopbackProxy:
         self.black_hole = False
         self.silence_on: Callable[[str, str], bool] | None = None
         self.intercept: Callable[[str, str], None] | None = None
+        self.refuse: Callable[[str, str], bool] | None = None
         self.lock = threading.Lock()
         self._held: list[socket.socket | None] = []
         self._closing = threading.Event()
@@ -146,6 +151,9 @@ class LoopbackProxy:
             return
         if self._throttles():
             _answer(handler, 503, SLOW_DOWN, {"Content-Type": "application/xml"})
+            return
+        if self.refuse is not None and self.refuse(handler.command, handler.path):
+            _answer(handler, 403, ACCESS_DENIED, {"Content-Type": "application/xml"})
             return
         if self.intercept is not None:
             self.intercept(handler.command, handler.path)

@@ -75,12 +75,9 @@ class CheckpointOptions:
 
     def check_sharded(self) -> None:
         """Refuses what sharded checkpoints (``checkpoint_format="dcp"``) do not take yet:
-        ``keep_best``/``keep_period``, ``restore_step`` (`ValueError` naming the fix)."""
+        ``keep_best``/``keep_period`` (`ValueError` naming the fix)."""
         refuse_for_sharded({"keep_best": self.keep_best, "best_metric": self.best_metric,
                             "best_mode": self.best_mode, "keep_period": self.keep_period})
-        if self.restore_step is not None:
-            raise ValueError("restore_step is not supported with checkpoint_format='dcp' yet; point the index at the "
-                             "step with `python -m supervisor rollback LOGDIR STEP` instead")
 
 
 def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint_every_n_hours: Any,

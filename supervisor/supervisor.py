@@ -319,7 +319,7 @@ def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, 
     rank takes part in (§12), with any other the chief's `CheckpointManager` writes it. The
     directories come resolved (their `Location`: path and storage, made once by the front door),
     and each manager, writer and creator uses that storage (a worker's too: it reads the chief's
-    checkpoints); ``checkpoint_options.restore_step`` goes to the chief."""
+    checkpoints); ``checkpoint_options.restore_step`` goes to the chief (sharded: to every rank)."""
     options, writer = checkpoint_options, None
     if options.sharded:
         options.check_sharded()
@@ -331,7 +331,8 @@ def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, 
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
     elif options.sharded:  # every rank has a manager: each writes its shards (§12)
         creator = ShardedSessionCreator(state, _sharded_manager(checkpoint_dir, options, max_wait_secs, clock),
-                                        is_chief=is_chief, logdir=checkpoint_dir.path, summary_writer=writer, **init_fns)
+                                        is_chief=is_chief, logdir=checkpoint_dir.path, summary_writer=writer,
+                                        restore_step=options.restore_step, **init_fns)
     elif is_chief:
         creator = CheckpointSessionCreator(state, _manager(checkpoint_dir, options, clock), logdir=checkpoint_dir.path,
                                            summary_writer=writer, restore_step=options.restore_step, **init_fns)

@@ -22,7 +22,7 @@ import argparse
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Listing, annotate_retention, error, \
     format_age, format_bytes, print_json, scan_logdir, summary, table, writer_note
 from supervisor.cli._paths import advice, path_kind
-from supervisor.cli._tiers import add_local_dir, local_listing, restore_line, tier_rows_json
+from supervisor.cli._tiers import add_local_dir, local_listing, render_local, restore_line, tier_rows_json
 from supervisor.cli._remote import UrlProblem, add_storage_options, is_url, lease_note, open_logdir, scan
 from supervisor.checkpoint.layout.retention import RetentionRule, rule_of
 
@@ -92,8 +92,7 @@ def _show_tiers(listing: Listing, local: Listing, args: argparse.Namespace, note
             if problem:
                 error(problem)
     else:
-        print("\n".join([render(listing, note), "", "local tier: " + render(local, ""), "",
-                         restore_line(listing, local)]))
+        print("\n".join([render(listing, note), "", render_local(local, render), "", restore_line(listing, local)]))
     return EXIT_PROBLEM if listing.problems or local.problems else EXIT_OK
 
 

@@ -87,3 +87,16 @@ def test_a_damaged_local_part_makes_every_rank_take_the_next_older_common_step(t
     assert f"restored step 5 from the local tier {local}/node0" in resumed[0].output
     straight = _job(2, str(tmp_path / "straight"), str(tmp_path / "straight-local"), 7)
     assert resumed[0].result["end_digest"] == straight[0].result["end_digest"]  # bit-exact with an uninterrupted run
+
+
+def test_after_close_each_local_tier_holds_max_to_keep_and_nothing_already_persisted(tmp_path):
+    """A slow logdir (step 4's copy held by a handshake until the last save committed): each rank's
+    local tier holds at most ``local_max_to_keep`` (2) plus the steps not yet persisted, after the
+    close too — step 4, persisted, is not kept past it."""
+    logdir, local = str(tmp_path / "logdir"), str(tmp_path / "local")
+    results = _job(2, logdir, local, 6, extra_env={"HOLD_COPY": "4"})
+    assert [n for n in sorted(os.listdir(logdir)) if n.startswith("model.ckpt-")] == [
+        "model.ckpt-0", "model.ckpt-4", "model.ckpt-6"]
+    for r in results:
+        assert r.result["parts"] == ["model.ckpt-5", "model.ckpt-5.all-ranks", "model.ckpt-6",
+                                     "model.ckpt-6.all-ranks"], describe(results)

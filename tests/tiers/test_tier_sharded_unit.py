@@ -96,3 +96,38 @@ def test_the_agreement_takes_the_newest_step_every_rank_holds_in_one_process():
     propose = lambda c: next((s for s in held if c is None or s <= c), -1)  # noqa: E731
     assert agree_step(propose, newest=9, persistent=5, empty_rank=-1) == (9, 9, 5, -1, 2)
     assert agree_step(lambda c: -1, newest=-1, persistent=5, empty_rank=0) == (-1, -1, 5, 0, 1)
+
+
+def test_a_chosen_step_restores_plain_and_tiered_sharded_checkpoints_in_one_process(tmp_path, caplog):
+    from supervisor.checkpoint.sharded import ShardedCheckpointManager
+    from supervisor.errors import CheckpointNotFoundError
+
+    state, values = _state(0), {}
+    plain = ShardedCheckpointManager(str(tmp_path / "plain"), save_mode="sync")
+    tiered = _manager(tmp_path)  # local: the newest 2; the logdir: every third step
+    try:
+        for manager in (plain, tiered):
+            manager.open()
+        for step in range(5):
+            _train(state, step)
+            values[step] = _values(state)
+            plain.save(step, state)
+            tiered.save(step, state)
+        tiered._persister.flush(30)
+        with pytest.raises(CheckpointNotFoundError, match="no checkpoint of step 7 to restore in .*: the logdir "
+                                                          "holds steps 0, 1, 2, 3, 4; choose one of those steps"):
+            plain.restore(_state(9), step=7)
+        with pytest.raises(CheckpointNotFoundError, match="the logdir holds steps 0, 3; the local tiers hold steps 3, 4 "):
+            tiered.restore(_state(9), step=2)
+        assert plain.restore(_state(9), step=str(tmp_path / "plain" / "model.ckpt-2")).global_step == 2  # a path
+        for manager, step, tier in ((plain, 1, None), (tiered, 4, "local"), (tiered, 0, "persistent")):
+            restored = _state(9)
+            with caplog.at_level("INFO"):
+                assert manager.restore(restored, step=step).global_step == step
+            assert all(torch.equal(a, b) for a, b in zip(_values(restored), values[step]))
+            assert tier is None or f"restored the chosen step {step} from the {tier} tier" in caplog.text
+        assert "the local parts of the newer step(s) 3, 4 in" in caplog.text  # kept, no longer restored
+        assert sorted(os.listdir(tmp_path / "local" / "rank-0")) == ["model.ckpt-3", "model.ckpt-4"]
+    finally:
+        for manager in (plain, tiered):
+            manager.close()

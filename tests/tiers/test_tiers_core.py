@@ -192,3 +192,31 @@ def test_readers_of_the_logdir_see_only_persisted_checkpoints(tmp_path):
         seen = list(supervisor.checkpoints_iterator(logdir, timeout=0))
     assert [os.path.basename(p) for p in seen] == ["model.ckpt-3"]
     assert supervisor.latest_checkpoint(local).endswith("model.ckpt-4")
+
+
+def test_after_close_the_local_tier_holds_max_to_keep_and_nothing_already_persisted(tmp_path, monkeypatch):
+    """A slow logdir (the first copy held by a handshake while newer saves commit): the local tier
+    holds at most ``local_max_to_keep`` plus the steps not yet persisted — after ``close`` too,
+    once the held copy arrived."""
+    gate, started = threading.Event(), threading.Event()
+    real = persist.persist_copy
+
+    def held(*args, **kwargs):
+        started.set()
+        assert gate.wait(60)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(persist, "persist_copy", held)
+    logdir, local = str(tmp_path / "logdir"), tmp_path / "local"
+    with _manager((None, logdir, None), local, persist_every_steps=10, local_max_to_keep=2) as manager:
+        manager.save(0, _state(0))
+        assert started.wait(30)
+        for step in (1, 2, 3):
+            manager.save(step, _state(step))
+        assert _local_steps(local) == [0, 2, 3]  # 0's copy is in flight: held
+        gate.set()
+    assert _steps(None, logdir) == [0, 3]  # the final checkpoint persisted at close
+    assert _local_steps(local) == [2, 3]
+
+
+def _local_steps(local) -> list[int]:
+    return sorted(int(n.rsplit("-", 1)[1]) for n in os.listdir(local) if n.startswith("model.ckpt-"))

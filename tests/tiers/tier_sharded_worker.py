@@ -20,7 +20,11 @@ copy-seal     (the chief) every rank's copy arrived, before the merged metadata 
 ``mark``), kills its agent and itself in ``step``'s ``after_run`` once the save in flight (the
 previous step's) is committed: a lost node.
 ``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
-``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto)."""
+``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto).
+``RESTORE_STEP``: the front door's ``restore_step=`` (that step, not the newest).
+``HOLD_COPY=step``: each rank's copy of that step to the logdir waits until the training loop
+ended and its last save committed (a slow logdir, by a handshake). The RESULT also lists each
+rank's local parts after the close (``parts``)."""
 from __future__ import annotations
 
 import hashlib
@@ -50,6 +54,7 @@ def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
 
 POINTS = ("part-seal", "part-mark", "copy-write", "copy-seal")
 _counts: dict[str, int] = {}
+_released = threading.Event()  # HOLD_COPY: the loop ended
 
 
 def _reached(point: str) -> None:
@@ -105,6 +110,14 @@ def install_seams() -> None:
     def merged_(*args):
         _reached("copy-seal")
         return merged(*args)
+
+    copy = sharded_parts.copy_part
+
+    def copy_(part, *args):
+        if os.path.basename(part) == f"model.ckpt-{os.environ.get('HOLD_COPY')}":
+            assert _released.wait(120), "HOLD_COPY: the loop did not end"
+        return copy(part, *args)
+    sharded_parts.copy_part = copy_
     temp.TempCheckpoint.finalize, sharded_parts.mark_committed = finalize_, mark_
     sharded_parts._stream, sharded_parts.merged_metadata = stream_, merged_
     sharded_parts.COPY_CHUNK_BYTES = 1 << 10
@@ -131,6 +144,11 @@ def _node_loss(manager_of) -> list:
     return [NodeLoss()]
 
 
+def _restore_step() -> int | None:
+    step = os.environ.get("RESTORE_STEP")
+    return None if step is None else int(step)
+
+
 @scenario
 def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash: str, kind: str = "dtensor") -> None:
     import hooks
@@ -146,7 +164,7 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
     with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
                                   local_dir=os.environ.get("TIER_LOCAL_DIR", f"{local}/node{dist.get_rank()}"),
                                   persist_every_steps=int(persist_every), save_checkpoint_steps=1,
-                                  storage_options=options,
+                                  storage_options=options, restore_step=_restore_step(),
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step)), *loss],
                                   log_step_count_steps=None, save_summaries_steps=None, stop_grace_secs=30,
                                   max_wait_secs=120) as s:
@@ -163,8 +181,43 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
                   "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
             os._exit(0)
         end = s.global_step
+        s.checkpoint_manager.wait()  # the last step's local commit
+        _released.set()
+    root = sessions[0].checkpoint_manager.part_root
     emit({"start": start, "digest": start_digest, "first_draw": first_draw, "end": end,
-          "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})
+          "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item(), "parts": sorted(os.listdir(root))})
+
+
+@scenario
+def dcp_tier_copy_failures(logdir: str, local: str, last_step: str, max_failures: str) -> None:
+    """`ShardedTieredCheckpointManager` used directly: saves steps 0..LAST_STEP (each waited for,
+    each due for a copy, the copy waited for) with ``max_consecutive_save_failures=MAX_FAILURES``
+    ("none": None); the RESULT names the step whose save raised and the error (or None)."""
+    from supervisor.checkpoint.tiers.sharded import ShardedTieredCheckpointManager
+    from supervisor.errors import CheckpointError
+    from supervisor.state import TrainingState
+
+    model, optimizer = sharded(0, "dtensor")
+    state = TrainingState.from_arguments(model=model, optimizer=optimizer)
+    endpoint = os.environ.get("S3_ENDPOINT")
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"} if endpoint else None
+    manager = ShardedTieredCheckpointManager(
+        logdir, local_dir=f"{local}/node{dist.get_rank()}", persist_every_steps=1, local_max_to_keep=1,
+        max_consecutive_save_failures=None if max_failures == "none" else int(max_failures),
+        storage_options=options)
+    manager.open()
+    error, step = None, 0
+    try:
+        for step in range(int(last_step) + 1):
+            train_sharded_step(model, optimizer, step)
+            manager.save(step, state, wait=True)
+            assert manager._persister.flush(120)
+        manager.wait()
+    except CheckpointError as e:
+        error = str(e)
+    finally:
+        manager.close(failed=error is not None)
+    emit({"error": error, "step": step, "parts": sorted(os.listdir(manager.part_root))})
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@
 applies it): which error a failed save becomes, and whether training may go on."""
 from __future__ import annotations
 
+import logging
+
 from supervisor.checkpoint.ownership.lease import LeaseLostError
 from supervisor.errors import CheckpointError
 
-__all__ = ["failure_verdict"]
+__all__ = ["ConsecutiveFailures", "failure_verdict"]
+
+logger = logging.getLogger(__name__)
 
 
 def failure_verdict(message: str, error: BaseException, *, in_a_row: int,
@@ -28,3 +32,24 @@ def failure_verdict(message: str, error: BaseException, *, in_a_row: int,
                                   f"max_consecutive_save_failures={limit})")
         failure.__cause__ = error
     return failure, False
+
+
+class ConsecutiveFailures:
+    """`failure_verdict` over a run of attempts (e.g. the copies of a checkpoint tier): counts
+    the failures in a row, ``limit`` as ``max_consecutive_save_failures``."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.in_a_row = limit, 0
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
+
+    def failed(self, message: str, error: BaseException, *, tolerated_note: str) -> CheckpointError | None:
+        """The fatal failure, or None when tolerated (a WARNING: ``message``, ``tolerated_note``, the count)."""
+        self.in_a_row += 1
+        failure, tolerated = failure_verdict(message, error, in_a_row=self.in_a_row, limit=self.limit)
+        if not tolerated:
+            return failure
+        logger.warning("%s; %s (%d of max_consecutive_save_failures=%d failures in a row)", failure, tolerated_note,
+                       self.in_a_row, self.limit)
+        return None

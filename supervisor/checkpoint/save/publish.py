@@ -139,6 +139,13 @@ class Publisher:
         self._retain_safely(self._latest)
         return True
 
+    def retain_again(self) -> None:
+        """Applies retention once more without a new checkpoint (what ``hold()`` held may be
+        free now: a checkpoint tier's copies ended), then deletes what it dropped."""
+        if self.retention is not None and self._latest is not None:
+            self._retain_safely(self._latest)
+            self.remove_dropped()
+
     def _retain_safely(self, name: str) -> None:
         try:
             self._retain(name)

@@ -337,14 +337,17 @@ class ShardedCheckpointManager(ManagerCommon):
         self._raise_undelivered()
 
     # ---------------------------------------------------------------- restoring and closing
-    def restore(self, state: TrainingState) -> Restored | None:
+    def restore(self, state: TrainingState, step: int | str | os.PathLike | None = None) -> Restored | None:
         """The chief chooses (§5.4) and posts its choice; every rank loads exactly it, verifying
-        the ranges it reads (`supervisor.checkpoint.sharded.restore`)."""
+        the ranges it reads (`supervisor.checkpoint.sharded.restore`). ``step`` (``restore_step=``:
+        a step or one of its checkpoint paths): that checkpoint, never another one in its place
+        (`CheckpointNotFoundError` naming the steps there)."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
+        chooser = dcp_restore.choose_sharded if step is None else functools.partial(
+            dcp_restore.choose_chosen, chosen=step, elsewhere=self._elsewhere(step))
         restored = dcp_restore.restore_in_job(
-            lambda skip: dcp_restore.choose_sharded(self.directory, self.basename, verify=self.verify,
-                                                    storage=self.storage, skip=skip),
+            lambda skip: chooser(self.directory, self.basename, verify=self.verify, storage=self.storage, skip=skip),
             lambda path, step, manifest, metadata, items: restore_sharded(
                 path, state, step=step, restore_rng=self.save_rng, trusted_globals=self.trusted_globals,
                 storage=self.storage, manifest=manifest, metadata=metadata, verify=self.verify, items=items),
@@ -352,6 +355,10 @@ class ShardedCheckpointManager(ManagerCommon):
         if restored is not None:
             self._last_saved_step = self._last_committed_step = restored.global_step
         return restored
+
+    def _elsewhere(self, step: Any) -> str:
+        """What other tiers hold, for the error of a chosen ``step`` the logdir lacks (none here)."""
+        return ""
 
     def close(self, *, failed: bool = False) -> None:
         """Finishes the save in flight and releases the lock. ``failed=False`` waits for the save

@@ -27,7 +27,8 @@ import logging
 from typing import Any, Callable, Iterable
 
 from supervisor import distributed
-from supervisor.checkpoint.load.choose import candidates
+from supervisor.checkpoint.load.choose import candidates, chosen_path
+from supervisor.checkpoint.layout.format import list_committed, step_of
 from supervisor.checkpoint.formats.dcp_ranges import verifiable_by_ranges
 from supervisor.checkpoint.formats.dcp_reading import read_metadata
 from supervisor.checkpoint.formats.dcp_replicated import read_replicated, replicated_infos, split_replicated
@@ -40,7 +41,7 @@ from supervisor.distributed import restore as restore_channel
 from supervisor.distributed.restore import RestoreDecision
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 
-__all__ = ["Choice", "checked_bytes", "checked_file", "choose_sharded", "restore_in_job"]
+__all__ = ["Choice", "checked_bytes", "checked_file", "choose_chosen", "choose_sharded", "restore_in_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +65,55 @@ def choose_sharded(directory: str, basename: str, *, verify: str = "full", stora
         if path in skipped:
             continue
         try:
-            manifest = verify_checkpoint(path, verify="size", storage=storage)
-            metadata = _metadata_bytes(path, manifest, storage, verify)
-            if not verifiable_by_ranges(read_metadata(metadata, path)) and verify == "full":
-                verify_checkpoint(path, verify="full", storage=storage)  # written before issue 31: whole
+            return _checked_choice(path, storage, verify)
         except (CheckpointNotFoundError, CheckpointCorruptError) as e:
             logger.warning("skipping checkpoint %s: %s", path, e)
             failures.append(f"{path}: {e}")
-            continue
-        return path, manifest.step, manifest, metadata
     if failures:
         raise CheckpointCorruptError(f"none of the checkpoints in {directory} can be restored ({'; '.join(failures)}). "
                                      "Refusing to start from scratch over them: repair or move them away")
     return None
+
+
+def choose_chosen(directory: str, basename: str, chosen: Any, *, verify: str = "full", storage: Storage | None = None,
+                  skip: Iterable[str] = (), elsewhere: str = "") -> Choice:
+    """The `Choice` of the checkpoint ``chosen`` names (``restore_step=``: a step, or one of its
+    paths), checked as `choose_sharded` checks; never another one in its place. ``elsewhere``:
+    what other tiers hold, for the error.
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint of that step (the steps there are named).
+        CheckpointCorruptError: it fails verification, or a rank found it damaged (``skip``).
+    """
+    storage, directory = resolve_storage(directory, storage)
+    path = chosen_path(directory, basename, chosen, storage)
+    step = step_of(storage.basename(path), basename)
+    steps = [s for s, _ in list_committed(directory, basename, storage)]
+    there = (f"the logdir holds steps {', '.join(map(str, steps))}" if steps else "the logdir has no checkpoint yet") \
+        + elsewhere
+    if step not in steps:
+        raise CheckpointNotFoundError(f"no checkpoint of step {step} to restore in {directory}: {there}; "
+                                      "choose one of those steps")
+    try:
+        if path in skip:
+            raise CheckpointCorruptError("a rank found it damaged (its log says why)")
+        choice = _checked_choice(path, storage, verify)
+    except (CheckpointNotFoundError, CheckpointCorruptError) as e:
+        raise type(e)(f"the chosen checkpoint {path} cannot be restored: {e}; {there}") from e
+    newer = [s for s in steps if s > step]
+    if newer:
+        logger.warning("restoring the chosen step %d of %s: the newer checkpoint(s) of step %s stay, and each is "
+                       "replaced when this run saves that step again (as after `rollback`)", step, directory,
+                       ", ".join(map(str, newer)))
+    return choice
+
+
+def _checked_choice(path: str, storage: Storage, verify: str) -> Choice:
+    manifest = verify_checkpoint(path, verify="size", storage=storage)
+    metadata = _metadata_bytes(path, manifest, storage, verify)
+    if not verifiable_by_ranges(read_metadata(metadata, path)) and verify == "full":
+        verify_checkpoint(path, verify="full", storage=storage)  # written before issue 31: whole
+    return path, manifest.step, manifest, metadata
 
 
 def _metadata_bytes(path: str, manifest: Manifest, storage: Storage, verify: str) -> bytes:

@@ -35,6 +35,7 @@ from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.save.in_flight import PendingSave
 from supervisor.checkpoint.arguments import check_directory
 from supervisor.checkpoint.storage import resolve_location
+from supervisor.checkpoint.tiers.local import LocalTier
 from supervisor.checkpoint.tiers.persist import Persister
 from supervisor.checkpoint.tiers.record import RECORD_FILE, read_record, remove_record, write_record
 from supervisor.checkpoint.tiers.restore import Tier, TierChoice, describe, find_in_tiers
@@ -46,31 +47,6 @@ from supervisor.state import TrainingState
 __all__ = ["TieredCheckpointManager", "make_manager"]
 
 logger = logging.getLogger(__name__)
-
-
-class LocalTier(CheckpointManager):
-    """The local tier's manager: a `CheckpointManager` whose retention keeps what ``held()`` names
-    (its newest ``max_to_keep`` otherwise); ``best_metric``: the metric each save records for the
-    logdir (`metric_of`), which ranks checkpoints there, never here."""
-
-    def __init__(self, directory: str, *, held: Callable[[], Any], best_metric: Any = None, **options: Any) -> None:
-        super().__init__(directory, keep_checkpoint_every_n_hours=None, lock="auto", **options)
-        self._publisher.hold = held
-        self._metrics = MetricKeeper(best_metric)
-        self._published: dict[str, float | None] = {}
-
-    def publish(self, name: str, timestamp: float) -> None:
-        metric = self._metrics.pop(name)
-        self._published[name] = metric  # the writer thread: `metric_of` takes it at the commit
-        self._publisher.publish(name, timestamp, metric)
-
-    def metric_of(self, name: str) -> float | None:
-        """The metric the save of ``name`` recorded (once, at its commit)."""
-        return self._published.pop(name, None)
-
-    def mark_restored(self, step: int) -> None:
-        """A restore from another tier: the session continues from ``step``."""
-        self._last_saved_step = self._last_committed_step = step
 
 
 class TieredCheckpointManager:
@@ -285,22 +261,35 @@ class TieredCheckpointManager:
 
     def close(self, *, failed: bool = False) -> None:
         """Closes the local tier (finishing the save in flight), persists its newest checkpoint
-        within ``persist_grace_secs`` (WARNING for what was not), releases the logdir. Idempotent."""
+        within ``persist_grace_secs`` (WARNING for what was not), runs local retention once more
+        (the checkpoints whose copies ended are no longer held), releases the logdir. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self.local.before_release = self._finish_persisting
         try:
             self.local.close(failed=failed)
         finally:
-            with self._mutex:
-                last = self._last_local
-            if last is not None:
-                self.persister.offer(*last[:2], force=True, metric=last[2])
-            self.persister.close(self.persist_grace_secs)
+            if self.local.before_release is not None:  # the local tier never got to release its lock
+                self._finish_persisting()
         with self._mutex:
             failure, raised, self._failure = self._failure, self._failure_raised, None
         if failure is not None and not failed and not raised:
             raise failure
+
+    def _finish_persisting(self) -> set[str]:
+        """Closing, the local save in flight committed: persists the newest local checkpoint within
+        ``persist_grace_secs``; returns the names not persisted (local retention keeps those and
+        its newest ``local_max_to_keep``: nothing already persisted is kept past them)."""
+        self.local.before_release = None
+        with self._mutex:
+            last = self._last_local
+        if last is not None:
+            self.persister.offer(*last[:2], force=True, metric=last[2])
+        done = self.persister.flush(self.persist_grace_secs)
+        left = self.persister.held()
+        self.persister.close(self.persist_grace_secs if done else 0.0)  # a WARNING names what is left
+        return left
 
     def __enter__(self) -> TieredCheckpointManager:
         self.open()

@@ -16,15 +16,13 @@
    publishes the index and runs the logdir's retention. A kill at any point leaves a temp
    directory or a manifest-less prefix, never a listed partial copy.
 
-Restore (`restore`): the ranks agree on the newest step **every** rank can restore from its local
-tier — a few rounds of one all-reduce of a 4-integer record (``O(1)`` in the world size per round,
-``O(log W)`` latency; rounds: 2 when the ranks hold the same steps, one more per step some rank
-lacks): each rank proposes its newest verified part not newer than the current candidate, the
-minimum becomes the candidate, until it stands. When that step is at least the logdir's newest,
-each rank loads its own part (no collective; bit-exact: model, optimizer, RNG); otherwise — a
-rank's local tier is empty (a replaced node) or behind — the job restores the logdir's newest step
-as plain ``dcp`` does, said in a WARNING. Parts newer than the restored step (an abandoned
-timeline) are removed.
+Restore (`restore`): the ranks agree (`sharded_agree.agree_step`) on the newest step **every**
+rank can restore from its local tier; when it is at least the logdir's newest each rank loads its
+own part (no collective; bit-exact: model, optimizer, RNG), otherwise the job restores the
+logdir's newest as plain ``dcp`` does, in a WARNING; parts newer than the restored step (an
+abandoned timeline) are removed. ``restore_step=``: that step, from the local tiers when every rank
+holds it, else from the logdir (`_restore_chosen`). A failed copy follows the save-failure
+policy (``max_consecutive_save_failures``). Design and failure matrix: docs/tiers.md.
 """
 from __future__ import annotations
 
@@ -38,14 +36,17 @@ from typing import Any
 from supervisor import distributed
 from supervisor.checkpoint.layout.format import FileRecord, checkpoint_name, read_manifest, step_of
 from supervisor.checkpoint.layout.verify import DCP_METADATA
-from supervisor.checkpoint.load.choose import candidates
+from supervisor._validate import check_int
+from supervisor.checkpoint.load.choose import candidates, chosen_path
+from supervisor.checkpoint.ownership.lease import LeaseLostError
+from supervisor.checkpoint.save.failure_policy import ConsecutiveFailures
 from supervisor.checkpoint.save.temp import TempCheckpoint
 from supervisor.checkpoint.sharded import commit as dcp_commit
 from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
 from supervisor.checkpoint.sharded.state_dict import restore_sharded
 from supervisor.checkpoint.storage import storage_for
 from supervisor.checkpoint.tiers import sharded_parts as parts
-from supervisor.checkpoint.tiers.sharded_agree import agree_step, all_reduce_max
+from supervisor.checkpoint.tiers.sharded_agree import agree_step, all_reduce_max, fallback_note, lowest_lacking
 from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
 from supervisor.checkpoint.tiers.persist import is_due
 from supervisor.errors import CheckpointError
@@ -72,19 +73,24 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         local_dir: the node-local tier (ranks of one node share it: each keeps ``rank-<r>/``).
         persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs: as
             `TieredCheckpointManager` (the chief decides which steps are persisted).
+        max_consecutive_save_failures: the copies' save-failure policy, as `TieredCheckpointManager`'s
+            (None: the first failed copy is fatal); every rank counts the chief's verdicts alike.
         Every other argument is `ShardedCheckpointManager`'s (the logdir's retention and lock).
     """
 
     def __init__(self, directory: Any, *, local_dir: Any, persist_every_steps: int | None = None,
                  persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
-                 persist_grace_secs: float | None = 120.0, **options: Any) -> None:
+                 persist_grace_secs: float | None = 120.0, max_consecutive_save_failures: int | None = None,
+                 **options: Any) -> None:
         super().__init__(directory, **options)
+        self._copy_failures = ConsecutiveFailures(check_int(
+            "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True))
         tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
                             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
                             persist_grace_secs=persist_grace_secs, logdir=self.directory)
-        self.local_dir, self.persist_grace_secs = tiers["local_dir"], tiers["persist_grace_secs"]
+        self.local_dir, self.persist_grace_secs, self.local_max_to_keep = (
+            tiers["local_dir"], tiers["persist_grace_secs"], tiers["local_max_to_keep"])
         self.persist_every_steps, self.persist_every_secs = tiers["persist_every_steps"], tiers["persist_every_secs"]
-        self.local_max_to_keep = tiers["local_max_to_keep"]
         self.local_storage = storage_for(self.local_dir)
         self._rank, self._world = dcp_commit.rank_and_size()
         self.part_root = parts.part_root(self.local_dir, self._rank)
@@ -174,41 +180,55 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         deadline = time.monotonic() + self.save_timeout_secs
         start = time.perf_counter()
         if self._rank == 0:
-            error = self._persist_as_chief(step, key, path, channel, deadline)
+            verdict = self._persist_as_chief(step, key, path, channel, deadline)
         else:
-            message = channel.wait(f"{key}/persist-path", deadline=deadline, what="the chief's staged copy")
-            if message.get("error"):
-                return
-            try:
-                mine = {"ok": True, "records": parts.copy_part(path, self.local_storage, message["path"],
-                                                               self.storage, self._rank)}
-            except Exception as e:  # noqa: BLE001 - reported to the chief
-                mine = {"ok": False, "message": f"rank {self._rank}: {type(e).__name__}: {e}"}
-            channel.post(f"{key}/persist-{self._rank}", mine)
-            error = channel.wait(f"{key}/persist-verdict", deadline=deadline, what="the chief's copy")["error"]
-        if error:
-            logger.warning("persisting the sharded checkpoint of step %d to %s failed: %s; it stays in the local "
-                           "tiers and the next due checkpoint is persisted instead", step, self.directory, error)
+            verdict = channel.wait(f"{key}/persist-path", deadline=deadline, what="the chief's staged copy")
+            if not verdict.get("error"):
+                try:
+                    mine = {"ok": True, "records": parts.copy_part(path, self.local_storage, verdict["path"],
+                                                                   self.storage, self._rank)}
+                except Exception as e:  # noqa: BLE001 - reported to the chief
+                    mine = {"ok": False, "message": f"rank {self._rank}: {type(e).__name__}: {e}"}
+                channel.post(f"{key}/persist-{self._rank}", mine)
+                verdict = channel.wait(f"{key}/persist-verdict", deadline=deadline, what="the chief's copy")
+        if verdict["error"]:
+            self._copy_failed(step, verdict)
         else:
+            self._copy_failures.succeeded()
             logger.debug("persisted step %d to %s in %.2f s", step, self.directory, time.perf_counter() - start)
 
-    def _persist_as_chief(self, step: int, key: str, path: str, channel: dcp_commit.Channel, deadline: float) -> str:
+    def _copy_failed(self, step: int, verdict: dict) -> None:
+        """The save-failure policy for a failed copy (the same verdicts on every rank: the same count)."""
+        cause = (LeaseLostError if verdict.get("lease_lost") else CheckpointError)(verdict["error"])
+        failure = self._copy_failures.failed(
+            f"persisting the sharded checkpoint of step {step} to {self.directory} failed", cause,
+            tolerated_note="it stays in the local tiers and the next due checkpoint is persisted instead")
+        if failure is not None and not self._final_abort.is_set():
+            logger.error("%s", failure)
+            self._deliver_failure(failure)
+
+    def _persist_as_chief(self, step: int, key: str, path: str, channel: dcp_commit.Channel, deadline: float) -> dict:
+        """Stages the copy, gathers every rank's, commits; posts and returns the verdict."""
         name = checkpoint_name(self.basename, step)
         inner = self._inner
         try:
             temp = TempCheckpoint.create(self.directory, name, self.storage, generation=inner.writer_generation())
         except Exception as e:  # noqa: BLE001 - the others stop waiting
-            channel.post(f"{key}/persist-path", {"error": f"{type(e).__name__}: {e}"})
-            return f"rank 0 cannot stage {name} in {self.directory}: {type(e).__name__}: {e}"
+            verdict = {"error": f"rank 0 cannot stage {name} in {self.directory}: {type(e).__name__}: {e}",
+                       "lease_lost": isinstance(e, LeaseLostError)}
+            channel.post(f"{key}/persist-path", verdict)
+            return verdict
         channel.post(f"{key}/persist-path", {"path": temp.path})
+        lease_lost = False
         try:
             error = self._gather_and_commit(temp, step, key, path, channel, deadline)
         except Exception as e:  # noqa: BLE001 - reported to every rank
-            error = f"rank 0: {type(e).__name__}: {e}"
+            error, lease_lost = f"rank 0: {type(e).__name__}: {e}", isinstance(e, LeaseLostError)
         if error:
             temp.discard()
-        channel.post(f"{key}/persist-verdict", {"error": error})
-        return error
+        verdict = {"error": error, "lease_lost": lease_lost}
+        channel.post(f"{key}/persist-verdict", verdict)
+        return verdict
 
     def _gather_and_commit(self, temp: TempCheckpoint, step: int, key: str, path: str,
                            channel: dcp_commit.Channel, deadline: float) -> str:
@@ -230,11 +250,14 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         return ""
 
     # ---------------------------------------------------------------- restoring
-    def restore(self, state: Any) -> Any:
+    def restore(self, state: Any, step: Any = None) -> Any:
         """The newest step every rank can restore from its local tier, when it is at least the
-        logdir's newest; else the logdir's, as plain ``dcp`` (module docstring)."""
+        logdir's newest; else the logdir's, as plain ``dcp`` (module docstring). ``step``
+        (``restore_step=``): that step (`_restore_chosen`)."""
         self._settle()
         self._writer.wait()
+        if step is not None:
+            return self._restore_chosen(state, step)
         steps = parts.committed_steps(self.part_root, self.basename)
         checked: dict[int, bool] = {}
 
@@ -254,7 +277,8 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             propose, newest=steps[0] if steps else -1, persistent=persistent, empty_rank=-1 if steps else self._rank)
         logger.debug("the ranks agreed on local step %d in %d all-reduce round(s)", step, rounds)
         if step >= 0 and step >= persistent:
-            restored = self._restore_local(state, step, persistent)
+            restored = self._restore_local(state, step, "the logdir has no checkpoint yet" if persistent < 0 else (
+                f"newer than the logdir's step {persistent}" if step > persistent else "the logdir holds the same step"))
         else:
             restored = super().restore(state)
             self._say_fallback(restored, newest, empty)
@@ -262,7 +286,7 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
                           newer_than=restored.global_step if restored is not None else -1)
         return restored
 
-    def _restore_local(self, state: Any, step: int, persistent: int) -> Any:
+    def _restore_local(self, state: Any, step: int, why: str, chosen: str = "") -> Any:
         path = os.path.join(self.part_root, checkpoint_name(self.basename, step))
         failure = None
         try:
@@ -277,29 +301,56 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
                                   f"({failure or 'on another rank'}); remove {self.local_dir} on the node that "
                                   "failed to resume from the logdir") from failure
         self._last_saved_step = self._last_committed_step = step
-        why = "the logdir has no checkpoint yet" if persistent < 0 else (
-            f"newer than the logdir's step {persistent}" if step > persistent else "the logdir holds the same step")
-        logger.info("restored step %d from the local tier %s on each of the %d rank(s) (%s)", step, self.local_dir,
-                    self._world, why)
+        logger.info("restored %sstep %d from the local tier %s on each of the %d rank(s) (%s)", chosen, step,
+                    self.local_dir, self._world, why)
         return restored
 
+    def _restore_chosen(self, state: Any, chosen: Any) -> Any:
+        """``restore_step=``: from the local tiers when every rank holds a part of the step that
+        verifies, else from the logdir (as plain ``dcp``; `CheckpointNotFoundError` naming the
+        steps of both tiers when it lacks it too). Local parts of newer steps lose their mark
+        (kept, never restored; replaced as the run saves their steps again, as after ``rollback``)."""
+        path = chosen_path(self.directory, self.basename, chosen, self.storage)
+        step = step_of(self.storage.basename(path), self.basename)
+        held = step in parts.committed_steps(self.part_root, self.basename) and parts.verified_part(
+            self.part_root, self.basename, step, self.local_storage, world_size=self._world, verify=self.verify)
+        lacking = lowest_lacking(bool(held))
+        if lacking < 0:
+            restored = self._restore_local(state, step, "every rank holds it", chosen="the chosen ")
+        else:
+            restored = super().restore(state, step=chosen)
+            if self._rank == 0:
+                logger.info("restored the chosen step %d from the persistent tier %s: rank %d's local tier holds no "
+                            "restorable part of it", step, self.directory, lacking)
+        newer = sorted(s for s in parts.committed_steps(self.part_root, self.basename) if s > step)
+        for old in newer:  # unmarked: never restored, each replaced when the run saves its step again
+            parts.unmark(os.path.join(self.part_root, checkpoint_name(self.basename, old)))
+        if newer:
+            logger.warning("restore_step=%d: the local parts of the newer step(s) %s in %s are no longer restored (marks "
+                           "removed; each is replaced when the run saves its step again)", step,
+                           ", ".join(map(str, newer)), self.part_root)
+        if self._scheduled[0] is not None and self._scheduled[0] > step:
+            self._scheduled = (step, self._clock.time())  # persisting goes on from the chosen step
+        return restored
+
+    def _elsewhere(self, step: Any) -> str:
+        steps = ", ".join(map(str, sorted(parts.committed_steps(self.part_root, self.basename))))
+        return f"; the local tiers hold {'steps ' + steps if steps else 'no step'} (rank {self._rank}'s; restored " \
+            "only when every rank holds it)"
+
     def _say_fallback(self, restored: Any, newest: int, empty: int) -> None:
-        """A WARNING when the logdir was restored while a local tier held a newer step, or while a
-        rank's local tier was empty (a replaced node) and another's was not."""
         step = restored.global_step if restored is not None else -1
-        if newest < 0 or (newest <= step and empty < 0):
-            return
-        lacking = (f"rank {empty}'s local tier has no checkpoint (a new or wiped node?)" if empty >= 0 else
-                   f"not every rank's local tier holds a restorable part of step {newest}")
-        lost = f"the steps {step + 1}..{newest} are lost" if newest > step else "no step is lost"
-        logger.warning("restored %s from the persistent tier %s: %s; %s, and the local parts newer than it are "
-                       "removed", f"step {step}" if step >= 0 else "nothing", self.directory, lacking, lost)
+        note = fallback_note(step, newest, empty)
+        if note is not None:
+            logger.warning("restored %s from the persistent tier %s: %s", f"step {step}" if step >= 0 else "nothing",
+                           self.directory, note)
 
     # ---------------------------------------------------------------- closing
     def close(self, *, failed: bool = False) -> None:
         """Finishes the local save in flight, persists the newest local step within
-        ``persist_grace_secs`` (not after an error; a WARNING names what was not), then closes
-        as `ShardedCheckpointManager`. Idempotent."""
+        ``persist_grace_secs`` (not after an error; a WARNING names what was not), closes as
+        `ShardedCheckpointManager`, then prunes this rank's parts: the newest
+        ``local_max_to_keep`` and those not persisted. Idempotent."""
         if self._closed:
             return
         try:
@@ -310,14 +361,17 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
         finally:
             if failed:
                 self._final_abort.set()
-            if self._persister is not None:
-                left = self._persister.stop()
-                if left and not failed:
-                    logger.warning("the sharded checkpoint(s) of step %s were not persisted to %s within "
-                                   "persist_grace_secs=%s; they stay in the local tiers (%s), which a resume on "
-                                   "these nodes restores", ", ".join(map(str, left)), self.directory,
-                                   self.persist_grace_secs, self.local_dir)
-            super().close(failed=failed)
+            left = self._persister.stop() if self._persister is not None else []
+            if left and not failed:
+                logger.warning("the sharded checkpoint(s) of step %s were not persisted to %s within "
+                               "persist_grace_secs=%s; they stay in the local tiers (%s), which a resume on "
+                               "these nodes restores", ", ".join(map(str, left)), self.directory,
+                               self.persist_grace_secs, self.local_dir)
+            try:
+                super().close(failed=failed)
+            finally:
+                if self._writer.join(0):  # retention once more: a part whose copy ended is not kept past it
+                    parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep, held=left)
 
     def _persist_final(self) -> None:
         """Every rank: the chief says whether the newest local step still needs its copy (through

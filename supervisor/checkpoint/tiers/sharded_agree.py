@@ -16,7 +16,7 @@ import torch
 
 from supervisor import distributed
 
-__all__ = ["agree_step", "all_reduce_max"]
+__all__ = ["agree_step", "all_reduce_max", "fallback_note", "lowest_lacking"]
 
 
 def all_reduce_max(values: list[int]) -> list[int]:
@@ -46,3 +46,22 @@ def agree_step(propose: Callable[[int | None], int], *, newest: int, persistent:
             break
         candidate = agreed
     return candidate, first[1], first[2], (world - first[3]) if first[3] else -1, rounds
+
+
+def lowest_lacking(held: bool) -> int:
+    """The lowest rank whose ``held`` is false (one all-reduce); -1 when every rank's is true."""
+    world = distributed.world_size() if distributed.is_initialized() else 1
+    rank = distributed.rank() if distributed.is_initialized() else 0
+    value = all_reduce_max([0 if held else world - rank])[0]
+    return world - value if value else -1
+
+
+def fallback_note(step: int, newest: int, empty: int) -> str | None:
+    """Why the logdir's ``step`` was restored, for a WARNING, when a local tier held a newer step
+    (``newest``) or a rank's local tier was empty (``empty``, a replaced node); else None."""
+    if newest < 0 or (newest <= step and empty < 0):
+        return None
+    lacking = (f"rank {empty}'s local tier has no checkpoint (a new or wiped node?)" if empty >= 0 else
+               f"not every rank's local tier holds a restorable part of step {newest}")
+    lost = f"the steps {step + 1}..{newest} are lost" if newest > step else "no step is lost"
+    return f"{lacking}; {lost}, and the local parts newer than it are removed"

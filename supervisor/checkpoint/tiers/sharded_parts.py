@@ -44,7 +44,7 @@ from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
 __all__ = ["ALL_RANKS", "COPY_CHUNK_BYTES", "CopyQueue", "committed_steps", "copy_part", "mark_committed",
-           "merged_metadata", "part_root", "prune_parts", "remove_part", "save_part", "verified_part"]
+           "merged_metadata", "part_root", "prune_parts", "remove_part", "save_part", "unmark", "verified_part"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,11 @@ def prune_parts(root: str, basename: str, *, keep: int | None, held: Iterable[in
     for name in names:  # a crashed writer's staging leftovers
         if ".tmp-" in name:
             remove_part(os.path.join(root, name))
+
+
+def unmark(path: str) -> None:
+    """Takes the chief's mark off one part: kept, never restored (``restore_step=`` an older step)."""
+    _NODE_DISK.remove(path + ALL_RANKS)
 
 
 def remove_part(path: str) -> None:
