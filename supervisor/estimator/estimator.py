@@ -342,16 +342,16 @@ class Estimator:
         path = self._checkpoint_or_latest(checkpoint_path, "export")
         if storage_options is None:
             return write_export(self, self.locate(export_dir_base), path, eval_result)
-        if not is_url(export_dir_base):
+        if storage_options and not is_url(export_dir_base):
             raise ValueError(f"storage_options were given for the local export_dir_base "
                              f"{os.fspath(export_dir_base)!r}; they apply to object-store URLs only (s3://...)")
-        return write_export(self, resolve_location(export_dir_base, storage_options), path, eval_result)
+        return write_export(self, resolve_location(export_dir_base, storage_options or None), path, eval_result)
 
     # ------------------------------------------------------------------ helpers
     def _warm_start_fn(self) -> Callable[[Any], None] | None:
         if self._warm_start is None:
             return None
-        return warm_start_fn(self._warm_start, unwrap_module(self._model), self._config.storage_options)
+        return warm_start_fn(self._warm_start, unwrap_module(self._model), self.locate)
 
     def _options(self, path: str | os.PathLike) -> dict[str, Any] | None:
         """The `RunConfig`'s ``storage_options`` for a URL ``path``; None for a local one."""

@@ -95,7 +95,8 @@ def test_an_estimator_resolves_its_model_dir_once_for_a_whole_train_and_evaluate
     """The `RunConfig` resolves ``model_dir``; training, every evaluation, its events, the exports
     (Best, Latest, Final: listed, written, collected, read back) and the rerun reuse that location.
     Before: 10 calls locally, 40 on ``memory://`` (each export listing, write and collection, each
-    index read and evaluation its own client)."""
+    index read and evaluation its own client); a warm-started RunConfig on the same store 4 (local)
+    and 3 (memory) instead of its one (the source resolved, then read, each with its own storage)."""
     config = RunConfig(logdir, save_checkpoints_steps=5, log_step_count_steps=0, save_summary_steps=0)
     spec = EvalSpec(lambda: batches(), steps=2, throttle_secs=0,
                     exporters=[BestExporter("best"), LatestExporter("latest"), FinalExporter("final")])
@@ -105,6 +106,10 @@ def test_an_estimator_resolves_its_model_dir_once_for_a_whole_train_and_evaluate
     assert metrics["global_step"] == 10 and exports == (None, None, None)
     assert len(calls) == 1, f"storage_for was called {len(calls)} times for one RunConfig"
     assert any(name.startswith("model.ckpt-10") for name in calls[0].listdir(logdir))
+    # a warm start from that run, on the same store: through the new RunConfig's one client
+    warm = RunConfig(logdir + "-warm", save_checkpoints_steps=5, log_step_count_steps=0, save_summary_steps=0)
+    make_estimator(logdir + "-warm", config=warm, warm_start_from=logdir, clock=FakeClock()).train(endless(), max_steps=1)
+    assert len(calls) == 2, f"storage_for was called {len(calls) - 1} times for a warm-started RunConfig"
 
 
 def test_a_sidecar_evaluator_resolves_its_directories_once_not_per_evaluation(logdir, calls):
