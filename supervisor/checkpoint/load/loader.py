@@ -97,9 +97,8 @@ class VerifiedFiles:
 
 def resolve_storage(path: str | os.PathLike | Location, storage: Storage | None = None,
                     storage_options: Mapping[str, Any] | None = None) -> tuple[Storage, str]:
-    """``(storage, path in its spelling)``: ``storage`` if given, a `Location`'s own (resolved
-    already: no client is built), else `storage_for` the path (a local path or ``file://`` URL →
-    `LocalStorage`, ``s3://`` → the object store, with ``storage_options``)."""
+    """``(storage, path in its spelling)``: ``storage`` if given, a `Location`'s own (no client
+    built), else `storage_for` the path (a local path → `LocalStorage`, ``s3://`` → the object store)."""
     if isinstance(path, Location):
         location = resolve_location(path, storage_options)  # refuses options for a resolved one
         return storage or location.storage, location.path
