@@ -131,3 +131,23 @@ def test_a_sidecar_evaluator_resolves_its_directories_once_not_per_evaluation(lo
     expected = 0 if "://" not in logdir else 1  # a local directory is served by the local storage: none to build
     assert (made, len(calls) - before - made) == (expected, 0), \
         f"storage_for: {made} call(s) at construction, {len(calls) - before - made} in 3 evaluation rounds"
+
+
+def test_prune_reads_every_checkpoint_through_the_commands_one_storage(calls, capsys):
+    """``supervisor prune memory://...``: the command builds the logdir's storage once and checks
+    each checkpoint it keeps through it. Before: 1 + 1 per checkpoint checked (each one's reader
+    resolved the URL again; 1 + 2 each before `CheckpointReader` resolved once): 3 here."""
+    from supervisor.cli import main
+
+    root = f"memory://t-{uuid.uuid4().hex[:20]}"
+    trainer = StepTrainer(resolve_location(f"{root}/run"), max_to_keep=None)
+    for step in (1, 2, 3, 4):
+        trainer.save(step)
+    trainer.close()
+    before = len(calls)
+    try:
+        assert main(["prune", f"{root}/run", "--keep", "2"]) == 0
+        assert "keeping 2" in capsys.readouterr().out
+        assert len(calls) - before == 1, f"storage_for was called {len(calls) - before} times by one prune"
+    finally:
+        storage_for(root).remove_tree(root)
