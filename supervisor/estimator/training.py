@@ -264,8 +264,8 @@ def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfte
         listener.evaluate_path(path, step, final=final)
         return listener.result
     result = EvalResult(dict(metrics, global_step=step), path)
-    pending = [e for e in eval_spec.exporters
-               if step not in exported_steps(estimator.locate(join(estimator.model_dir, "export", e.name)))]
+    exports = estimator.config.location.child("export")
+    pending = [e for e in eval_spec.exporters if step not in exported_steps(exports.child(e.name))]
     if not pending:
         logger.info("the checkpoint of step %d this run starts from was evaluated and exported before", step)
         return dataclasses.replace(result, export_results=tuple(None for _ in eval_spec.exporters))
