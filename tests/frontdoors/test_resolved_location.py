@@ -14,7 +14,7 @@ import torch
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession, SingularMonitoredSession, Supervisor
 from supervisor.checkpoint import storage as storage_package
-from supervisor.checkpoint.storage import Location, resolve_location, storage_for
+from supervisor.checkpoint.storage import Location, relocate, resolve_location, storage_for
 from supervisor.estimator import (BestExporter, EvalSpec, FinalExporter, LatestExporter, RunConfig, SidecarEvaluator,
                                   TrainSpec, train_and_evaluate)
 from supervisor.testing import FakeClock
@@ -151,3 +151,16 @@ def test_prune_reads_every_checkpoint_through_the_commands_one_storage(calls, ca
         assert len(calls) - before == 1, f"storage_for was called {len(calls) - before} times by one prune"
     finally:
         storage_for(root).remove_tree(root)
+
+
+def test_relocate_serves_a_path_beside_a_location_through_its_storage(logdir, tmp_path, calls):
+    location = resolve_location(logdir)
+    before = len(calls)
+    beside = relocate(location, logdir + "/export/best" + ("/" if location.is_object_store else ""))  # URL: no "/"
+    assert beside == Location(location.join("export", "best"), location.storage) == location.child("export", "best")
+    local = relocate(location, f"file://{tmp_path}/x")
+    assert local.path == f"{tmp_path}/x" and not local.is_object_store
+    assert relocate(location, beside) is beside
+    other = "s3://bucket/run" if location.is_object_store else "memory://t/run"
+    assert relocate(location, other) is None  # another scheme: resolve it with its own options
+    assert len(calls) == before  # no client was built
