@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from supervisor.checkpoint import STEP_KEY, checkpoint_name, read_checkpoint
+from supervisor.checkpoint.storage import LocalStorage, Location
 from supervisor.clock import Clock
 from supervisor.state import strip_wrapper_prefixes, unwrap_module
 
@@ -36,6 +37,7 @@ __all__ = ["LoopExportTarget", "LoopExporters", "check_exporters"]
 logger = logging.getLogger(__name__)
 
 _EXPORTER_METHODS = ("export", "name", "write_export", "exported_steps")
+_LOCAL = LocalStorage()
 
 
 def check_exporters(exporters: Any) -> list[Any]:
@@ -80,6 +82,10 @@ class LoopExportTarget:
     def eval_dir(self, name: str | None = None) -> str:
         return self._eval_dir
 
+    def locate(self, path: str | os.PathLike) -> Location:
+        """The local `Location` of ``path`` (the logdir is local)."""
+        return path if isinstance(path, Location) else Location(os.fspath(path), _LOCAL)
+
     def checkpoint_path(self, step: int) -> str:
         return os.path.join(self._logdir, checkpoint_name(self._basename, step))
 
@@ -92,7 +98,7 @@ class LoopExportTarget:
                eval_result: Mapping[str, Any] | None = None) -> str:
         if checkpoint_path is None:
             raise ValueError("an in-loop export needs the checkpoint_path of the step it exports")
-        return self.writer(self, os.fspath(export_dir_base), os.fspath(checkpoint_path), eval_result, None)
+        return self.writer(self, export_dir_base, os.fspath(checkpoint_path), eval_result)
 
     def load_model_copy(self, checkpoint: str) -> tuple[torch.nn.Module, int]:
         """A copy of the model in eval mode: the live one for the step just evaluated, else the

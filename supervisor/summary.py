@@ -222,12 +222,13 @@ class SummaryWriterCache:
     _owners: dict[str, int] = {}
 
     @staticmethod
-    def acquire(logdir: str | os.PathLike | Location, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
-        """The writer of ``logdir`` for a session that will `release` it: the writer is closed
-        when its last owner releases it, so a session refused on a logdir (e.g. another writer
-        holds it) never closes the writer a running session shares. A new one is opened (its
-        events file created) by the session once it holds the logdir (``defer_open``)."""
-        writer = SummaryWriterCache._get(logdir, storage_options, defer_open=True)
+    def acquire(logdir: str | os.PathLike | Location) -> SummaryWriter:
+        """The writer of ``logdir`` (a session's: its resolved `Location`) for a session that will
+        `release` it: the writer is closed when its last owner releases it, so a session refused
+        on a logdir (e.g. another writer holds it) never closes the writer a running session
+        shares. A new one is opened (its events file created) by the session once it holds the
+        logdir (``defer_open``)."""
+        writer = SummaryWriterCache._get(logdir, None, defer_open=True)
         with SummaryWriterCache._lock:
             SummaryWriterCache._owners[writer.logdir] = SummaryWriterCache._owners.get(writer.logdir, 0) + 1
         return writer

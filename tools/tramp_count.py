@@ -15,6 +15,10 @@ point is a name the documented packages export (`PUBLIC`: ``supervisor``, ``hook
 or a command of the CLI (``supervisor/cli/<verb>.py::main``). The public ones keep accepting
 ``storage_options`` where users pass it. ``tramps``: the inside ones that only pass the parameter
 on (every use of it is an argument of a call; `only_passes_on`), marked ``~`` by ``--list``.
+``resolve``: those tramps whose every call that receives ``storage_options`` is a resolver
+(`RESOLVERS`: the calls that turn a directory and its options into a `Location`/`Storage`): the
+options end there, resolved once for that call, instead of being carried further down; marked
+``=`` by ``--list`` (a public reader of a module outside `PUBLIC`, or a backend's factory).
 """
 from __future__ import annotations
 
@@ -29,6 +33,11 @@ from typing import Iterator
 PARAMETERS = ("storage_options", "trusted_globals", "clock")
 PUBLIC = ("supervisor", "hooks", "supervisor.estimator", "supervisor.sinks", "supervisor.toolkit")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: Where ``storage_options`` end: the calls that resolve a directory (with its client's options)
+#: into a `Location` or `Storage`, check them, or build the backend's client from them.
+RESOLVERS = ("storage_for", "resolve_location", "check_location", "check_storage", "locate_logdir", "check_logdir",
+             "locate", "resolve_storage", "watched_location", "check_options", "default_options", "split_options",
+             "_check_options")
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
@@ -58,6 +67,18 @@ def only_passes_on(node: ast.AST, parameter: str) -> bool:
     return used > 0 and used == passed
 
 
+def only_resolves(node: ast.AST, parameter: str) -> bool:
+    """Whether every call ``parameter`` is passed to is one of `RESOLVERS` (it ends there)."""
+    callees = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Call):
+            values = [*inner.args, *(k.value for k in inner.keywords)]
+            if any(isinstance(a, ast.Name) and a.id == parameter for a in values):
+                func = inner.func
+                callees.add(func.id if isinstance(func, ast.Name) else getattr(func, "attr", ""))
+    return bool(callees) and callees <= set(RESOLVERS)
+
+
 def count(package: pathlib.Path) -> dict[str, list[str]]:
     """``{parameter: ["path::function", ...]}`` over every module under ``package`` (``~`` before
     the path: the function only passes the parameter on, `only_passes_on`)."""
@@ -67,6 +88,8 @@ def count(package: pathlib.Path) -> dict[str, list[str]]:
         for name, node in _functions(tree):
             for parameter in sorted(set(PARAMETERS) & _parameters(node)):
                 mark = "~" if only_passes_on(node, parameter) else ""
+                if mark and parameter == "storage_options" and only_resolves(node, parameter):
+                    mark = "~="
                 found[parameter].append(f"{mark}{path.relative_to(package.parent)}::{name}")
     return found
 
@@ -89,10 +112,11 @@ def entry_points(root: pathlib.Path) -> set[str]:
 
 def is_inside(function: str, entries: set[str]) -> bool:
     """Whether ``path::qualified.name`` is no entry point (nor a method of an exported class)."""
-    path, name = function.lstrip("~").split("::", 1)
+    function = function.lstrip("~=")
+    path, name = function.split("::", 1)
     if path.startswith("supervisor/cli/") and name == "main":
         return False
-    return not any(function.lstrip("~") == e or function.lstrip("~").startswith(e + ".") for e in entries)
+    return not any(function == e or function.startswith(e + ".") for e in entries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,12 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     package = pathlib.Path(args.package).resolve()
     found, entries = count(package), entry_points(package.parent)
-    print(f"{'parameter':<18}{'functions':>10}{'files':>7}{'inside':>8}{'files':>7}{'tramps':>8}{'files':>7}")
+    print(f"{'parameter':<18}{'functions':>10}{'files':>7}{'inside':>8}{'files':>7}{'tramps':>8}{'files':>7}"
+          f"{'resolve':>9}{'files':>7}")
     for parameter, functions in found.items():
         inside = [f for f in functions if is_inside(f, entries)]
         tramps = [f for f in inside if f.startswith("~")]
-        counts = [(len(fs), len({f.lstrip("~").split("::", 1)[0] for f in fs})) for fs in (functions, inside, tramps)]
-        print(f"{parameter:<18}" + "".join(f"{n:>{w}}{k:>7}" for (n, k), w in zip(counts, (10, 8, 8))))
+        resolve = [f for f in tramps if f.startswith("~=")]
+        counts = [(len(fs), len({f.lstrip("~=").split("::", 1)[0] for f in fs}))
+                  for fs in (functions, inside, tramps, resolve)]
+        print(f"{parameter:<18}" + "".join(f"{n:>{w}}{k:>7}" for (n, k), w in zip(counts, (10, 8, 8, 9))))
     if args.list:
         for parameter, functions in found.items():
             print(f"\n{parameter} (* inside):", *(("* " if is_inside(f, entries) else "  ") + f for f in functions),

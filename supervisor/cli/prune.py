@@ -45,7 +45,7 @@ from supervisor.checkpoint import (
 )
 from supervisor.checkpoint.layout.index import keep_entries
 from supervisor.checkpoint.formats.safe_globals import UntrustedCheckpointError
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import Location, Storage
 from supervisor.cli._common import EXIT_OK, EXIT_PROBLEM, Refused, error, writer_lock
 from supervisor.cli._remote import add_storage_options, is_url, mutate_url, relative_url_index
 from supervisor.errors import CheckpointError
@@ -105,10 +105,11 @@ class Plan:
 
 
 def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protected: tuple[str, ...] = (),
-         storage: Storage | None = None, storage_options: dict | None = None) -> Plan:
+         storage: Storage | None = None) -> Plan:
     """Keeps the ``keep`` highest-step committed checkpoints the (relative) index lists that
     verify and load (`usable`), its ``model_checkpoint_path``, ``protected`` and those that could
-    not be read; deletes the other committed ones."""
+    not be read; deletes the other committed ones. ``storage``: a URL logdir's, built once by the
+    command (every checkpoint is read through it)."""
     committed, left_alone, missing = [], [], []
     for name in dict.fromkeys(index.all_model_checkpoint_paths):
         problem = deletable_problem(logdir, name, basename, storage)
@@ -123,7 +124,7 @@ def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protecte
     for name in reversed(by_step):  # newest first, until `keep` of them load
         if len(usable) == keep:
             break
-        ok, why = _usable(logdir, name, storage, storage_options)
+        ok, why = _usable(logdir, name, storage)
         (usable if ok else unusable if ok is False else unread).append(name if ok else (name, why))
     kept = {*usable, *(n for n, _ in unread), os.path.normpath(index.model_checkpoint_path), *protected}
     if not usable:
@@ -132,12 +133,12 @@ def plan(logdir: str, index: CheckpointState, keep: int, basename: str, protecte
                 unusable + unread, len(usable))
 
 
-def _usable(logdir: str, name: str, storage: Storage | None, options: dict | None) -> tuple[bool | None, str]:
+def _usable(logdir: str, name: str, storage: Storage | None) -> tuple[bool | None, str]:
     """Whether the checkpoint ``name`` verifies in full and its structure loads under the
     allowlist: (True, ""), (False, why not), or (None, why) when it could not be read."""
-    path = os.path.join(logdir, name) if storage is None else storage.join(logdir, name)
+    path = os.path.join(logdir, name) if storage is None else Location(storage.join(logdir, name), storage)
     try:
-        CheckpointReader(path, verify="full", storage_options=options).close()
+        CheckpointReader(path, verify="full").close()
     except UntrustedCheckpointError as e:
         if e.malicious:  # the refusal says why (and never suggests trusting it)
             return False, f"it does not load and may be malicious: {e}"
@@ -207,8 +208,7 @@ def _prune(args: argparse.Namespace, logdir: str | None = None, storage: Storage
               "deletes nothing (fix the index, e.g. with `rollback`)")
         return EXIT_PROBLEM
     index = relative_index(index, os.path.abspath(logdir)) if storage is None else relative_url_index(logdir, index)
-    todo = plan(logdir, index, args.keep, basename, _restore_choice(logdir, basename, storage), storage,
-                getattr(args, "storage_options", None))
+    todo = plan(logdir, index, args.keep, basename, _restore_choice(logdir, basename, storage), storage)
     print(f"keeping {len(todo.kept)}: {', '.join(todo.kept) or 'none'}")
     for name, problem in todo.unusable:
         print(f"not counted among the {args.keep} to keep: {name} ({problem.removeprefix('it ')})")

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 from supervisor._validate import check_int, check_number
 from supervisor.checkpoint.layout.format import step_of
 from supervisor.checkpoint.layout.index import read_index
-from supervisor.checkpoint.storage import Storage, check_storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Location, Storage, check_location, split_scheme
 from supervisor.clock import Clock, resolve_clock
 
 __all__ = ["committed_step", "wait_for_global_step"]
@@ -35,36 +35,29 @@ __all__ = ["committed_step", "wait_for_global_step"]
 logger = logging.getLogger(__name__)
 
 
-def committed_step(logdir: str | os.PathLike, basename: str = "model.ckpt", *,
+def committed_step(logdir: str | os.PathLike | Location, basename: str = "model.ckpt", *,
                    storage_options: Mapping[str, Any] | None = None, storage: Storage | None = None,
                    raise_errors: bool = False) -> int | None:
     """The step of the checkpoint ``logdir``'s index points at; None when there is none yet (or
     the index cannot be read: ``raise_errors`` raises that `OSError`/`ValueError` instead).
     Reads the index only (the chief replaces it after each commit). ``storage_options``: the
-    client's options for a URL (``storage``: its storage, made once)."""
-    storage, directory = _index_location(logdir, storage_options, storage)
-    step, problem = _read_committed(directory, basename, storage)
+    client's options for a URL (``storage``: its storage, made once; or ``logdir`` a resolved
+    `Location`)."""
+    if storage is not None:  # made once by the caller: no client built here
+        scheme, spelled = split_scheme(logdir)
+        location = Location(spelled if scheme == "file" else spelled.rstrip("/"), storage)
+    else:
+        location = check_location("logdir", logdir, storage_options)  # type: ignore[arg-type, assignment]
+    step, problem = _read_committed(location, basename)  # type: ignore[arg-type]
     if problem is not None and raise_errors:
         raise problem
     return step
 
 
-def _index_location(logdir: str | os.PathLike, storage_options: Mapping[str, Any] | None,
-                    storage: Storage | None) -> tuple[Storage | None, str]:
-    """``(storage, directory)``: a URL's storage (``storage`` or one made with the options; the
-    URL without a trailing ``/``), or None and the local path (``storage_options`` refused)."""
-    scheme, spelled = split_scheme(logdir)
-    if scheme == "file":
-        check_storage("logdir", os.fspath(logdir), storage_options)
-        return None, os.fspath(logdir)
-    return (storage if storage is not None else storage_for(spelled, storage_options)), spelled.rstrip("/")
-
-
-def _read_committed(directory: str, basename: str,
-                    storage: Storage | None) -> tuple[int | None, OSError | ValueError | None]:
+def _read_committed(location: Location, basename: str) -> tuple[int | None, OSError | ValueError | None]:
     """``(committed step or None, the error that kept the index from being read or None)``."""
     try:
-        index = read_index(directory, storage)
+        index = read_index(location.path, location.storage)
     except (OSError, ValueError) as e:
         return None, e
     if index is None or not index.model_checkpoint_path:
@@ -72,7 +65,7 @@ def _read_committed(directory: str, basename: str,
     return step_of(os.path.basename(os.path.normpath(index.model_checkpoint_path)), basename), None
 
 
-def wait_for_global_step(logdir: str | os.PathLike, step: int, *, timeout_secs: float | None = 7200,
+def wait_for_global_step(logdir: str | os.PathLike | Location, step: int, *, timeout_secs: float | None = 7200,
                          poll_secs: float = 1.0, basename: str = "model.ckpt",
                          should_stop: Callable[[], bool] | None = None, clock: Clock | None = None,
                          storage_options: Mapping[str, Any] | None = None) -> int | None:
@@ -99,10 +92,10 @@ def wait_for_global_step(logdir: str | os.PathLike, step: int, *, timeout_secs: 
     timeout_secs = check_number("timeout_secs", timeout_secs, minimum=0, allow_none=True)
     poll_secs = check_number("poll_secs", poll_secs, strictly_positive=True)
     clock = resolve_clock(clock)
-    storage, directory = _index_location(logdir, storage_options, None)
-    start = clock.monotonic()
+    location: Location = check_location("logdir", logdir, storage_options)  # type: ignore[arg-type, assignment]
+    directory, start = location.path, clock.monotonic()
     while True:
-        seen, problem = _read_committed(directory, basename, storage)
+        seen, problem = _read_committed(location, basename)
         if seen is not None and seen >= step:
             return seen
         if should_stop is not None and should_stop():

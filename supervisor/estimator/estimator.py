@@ -32,7 +32,7 @@ from supervisor.checkpoint import (
     read_checkpoint,
     read_manifest,
 )
-from supervisor.checkpoint.storage import storage_for
+from supervisor.checkpoint.storage import Location, relocate, resolve_location
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.export_writer import write_export
@@ -149,7 +149,15 @@ class Estimator:
 
     def latest_checkpoint(self) -> str | None:
         """The newest committed checkpoint the index names, or None."""
-        return latest_checkpoint(self.model_dir, storage_options=self._config.storage_options)
+        location = self._config.location
+        return latest_checkpoint(location.path, storage=location.storage)
+
+    def locate(self, path: str | os.PathLike) -> Location:
+        """The resolved `Location` of a directory or checkpoint of this estimator (``model_dir``,
+        ``eval*/``, ``export/<name>``, a checkpoint path, an export base): through ``model_dir``'s
+        storage, built once by the `RunConfig`, when it is on the same store (a local path: the
+        local one); a URL of another scheme is resolved with the `RunConfig`'s options."""
+        return relocate(self._config.location, path) or resolve_location(path, self._options(path))
 
     # ------------------------------------------------------------------ train
     def train(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
@@ -219,7 +227,7 @@ class Estimator:
         latest = self.latest_checkpoint()
         try:
             in_checkpoint = latest is not None and any(
-                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(latest, self._options(latest)))
+                name.split("/", 1)[0] == INPUT_ENTRY for name in variable_names(self.locate(latest)))
         except Exception:  # noqa: BLE001 - unreadable: the restore reports it (or falls back)
             in_checkpoint = latest is not None and batches.fast_forward
         if in_checkpoint or (latest is None and batches.fast_forward):
@@ -232,7 +240,7 @@ class Estimator:
     def checkpoint_step(self, checkpoint_path: str | None = None) -> int | None:
         """The step of ``checkpoint_path`` (default: the latest checkpoint; None if none)."""
         path = checkpoint_path or self.latest_checkpoint()
-        return None if path is None else read_manifest(path, storage_for(path, self._options(path))).step
+        return None if path is None else read_manifest(path, self.locate(path).storage).step
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, input_fn: Callable[[], Iterable[Any]], steps: int | None = None,
@@ -251,7 +259,7 @@ class Estimator:
         validate_eval_name(name)
         hooks = validate_hooks(hooks)
         path = self._checkpoint_or_latest(checkpoint_path, "evaluate")
-        checkpoint = read_checkpoint(path, storage_options=self._options(path))
+        checkpoint = read_checkpoint(path, storage=self.locate(path).storage)
         return self.evaluate_checkpoint(checkpoint, input_fn, steps=steps, name=name, hooks=hooks)
 
     def evaluate_checkpoint(self, checkpoint: CheckpointRead, input_fn: Callable[[], Iterable[Any]], *,
@@ -267,7 +275,7 @@ class Estimator:
         directory = self.eval_dir(name)
         events = self._event_files.get(directory)
         if events is None:
-            events = self._event_files[directory] = EvalEventsFile(directory, self._options(directory))
+            events = self._event_files[directory] = EvalEventsFile(self.locate(directory))
         events.write({k: val for k, val in metrics.items() if k != "global_step"}, step)
         logger.info("Saving dict for global step %d: %s", step,
                     ", ".join(f"{k} = {val:.6g}" for k, val in sorted(metrics.items()) if k != "global_step"))
@@ -280,7 +288,7 @@ class Estimator:
         if not isinstance(checkpoint, CheckpointRead):
             if self._eval_copy is not None and self._copy_holds == os.fspath(checkpoint):
                 return self._eval_copy, self._copy_step  # e.g. exporting what was just evaluated
-            checkpoint = read_checkpoint(checkpoint, storage_options=self._options(checkpoint))
+            checkpoint = read_checkpoint(checkpoint, storage=self.locate(checkpoint).storage)
         payload, checkpoint_path = checkpoint.payload, checkpoint.path
         self._copy_holds = None
         if self._eval_copy is None:
@@ -316,13 +324,13 @@ class Estimator:
         """The names of the latest checkpoint's values (``model/fc.weight``,
         ``optimizer/state/0/exp_avg``, ``global_step``), read without loading the tensors."""
         path = self._checkpoint_or_latest(None, "get_variable_names")
-        return variable_names(path, self._options(path))
+        return variable_names(self.locate(path))
 
     def get_variable_value(self, name: str) -> Any:
         """One value of the latest checkpoint by its `get_variable_names` name; only that
         tensor's bytes are read (memory-mapped load)."""
         path = self._checkpoint_or_latest(None, "get_variable_value")
-        return variable_value(path, name, self._options(path))
+        return variable_value(self.locate(path), name)
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
                eval_result: Mapping[str, Any] | None = None,
@@ -330,17 +338,20 @@ class Estimator:
         """Writes ``<export_dir_base>/<timestamp>/`` (weights, eval result, and a ``torch.export``
         program when ``example_input`` is set) and returns its path (see `exporters`).
         ``export_dir_base`` may be an ``s3://`` URL; its client's options are ``storage_options``,
-        else the `RunConfig`'s (those of ``model_dir``'s object store)."""
+        else the `RunConfig`'s (those of ``model_dir``'s object store: its client, `locate`)."""
         path = self._checkpoint_or_latest(checkpoint_path, "export")
-        base = os.fspath(export_dir_base)
-        options = storage_options if storage_options is not None else self._options(base)
-        return write_export(self, base, path, eval_result, options)
+        if storage_options is None:
+            return write_export(self, self.locate(export_dir_base), path, eval_result)
+        if storage_options and not is_url(export_dir_base):
+            raise ValueError(f"storage_options were given for the local export_dir_base "
+                             f"{os.fspath(export_dir_base)!r}; they apply to object-store URLs only (s3://...)")
+        return write_export(self, resolve_location(export_dir_base, storage_options or None), path, eval_result)
 
     # ------------------------------------------------------------------ helpers
     def _warm_start_fn(self) -> Callable[[Any], None] | None:
         if self._warm_start is None:
             return None
-        return warm_start_fn(self._warm_start, unwrap_module(self._model), self._config.storage_options)
+        return warm_start_fn(self._warm_start, unwrap_module(self._model), self.locate)
 
     def _options(self, path: str | os.PathLike) -> dict[str, Any] | None:
         """The `RunConfig`'s ``storage_options`` for a URL ``path``; None for a local one."""

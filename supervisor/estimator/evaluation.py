@@ -48,16 +48,17 @@ from supervisor._paths import check_watched_directory, local_path
 from supervisor._validate import check_callable, check_choice, check_int, check_number
 from supervisor.checkpoint import VERIFY_MODES, CheckpointRead, check_trusted_globals, latest_checkpoint
 from supervisor.checkpoint import read_checkpoint, read_finished
-from supervisor.checkpoint.storage import Storage, is_url, storage_for
+from supervisor.checkpoint.storage import LocalStorage, Location, is_url, resolve_location
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointCorruptError, CheckpointVanishedError
 
 __all__ = ["EvaluationLoop", "EvaluationResult", "EvaluationStats", "StopReason", "evaluation_loop",
-           "watched_directory"]
+           "watched_location"]
 
 logger = logging.getLogger(__name__)
 
 _STEP_SUFFIX = re.compile(r"-(\d+)$")
+_LOCAL = LocalStorage()
 
 
 class StopReason:
@@ -142,8 +143,9 @@ class EvaluationLoop:
                  poll_secs: float = 1.0, verify: str = "full", trusted_globals: Iterable[Any] = (),
                  map_location: Any = "cpu", clock: Clock | None = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
-        self.checkpoint_dir, self._storage = watched_directory("checkpoint_dir", checkpoint_dir, storage_options)
-        self._on = {} if self._storage is None else {"storage": self._storage}  # the URL's storage, made once
+        location = watched_location("checkpoint_dir", checkpoint_dir, storage_options)
+        self.checkpoint_dir, self._storage = location.path, location.storage if location.is_object_store else None
+        self._on = {"storage": location.storage}  # made once: every look at the index, mark and checkpoint
         self.evaluate_fn = check_callable("evaluate_fn", evaluate_fn, allow_none=False,
                                           signature="evaluate_fn(checkpoint) -> metrics")
         self.min_interval_secs = check_number("min_interval_secs", min_interval_secs, minimum=0)
@@ -289,27 +291,31 @@ class EvaluationLoop:
                     reason, self.stats.evaluated)
 
 
-def watched_directory(name: str, value: Any,
-                      storage_options: Mapping[str, Any] | None = None) -> tuple[str, Storage | None]:
-    """The directory a reader follows and its storage: ``(absolute path, None)`` for a local
-    path (`supervisor._paths.check_watched_directory`: it need not exist yet), ``(url, storage)``
-    for an object-store URL (``s3://bucket/prefix``, never made absolute; no trailing ``/``).
+def watched_location(name: str, value: Any, storage_options: Mapping[str, Any] | None = None) -> Location:
+    """The directory a reader follows, resolved: a local path checked
+    (`supervisor._paths.check_watched_directory`: it need not exist yet) and made absolute, with
+    the local storage (no client built); an object-store URL (``s3://bucket/prefix``, never made
+    absolute; no trailing ``/``) with its storage, built here; a `Location` given (resolved
+    already) as it is (a local one checked and made absolute).
 
     Raises:
         ValueError: a local path that is (or is under) a file, ``storage_options`` for a local
             path, an unknown URL scheme (each message names ``name`` and the value).
         ImportError: the URL's client is not installed (the message names the pip extra).
     """
+    if isinstance(value, Location) and storage_options is None:
+        if value.is_object_store:
+            return value
+        return Location(os.path.abspath(check_watched_directory(name, value.path)), value.storage)
     if isinstance(value, (str, os.PathLike)) and is_url(value):
-        url = os.fspath(value).rstrip("/")
         try:
-            return url, storage_for(url, storage_options)
+            return resolve_location(os.fspath(value).rstrip("/"), storage_options)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
     if storage_options:
         raise ValueError(f"{name} {value!r} is a local path, but storage_options={dict(storage_options)!r} were "
                          "given; they apply to object-store URLs only (s3://bucket/prefix)")
-    return os.path.abspath(check_watched_directory(name, local_path(value))), None
+    return Location(os.path.abspath(check_watched_directory(name, local_path(value))), _LOCAL)
 
 
 def evaluation_loop(checkpoint_dir: str | os.PathLike, evaluate_fn: Callable[[CheckpointRead], Any],

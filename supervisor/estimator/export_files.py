@@ -6,8 +6,11 @@ hidden ``.<version>.tmp-<host>-<pid>-<random>`` directories are exports being wr
 while written), ``.<version>.deleting-<random>`` ones old exports being deleted (or killed while
 deleted). On an object store (``export_path`` an ``s3://`` URL) a version is complete when its
 ``MANIFEST.json`` exists (`supervisor.estimator.export_objects`). Readers list complete exports
-only; `remove_crashed_exports` deletes the leftovers. Every function takes the object-store
-client's ``storage_options`` for a URL (None: the ``AWS_*`` environment, ``~/.aws``).
+only; `remove_crashed_exports` deletes the leftovers. Every function takes a directory as a
+resolved `supervisor.checkpoint.storage.Location` (the estimator's: its client built once) or as
+a path or URL; the public ones (re-exported by `supervisor.estimator.exporters`) also take the
+object-store client's ``storage_options`` for a URL (None: the ``AWS_*`` environment, ``~/.aws``)
+and resolve it once.
 """
 from __future__ import annotations
 
@@ -21,9 +24,8 @@ from typing import IO, Any, Mapping
 
 from supervisor.checkpoint import get_checkpoint_state, read_index, read_manifest
 from supervisor.checkpoint.storage.records import fields, parse_object
-from supervisor.checkpoint.storage import Storage, storage_for
+from supervisor.checkpoint.storage import Location, is_url, resolve_location
 from supervisor.estimator.export_objects import list_object_exports, remove_object_leftovers
-from supervisor.estimator.locations import is_url
 from supervisor.events import open_regular_file
 
 __all__ = ["WEIGHTS_FILE", "PROGRAM_FILE", "SAFETENSORS_FILE", "RESULT_FILE", "list_exports", "new_version_dir",
@@ -39,30 +41,22 @@ RESULT_FILE = "eval_result.json"
 _RECORD_MAX_BYTES = 16 << 20
 
 Options = Mapping[str, Any] | None
+#: A directory: resolved (a `Location`), or a path or URL resolved on use (without client options).
+Where = str | os.PathLike | Location
 
 _TEMP = re.compile(r"^\.\d+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{16}$")
 _DELETING = re.compile(r"^\.\d+\.deleting-[0-9a-f]{16}$")
 
 
-def _store(path: str | os.PathLike, storage_options: Options) -> Storage | None:
-    """The object store of a URL ``path``; None for a local path (which refuses options)."""
-    if is_url(path):
-        return storage_for(path, storage_options)
-    if storage_options:
-        raise ValueError(f"storage_options were given for the local path {os.fspath(path)!r}; they apply to "
-                         "object-store URLs only (s3://...)")
-    return None
-
-
-def remove_crashed_exports(export_dir_base: str | os.PathLike, storage_options: Options = None) -> list[str]:
+def remove_crashed_exports(export_dir_base: Where, storage_options: Options = None) -> list[str]:
     """Deletes what killed exports left in ``export_dir_base`` (see the module docstring) and
     returns the paths: old exports renamed aside for deletion (``.<version>.deleting-*``), and
     temp directories of this host's exports whose process no longer exists; on an object store
     the version prefixes without a manifest (a WARNING each)."""
-    store = _store(export_dir_base, storage_options)
-    if store is not None:
-        return remove_object_leftovers(store, os.fspath(export_dir_base).rstrip("/"))[0]
-    export_dir_base = os.fspath(export_dir_base)
+    location = resolve_location(export_dir_base, storage_options)
+    if location.is_object_store:
+        return remove_object_leftovers(location.storage, location.path)[0]
+    export_dir_base = location.path
     try:
         names = os.listdir(export_dir_base)
     except (FileNotFoundError, NotADirectoryError):
@@ -97,17 +91,17 @@ def next_version(timestamp: int, exports: list[tuple[str, str]]) -> int:
     return max([timestamp] + [int(v) + 1 for v, _ in exports])
 
 
-def new_version_dir(base: str, timestamp: int) -> str:
-    return os.path.join(base, str(next_version(timestamp, list_exports(base))))
+def new_version_dir(base: Location, timestamp: int) -> str:
+    return os.path.join(base.path, str(next_version(timestamp, list_exports(base))))
 
 
-def list_exports(export_path: str | os.PathLike, storage_options: Options = None) -> list[tuple[str, str]]:
+def list_exports(export_path: Where, storage_options: Options = None) -> list[tuple[str, str]]:
     """``(version, path)`` of the complete exports under ``export_path`` (a local path or a
     URL), oldest first."""
-    store = _store(export_path, storage_options)
-    if store is not None:
-        return list_object_exports(store, os.fspath(export_path).rstrip("/"))
-    export_path = os.fspath(export_path)
+    location = resolve_location(export_path, storage_options)
+    if location.is_object_store:
+        return list_object_exports(location.storage, location.path)
+    export_path = location.path
     try:
         names = os.listdir(export_path)
     except FileNotFoundError:
@@ -116,15 +110,15 @@ def list_exports(export_path: str | os.PathLike, storage_options: Options = None
     return [(n, os.path.join(export_path, n)) for _, n in sorted(found)]
 
 
-def exported_results(export_path: str, evaluations: Mapping[int, dict[str, Any]],
-                     storage_options: Options = None) -> tuple[list[dict], bool]:
+def exported_results(export_path: Location, evaluations: Mapping[int, dict[str, Any]]) -> tuple[list[dict], bool]:
     """The eval results of the exports under ``export_path`` (a damaged record replaced by the
     evaluation of the export's step), and whether some export's result could not be known."""
     results, unknown = [], False
-    for _, path in list_exports(export_path, storage_options):
-        result = read_export_record(path, storage_options)
+    for _, path in list_exports(export_path):
+        export = Location(path, export_path.storage)
+        result = read_export_record(export)
         if result is None:
-            step = export_step(path, storage_options)
+            step = export_step(export)
             result = evaluations.get(step) if step is not None else None
             if result is None:
                 unknown = True
@@ -134,48 +128,48 @@ def exported_results(export_path: str, evaluations: Mapping[int, dict[str, Any]]
     return results, unknown
 
 
-def open_export_file(export_dir: str | os.PathLike, name: str, storage_options: Options = None) -> IO[bytes]:
+def open_export_file(export_dir: Where, name: str, storage_options: Options = None) -> IO[bytes]:
     """A binary reader of the file ``name`` of an export (a local directory or a URL): regular
     files only locally, a seekable ranged reader on an object store. What loads an export from a
     URL, e.g. ``torch.load(open_export_file(url, "model.pt", opts), weights_only=True)`` or
     ``torch.export.load(open_export_file(url, "model.pt2", opts))``."""
-    store = _store(export_dir, storage_options)
-    if store is not None:
-        return store.open_read(store.join(os.fspath(export_dir), name))
-    return open_regular_file(os.path.join(os.fspath(export_dir), name))
+    location = resolve_location(export_dir, storage_options)
+    if location.is_object_store:
+        return location.storage.open_read(location.join(name))
+    return open_regular_file(os.path.join(location.path, name))
 
 
-def read_export_file(export_dir: str | os.PathLike, name: str, storage_options: Options = None, *,
+def read_export_file(export_dir: Where, name: str, storage_options: Options = None, *,
                      max_bytes: int | None = None) -> bytes:
     """The bytes of the file ``name`` of an export (see `open_export_file`); ``OSError`` also
     when it has more than ``max_bytes``."""
-    store = _store(export_dir, storage_options)
-    if store is not None:
-        return store.read_bytes(store.join(os.fspath(export_dir), name), max_bytes=max_bytes)
-    with open_export_file(export_dir, name) as f:
+    location = resolve_location(export_dir, storage_options)
+    if location.is_object_store:
+        return location.storage.read_bytes(location.join(name), max_bytes=max_bytes)
+    with open_export_file(location, name) as f:
         data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     if max_bytes is not None and len(data) > max_bytes:
-        raise OSError(f"{os.path.join(os.fspath(export_dir), name)} has more than {max_bytes} bytes")
+        raise OSError(f"{os.path.join(location.path, name)} has more than {max_bytes} bytes")
     return data
 
 
-def read_export_record(export_dir: str, storage_options: Options = None) -> dict[str, Any] | None:
+def read_export_record(export_dir: Where) -> dict[str, Any] | None:
     """The eval result an export holds (``eval_result.json``), or None with a WARNING."""
     try:  # untrusted: supervisor.checkpoint.storage.records
-        record = parse_object(read_export_file(export_dir, RESULT_FILE, storage_options, max_bytes=_RECORD_MAX_BYTES))
+        record = parse_object(read_export_file(export_dir, RESULT_FILE, max_bytes=_RECORD_MAX_BYTES))
         return fields(lambda: dict(_metrics(record["metrics"]), global_step=_step(record["global_step"])),
                       "export record")
     except (OSError, ValueError) as e:
-        logger.warning("ignoring the export record of %s: %s", export_dir, e)
+        logger.warning("ignoring the export record of %s: %s", os.fspath(export_dir), e)
         return None
 
 
-def export_step(export_dir: str, storage_options: Options = None) -> int | None:
+def export_step(export_dir: Where) -> int | None:
     """The step of an export, from the ``global_step`` metadata of its ``model.safetensors``
     (the header is read without the package: an 8-byte length, then JSON); None when it has
     none or the header is damaged."""
     try:
-        with open_export_file(export_dir, SAFETENSORS_FILE, storage_options) as f:
+        with open_export_file(export_dir, SAFETENSORS_FILE) as f:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > 100 << 20:
                 return None
@@ -197,16 +191,16 @@ def _metrics(value: Any) -> dict[str, Any]:
     return value
 
 
-def checkpoint_of_step(model_dir: str, step: int, storage_options: Options = None) -> str | None:
+def checkpoint_of_step(model_dir: Location, step: int) -> str | None:
     """The committed checkpoint of ``step`` the index of ``model_dir`` lists, or None."""
-    store = _store(model_dir, storage_options)
+    store = model_dir.storage if model_dir.is_object_store else None
     try:
-        state = get_checkpoint_state(model_dir) if store is None else read_index(model_dir, store)
+        state = get_checkpoint_state(model_dir.path) if store is None else read_index(model_dir.path, store)
     except (OSError, ValueError):
         return None
     for path in state.all_model_checkpoint_paths if state is not None else ():
         if store is not None and not is_url(path):  # the index lists names relative to model_dir
-            path = store.join(model_dir, path)
+            path = store.join(model_dir.path, path)
         try:
             if read_manifest(path, store).step == step:
                 return path

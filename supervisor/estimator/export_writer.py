@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Protocol
 import torch
 
 from supervisor.checkpoint import fsync_dir
-from supervisor.checkpoint.storage import storage_for
+from supervisor.checkpoint.storage import Location, resolve_location
 from supervisor.clock import Clock
 from supervisor.estimator.export_files import (
     PROGRAM_FILE,
@@ -32,7 +32,6 @@ from supervisor.estimator.export_files import (
 )
 from supervisor.estimator.export_objects import remove_object_leftovers, upload_export
 from supervisor.estimator.isolation import preserved_rng
-from supervisor.estimator.locations import is_url
 
 __all__ = ["ExportSource", "write_export", "export_program"]
 
@@ -51,26 +50,26 @@ class ExportSource(Protocol):
     def load_model_copy(self, checkpoint: str) -> tuple[torch.nn.Module, int]: ...
 
 
-def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path: str,
-                 eval_result: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None = None) -> str:
+def write_export(estimator: ExportSource, export_dir_base: str | os.PathLike | Location, checkpoint_path: str,
+                 eval_result: Mapping[str, Any] | None) -> str:
     """Exports ``checkpoint_path`` into a new ``<export_dir_base>/<timestamp>/``; returns it.
     ``estimator`` gives the model copy with the checkpoint's weights, the example input and the
     clock (the export's version); the process's RNG states are restored afterwards.
-    ``export_dir_base`` may be an object-store URL (``s3://bucket/prefix``; ``storage_options``:
-    its client's options): the export then exists once its manifest is written, last.
+    ``export_dir_base`` may be on an object store (a `Location` resolved with its client's
+    options, or a URL ``s3://bucket/prefix`` for the default client): the export then exists once
+    its manifest is written, last.
 
     Raises:
-        ValueError: ``storage_options`` for a local ``export_dir_base``, or an unknown URL scheme.
+        ValueError: an unknown URL scheme.
         ImportError: an ``s3://`` base without the ``[s3]`` extra.
     """
-    if is_url(export_dir_base):
-        return _write_to_store(estimator, export_dir_base.rstrip("/"), checkpoint_path, eval_result, storage_options)
-    if storage_options:
-        raise ValueError(f"storage_options were given for the local export_dir_base {export_dir_base!r}; they "
-                         "apply to object-store URLs only (s3://...)")
+    base = resolve_location(export_dir_base)
+    if base.is_object_store:
+        return _write_to_store(estimator, base, checkpoint_path, eval_result)
+    export_dir_base = base.path
     os.makedirs(export_dir_base, exist_ok=True)
-    remove_crashed_exports(export_dir_base)
-    final = new_version_dir(export_dir_base, int(estimator.clock.time()))
+    remove_crashed_exports(base)
+    final = new_version_dir(base, int(estimator.clock.time()))
     tmp = os.path.join(export_dir_base, f".{os.path.basename(final)}.tmp-{socket.gethostname()}-{os.getpid()}-"
                                         f"{os.urandom(8).hex()}")
     os.makedirs(tmp)
@@ -86,14 +85,14 @@ def write_export(estimator: ExportSource, export_dir_base: str, checkpoint_path:
     return final
 
 
-def _write_to_store(estimator: ExportSource, base: str, checkpoint_path: str,
-                    eval_result: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None) -> str:
-    storage = storage_for(base, storage_options)
-    _, exports = remove_object_leftovers(storage, base, abort_uploads=False)  # the exporters' first call aborts
+def _write_to_store(estimator: ExportSource, base: Location, checkpoint_path: str,
+                    eval_result: Mapping[str, Any] | None) -> str:
+    storage = base.storage
+    _, exports = remove_object_leftovers(storage, base.path, abort_uploads=False)  # the exporters' first call aborts
     version = next_version(int(estimator.clock.time()), exports)
     with tempfile.TemporaryDirectory(prefix="supervisor-export-") as local:
         step = _write_files(estimator, local, checkpoint_path, eval_result)
-        final = upload_export(storage, local, base, version)
+        final = upload_export(storage, local, base.path, version)
     logger.info("exported the checkpoint of step %d to %s", step, final)
     return final
 

@@ -9,11 +9,11 @@ import os
 import shutil
 from typing import Any, Mapping, Protocol
 
-from supervisor.checkpoint.storage import storage_for
+from supervisor.checkpoint.storage import Location, resolve_location
 from supervisor.estimator.export_files import list_exports, read_export_record, remove_crashed_exports
 from supervisor.estimator.export_objects import delete_object_export
 from supervisor.estimator.export_writer import write_export
-from supervisor.estimator.locations import is_url, options_for
+from supervisor.estimator.locations import options_for
 
 __all__ = ["Exporter", "ExportTarget"]
 
@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 class ExportTarget(Protocol):
     """What an `Exporter` uses of an `Estimator`: where it trains (and that object store's
-    client options), where evaluations write, and its `export`."""
+    client options), where evaluations write, the resolved location of a directory of its
+    (`locate`: the client built once), and its `export`."""
 
     @property
     def model_dir(self) -> str: ...
@@ -31,6 +32,8 @@ class ExportTarget(Protocol):
     def storage_options(self) -> Mapping[str, Any] | None: ...
 
     def eval_dir(self, name: str | None = None) -> str: ...
+
+    def locate(self, path: str | os.PathLike) -> Location: ...
 
     def export(self, export_dir_base: str | os.PathLike, checkpoint_path: str | None = None, *,
                eval_result: Mapping[str, Any] | None = None) -> str: ...
@@ -62,10 +65,11 @@ class Exporter:
     write_export = staticmethod(write_export)
 
     @staticmethod
-    def exported_steps(export_path: str) -> set[int]:
+    def exported_steps(export_path: str | os.PathLike | Location) -> set[int]:
         """The global steps of the readable exports under ``export_path`` (a damaged record is
         skipped with a WARNING)."""
-        records = (read_export_record(path) for _, path in list_exports(export_path))
+        base = resolve_location(export_path)
+        records = (read_export_record(Location(path, base.storage)) for _, path in list_exports(base))
         return {record["global_step"] for record in records if record is not None}
 
     def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
@@ -73,30 +77,33 @@ class Exporter:
         """Exports (or not) the evaluated checkpoint; returns the export's path or None."""
         raise NotImplementedError
 
-    def remove_leftovers(self, export_path: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    def remove_leftovers(self, export_path: str | os.PathLike | Location,
+                         storage_options: Mapping[str, Any] | None = None) -> None:
         """`remove_crashed_exports` on the first call for ``export_path`` in this process (each
         export does it again), so a killed export's leftovers go even when nothing is exported.
-        ``storage_options``: the client's options when ``export_path`` is a URL."""
-        if export_path not in self._tidied:
-            remove_crashed_exports(export_path, options_for(export_path, storage_options))
-            self._tidied.add(export_path)
+        ``export_path``: a path or URL (``storage_options``: the client's options for a URL), or
+        its resolved `Location` (the estimator's, `ExportTarget.locate`)."""
+        if os.fspath(export_path) not in self._tidied:
+            remove_crashed_exports(resolve_location(export_path, options_for(export_path, storage_options)))
+            self._tidied.add(os.fspath(export_path))
 
     def _export_and_collect(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                             eval_result: Mapping[str, Any]) -> str:
-        path = estimator.export(export_path, checkpoint_path, eval_result=eval_result)
-        self._garbage_collect(export_path, estimator.storage_options)
+        base = estimator.locate(export_path)
+        path = estimator.export(base, checkpoint_path, eval_result=eval_result)
+        self._garbage_collect(base)
         return path
 
-    def _garbage_collect(self, export_path: str, storage_options: Mapping[str, Any] | None) -> None:
+    def _garbage_collect(self, base: Location) -> None:
         if self._exports_to_keep is None:
             return
-        if is_url(export_path):
-            storage = storage_for(export_path, storage_options)
-            for _, path in list_exports(export_path, storage_options)[:-self._exports_to_keep]:
-                if delete_object_export(storage, path):
+        if base.is_object_store:
+            for _, path in list_exports(base)[:-self._exports_to_keep]:
+                if delete_object_export(base.storage, path):
                     logger.info("deleted the old export %s (exports_to_keep=%d)", path, self._exports_to_keep)
             return
-        for _, path in list_exports(export_path)[:-self._exports_to_keep]:
+        export_path = base.path
+        for _, path in list_exports(base)[:-self._exports_to_keep]:
             aside = os.path.join(export_path, f".{os.path.basename(path)}.deleting-{os.urandom(8).hex()}")
             os.rename(path, aside)  # atomic: readers never see a half-deleted export
             shutil.rmtree(aside, ignore_errors=True)

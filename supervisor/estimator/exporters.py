@@ -63,7 +63,6 @@ from supervisor.estimator.export_files import (
 )
 from supervisor.estimator.export_writer import export_program, write_export
 from supervisor.estimator.exporter_base import Exporter, ExportTarget
-from supervisor.estimator.locations import options_for
 from supervisor.estimator.metrics import read_eval_events
 
 __all__ = ["Exporter", "ExportTarget", "LatestExporter", "BestExporter", "FinalExporter", "write_export",
@@ -92,7 +91,7 @@ class FinalExporter(Exporter):
 
     def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
-        self.remove_leftovers(export_path, estimator.storage_options)
+        self.remove_leftovers(estimator.locate(export_path))
         if not is_the_final_export:
             return None
         return estimator.export(export_path, checkpoint_path, eval_result=eval_result)
@@ -146,7 +145,7 @@ class BestExporter(Exporter):
 
     def export(self, estimator: ExportTarget, export_path: str, checkpoint_path: str,
                eval_result: Mapping[str, Any], is_the_final_export: bool) -> str | None:
-        self.remove_leftovers(export_path, estimator.storage_options)
+        self.remove_leftovers(estimator.locate(export_path))
         current = dict(eval_result)
         if not self._loaded:
             self._recover(estimator, export_path, current)
@@ -162,11 +161,10 @@ class BestExporter(Exporter):
     def _recover(self, estimator: ExportTarget, export_path: str, current: dict[str, Any]) -> None:
         """Sets the best so far after a (re)start, exporting a better evaluation that has none."""
         eval_dir = self._eval_dir or self._default_eval_dir or estimator.eval_dir()
-        options = estimator.storage_options
         evaluations = {step: dict(metrics, global_step=step)
-                       for step, metrics in read_eval_events(eval_dir, options_for(eval_dir, options)).items()
+                       for step, metrics in read_eval_events(estimator.locate(eval_dir)).items()
                        if step != current.get("global_step")}
-        exported, unknown = exported_results(export_path, evaluations, options_for(export_path, options))
+        exported, unknown = exported_results(estimator.locate(export_path), evaluations)
         self._best = self._best_of(exported)
         done = {result.get("global_step") for result in exported}
         missing = self._best_of([r for step, r in evaluations.items() if step not in done])
@@ -181,8 +179,7 @@ class BestExporter(Exporter):
 
     def _export_missing(self, estimator: ExportTarget, export_path: str, missing: dict[str, Any],
                         unknown: bool) -> None:
-        checkpoint = checkpoint_of_step(estimator.model_dir, missing["global_step"],
-                                        options_for(estimator.model_dir, estimator.storage_options))
+        checkpoint = checkpoint_of_step(estimator.locate(estimator.model_dir), missing["global_step"])
         if checkpoint is not None:
             logger.info("%s: exporting the best evaluation so far (%s), which has no export (one killed "
                         "midway, or a new exporter)", self.name, missing)

@@ -24,7 +24,8 @@ from typing import Any
 
 from supervisor import _validate as v
 from supervisor import distributed
-from supervisor._paths import check_logdir, is_url, local_path
+from supervisor._paths import is_url, local_path, locate_logdir
+from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.layout.best import check_retention
 
 __all__ = ["RunConfig", "TaskType", "TASK_TYPE_ENV", "TASK_ID_ENV", "check_keep_max", "resolve_config"]
@@ -112,7 +113,8 @@ class RunConfig:
                  best_mode: str = "min", keep_period: int | None = None) -> None:
         if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
             raise TypeError(f"model_dir must be a non-empty directory path, got {model_dir!r}")
-        model_dir = check_logdir("model_dir", model_dir, allow_none=False, storage_options=storage_options)
+        location = locate_logdir("model_dir", model_dir, allow_none=False, storage_options=storage_options)
+        model_dir = location.path  # type: ignore[union-attr]
         secs, steps = _checkpoint_schedule(save_checkpoints_secs, save_checkpoints_steps)
         task_type, task_id = _resolve_task(task_type, task_id)
         lock, lease_secs = v.check_lock(lock, lease_secs, model_dir, object_store=is_url(model_dir))
@@ -137,6 +139,13 @@ class RunConfig:
         }
         for name, value in fields.items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "_location", location)
+
+    @property
+    def location(self) -> Location:
+        """``model_dir`` resolved once, with the `Storage` that serves it (the estimator, its
+        sessions, evaluations and exporters reuse it: `supervisor.checkpoint.storage.Location`)."""
+        return self._location  # type: ignore[attr-defined]
 
     @property
     def is_chief(self) -> bool:

@@ -30,14 +30,14 @@ def training_session(config: RunConfig, model: Any, optimizer: Any, state: Mappi
     chief_hooks = _chief_hooks(config, clock, listeners)  # first: it refuses listeners without saves
     session_box: list[MonitoredSession] = []
     session = MonitoredTrainingSession(
-        config.model_dir, model, optimizer, state=state, is_chief=config.is_chief,
+        config.location, model, optimizer, state=state, is_chief=config.is_chief,
         hooks=_train_hooks(config, clock, steps, max_steps, session_box) + list(hooks),
         chief_only_hooks=chief_hooks,
         save_checkpoint_secs=None, save_checkpoint_steps=None,
         save_summaries_steps=config.save_summary_steps or None, save_summaries_secs=None,
         log_step_count_steps=config.log_step_count_steps or None, max_to_keep=config.keep_checkpoint_max,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours, lock=config.lock,
-        lease_secs=config.lease_secs, storage_options=config.storage_options, clock=clock, init_fn=init_fn,
+        lease_secs=config.lease_secs, clock=clock, init_fn=init_fn,
         keep_best=config.keep_best, best_metric=config.best_metric, best_mode=config.best_mode,
         keep_period=config.keep_period)
     session_box.append(session)
@@ -65,4 +65,4 @@ def _chief_hooks(config: RunConfig, clock: Clock, listeners: tuple[Any, ...]) ->
             raise ValueError("There should be a CheckpointSaverHook to use saving_listeners. Please set one of "
                              "the RunConfig.save_checkpoints_steps or RunConfig.save_checkpoints_secs.")
         return []
-    return [builtin.CheckpointSaverHook(config.model_dir, listeners=listeners, clock=clock, **schedule)]
+    return [builtin.CheckpointSaverHook(config.location, listeners=listeners, clock=clock, **schedule)]

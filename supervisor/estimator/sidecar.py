@@ -48,8 +48,8 @@ from supervisor.checkpoint import META_KEY, RNG_KEY, STEP_KEY, CheckpointRead, R
 from supervisor.clock import Clock
 from supervisor.creators.base import SessionCreator
 from supervisor.errors import CheckpointError
-from supervisor.checkpoint.storage import is_url
-from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats, watched_directory
+from supervisor.checkpoint.storage import Location, is_url, relocate
+from supervisor.estimator.evaluation import EvaluationLoop, EvaluationResult, EvaluationStats, watched_location
 from supervisor.estimator.metrics import (
     EvalEventsFile,
     MeanAggregator,
@@ -74,10 +74,11 @@ def eval_dir_for(checkpoint_dir: str | os.PathLike, name: str | None = None) -> 
     return os.path.join(os.fspath(checkpoint_dir), leaf)
 
 
-def evaluated_steps(log_dir: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> set[int]:
+def evaluated_steps(log_dir: str | os.PathLike | Location) -> set[int]:
     """The steps that have scalar events in ``log_dir``'s event files (`read_eval_events`: regular
-    files only, never blocking on a FIFO; a URL's objects); empty when there are none."""
-    return set(read_eval_events(log_dir, storage_options))
+    files only, never blocking on a FIFO; a URL's objects, through a resolved `Location`'s
+    storage); empty when there are none."""
+    return set(read_eval_events(log_dir))
 
 
 class SidecarEvaluator:
@@ -120,7 +121,8 @@ class SidecarEvaluator:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.data = _check_data(data)
-        self.checkpoint_dir, _ = watched_directory("checkpoint_dir", checkpoint_dir, storage_options)
+        location = watched_location("checkpoint_dir", checkpoint_dir, storage_options)  # resolved once
+        self.checkpoint_dir = location.path
         self.storage_options = storage_options
         self.steps = v.check_int("steps", steps, minimum=1, allow_none=True)
         self.hooks = v.check_hooks("hooks", hooks)
@@ -130,18 +132,18 @@ class SidecarEvaluator:
             raise ValueError(f"name must be a non-empty string without {os.sep!r} (the eval directory is "
                              f"eval_<name>), got {name!r}")
         self.name = name
-        self.log_dir = _eval_log_dir(log_dir, self.checkpoint_dir, name, storage_options)
+        self._log = _eval_log_dir(log_dir, location, name)
+        self.log_dir = self._log.path
         if self.log_dir == self.checkpoint_dir:
             raise ValueError(f"log_dir must not be the trainer's checkpoint_dir {self.checkpoint_dir} (the "
                              "evaluator never writes into the trainer's files); leave it None for "
                              f"{eval_dir_for(self.checkpoint_dir, name)}")
         self._loop = EvaluationLoop(
-            self.checkpoint_dir, self._evaluate, max_evaluations=max_evaluations, timeout=timeout,
+            location, self._evaluate, max_evaluations=max_evaluations, timeout=timeout,
             timeout_fn=timeout_fn, min_interval_secs=min_interval_secs, poll_secs=poll_secs,
-            skip_step=self._already_evaluated, verify=verify, trusted_globals=trusted_globals, clock=clock,
-            storage_options=storage_options)
+            skip_step=self._already_evaluated, verify=verify, trusted_globals=trusted_globals, clock=clock)
         self.max_evaluations = self._loop.max_evaluations
-        self._events = EvalEventsFile(self.log_dir, self._log_options())
+        self._events = EvalEventsFile(self._log)
         self._done_before: set[int] = set()
 
     @property
@@ -165,14 +167,11 @@ class SidecarEvaluator:
 
     def evaluations(self) -> Iterator[EvaluationResult]:
         """`start`, one evaluation at a time: yields each result as soon as it is written."""
-        self._done_before = evaluated_steps(self.log_dir, self._log_options())
+        self._done_before = evaluated_steps(self._log)
         if self._done_before:
             logger.info("%s already holds metrics of %d step(s) (up to %d); they are not evaluated again",
                         self.log_dir, len(self._done_before), max(self._done_before))
         yield from self._loop
-
-    def _log_options(self) -> Mapping[str, Any] | None:
-        return self.storage_options if is_url(self.log_dir) else None
 
     def _already_evaluated(self, step: int) -> bool:
         return step in self._done_before
@@ -207,15 +206,16 @@ class SidecarEvaluator:
         return data
 
 
-def _eval_log_dir(log_dir: Any, checkpoint_dir: str, name: str | None,
-                  storage_options: Mapping[str, Any] | None) -> str:
+def _eval_log_dir(log_dir: Any, checkpoint_dir: Location, name: str | None) -> Location:
     """Where the evaluator's events go: ``log_dir`` (a local path, checked, made absolute; or a
-    URL on the checkpoint_dir's object store, same ``storage_options``) or `eval_dir_for`."""
+    URL on the checkpoint_dir's object store, through its storage) or `eval_dir_for`."""
     if log_dir is None:
-        return eval_dir_for(checkpoint_dir, name)
+        return Location(eval_dir_for(checkpoint_dir.path, name), checkpoint_dir.storage)
     if isinstance(log_dir, (str, os.PathLike)) and is_url(log_dir):
-        return watched_directory("log_dir", log_dir, storage_options)[0]
-    return os.path.abspath(check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)"))
+        # the checkpoint_dir's client when on its store (another scheme: that one's default client)
+        return watched_location("log_dir", relocate(checkpoint_dir, log_dir) or log_dir)
+    path = os.path.abspath(check_logdir("log_dir", log_dir, hint=" (None: checkpoint_dir/eval)"))
+    return relocate(checkpoint_dir, path)  # type: ignore[return-value]
 
 
 def model_entry(payload: Mapping[str, Any], where: str, fix: str,

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable, Mapping
+import os
+from typing import Any, Iterable
 
 from hooks.checkpoint import CheckpointSaverListener
 
@@ -40,9 +41,9 @@ from supervisor.checkpoint import CheckpointRead, checkpoint_name, read_checkpoi
 from supervisor.errors import CheckpointNotFoundError
 from supervisor.estimator.estimator import Estimator
 from supervisor.estimator.evaluation import EvaluationLoop, StopReason
-from supervisor.estimator.export_files import read_export_record
-from supervisor.estimator.exporters import BestExporter, list_exports
-from supervisor.estimator.locations import join, options_for
+from supervisor.checkpoint.storage import Location
+from supervisor.estimator.exporters import BestExporter, Exporter
+from supervisor.estimator.locations import join
 from supervisor.estimator.run_config import TaskType
 from supervisor.estimator.sidecar import evaluated_steps
 from supervisor.estimator.specs import EvalSpec, TrainSpec
@@ -78,8 +79,7 @@ class Evaluator:
         ``final`` or its step reaches ``max_training_steps``."""
         spec = self._spec
         if not isinstance(checkpoint, CheckpointRead):
-            checkpoint = read_checkpoint(checkpoint, storage_options=options_for(
-                checkpoint, self._estimator.storage_options))
+            checkpoint = read_checkpoint(checkpoint, storage=self._estimator.locate(checkpoint).storage)
         checkpoint_path = checkpoint.path
         metrics = self._estimator.evaluate_checkpoint(checkpoint, spec.input_fn, steps=spec.steps,
                                                       name=spec.name, hooks=spec.hooks)
@@ -235,7 +235,7 @@ def _run_local(estimator: Estimator, train_spec: TrainSpec,
                 "save_checkpoints_secs %s.", config.save_checkpoints_steps, config.save_checkpoints_secs)
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
     eval_dir = estimator.eval_dir(eval_spec.name)
-    recorded = read_scalars(eval_dir, options_for(eval_dir, estimator.storage_options))  # what was evaluated
+    recorded = read_scalars(estimator.locate(eval_dir))  # what was evaluated
     start_path = estimator.latest_checkpoint()
     start_step = None if start_path is None else estimator.checkpoint_step(start_path)
     listener = EvaluateAfterSaveListener(evaluator, eval_spec.throttle_secs, start_step=start_step or 0,
@@ -264,9 +264,8 @@ def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfte
         listener.evaluate_path(path, step, final=final)
         return listener.result
     result = EvalResult(dict(metrics, global_step=step), path)
-    options = options_for(estimator.model_dir, estimator.storage_options)
-    pending = [e for e in eval_spec.exporters
-               if step not in exported_steps(join(estimator.model_dir, "export", e.name), options)]
+    exports = estimator.config.location.child("export")
+    pending = [e for e in eval_spec.exporters if step not in exported_steps(exports.child(e.name))]
     if not pending:
         logger.info("the checkpoint of step %d this run starts from was evaluated and exported before", step)
         return dataclasses.replace(result, export_results=tuple(None for _ in eval_spec.exporters))
@@ -277,16 +276,11 @@ def _catch_up(estimator: Estimator, evaluator: Evaluator, listener: EvaluateAfte
     return dataclasses.replace(result, export_results=tuple(by_name.get(e.name) for e in eval_spec.exporters))
 
 
-def exported_steps(export_path: str, storage_options: Mapping[str, Any] | None = None) -> set[int]:
-    """The checkpoint steps of the complete exports under ``export_path`` (from their
-    ``eval_result.json``; a damaged record counts as no export, with a WARNING);
-    ``storage_options`` for a URL."""
-    steps = set()
-    for _, path in list_exports(export_path, storage_options):
-        record = read_export_record(path, storage_options)  # None, with a WARNING, when damaged
-        if record is not None:
-            steps.add(record["global_step"])
-    return steps
+def exported_steps(export_path: str | os.PathLike | Location) -> set[int]:
+    """The checkpoint steps of the complete exports under ``export_path`` (a path or URL, or its
+    resolved `Location`; from their ``eval_result.json``; a damaged record counts as no export,
+    with a WARNING): `Exporter.exported_steps`."""
+    return Exporter.exported_steps(export_path)
 
 
 def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,
@@ -299,9 +293,8 @@ def _run_evaluator(estimator: Estimator, train_spec: TrainSpec,
     """
     evaluator = Evaluator(estimator, eval_spec, train_spec.max_steps)
     eval_dir = estimator.eval_dir(eval_spec.name)
-    done_before = evaluated_steps(eval_dir, options_for(eval_dir, estimator.storage_options))
-    loop = EvaluationLoop(estimator.model_dir, evaluator.evaluate_and_export,
-                          storage_options=options_for(estimator.model_dir, estimator.storage_options),
+    done_before = evaluated_steps(estimator.locate(eval_dir))
+    loop = EvaluationLoop(estimator.config.location, evaluator.evaluate_and_export,
                           start_delay_secs=eval_spec.start_delay_secs, throttle_secs=eval_spec.throttle_secs,
                           max_steps=train_spec.max_steps, skip_step=done_before.__contains__,
                           clock=estimator.clock)

@@ -9,9 +9,11 @@ which the reader also lists, are not among them.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import os
+from typing import Any
 
 from supervisor.checkpoint import RNG_KEY, SEPARATOR, CheckpointReader
+from supervisor.checkpoint.storage import Location
 
 __all__ = ["variable_names", "variable_value"]
 
@@ -20,22 +22,23 @@ def _is_variable(name: str) -> bool:
     return name != RNG_KEY and not name.startswith(RNG_KEY + SEPARATOR)
 
 
-def variable_names(checkpoint_path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """Every variable name of the checkpoint (a path or URL), in the saved order."""
-    with CheckpointReader(checkpoint_path, storage_options=storage_options) as reader:
+def variable_names(checkpoint_path: str | Location) -> list[str]:
+    """Every variable name of the checkpoint (a path or URL, or its resolved `Location`: the
+    estimator's storage), in the saved order."""
+    with CheckpointReader(checkpoint_path) as reader:
         return [v.name for v in reader.variables() if _is_variable(v.name)]
 
 
-def variable_value(checkpoint_path: str, name: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+def variable_value(checkpoint_path: str | Location, name: str) -> Any:
     """The value named ``name``: a tensor in memory (a number as a 0-dim tensor).
 
     Raises:
         KeyError: ``name`` is not a variable, or names a group of them (e.g. ``"model"``).
     """
-    with CheckpointReader(checkpoint_path, storage_options=storage_options) as reader:
+    with CheckpointReader(checkpoint_path) as reader:
         if _is_variable(name) and reader.has_tensor(name):
             return reader.get_tensor(name)
         names = [v.name for v in reader.variables() if _is_variable(v.name)]
     if _is_variable(name) and any(n.startswith(name + SEPARATOR) for n in names):
         raise KeyError(f"{name!r} names a group of variables, not one; see get_variable_names()")
-    raise KeyError(f"{name!r} is not a variable of {checkpoint_path}; see get_variable_names()")
+    raise KeyError(f"{name!r} is not a variable of {os.fspath(checkpoint_path)}; see get_variable_names()")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from supervisor.checkpoint import resolve_checkpoint, restore_partial
-from supervisor.estimator.locations import options_for
+from supervisor.checkpoint.storage import Location, resolve_location
 
 __all__ = ["WarmStartSettings", "check_warm_start", "warm_start_fn"]
 
@@ -71,17 +71,18 @@ def check_warm_start(value: Any) -> WarmStartSettings | None:
 
 
 def warm_start_fn(settings: WarmStartSettings, model: torch.nn.Module,
-                  default_options: Mapping[str, Any] | None) -> Callable[[Any], None]:
-    """The ``init_fn`` that warm-starts ``model`` as ``settings`` say; ``default_options``:
-    the `RunConfig`'s storage options (used for a URL source without options of its own)."""
+                  locate: Callable[[str], Location]) -> Callable[[Any], None]:
+    """The ``init_fn`` that warm-starts ``model`` as ``settings`` say; ``locate``: the estimator's
+    (`Estimator.locate`: the `RunConfig`'s client, for a source without options of its own). The
+    source is resolved once, when the warm start runs, and read through that one storage."""
     source = os.fspath(settings.ckpt_to_initialize_from)
-    options = settings.storage_options if settings.storage_options is not None else options_for(
-        source, default_options)
 
     def init_fn(session: Any) -> None:
-        path = resolve_checkpoint(source, storage_options=options)
-        report = restore_partial(path, model, include=settings.vars_to_warm_start, exclude=settings.exclude,
-                                 storage_options=options)
+        options = settings.storage_options
+        location = locate(source) if options is None else resolve_location(source, options or None)
+        path = resolve_checkpoint(location)
+        report = restore_partial(Location(path, location.storage), model, include=settings.vars_to_warm_start,
+                                 exclude=settings.exclude)
         logger.info("warm-started from %s: %s", path, report)
 
     return init_fn

@@ -185,8 +185,8 @@ def test_checkpoint_deleted_between_listing_and_opening_is_skipped_with_info(tra
     real = evaluation.latest_checkpoint
     deleted = []
 
-    def listing_then_retention(directory):
-        path = real(directory)
+    def listing_then_retention(directory, **storage):
+        path = real(directory, **storage)
         if path is not None and not deleted:  # retention strikes right after the listing
             shutil.rmtree(path)
             deleted.append(path)
@@ -274,12 +274,12 @@ def test_a_final_checkpoint_committed_between_the_look_and_the_mark_is_still_eva
     real = evaluation.read_finished
     calls = []
 
-    def trainer_finishes_just_now(directory):
+    def trainer_finishes_just_now(directory, **storage):
         if not calls:
             trainer.save(2)
             mark_finished(trainer.directory, step=2)
         calls.append(directory)
-        return real(directory)
+        return real(directory, **storage)
 
     monkeypatch.setattr(evaluation, "read_finished", trainer_finishes_just_now)
     ev = loop(trainer, ScriptedClock(), skip_step=lambda s: s == 1)

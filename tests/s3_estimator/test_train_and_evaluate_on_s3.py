@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from supervisor.checkpoint.storage import resolve_location
 from supervisor.estimator import BestExporter, EvalSpec, FinalExporter, RunConfig, TrainSpec
 from supervisor.estimator import train_and_evaluate
 from supervisor.estimator.exporters import list_exports
@@ -38,7 +39,7 @@ def test_train_and_evaluate_on_s3_local_rerun_best_recovery_and_evaluator_task(s
     # a rerun of the finished job: what was evaluated and exported is read back from the URL
     rerun = s3_estimator(url, opts, save_steps=10, clock=FakeClock())
     assert train_and_evaluate(rerun, TrainSpec(endless(), max_steps=10), local_spec()) == (metrics, (None, None))
-    assert exported_steps(url + "/export/best", opts) == {10}
+    assert exported_steps(resolve_location(url + "/export/best", opts)) == {10}
     # a BestExporter new to the process: its bar is the export's record on s3
     worse = dict(metrics, loss=metrics["loss"] + 1.0)
     assert BestExporter("best").export(rerun, url + "/export/best", final, worse, False) is None

@@ -21,6 +21,7 @@ from supervisor.checkpoint.layout.finished import finished_path, read_finished
 from supervisor.checkpoint.layout.format import FORMAT_NAME, FORMAT_VERSION
 from supervisor.checkpoint.ownership.lease import LEASE_DIR, Lease
 from supervisor.checkpoint.ownership.lock import OWNER_FILE, OwnershipLock
+from supervisor.checkpoint.storage import resolve_location
 from supervisor.cli import main
 from supervisor.cli._common import writer_note
 from supervisor.errors import LogdirInUseError
@@ -167,9 +168,9 @@ def test_a_hostile_export_record_counts_as_no_export(where, name, caplog):
         storage.write_atomic(storage.join(base, version, "eval_result.json"), data)
         storage.write_atomic(storage.join(base, version, "MANIFEST.json"), b"{}")  # complete on an object store
     with caplog.at_level(logging.WARNING):
-        assert read_export_record(storage.join(base, "2"), opts) is None
+        assert read_export_record(resolve_location(storage.join(base, "2"), opts)) is None
     assert "ignoring the export record" in caplog.text
-    assert exported_steps(base, opts) == {1}
+    assert exported_steps(resolve_location(base, opts)) == {1}
 
 
 @pytest.mark.parametrize("name", ["nested", "not utf-8", "not an object", "huge numbers", "lists"])
@@ -181,7 +182,7 @@ def test_a_hostile_safetensors_header_has_no_step(where, name):
     directory = storage.join(logdir, "export", "1")
     storage.makedirs(directory)
     storage.write_atomic(storage.join(directory, "model.safetensors"), struct.pack("<Q", len(header)) + header)
-    assert export_step(directory, opts) is None
+    assert export_step(resolve_location(directory, opts)) is None
 
 
 def test_a_hostile_export_manifest_is_not_deleted(s3_storage):

@@ -70,7 +70,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         return _load_remote(storage, path, map_location, verify, trusted_globals)
     if os.path.isdir(path):
         load = load_verified if (fmt := format_in(path)) is None or fmt.single_file else read_checkpoint  # sharded
-        return load(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location).payload
+        return load(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location, storage=storage).payload
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
     try:

@@ -39,7 +39,7 @@ from supervisor.checkpoint.layout.format_registry import format_of, unmarked
 from supervisor.checkpoint.layout.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.load.private_copy import PrivateCopy, checksum_stream, copy_file
 from supervisor.checkpoint.formats.safe_globals import describe_load_error, safe_torch_load
-from supervisor.checkpoint.storage import Storage, split_scheme, storage_for
+from supervisor.checkpoint.storage import Location, Storage, resolve_location, split_scheme, storage_for
 from supervisor.checkpoint.storage.base import PreconditionFailedError, Snapshot, SnapshotVanishedError
 from supervisor.checkpoint.layout.verify import VERIFY_MODES, check_checkpoint, check_sizes, check_verify
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointVanishedError
@@ -95,10 +95,13 @@ class VerifiedFiles:
             copy.close()
 
 
-def resolve_storage(path: str | os.PathLike, storage: Storage | None = None,
+def resolve_storage(path: str | os.PathLike | Location, storage: Storage | None = None,
                     storage_options: Mapping[str, Any] | None = None) -> tuple[Storage, str]:
-    """``(storage, path in its spelling)``: ``storage`` if given, else `storage_for` the path
-    (a local path or ``file://`` URL → `LocalStorage`, ``s3://`` → the object store)."""
+    """``(storage, path in its spelling)``: ``storage`` if given, a `Location`'s own (no client
+    built), else `storage_for` the path (a local path → `LocalStorage`, ``s3://`` → the object store)."""
+    if isinstance(path, Location):
+        location = resolve_location(path, storage_options)  # refuses options for a resolved one
+        return storage or location.storage, location.path
     text = os.fspath(path)
     scheme, spelled = split_scheme(text)
     if storage is not None:

@@ -70,7 +70,7 @@ from supervisor.checkpoint.layout.index import latest_checkpoint
 from supervisor.checkpoint.load.loader import is_remote, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.load.ranged import RangedFile, resolve_remote
 from supervisor.checkpoint.formats.safe_globals import safe_torch_load
-from supervisor.checkpoint.storage import Storage
+from supervisor.checkpoint.storage import Location, Storage
 from supervisor.checkpoint.layout.verify import VERIFY_MODES, check_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 
@@ -92,14 +92,20 @@ class VariableInfo:
     nbytes: int
 
 
-def resolve_checkpoint(ckpt: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> str:
+def resolve_checkpoint(ckpt: str | os.PathLike | Location, *,
+                       storage_options: Mapping[str, Any] | None = None) -> str:
     """The checkpoint directory or file ``ckpt`` designates (see the module docstring); for an
-    object-store URL, the URL of the checkpoint prefix or object.
+    object-store URL, the URL of the checkpoint prefix or object. ``ckpt`` may be a resolved
+    `Location` (its storage is used; no ``storage_options`` then).
 
     Raises:
         CheckpointNotFoundError: nothing at ``ckpt``, or a directory holding no checkpoint.
     """
-    storage, path = resolve_storage(ckpt, storage_options=storage_options)
+    return checkpoint_in(*resolve_storage(ckpt, storage_options=storage_options))
+
+
+def checkpoint_in(storage: Storage, path: str) -> str:
+    """`resolve_checkpoint` of ``path`` in its ``storage``'s spelling, through that storage."""
     if is_remote(storage):
         return resolve_remote(storage, path.rstrip("/"))
     if os.path.isfile(path):
@@ -143,15 +149,15 @@ class CheckpointReader:
         CheckpointError: the file needs a global that is not trusted.
     """
 
-    def __init__(self, ckpt: str | os.PathLike, *, verify: str = "size", trusted_globals: Iterable[Any] = (),
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, ckpt: str | os.PathLike | Location, *, verify: str = "size",
+                 trusted_globals: Iterable[Any] = (), storage_options: Mapping[str, Any] | None = None) -> None:
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
-        self.path = resolve_checkpoint(ckpt, storage_options=storage_options)
+        storage, where = resolve_storage(ckpt, storage_options=storage_options)  # resolved once
+        self.path = checkpoint_in(storage, where)
         self.step: int | None = None
         self._ranged: RangedFile | None = None
         self._storage: Storage | None = None  # a sharded checkpoint's, on an object store
-        storage, _ = resolve_storage(self.path, storage_options=storage_options)
         if is_remote(storage):
             self._open_remote(storage, verify, tuple(trusted_globals))
             return

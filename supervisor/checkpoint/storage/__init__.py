@@ -60,7 +60,7 @@ __all__ = [
     "ObjectExistsError", "ObjectInfo", "PreconditionFailedError", "REQUIRED_METHODS", "STORAGE_KINDS", "Snapshot",
     "SnapshotVanishedError", "Storage", "StorageWriter", "check_declared",
     "ENTRY_POINT_GROUP", "LocalStorage", "Location", "URL_SCHEMES", "check_location", "check_storage", "check_url_spelling",
-    "is_url", "options_for", "register_scheme", "resolve_location", "storage_for", "split_scheme",
+    "is_url", "options_for", "register_scheme", "relocate", "resolve_location", "storage_for", "split_scheme",
 ]
 
 logger = logging.getLogger(__name__)
@@ -237,6 +237,22 @@ def resolve_location(directory: str | os.PathLike | Location,
     storage = storage_for(directory, storage_options)
     scheme, spelled = split_scheme(directory)
     return Location(spelled if scheme == "file" else spelled.rstrip("/"), storage)
+
+
+def relocate(base: Location, path: str | os.PathLike | Location) -> Location | None:
+    """The `Location` of ``path`` beside the resolved ``base``, building no client: ``path`` itself
+    when it is a location; a local path (or ``file://`` URL): the local storage; a URL of
+    ``base``'s scheme: ``base``'s storage (a storage serves every path of its scheme, with the
+    options it was built with); None for a URL of another scheme (`resolve_location` that one,
+    with its own options)."""
+    if isinstance(path, Location):
+        return path
+    scheme, spelled = split_scheme(path)
+    if scheme == "file":
+        return Location(spelled, _LOCAL if base.is_object_store else base.storage)
+    if scheme == base.storage.scheme:
+        return Location(spelled.rstrip("/"), base.storage)
+    return None
 
 
 def check_location(name: str, path: str | None, storage_options: Any) -> Location | None:

@@ -51,5 +51,9 @@ class Location:
         """``path/part/...`` in the storage's spelling."""
         return self.storage.join(self.path, *parts)
 
+    def child(self, *parts: str) -> Location:
+        """The location ``path/part/...``, served by the same storage (no client is built)."""
+        return Location(self.join(*parts), self.storage)
+
     def __str__(self) -> str:
         return self.path
