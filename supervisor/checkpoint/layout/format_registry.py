@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -83,6 +84,9 @@ class LazyVariable:
 
 _FORMATS: dict[str, CheckpointFormat] = {}
 _LOADED = False
+_LOADING = False
+#: Held while the built-ins load: another thread's first question waits for all of them.
+_LOAD_LOCK = threading.RLock()
 
 
 def register_format(fmt: CheckpointFormat) -> None:
@@ -139,7 +143,14 @@ def format_in(path: str) -> CheckpointFormat | None:
 
 
 def _load_builtin() -> None:
-    global _LOADED
-    _LOADED = True
-    for module in BUILTIN_FORMATS:
-        importlib.import_module(module)
+    global _LOADED, _LOADING
+    with _LOAD_LOCK:
+        if _LOADED or _LOADING:  # another thread loaded them meanwhile, or a built-in's import asks
+            return
+        _LOADING = True
+        try:
+            for module in BUILTIN_FORMATS:
+                importlib.import_module(module)
+        finally:
+            _LOADING = False
+        _LOADED = True
