@@ -4,14 +4,14 @@ the value and the fix."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from supervisor import MonitoredTrainingSession, SingularMonitoredSession, Supervisor
 from supervisor.estimator import RunConfig
+
+from tests import zygote
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,7 +77,7 @@ def test_the_missing_extra_is_named():
             "import torch; from supervisor import Supervisor\n"
             "m = torch.nn.Linear(2, 1)\n"
             "try:\n    Supervisor('s3://bucket/run', m)\nexcept ImportError as e:\n    print('ImportError:', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    out = zygote.python(["-c", code], timeout=60,
                          env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
     assert 'ImportError:' in out.stdout, out.stdout + out.stderr
     assert 'pip install "torch-supervisor[s3]"' in out.stdout
