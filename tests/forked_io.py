@@ -8,11 +8,30 @@ Every wait is bounded.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 
 from tests import zygote
+
+
+_scratch: list[str] = []
+
+
+def code(source: str, args: list[object] = (), **kwargs) -> zygote.Forked:  # type: ignore[assignment]
+    """``python -c SOURCE ARGS`` as a `zygote.Forked` (which runs scripts): ``source`` is written
+    to a script in a scratch directory this process removes at exit, and so is its output unless
+    ``output=`` names a file. ``kwargs``: `zygote.Forked`'s."""
+    if not _scratch:
+        _scratch.append(tempfile.mkdtemp(prefix="forked-code-"))
+        atexit.register(shutil.rmtree, _scratch[0], True)
+    script = new_file(_scratch[0], "code")
+    with open(script, "w") as f:
+        f.write(source)
+    kwargs.setdefault("output", script + ".out")
+    return zygote.Forked(script, list(args), **kwargs)
 
 
 def unbuffered(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -64,3 +83,15 @@ def wait_for(proc: zygote.Forked, text: str, timeout: float, path: str | None = 
         time.sleep(0.01)
     return seen
 
+
+def lines(proc: zygote.Forked, count: int, timeout: float) -> list[str]:
+    """Its first ``count`` output lines (without their ends), once it wrote them (bounded, as
+    `wait_for`): ``Popen.stdout.readline()`` ``count`` times."""
+    deadline = time.monotonic() + timeout
+    while (seen := output(proc)).count("\n") < count:
+        if proc.poll() is not None and output(proc).count("\n") < count:
+            raise AssertionError(f"the process exited ({proc.returncode}) before {count} lines:\n{seen[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {count} lines within {timeout} s:\n{seen[-3000:]}")
+        time.sleep(0.01)
+    return seen.split("\n")[:count]
