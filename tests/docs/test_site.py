@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -25,6 +25,7 @@ import supervisor
 import supervisor.estimator
 import supervisor.sinks
 import supervisor.toolkit
+from tests import zygote
 from tests.cli.helpers import make_logdir
 from tests.s3_fixtures import *  # noqa: F401,F403  (the s3_server fixture)
 
@@ -151,8 +152,8 @@ def _env(**extra: str) -> dict:
 
 @pytest.mark.slow
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
+    result = zygote.python(["-m", "mkdocs", "build", "--strict", "-q", "-d", tmp_path / "site"], cwd=ROOT, timeout=300,
+                           env=_env())
     assert result.returncode == 0, result.stdout + result.stderr
     page = (tmp_path / "site" / "reference" / "sessions" / "index.html").read_text()
     assert "save_model_secs" in page  # the reference is generated from the docstrings
@@ -204,8 +205,7 @@ def test_the_python_blocks_of_a_page_run(page, tmp_path, request):
         extra["S3_ENDPOINT"] = request.getfixturevalue("s3_server").endpoint
     script = tmp_path / "page.py"
     script.write_text(source)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=240, env=_env(**extra))
+    result = zygote.python([script], cwd=tmp_path, timeout=240, env=_env(**extra))  # forked: tests/zygote.py
     assert result.returncode == 0, f"{page}:\n{result.stdout}\n{result.stderr[-4000:]}"
 
 
@@ -216,7 +216,10 @@ def test_the_command_line_page_runs(tmp_path):
     make_logdir(logdir, steps=(800, 1000, 1200))
     for line in command_block.splitlines():
         command = line.split("#")[0].strip()
-        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                                env=_env())
+        if command.startswith("python "):  # forked from the zygote (tests/zygote.py), as ``python`` runs it
+            result = zygote.python(shlex.split(command)[1:], cwd=tmp_path, timeout=120, env=_env())
+        else:
+            result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                                    env=_env())
         assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
     assert supervisor.latest_checkpoint(str(logdir)).endswith("-1000")  # the rollback took; prune kept it
