@@ -1,9 +1,10 @@
 """The documentation site: it builds with warnings as errors, every public name has a reference
 entry, the hooks guide's table lists every built-in hook, and every code block of the guides runs.
 
-How the code blocks run: the Python blocks of one page run in order in one fresh interpreter, in
-an empty working directory, as a reader pasting them one after the other would run them. A page
-whose blocks take names for granted (a model, an optimizer, a step function, a server) gets them
+How the code blocks run: the Python blocks of one page run in order in one process (forked from
+the test process's zygote, tests/zygote.py, as ``python page.py`` runs it), in an empty working
+directory, as a reader pasting them one after the other would run them. A page whose blocks take
+names for granted (a model, an optimizer, a step function, a server) gets them
 from `_PRELUDES` below, written before its first block; `_EPILOGUES` then uses what the blocks
 defined (calls the `init_fn`, runs the hook); `_SUBSTITUTIONS` shortens step budgets and points
 the object-store page at the test's own S3 server. Those three tables are the whole difference

@@ -71,7 +71,8 @@ def test_a_summary_dir_url_takes_the_options_with_a_local_checkpoint_dir(tmp_pat
 
 
 def test_the_missing_extra_is_named():
-    """Without s3fs (hidden from the import system, in a fresh interpreter) an s3:// logdir asks
+    """Without s3fs (hidden from the import system, in a process that never imported it:
+    the zygote's children import s3fs themselves, tests/zygote.py) an s3:// logdir asks
     for the extra, at construction."""
     code = ("import sys; sys.modules['s3fs'] = None\n"
             "import torch; from supervisor import Supervisor\n"

@@ -78,7 +78,7 @@ def _chief(url: str, opts: dict, last_step: int) -> str:
     return digest(model, optimizer)
 
 
-@pytest.mark.slow  # a subprocess (its start-up: a few seconds)
+@pytest.mark.slow  # a subprocess (forked from the zygote) on a moto server
 def test_a_lone_worker_stops_at_once_on_sigterm_then_waits_for_and_restores_the_chiefs_checkpoint(
         s3_server, s3_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
