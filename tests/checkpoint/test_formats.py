@@ -94,6 +94,7 @@ print(sorted(seen))
 """
 
 
+@pytest.mark.timeout(180)  # the zygote's start (torch imported once) on a loaded machine
 def test_threads_asking_their_first_question_at_once_all_see_every_builtin_format():
     """The built-ins are imported on the first question; a second thread asking meanwhile waits for
     them (it saw none, and called a healthy checkpoint's manifest one that "lists no state.pt")."""
