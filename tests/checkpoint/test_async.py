@@ -116,6 +116,7 @@ def test_a_process_exiting_without_close_still_commits_the_save_in_flight(tmp_pa
         print("exiting", flush=True)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    # a fresh interpreter: what its own exit does with a save in flight is the point
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert load_checkpoint(tmp_path / "model.ckpt-3")["global_step"] == 3

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from supervisor.checkpoint.storage.fileio import NotARegularFileError, open_regular
-from tests import zygote
+from tests import forked_io, zygote
 from tests.cli.helpers import ROOT, make_logdir
 
 pytestmark = pytest.mark.timeout(180)
@@ -27,8 +26,7 @@ pytestmark = pytest.mark.timeout(180)
 def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        return zygote.python(["-c", textwrap.dedent(code)], timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"blocked for {timeout} s (on a FIFO?): {e.stdout!r} {e.stderr!r}")
 
@@ -138,24 +136,23 @@ def test_sigterm_stops_the_evaluator_cli_on_a_logdir_with_a_fifo_state_pt(tmp_pa
     """))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     factory = str(tmp_path / "factory.py")
-    process = subprocess.Popen([sys.executable, "-m", "supervisor", "evaluate", str(logdir), "--model",
-                                f"{factory}:model", "--data", f"{factory}:data", "--eval-step", f"{factory}:step",
-                                "--poll-secs", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env)
+    err = str(tmp_path / "evaluate.err")
+    process = zygote.Forked(None, ["evaluate", logdir, "--model", f"{factory}:model", "--data", f"{factory}:data",
+                                   "--eval-step", f"{factory}:step", "--poll-secs", "0.2"], module="supervisor",
+                            output=str(tmp_path / "evaluate.out"), stderr=err, env=env)
     try:
         deadline = time.monotonic() + 90
         while not _catches_sigterm(process.pid):  # the evaluator is running: it reads the checkpoint now
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            assert process.poll() is None and time.monotonic() < deadline, (forked_io.output(process),
+                                                                             forked_io.output(process, err))
             time.sleep(0.05)
         time.sleep(1.0)
         process.send_signal(signal.SIGTERM)
         try:
-            out, err = process.communicate(timeout=30)
+            out = forked_io.communicate(process, timeout=30)
         except subprocess.TimeoutExpired:
             pytest.fail("the evaluator did not stop at SIGTERM (blocked opening a FIFO state.pt)")
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 0, err
+        forked_io.finish(process)
+    assert process.returncode == 0, forked_io.output(process, err)
     assert "1 damaged" in out, out

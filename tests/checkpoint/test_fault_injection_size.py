@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -20,6 +19,7 @@ from supervisor.checkpoint.load.loader import read_checkpoint
 from supervisor.errors import CheckpointCorruptError
 from supervisor.estimator import Estimator
 from supervisor.estimator.sidecar import SidecarEvaluator
+from tests import zygote
 from tests.cli.helpers import ROOT, make_logdir
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,8 +62,7 @@ def test_a_sparse_state_pt_claiming_a_tebibyte_is_damaged_not_a_memory_error(tmp
 
 def _run(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return zygote.python(["-c", textwrap.dedent(code)], timeout=120, env=env)
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from supervisor.checkpoint.layout.format_registry import CheckpointFormat, forma
 from supervisor.checkpoint.load.loader import load_verified, read_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 
+from tests import zygote
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -73,3 +75,29 @@ def test_without_its_registration_the_checkpoint_is_refused_naming_the_known_fil
     path = _json_checkpoint(str(tmp_path))
     with pytest.raises(CheckpointCorruptError, match="lists neither state.pt nor .metadata"):
         read_checkpoint(path)
+
+
+_FIRST_QUESTIONS_AT_ONCE = """
+import sys, threading
+from supervisor.checkpoint.layout import format_registry as registry
+assert not registry._LOADED, "the built-in formats were loaded already: this process cannot race their loading"
+barrier, seen = threading.Barrier(8), []
+def ask():
+    barrier.wait(timeout=30)
+    seen.append(len(registry.formats()))
+threads = [threading.Thread(target=ask) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(timeout=60)
+print(sorted(seen))
+"""
+
+
+@pytest.mark.timeout(180)  # the zygote's start (torch imported once) on a loaded machine
+def test_threads_asking_their_first_question_at_once_all_see_every_builtin_format():
+    """The built-ins are imported on the first question; a second thread asking meanwhile waits for
+    them (it saw none, and called a healthy checkpoint's manifest one that "lists no state.pt")."""
+    done = zygote.python(["-c", _FIRST_QUESTIONS_AT_ONCE], timeout=60)  # a process that never asked
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == str([len(formats.BUILTIN_FORMATS)] * 8), done.stdout + done.stderr

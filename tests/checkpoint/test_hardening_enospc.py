@@ -147,7 +147,7 @@ def test_logdir_without_write_permission_is_refused_naming_the_path(tmp_path):
     """)
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    try:
+    try:  # a fresh interpreter under setpriv (no fork of the zygote can drop its capabilities so)
         out = subprocess.run([SETPRIV, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", script],
                              capture_output=True, text=True, timeout=120, env=env)
     finally:

@@ -163,7 +163,7 @@ def test_eacces_falls_back_with_a_warning(logdir):
         from supervisor.checkpoint.load.choose import find_and_load
         print("RESTORED", find_and_load({str(logdir)!r}, "model.ckpt").step)
     """)
-    try:
+    try:  # a fresh interpreter under setpriv (no fork of the zygote can drop its capabilities so)
         out = subprocess.run([SETPRIV, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
                               script], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -14,6 +12,8 @@ import pytest
 from supervisor.checkpoint import CheckpointManager
 from supervisor.checkpoint.ownership.lock import OWNER_FILE
 from supervisor.errors import LogdirInUseError
+
+from tests import forked_io, zygote
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
@@ -27,7 +27,7 @@ def _dead_holder(logdir) -> int:
         CheckpointManager({str(logdir)!r}).open()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    child = subprocess.run([sys.executable, "-c", script], env=ENV, timeout=120)
+    child = zygote.python(["-c", script], env=ENV, timeout=120)
     assert child.returncode == -signal.SIGKILL
     with open(logdir / OWNER_FILE, encoding="utf-8") as f:
         return json.load(f)["pid"]
@@ -48,16 +48,15 @@ def test_refused_writer_waits_for_the_new_holder_to_record_itself(tmp_path):
             json.dump({{"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}}, f)
         sys.stdin.readline()
     """)
-    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=ENV)
+    holder = forked_io.code(script, stdin_pipe=True, env=ENV)
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        assert forked_io.lines(holder, 1, timeout=120) == ["locked"]
         with pytest.raises(LogdirInUseError) as info:
             CheckpointManager(tmp_path).open()
         assert f"pid {holder.pid} " in str(info.value)
         assert f"pid {dead_pid} " not in str(info.value)
     finally:
-        holder.stdin.write("\n")
+        holder.stdin.write(b"\n")
         holder.stdin.flush()
         holder.wait(timeout=30)
 
@@ -74,15 +73,14 @@ def test_a_holder_that_never_records_itself_is_not_misnamed(tmp_path, monkeypatc
         print("locked", flush=True)
         sys.stdin.readline()
     """)
-    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=ENV)
+    holder = forked_io.code(script, stdin_pipe=True, env=ENV)
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        assert forked_io.lines(holder, 1, timeout=120) == ["locked"]
         with pytest.raises(LogdirInUseError, match=f"pid and host unknown: the new holder has not recorded "
                                                    f"itself yet, .* still names pid {dead_pid} .* no longer running"):
             CheckpointManager(tmp_path).open()
     finally:
-        holder.stdin.write("\n")
+        holder.stdin.write(b"\n")
         holder.stdin.flush()
         holder.wait(timeout=30)
 
@@ -113,17 +111,16 @@ def test_takeover_race_every_loser_names_the_winner(tmp_path):
         sys.stdin.readline()
         manager.close()
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=ENV) for _ in range(CONTENDERS)]
+    procs = [forked_io.code(script, stdin_pipe=True, env=ENV) for _ in range(CONTENDERS)]
     try:
         for proc in procs:
-            assert proc.stdout.readline().strip() == "ready"
+            assert forked_io.lines(proc, 1, timeout=120) == ["ready"]
         go.touch()
-        lines = {proc.pid: proc.stdout.readline().strip() for proc in procs}
+        lines = {proc.pid: forked_io.lines(proc, 2, timeout=120)[1].strip() for proc in procs}
     finally:
         for proc in procs:
             if proc.poll() is None:
-                proc.stdin.write("\n")
+                proc.stdin.write(b"\n")
                 proc.stdin.flush()
             proc.wait(timeout=60)
     winners = [pid for pid, line in lines.items() if line.startswith("WON")]

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -12,6 +10,8 @@ import pytest
 
 from supervisor.checkpoint import CheckpointManager
 from supervisor.errors import LogdirInUseError
+
+from tests import forked_io, zygote
 
 
 def test_second_manager_in_the_same_process_fails_fast(tmp_path, clock):
@@ -44,16 +44,15 @@ def test_a_writer_in_another_process_is_named(tmp_path):
         manager.close()
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env=env)
+    child = forked_io.code(script, stdin_pipe=True, env=env)
     try:
-        assert child.stdout.readline().strip() == "ready"
+        assert forked_io.lines(child, 1, timeout=120) == ["ready"]
         with pytest.raises(LogdirInUseError) as info:
             CheckpointManager(tmp_path).open()
         assert f"pid {child.pid}" in str(info.value)
         assert socket.gethostname() in str(info.value)
     finally:
-        child.stdin.write("\n")
+        child.stdin.write(b"\n")
         child.stdin.flush()
         child.wait(timeout=30)
     assert child.returncode == 0
@@ -70,7 +69,7 @@ def test_a_killed_holder_releases_the_lock(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, "-c", script], env=env, timeout=60)
+    zygote.python(["-c", script], env=env, timeout=60)
     manager = CheckpointManager(tmp_path)
     manager.open()  # the kernel dropped the dead process's lock; the stale owner file is replaced
     manager.close()

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 import zlib
 
@@ -20,6 +18,7 @@ import torch
 from supervisor.checkpoint.load import private_copy
 from supervisor.checkpoint.load.private_copy import read_private_copy
 from supervisor.errors import CheckpointCorruptError
+from tests import zygote
 from tests.cli.helpers import ROOT
 
 pytestmark = pytest.mark.timeout(120)
@@ -105,7 +104,7 @@ def test_a_restore_survives_the_checkpoint_file_being_truncated_after_the_verifi
     manager.close()
     torch.save(model.state_dict(), tmp_path / "expected.pt")
     state = str(tmp_path / "model.ckpt-1" / "state.pt")
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    done = zygote.python(["-c", textwrap.dedent(f"""
         import os
         import torch
         import supervisor
@@ -125,8 +124,7 @@ def test_a_restore_survives_the_checkpoint_file_being_truncated_after_the_verifi
         print("restored:", manager.restore(supervisor.TrainingState.from_arguments(model=model)))
         expected = torch.load({str(tmp_path / "expected.pt")!r})
         print("equal:", all(torch.equal(model.state_dict()[k], v) for k, v in expected.items()))
-    """)], capture_output=True, text=True, timeout=100,
-        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    """)], timeout=100, env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert done.returncode != -signal.SIGBUS, "the restore was killed by SIGBUS"
     assert done.returncode == 0, done.stderr
     assert "restored:" in done.stdout and "equal: True" in done.stdout, done.stdout

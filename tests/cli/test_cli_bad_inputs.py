@@ -171,6 +171,7 @@ def test_output_into_a_pipe_closed_early_exits_quietly(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes a byte
     try:
+        # fresh interpreters here: the status 141 of a closed pipe is the interpreter's own exit
         result = subprocess.run([sys.executable, "-m", "supervisor", "ls", str(tmp_path / "run"), "--json"],
                                 stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
     finally:

@@ -1,9 +1,10 @@
 """The documentation site: it builds with warnings as errors, every public name has a reference
 entry, the hooks guide's table lists every built-in hook, and every code block of the guides runs.
 
-How the code blocks run: the Python blocks of one page run in order in one fresh interpreter, in
-an empty working directory, as a reader pasting them one after the other would run them. A page
-whose blocks take names for granted (a model, an optimizer, a step function, a server) gets them
+How the code blocks run: the Python blocks of one page run in order in one process (forked from
+the test process's zygote, tests/zygote.py, as ``python page.py`` runs it), in an empty working
+directory, as a reader pasting them one after the other would run them. A page whose blocks take
+names for granted (a model, an optimizer, a step function, a server) gets them
 from `_PRELUDES` below, written before its first block; `_EPILOGUES` then uses what the blocks
 defined (calls the `init_fn`, runs the hook); `_SUBSTITUTIONS` shortens step budgets and points
 the object-store page at the test's own S3 server. Those three tables are the whole difference
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -25,6 +26,7 @@ import supervisor
 import supervisor.estimator
 import supervisor.sinks
 import supervisor.toolkit
+from tests import zygote
 from tests.cli.helpers import make_logdir
 from tests.s3_fixtures import *  # noqa: F401,F403  (the s3_server fixture)
 
@@ -151,8 +153,8 @@ def _env(**extra: str) -> dict:
 
 @pytest.mark.slow
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
+    result = zygote.python(["-m", "mkdocs", "build", "--strict", "-q", "-d", tmp_path / "site"], cwd=ROOT, timeout=300,
+                           env=_env())
     assert result.returncode == 0, result.stdout + result.stderr
     page = (tmp_path / "site" / "reference" / "sessions" / "index.html").read_text()
     assert "save_model_secs" in page  # the reference is generated from the docstrings
@@ -204,8 +206,7 @@ def test_the_python_blocks_of_a_page_run(page, tmp_path, request):
         extra["S3_ENDPOINT"] = request.getfixturevalue("s3_server").endpoint
     script = tmp_path / "page.py"
     script.write_text(source)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=240, env=_env(**extra))
+    result = zygote.python([script], cwd=tmp_path, timeout=240, env=_env(**extra))  # forked: tests/zygote.py
     assert result.returncode == 0, f"{page}:\n{result.stdout}\n{result.stderr[-4000:]}"
 
 
@@ -216,7 +217,10 @@ def test_the_command_line_page_runs(tmp_path):
     make_logdir(logdir, steps=(800, 1000, 1200))
     for line in command_block.splitlines():
         command = line.split("#")[0].strip()
-        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                                env=_env())
+        if command.startswith("python "):  # forked from the zygote (tests/zygote.py), as ``python`` runs it
+            result = zygote.python(shlex.split(command)[1:], cwd=tmp_path, timeout=120, env=_env())
+        else:
+            result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                                    env=_env())
         assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
     assert supervisor.latest_checkpoint(str(logdir)).endswith("-1000")  # the rollback took; prune kept it

@@ -13,7 +13,7 @@ assert not loaded, loaded
 """
 
 
-def test_engine_and_hooks_do_not_import_the_estimator():
+def test_engine_and_hooks_do_not_import_the_estimator():  # fresh interpreters: what an import imports is the point
     subprocess.run([sys.executable, "-c", CHECK], check=True, timeout=120)
 
 

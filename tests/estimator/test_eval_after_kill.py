@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -15,6 +13,8 @@ import pytest
 from supervisor.checkpoint import latest_checkpoint
 from supervisor.checkpoint.layout.format import read_manifest
 from supervisor.estimator.exporters import RESULT_FILE, list_exports
+
+from tests import zygote
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -27,8 +27,7 @@ def life(model_dir, kill_at=None):
     env.pop("KILL_AT", None)
     if kill_at:
         env["KILL_AT"] = kill_at
-    proc = subprocess.run([sys.executable, CHILD, str(model_dir), str(MAX_STEPS)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = zygote.python([CHILD, model_dir, MAX_STEPS], env=env, timeout=120)
     if kill_at:
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
         return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 import threading
 import uuid
 
@@ -14,6 +13,7 @@ import pytest
 
 from supervisor.estimator.metrics import EvalEventsFile, read_eval_events
 from supervisor.estimator.sidecar import evaluated_steps
+from tests import zygote
 from tests.estimator.estimator_toy import eval_scalars
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -98,8 +98,7 @@ def test_a_write_failing_inside_the_os_write_starts_a_new_events_file(tmp_path):
     torn, and the evaluations after it go to a new file every reader can read."""
     eval_dir = str(tmp_path / "eval")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMIT, eval_dir], env=env, cwd=REPO, timeout=300,
-                          capture_output=True, text=True)
+    done = zygote.python(["-c", _FILE_SIZE_LIMIT, eval_dir], env=env, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     failures = eval(done.stdout.strip())
     assert failures, "no write crossed the file-size limit"
@@ -161,11 +160,10 @@ def test_the_evaluate_command_is_not_blocked_by_a_fifo_in_its_eval_dir(tmp_path)
     data.write_text("import torch\ndef batches():\n    return [torch.ones(2, 8)] * 3\n")
     helpers = "tests.estimator.sidecar_helpers"
     try:
-        done = subprocess.run([sys.executable, "-m", "supervisor.cli.evaluate", trainer.directory, "--model",
-                               f"{helpers}:make_model", "--data", f"{data}:batches", "--eval-step",
-                               f"{helpers}:weight_metrics", "--poll-secs", "0.05"],
-                              capture_output=True, text=True, timeout=90, cwd=REPO, env=dict(
-                                  os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+        done = zygote.python(["-m", "supervisor.cli.evaluate", trainer.directory, "--model", f"{helpers}:make_model",
+                              "--data", f"{data}:batches", "--eval-step", f"{helpers}:weight_metrics", "--poll-secs",
+                              "0.05"], timeout=90, cwd=REPO,
+                             env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
     except subprocess.TimeoutExpired:
         pytest.fail("evaluate blocked on the FIFO in LOGDIR/eval")
     assert done.returncode == 0, done.stderr[-3000:]

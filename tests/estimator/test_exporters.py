@@ -13,6 +13,7 @@ import torch
 
 from supervisor.estimator import BestExporter, Exporter, FinalExporter, LatestExporter
 from supervisor.estimator.exporters import list_exports
+from tests import zygote
 from tests.estimator.estimator_toy import X, batches, endless, make_estimator
 
 
@@ -105,6 +106,7 @@ def test_torch_export_program_runs_without_the_model_class(tmp_path):
               "out = program.module()(torch.load(sys.argv[2]))\n"
               "torch.save(out.detach(), sys.argv[3])\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the model's code is not importable
+    # (a fresh interpreter: a fork of the zygote would have this checkout on its path)
     subprocess.run([sys.executable, "-c", script, os.path.join(path, "model.pt2"), str(tmp_path / "probe.pt"),
                     str(tmp_path / "out.pt")], check=True, env=env, timeout=300, cwd=tmp_path)
     assert torch.allclose(torch.load(tmp_path / "out.pt"), expected, atol=1e-6)
@@ -140,14 +142,13 @@ def test_an_export_killed_midway_leaves_only_a_temp_the_next_export_removes(tmp_
     out = tmp_path / "out"
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(tmp_path / "model"), str(out)],
-                            env=env, cwd=repo, timeout=300, capture_output=True, text=True)
+    killed = zygote.python(["-c", _KILLED_EXPORT, tmp_path / "model", out], env=env, cwd=repo, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     (left,) = os.listdir(out)
     assert left.startswith(".") and ".tmp-" in left and list_exports(str(out)) == []  # no partial version
     assert os.listdir(out / left) == ["model.pt"]
     # Temps another exporter may still be writing are kept: a live process's, another host's.
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    sleeper = subprocess.Popen(["sleep", "120"])  # a live process
     try:
         live = out / f".1.tmp-{socket.gethostname()}-{sleeper.pid}-{'a' * 16}"
         elsewhere = out / f".2.tmp-another-host-{killed_pid()}-{'b' * 16}"
@@ -164,8 +165,8 @@ def test_an_export_killed_midway_leaves_only_a_temp_the_next_export_removes(tmp_
 
 def killed_pid() -> int:
     """The pid of a process that has ended."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, timeout=60, check=True)
+    done = zygote.python(["-c", "import os; print(os.getpid())"], timeout=60)
+    assert done.returncode == 0, done.stderr
     return int(done.stdout)
 
 

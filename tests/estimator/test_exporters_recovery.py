@@ -8,7 +8,6 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import torch
 from supervisor.estimator import BestExporter, LatestExporter
 from supervisor.estimator.exporters import RESULT_FILE, SAFETENSORS_FILE, WEIGHTS_FILE, list_exports
 from supervisor.estimator.metrics import EvalEventsFile
+from tests import zygote
 from tests.estimator.estimator_toy import endless, make_estimator
 from tests.estimator.test_exporters import killed_pid
 
@@ -24,8 +24,7 @@ ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH
 
 
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script, *args], env=ENV, cwd=REPO, timeout=300,
-                          capture_output=True, text=True)
+    return zygote.python(["-c", script, *args], env=ENV, cwd=REPO, timeout=300)
 
 
 def records(export_path) -> list[dict | None]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 import supervisor
+from tests import forked_io, zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "adanet_style.py")
@@ -22,33 +22,28 @@ COUNTS = ["--iterations", "3", "--steps-per-iteration", "12", "--save-steps", "5
 
 def run(logdir, *extra, timeout=300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, EXAMPLE, "--logdir", str(logdir), *COUNTS, *extra],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return zygote.python([EXAMPLE, "--logdir", str(logdir), *COUNTS, *extra], timeout=timeout, env=env)
 
 
 def run_until_killed(logdir, point, wait_for_step) -> subprocess.CompletedProcess:
     """Runs the example paused at ``point`` (inside a step), waits until the checkpoint of
     ``wait_for_step`` is committed, then SIGKILLs it from outside."""
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    child = subprocess.Popen([sys.executable, EXAMPLE, "--logdir", str(logdir), *COUNTS, "--crash-at",
-                              f"pause:{point}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = forked_io.unbuffered(dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"))
+    out, err = f"{logdir}-{point}.stdout", f"{logdir}-{point}.stderr"
+    child = zygote.Forked(EXAMPLE, ["--logdir", str(logdir), *COUNTS, "--crash-at", f"pause:{point}"],
+                          output=out, stderr=err, env=env)
     try:
-        lines = []
-        for line in child.stdout:
-            lines.append(line)
-            if line.startswith("paused at"):
-                break
+        forked_io.wait_for(child, "paused at", timeout=300)
         deadline = time.monotonic() + 60
         while supervisor.latest_checkpoint(str(logdir)) != os.path.join(str(logdir), f"model.ckpt-{wait_for_step}"):
             assert time.monotonic() < deadline, "the checkpoint before the pause never committed"
             time.sleep(0.05)
         child.send_signal(signal.SIGKILL)
-        out, err = child.communicate(timeout=60)
+        child.wait(60)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    return subprocess.CompletedProcess(child.args, child.returncode, "".join(lines) + out, err)
+        forked_io.finish(child)
+    return subprocess.CompletedProcess(child.args, child.returncode, forked_io.output(child),
+                                       forked_io.output(child, err))
 
 
 def final_state(logdir):
@@ -110,18 +105,16 @@ def _killed_attempts(logdir) -> tuple[subprocess.CompletedProcess, list[str]]:
 @pytest.mark.slow
 def test_worker_follows_the_chiefs_iterations(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    worker = subprocess.Popen([sys.executable, EXAMPLE, "--logdir", str(tmp_path), *COUNTS, "--worker",
-                               "--worker-timeout-secs", "240"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env)
+    stderr = f"{tmp_path}-worker.stderr"
+    worker = zygote.Forked(EXAMPLE, ["--logdir", str(tmp_path), *COUNTS, "--worker", "--worker-timeout-secs", "240"],
+                           output=f"{tmp_path}-worker.stdout", stderr=stderr, env=env)
     try:
         chief = run(tmp_path)
         assert chief.returncode == 0, chief.stdout + chief.stderr
-        out, err = worker.communicate(timeout=240)
+        out = forked_io.communicate(worker, timeout=240)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-    assert worker.returncode == 0, out + err
+        forked_io.finish(worker)
+    assert worker.returncode == 0, out + forked_io.output(worker, stderr)
     published = [line for line in out.splitlines() if line.startswith("worker: iteration")]
     assert published and published[-1].startswith("worker: iteration 3 published in model.ckpt-36")
     assert "'t0_w" in published[-1] and "'t2_w" in published[-1]

@@ -1,14 +1,15 @@
 """What a user's own script shows without configuring logging (issue 34 item 5): a restore, a
 stop, the periodic progress line, and no routine commit or retention lines; configuring logging
 (before or after the session starts) silences the package's own handler, never doubling a line.
-Real subprocesses: the handler depends on what the whole process configured."""
+Real subprocesses (forked from the zygote, tests/zygote.py): the handler depends on what the whole
+process configured."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,8 +37,7 @@ def _run(tmp_path, configure="", late="pass"):
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT.format(configure=configure, late=late))
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = zygote.python([script, tmp_path / "run"], env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stderr
 

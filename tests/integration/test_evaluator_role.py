@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 
 import pytest
 
+from tests import forked_io, zygote
 from tests.estimator.estimator_toy import eval_scalars
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "evaluator_role_script.py")
@@ -18,26 +17,27 @@ pytestmark = pytest.mark.slow
 
 def start(role, model_dir, *args):
     env = dict(os.environ, SUPERVISOR_TASK_TYPE=role, SUPERVISOR_TASK_ID="0", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, SCRIPT, str(model_dir), *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = forked_io.new_file(os.path.dirname(str(model_dir)), role)
+    return zygote.Forked(SCRIPT, [model_dir, *args], env=env, output=out, stderr=out + ".stderr")
 
 
 def finish(process, timeout):
     try:
-        out, err = process.communicate(timeout=timeout)
+        out = forked_io.communicate(process, timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        pytest.fail(f"process did not exit within {timeout} s; stderr:\n{err[-3000:]}")
-    assert process.returncode == 0, err[-3000:]
+        forked_io.finish(process)
+        pytest.fail(f"process did not exit within {timeout} s; stderr:\n{_stderr(process)[-3000:]}")
+    assert process.returncode == 0, _stderr(process)[-3000:]
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _stderr(process):
+    return forked_io.output(process, process.output + ".stderr")
 
 
 def kill(*processes):
     for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            process.communicate()
+        forked_io.finish(process)
 
 
 def evaluated(model_dir):

@@ -44,6 +44,7 @@ def test_evaluator_exits_at_max_steps_next_to_a_torchrun_job(tmp_path):
     # The evaluator starts first: torchrun's start (launcher, two ranks, rendezvous) is its head
     # start, so a loaded machine does not leave it only the checkpoint nearest max_steps to see.
     evaluator = start("evaluator", tmp_path, "--max-steps", 60)
+    # fresh: torchrun's agent starts its own workers (fresh interpreters whatever starts the agent)
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), SCRIPT,
                             str(tmp_path), "5000", "0.05"], env=env, stdout=subprocess.PIPE,

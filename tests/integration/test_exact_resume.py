@@ -12,9 +12,9 @@ scheduler, the data position, the loader generators and the next draw of every g
 generator equal (``torch.equal``) to an uninterrupted run's. A clean SIGTERM stop and resume
 must too.
 
-12 SIGKILLs in all. Runtime: 23 trainer processes of ~3 s of imports each; the next life is
-spawned while the current one trains (2 to 3 minutes measured on a shared, loaded 2-core
-machine). ``EXACT_RESUME_SEED`` changes the kill points.
+12 SIGKILLs in all. Runtime: 23 trainer processes, each forked from the test process's zygote
+(tests/zygote.py: torch imported once, not ~3 s per process); the next life is spawned while the
+current one trains. ``EXACT_RESUME_SEED`` changes the kill points.
 """
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+
+from tests import zygote
 
 from .crash_harness import KILLED, LifeResult, assert_same_final_state, check_resumed, inspect_logdir
 
@@ -53,13 +54,10 @@ class Trainer:
     """One trainer process in its own process group, spawned warm (it waits for ``go``)."""
 
     def __init__(self, logdir: str, out: str, log: str, extra: tuple[str, ...]) -> None:
-        self.log = log
-        self._log_file = open(log, "wb")  # noqa: SIM115 - the child writes it until close()
-        argv = [sys.executable, "-u", TRAINER, logdir, "--steps", str(STEPS), "--out", out,
-                "--wait-for-go", *extra]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.log = log  # ``python -u``, forked from the zygote (tests/zygote.py)
+        self.proc = zygote.Forked(TRAINER, [logdir, "--steps", str(STEPS), "--out", out, "--wait-for-go", *extra],
+                                  output=log, stdin_pipe=True, new_session=True,
+                                  env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
 
     def output(self) -> str:
         with open(self.log, encoding="utf-8", errors="replace") as f:
@@ -115,7 +113,6 @@ class Trainer:
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass
-        self._log_file.close()
 
 
 def _spawn(root, name: str, extra: tuple[str, ...]) -> Trainer:

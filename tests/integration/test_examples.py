@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -18,8 +18,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_example(name, *args, timeout=240):
-    result = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
-                            capture_output=True, text=True, timeout=timeout, env=ENV)
+    result = zygote.python([os.path.join(EXAMPLES, name), *args], timeout=timeout, env=ENV)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 

@@ -7,8 +7,6 @@ import glob
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 import supervisor
+from tests import forked_io, zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "examples", "quickstart.py")
@@ -27,8 +26,7 @@ def _env():
 
 
 def _run(args, cwd, timeout=240):
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=_env())
+    return zygote.python(args, cwd=cwd, timeout=timeout, env=_env())
 
 
 def _raw_scalars(logdir, tag):
@@ -52,7 +50,7 @@ def _wait_for_checkpoint(logdir, proc, min_step, timeout_secs=120):
         path = supervisor.latest_checkpoint(logdir)
         if path is not None and int(path.rsplit("-", 1)[1]) >= min_step:
             return int(path.rsplit("-", 1)[1])
-        assert proc.poll() is None, proc.communicate()[0]
+        assert proc.poll() is None, forked_io.output(proc)
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.02)
 
@@ -80,14 +78,13 @@ def test_readme_first_command_draws_loss_and_accuracy_and_a_rerun_says_how_to_go
 @pytest.mark.slow
 def test_kill_and_resume_draws_no_zero_step_rate_at_the_resumed_step(tmp_path):
     logdir = str(tmp_path / "run")
-    proc = subprocess.Popen([sys.executable, QUICKSTART, "--logdir", logdir, "--steps", str(10**9),
-                             "--save-secs", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env())
+    proc = zygote.Forked(QUICKSTART, ["--logdir", logdir, "--steps", str(10**9), "--save-secs", "0.2"],
+                         output=forked_io.new_file(tmp_path, "killed"), env=_env())
     try:
         _wait_for_checkpoint(logdir, proc, min_step=100)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     restored = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])
     result = _run([QUICKSTART, "--logdir", logdir, "--steps", str(restored + 300)], cwd=tmp_path)
     assert result.returncode == 0 and f"resuming at step {restored}" in result.stdout, result.stdout
@@ -135,13 +132,11 @@ def test_readme_snippet_trains_over_epochs_to_last_step_and_resumes(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_PRELUDE + _readme_snippet() + _EPILOGUE)
     env = {**_env(), "LAST_STEP": "60"}  # 2 batches per epoch: 30 epochs
-    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=240, env=env)
+    first = zygote.python([script], cwd=tmp_path, timeout=240, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "final step 60 preempted=False" in first.stdout
     env["LAST_STEP"] = "70"
-    second = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=240, env=env)
+    second = zygote.python([script], cwd=tmp_path, timeout=240, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "final step 70" in second.stdout and "restored step=60" in second.stderr
 
@@ -153,19 +148,17 @@ def test_readme_snippet_exits_143_on_sigterm_after_the_final_checkpoint_and_the_
     script.write_text(_PRELUDE + _readme_snippet() + _EPILOGUE)
     logdir = str(tmp_path / "runs" / "exp")
     env = {**_env(), "LAST_STEP": str(10**9)}
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc = zygote.Forked(str(script), [], cwd=tmp_path, output=forked_io.new_file(tmp_path, "preempted"), env=env)
     _wait_for_checkpoint(logdir, proc, min_step=0)
     time.sleep(0.5)  # let it train past the creation checkpoint
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    out = forked_io.communicate(proc, timeout=120)
     assert proc.returncode == 143, out
     stopped_at = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])  # the final checkpoint
     assert stopped_at > 0 and "SIGTERM" in out
 
     env["LAST_STEP"] = str(stopped_at + 10)
-    rerun = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=240, env=env)
+    rerun = zygote.python([script], cwd=tmp_path, timeout=240, env=env)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f"restored step={stopped_at}" in rerun.stderr
     assert f"final step {stopped_at + 10} preempted=False" in rerun.stdout

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import re
 import os
-import subprocess
-import sys
 import time
 
 import pytest
+
+from tests import forked_io, zygote
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
@@ -103,21 +103,23 @@ with open(out, "w") as f:
 @pytest.mark.slow
 def test_readers_racing_retention_never_see_a_corrupt_checkpoint(tmp_path):
     logdir, out = str(tmp_path / "run"), str(tmp_path / "counts.json")
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, logdir, str(RACE_SECS)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=ENV)
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "reader.py").write_text(READER)
+    trainer = zygote.Forked(str(tmp_path / "trainer.py"), [logdir, RACE_SECS], output=str(tmp_path / "trainer.out"),
+                            env=forked_io.unbuffered(ENV))
     reader = None
     try:
-        assert trainer.stdout.readline().strip() == "first"
-        reader = subprocess.Popen([sys.executable, "-c", READER, logdir, out], env=ENV)
+        assert forked_io.wait_for(trainer, "first\n", timeout=120).startswith("first\n")
+        reader = zygote.Forked(str(tmp_path / "reader.py"), [logdir, out], output=str(tmp_path / "reader.out"),
+                               env=ENV)
         start = time.monotonic()
-        trainer_out = trainer.communicate(timeout=RACE_SECS + 120)[0]
+        trainer_out = forked_io.communicate(trainer, timeout=RACE_SECS + 120)
         raced_secs = time.monotonic() - start
         reader.wait(timeout=120)
     finally:
         for proc in (trainer, reader):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+            if proc is not None:
+                forked_io.finish(proc, timeout=30)
     assert trainer.returncode == 0 and reader.returncode == 0, trainer_out
     saves = int(re.findall(r"^saves (\d+)$", trainer_out, re.M)[-1])  # the trainer's own line, not a log line
     result = json.load(open(out))

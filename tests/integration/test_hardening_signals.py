@@ -4,14 +4,14 @@ hangs while the session closes (after a WARNING that names it). Every child is b
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
+
+from tests import forked_io, zygote
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
@@ -19,50 +19,39 @@ PRELUDE = "import logging, sys\nlogging.basicConfig(level=logging.INFO, stream=s
 
 
 class Child:
-    """A Python child whose combined output is read without blocking (select), so every wait is
-    bounded; killed if it outlives a test."""
+    """A Python child (``python -u``, forked from the zygote: tests/zygote.py) whose combined
+    output is read from its file, so every wait is bounded; killed if it outlives a test."""
 
-    def __init__(self, script: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", PRELUDE + textwrap.dedent(script)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, bufsize=0)
-        self.output = ""
+    def __init__(self, script: str, directory: str) -> None:
+        path = forked_io.new_file(directory, "child")
+        with open(path, "w") as f:
+            f.write(PRELUDE + textwrap.dedent(script))
+        self.proc = zygote.Forked(path, [], output=path + ".out", env=forked_io.unbuffered(ENV))
 
-    def _read(self, timeout_secs: float) -> bool:
-        """Reads what is available within ``timeout_secs``; False at end of output."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, timeout_secs))
-        if not ready:
-            return True
-        data = os.read(self.proc.stdout.fileno(), 65536)
-        self.output += data.decode("utf-8", errors="replace")
-        return bool(data)
+    @property
+    def output(self) -> str:
+        return forked_io.output(self.proc)
 
     def wait_for(self, text: str, timeout_secs: float) -> None:
-        deadline = time.monotonic() + timeout_secs
-        while text not in self.output:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no {text!r} within {timeout_secs} s:\n{self.output}"
-            if not self._read(min(remaining, 0.5)):
-                raise AssertionError(f"child exited before {text!r}:\n{self.output}")
+        forked_io.wait_for(self.proc, text, timeout_secs)
 
     def finish(self, timeout_secs: float) -> tuple[int, str]:
-        deadline = time.monotonic() + timeout_secs
-        while self._read(min(max(deadline - time.monotonic(), 0.0), 0.5)):
-            if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"still running after {timeout_secs} s:\n{self.output}")
-        return self.proc.wait(timeout=30), self.output
+        try:
+            self.proc.wait(timeout_secs)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running after {timeout_secs} s:\n{self.output}") from None
+        return self.proc.returncode, self.output
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self.proc.stdout.close()
+        forked_io.finish(self.proc, timeout=30)
 
 
 @pytest.fixture
-def children():
+def children(tmp_path_factory):
     made: list[Child] = []
-    yield lambda script: made.append(Child(script)) or made[-1]
+    directory = str(tmp_path_factory.mktemp("children"))  # not the test's tmp_path: a logdir
+    yield lambda script: made.append(Child(script, directory)) or made[-1]
     for child in made:
         child.kill()
 

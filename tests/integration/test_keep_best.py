@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 import pytest
 
@@ -89,31 +88,30 @@ def test_keep_period_through_the_front_door(tmp_path):
 
 
 def _tty_output(args, env, timeout_secs=120.0) -> str:
-    """``python -m supervisor ARGS`` with its stdout on a pseudo-terminal (unpiped), read to EOF."""
+    """``python -m supervisor ARGS`` (forked from the zygote, tests/zygote.py) with its stdout on a
+    pseudo-terminal (unpiped), read until it exited (this process holds the terminal open meanwhile,
+    so the child opens it whenever it starts and nothing it wrote is lost)."""
     import pty
     import select
-    import subprocess
     import time
 
+    from tests import zygote
+
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", *args], stdout=slave, stderr=subprocess.DEVNULL,
-                            env=env)
-    os.close(slave)
+    proc = zygote.Forked(None, args, module="supervisor", output=os.ttyname(slave), stderr=os.devnull, env=env)
     chunks, deadline = [], time.monotonic() + timeout_secs
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
+            ended = proc.poll() is not None  # then what is left in the terminal is read to the end
+            ready, _, _ = select.select([master], [], [], 0 if ended else 0.05)
+            if ready:
+                chunks.append(os.read(master, 65536))
+            elif ended:
                 break
-            if not data:
-                break
-            chunks.append(data)
     finally:
+        proc.kill()
         proc.wait(timeout=60)
+        os.close(slave)
         os.close(master)
     return b"".join(chunks).decode().replace("\r\n", "\n")
 

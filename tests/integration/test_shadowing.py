@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _run_script(directory, source):
     (directory / "train.py").write_text(source)
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    # a fresh interpreter: what is imported at start (the user's hooks.py first) is the point
     return subprocess.run([sys.executable, "train.py"], cwd=directory, capture_output=True, text=True,
                           timeout=120, env=env)
 

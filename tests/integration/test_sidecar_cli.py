@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from supervisor.checkpoint.layout.finished import mark_finished
 from supervisor.cli import evaluate as cli_evaluate
 
-from tests import zygote
+from tests import forked_io, zygote
 from tests.estimator.sidecar_helpers import StepTrainer, weight_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,9 +98,8 @@ def test_add_parser_and_run_follow_the_cli_contract(finished_run, capsys):
 @pytest.mark.slow
 def test_sidecar_example_trainer_and_evaluator_as_two_processes(tmp_path):
     logdir = str(tmp_path / "run")
-    result = subprocess.run([sys.executable, EXAMPLE, "--logdir", logdir, "--steps", "120", "--save-steps", "40",
-                             "--timeout", "120"], capture_output=True, text=True, timeout=240,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model: one intra-op thread
+    result = zygote.python([EXAMPLE, "--logdir", logdir, "--steps", "120", "--save-steps", "40", "--timeout", "120"],
+                           timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model: one intra-op thread
     assert result.returncode == 0, result.stdout + result.stderr
     assert "trainer: stopped at step 120" in result.stdout
     assert "evaluator: stopped (finished)" in result.stdout  # exited by itself after the final checkpoint
@@ -113,22 +110,19 @@ def test_sidecar_example_trainer_and_evaluator_as_two_processes(tmp_path):
 def test_sigterm_stops_the_evaluator_with_exit_code_0(finished_run, tmp_path):
     """A waiting evaluator (no finished mark, no timeout) ends cleanly on SIGTERM."""
     os.remove(os.path.join(finished_run, ".supervisor.finished"))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.cli.evaluate", finished_run, "--model", f"{HELPERS}:make_model",
-         "--data", "tests.estimator.test_sidecar_evaluator:BATCHES.copy", "--eval-step",
-         f"{HELPERS}:weight_metrics", "--poll-secs", "0.05"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    process = zygote.Forked(None, [finished_run, "--model", f"{HELPERS}:make_model", "--data",
+                                   "tests.estimator.test_sidecar_evaluator:BATCHES.copy", "--eval-step",
+                                   f"{HELPERS}:weight_metrics", "--poll-secs", "0.05"],
+                            module="supervisor.cli.evaluate", output=str(tmp_path / "evaluate.out"), cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
         log_dir = os.path.join(finished_run, "eval")
         while not (os.path.isdir(log_dir) and os.listdir(log_dir)):  # step 20 evaluated: now waiting
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            assert process.poll() is None and time.monotonic() < deadline, forked_io.output(process)
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
-        out, _ = process.communicate(timeout=60)
+        out = forked_io.communicate(process, timeout=60)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        forked_io.finish(process)
     assert process.returncode == 0, out
     assert "stopped (stop requested): 1 evaluated" in out

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -17,6 +14,7 @@ from supervisor.checkpoint.layout.index import latest_checkpoint
 from supervisor.estimator.evaluation import StopReason
 from supervisor.estimator.sidecar import SidecarEvaluator, evaluated_steps
 
+from tests import forked_io, zygote
 from tests.estimator.sidecar_helpers import float32_weight_of, make_model, weight_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,18 +25,16 @@ RACE_SECS = 10
 
 
 def start_trainer(logdir, *args):
-    return subprocess.Popen([sys.executable, TRAINER, logdir, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    output = forked_io.new_file(os.path.dirname(logdir), "trainer")
+    return zygote.Forked(TRAINER, [logdir, *args], output=output, cwd=ROOT)
 
 
 def finish(process, timeout):
     try:
-        out, _ = process.communicate(timeout=timeout)
+        out = forked_io.communicate(process, timeout=timeout)
         return process.returncode, out
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        forked_io.finish(process)
 
 
 @pytest.mark.slow
@@ -52,9 +48,7 @@ def test_race_against_a_trainer_saving_every_step_with_max_to_keep_1(tmp_path, c
         results = evaluator.start()
         code, out = finish(trainer, timeout=120)
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.communicate()
+        forked_io.finish(trainer)
     assert code == 0, out
     final = int(out.rsplit("finished step=", 1)[1].split()[0])
     stats = evaluator.stats
@@ -86,36 +80,20 @@ def events_steps(log_dir, tag="w"):
 
 
 def start_sidecar(logdir, data_file):
-    return subprocess.Popen(
-        [sys.executable, "-m", "supervisor.cli.evaluate", logdir, "--model", f"{HELPERS}:make_model",
-         "--data", f"{data_file}:batches", "--eval-step", f"{data_file}:slow_step", "--poll-secs", "0.05",
-         "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    output = forked_io.new_file(os.path.dirname(logdir), "sidecar")
+    return zygote.Forked(None, [logdir, "--model", f"{HELPERS}:make_model", "--data", f"{data_file}:batches",
+                                "--eval-step", f"{data_file}:slow_step", "--poll-secs", "0.05", "--timeout", "120"],
+                         module="supervisor.cli.evaluate", output=output, env=forked_io.unbuffered(), cwd=ROOT)
 
 
 def wait_until(condition, timeout, what, alive):
     deadline = time.monotonic() + timeout
     while not condition():
         if alive.poll() is not None:
-            raise AssertionError(f"the process exited ({alive.returncode}) before {what}: {alive.communicate()[0]}")
+            raise AssertionError(f"the process exited ({alive.returncode}) before {what}: {forked_io.output(alive)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-class Output:
-    """Collects a process's output lines on a thread (joined by `close`)."""
-
-    def __init__(self, process):
-        self.lines = []
-        self._thread = threading.Thread(target=lambda: self.lines.extend(iter(process.stdout.readline, "")))
-        self._thread.start()
-
-    def text(self):
-        return "".join(self.lines)
-
-    def close(self):
-        self._thread.join(timeout=30)
-        assert not self._thread.is_alive()
 
 
 def latest_step(logdir):
@@ -138,7 +116,6 @@ def test_a_sidecar_killed_and_restarted_evaluates_no_step_twice(tmp_path):
     trainer = start_trainer(logdir, "--until-file", stop_file, "--pause-file", pause_file, "--step-sleep", "0.05",
                             "--width", "8")
     sidecars = [start_sidecar(logdir, data_file)]
-    outputs = []
     try:
         wait_until(lambda: len(evaluated_steps(log_dir)) >= 3, 120, "the first sidecar's evaluations",
                    alive=sidecars[0])
@@ -150,13 +127,12 @@ def test_a_sidecar_killed_and_restarted_evaluates_no_step_twice(tmp_path):
         wait_until(lambda: paused_at in evaluated_steps(log_dir), 60, f"step {paused_at} evaluated",
                    alive=sidecars[0])
         sidecars[0].send_signal(signal.SIGKILL)
-        sidecars[0].communicate(timeout=30)
+        sidecars[0].wait(timeout=30)
         before = set(evaluated_steps(log_dir))
         sidecars.append(start_sidecar(logdir, data_file))
-        outputs.append(Output(sidecars[1]))
-        wait_until(lambda: "was already evaluated" in outputs[0].text(), 120, "the restart to skip",
+        wait_until(lambda: "was already evaluated" in forked_io.output(sidecars[1]), 120, "the restart to skip",
                    alive=sidecars[1])
-        assert f"model.ckpt-{paused_at}: step {paused_at} was already evaluated" in outputs[0].text()
+        assert f"model.ckpt-{paused_at}: step {paused_at} was already evaluated" in forked_io.output(sidecars[1])
         os.remove(pause_file)
         wait_until(lambda: len(set(evaluated_steps(log_dir)) - before) >= 3, 120, "the restarted sidecar",
                    alive=sidecars[1])
@@ -166,12 +142,8 @@ def test_a_sidecar_killed_and_restarted_evaluates_no_step_twice(tmp_path):
         sidecars[1].wait(timeout=60)
     finally:
         for process in [trainer, *sidecars]:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        for output in outputs:
-            output.close()
-    sidecar_out = outputs[0].text()
+            forked_io.finish(process)
+    sidecar_out = forked_io.output(sidecars[1])
     assert sidecars[1].returncode == 0, sidecar_out
     assert "stopped (finished)" in sidecar_out
     final = int(out.rsplit("finished step=", 1)[1].split()[0])

@@ -3,16 +3,15 @@ that does not warm start again."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_warm_start_example(tmp_path):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "warm_start.py"), "--workdir",
-                             str(tmp_path), "--steps", "60"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model: one intra-op thread
+    result = zygote.python([os.path.join(ROOT, "examples", "warm_start.py"), "--workdir", tmp_path, "--steps", "60"],
+                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model: one intra-op thread
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "loaded 4 key(s), skipped 2, 2 missing from the checkpoint" in out

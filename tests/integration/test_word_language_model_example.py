@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import supervisor
 from supervisor.checkpoint import read_checkpoint
+from tests import zygote
 from tests.killing import committed_step, kill_after_checkpoint, trainer_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,8 +23,7 @@ LAST_STEP = 3 * 29
 
 
 def _finish(logdir, env):
-    done = subprocess.run([sys.executable, EXAMPLE, "--logdir", logdir, *ARGS], env=env, timeout=300,
-                          capture_output=True, text=True)
+    done = zygote.python([EXAMPLE, "--logdir", logdir, *ARGS], env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -9,8 +9,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import torch
 from supervisor.checkpoint import MANIFEST_FILE
 from supervisor.estimator import LatestExporter
 from supervisor.estimator.exporters import list_exports, open_export_file, read_export_file
+from tests import zygote
 from tests.estimator.estimator_toy import X, endless, make_estimator
 from tests.s3_estimator.helpers import options
 
@@ -58,8 +57,7 @@ def killed_export(model_dir, base, endpoint):
     """Runs an export from ``model_dir`` to ``base`` in a child process SIGKILLed between its last
     data object and its manifest."""
     env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, PYTHONPATH=ROOT)
-    child = subprocess.run([sys.executable, os.path.join(HERE, "kill_export.py"), str(model_dir), base], env=env,
-                           capture_output=True, text=True, timeout=90)
+    child = zygote.python([os.path.join(HERE, "kill_export.py"), model_dir, base], env=env, timeout=90)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
 
 

@@ -198,7 +198,7 @@ def test_what_was_not_closed_is_uploaded_at_interpreter_exit(s3_server, s3_stora
               f"w = SummaryWriter({url!r}, flush_secs=3600, storage_options={options(s3_server.endpoint)!r})\n"
               "for step in range(3): w.add_scalar('loss', float(step), step)\n")
     env = {**os.environ, "PYTHONPATH": ROOT}
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)  # fresh: the interpreter's exit
     download(s3_storage, url, tmp_path)
     assert points(tmp_path) == [(step, float(step)) for step in range(3)]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -19,6 +18,7 @@ pytest.importorskip("s3fs", reason='the object-store tests need the test extra: 
 
 from supervisor.checkpoint import latest_checkpoint, verify_checkpoint  # noqa: E402
 from supervisor.checkpoint.layout.format import MANIFEST_FILE  # noqa: E402
+from tests import forked_io, zygote  # noqa: E402
 from tests.s3_fixtures import CREDENTIALS, FaultProxy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -40,14 +40,14 @@ def proxy(s3_server):
         yield p
 
 
-def _wait_for_commit(url: str, storage, trainer: subprocess.Popen, after_step: int, err) -> str:
+def _wait_for_commit(url: str, storage, trainer: zygote.Forked, after_step: int, err) -> str:
     """The newest committed checkpoint once one of a step > ``after_step`` is (bounded)."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         latest = latest_checkpoint(url, storage=storage)
         if latest is not None and int(latest.rsplit("-", 1)[1]) > after_step:
             return latest
-        assert trainer.poll() is None, f"the trainer ended before the fault: {trainer.communicate()}, " \
+        assert trainer.poll() is None, f"the trainer ended before the fault: {forked_io.output(trainer)}, " \
                                        f"{err.read_text()[-3000:]}"
         time.sleep(0.05)
     raise AssertionError(f"no checkpoint after step {after_step} committed under {url} in 180 s")
@@ -73,10 +73,9 @@ def test_a_silent_endpoint_mid_training_ends_the_trainer_with_the_bound_named_or
     url = s3_root + "/run"
     env = {**os.environ, **CREDENTIALS}
     err = tmp_path / "stderr"
-    with open(err, "wb") as stderr:
-        trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "silent_trainer.py"), proxy.endpoint, url,
-                                    str(LAST_STEP), "--bound", str(BOUND), "--lease", str(lease_secs)],
-                                   stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+    trainer = zygote.Forked(os.path.join(HERE, "silent_trainer.py"), [proxy.endpoint, url, LAST_STEP, "--bound", BOUND,
+                                                                       "--lease", lease_secs],
+                            output=str(tmp_path / "stdout"), stderr=str(err), env=env)
     try:
         before = _wait_for_commit(url, s3_storage, trainer, after_step=5, err=err)
         _silence(proxy, mid_upload)
@@ -84,18 +83,15 @@ def test_a_silent_endpoint_mid_training_ends_the_trainer_with_the_bound_named_or
         time.sleep(SILENT_SECS)  # the fault's duration, not a synchronisation
         proxy.black_hole = False
         try:
-            out, _ = trainer.communicate(timeout=END_SECS)
+            out = forked_io.communicate(trainer, timeout=END_SECS)
         except subprocess.TimeoutExpired:
-            trainer.kill()
-            out, _ = trainer.communicate()
+            out = forked_io.finish(trainer)
             pytest.fail(f"the trainer still ran {time.monotonic() - silent_from:.0f} s after its endpoint went "
                         f"silent for {SILENT_SECS} s (bound {BOUND} s); last output: {out[-300:]!r}; held "
                         f"connections: {proxy.held}; stderr: {err.read_text()[-2000:]}")
         took = time.monotonic() - silent_from
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.communicate()
+        forked_io.finish(trainer)
     stderr_text = err.read_text()
     ending = [line for line in stderr_text.splitlines() if line and not line.startswith((" ", "Traceback"))][-1:]
     print(f"lease {lease_secs} s: rc {trainer.returncode}, ended {took:.1f} s after the silence began, "

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -19,6 +17,7 @@ import torch  # noqa: E402
 from supervisor import TrainingState  # noqa: E402
 from supervisor.checkpoint import CheckpointManager, latest_checkpoint  # noqa: E402
 from supervisor.checkpoint.ownership.lease import LEASE_DIR  # noqa: E402
+from tests import zygote  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 from tests.s3_faults.upload_killer import model  # noqa: E402
 
@@ -36,10 +35,9 @@ def _uploads(s3_storage, url: str) -> list[dict]:
 def test_a_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_one_cleans_up_and_resumes(
         s3_server, s3_root, s3_storage, caplog):
     logdir = s3_root + "/run"
-    done = subprocess.run([sys.executable, os.path.join(HERE, "upload_killer.py"), s3_server.endpoint, logdir,
-                           "--parts", "3"], capture_output=True, text=True, timeout=150,
-                          env={**os.environ, "OMP_NUM_THREADS": "1",
-                               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    done = zygote.python([os.path.join(HERE, "upload_killer.py"), s3_server.endpoint, logdir, "--parts", "3"],
+                         timeout=150, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert done.returncode == -9, done.stdout + done.stderr
     assert "committed 1" in done.stdout and "killing after part 3 of" in done.stdout, done.stdout
     leftover = f"{logdir}/model.ckpt-2"

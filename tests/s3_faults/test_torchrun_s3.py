@@ -10,8 +10,6 @@ from __future__ import annotations
 import inspect
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -23,6 +21,7 @@ from supervisor.checkpoint import latest_checkpoint  # noqa: E402
 from supervisor.checkpoint.layout.finished import read_finished  # noqa: E402
 from supervisor.estimator.sidecar import SidecarEvaluator  # noqa: E402
 from supervisor.events import read_scalars  # noqa: E402
+from tests import forked_io, zygote  # noqa: E402
 from tests.s3_fixtures import options  # noqa: E402
 from tests.distributed.test_torchrun import finish, start, torchrun  # noqa: E402
 
@@ -89,16 +88,13 @@ def _killed_job_with_a_sidecar(s3_server, url: str, env: dict[str, str], tmp_pat
     """The job on the URL, rank 1 SIGKILLed after step 14 (torchrun restarts the group), with a
     sidecar evaluating every checkpoint it commits; returns (the job, the sidecar's output, the sidecar)."""
     path = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    sidecar = subprocess.Popen([sys.executable, os.path.join(HERE, "s3_sidecar.py"), url], cwd=ROOT,
-                               env={**os.environ, **env, "PYTHONPATH": path},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sidecar = zygote.Forked(os.path.join(HERE, "s3_sidecar.py"), [url], cwd=ROOT, output=str(tmp_path / "sidecar.out"),
+                            env={**os.environ, **env, "PYTHONPATH": path})  # (torchrun's agent: fresh)
     try:
         resumed = str(tmp_path / "resumed.pt")
         killed = torchrun(TRAINER, "--logdir", url, "--steps", STEPS, "--save-steps", SAVE_STEPS, "--out", resumed,
                           restarts=1, env={**env, "SUPERVISOR_TEST_KILL": "1:14"}, timeout=400)
-        sidecar_output, _ = sidecar.communicate(timeout=120)
+        sidecar_output = forked_io.communicate(sidecar, timeout=120)
     finally:
-        if sidecar.poll() is None:
-            sidecar.kill()
-            sidecar.wait(10)
+        forked_io.finish(sidecar, timeout=10)
     return killed, sidecar_output, sidecar

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,6 +15,7 @@ import torch
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession
 from supervisor.checkpoint import latest_checkpoint
+from tests import zygote
 from tests.s3_fixtures import CREDENTIALS, options
 from tests.s3_frontdoors.trainer import LEASE_SECS
 
@@ -81,8 +80,8 @@ def test_saves_on_s3_and_a_new_session_restores_bit_exact(s3_server, s3_root, s3
 
 def _run_trainer(url, out, endpoint, *extra):
     env = {**os.environ, **CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, os.path.join(HERE, "trainer.py"), url, "15", str(out), *extra],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=str(out.parent))
+    return zygote.python([os.path.join(HERE, "trainer.py"), url, "15", out, *extra], env=env, timeout=120,
+                         cwd=str(out.parent))
 
 
 @pytest.mark.slow

@@ -4,11 +4,10 @@ environment, nothing else. Run twice, it resumes from the checkpoint on the serv
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests import zygote
 from tests.s3_fixtures import CREDENTIALS, options
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -17,9 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _quickstart(url, endpoint, steps, cwd):
     env = {**os.environ, **CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py"), "--logdir", url,
-                           "--steps", str(steps), "--summary-secs", "0.5"],
-                          env=env, capture_output=True, text=True, timeout=240, cwd=cwd)
+    return zygote.python([os.path.join(ROOT, "examples", "quickstart.py"), "--logdir", url, "--steps", steps,
+                          "--summary-secs", "0.5"], env=env, timeout=240, cwd=cwd)
 
 
 def test_quickstart_on_s3_trains_and_resumes(s3_server, s3_root, s3_storage, tmp_path):

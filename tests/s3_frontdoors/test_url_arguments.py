@@ -4,14 +4,14 @@ the value and the fix."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from supervisor import MonitoredTrainingSession, SingularMonitoredSession, Supervisor
 from supervisor.estimator import RunConfig
+
+from tests import zygote
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,13 +71,14 @@ def test_a_summary_dir_url_takes_the_options_with_a_local_checkpoint_dir(tmp_pat
 
 
 def test_the_missing_extra_is_named():
-    """Without s3fs (hidden from the import system, in a fresh interpreter) an s3:// logdir asks
+    """Without s3fs (hidden from the import system, in a process that never imported it:
+    the zygote's children import s3fs themselves, tests/zygote.py) an s3:// logdir asks
     for the extra, at construction."""
     code = ("import sys; sys.modules['s3fs'] = None\n"
             "import torch; from supervisor import Supervisor\n"
             "m = torch.nn.Linear(2, 1)\n"
             "try:\n    Supervisor('s3://bucket/run', m)\nexcept ImportError as e:\n    print('ImportError:', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    out = zygote.python(["-c", code], timeout=60,
                          env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
     assert 'ImportError:' in out.stdout, out.stdout + out.stderr
     assert 'pip install "torch-supervisor[s3]"' in out.stdout

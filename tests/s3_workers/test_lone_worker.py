@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import signal
-import subprocess
-import sys
+import tempfile
 import threading
 import time
 
@@ -24,6 +22,7 @@ from supervisor import (CheckpointManager, Hook, MonitoredTrainingSession, Super
                         WorkerSessionCreator)
 from supervisor.estimator import Estimator, RunConfig
 from supervisor.errors import StopRequestedError
+from tests import forked_io, zygote
 from tests.s3_fixtures import options
 from tests.s3_workers.models import build, digest, train_step
 from tests.s3_workers.test_ranks_storage_options import NO_CLIENT_CONFIG
@@ -39,30 +38,22 @@ class Child:
     def __init__(self, *args: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_S3"))}
         env.update(NO_CLIENT_CONFIG, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "lone_worker.py"), *args], cwd=ROOT,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
-        self.output = ""
+        out = forked_io.new_file(tempfile.gettempdir(), "lone-worker")  # ``python -u``, forked (tests/zygote.py)
+        self.proc = zygote.Forked(os.path.join(HERE, "lone_worker.py"), args, cwd=ROOT, output=out,
+                                  env=forked_io.unbuffered(env))
+
+    @property
+    def output(self) -> str:
+        return forked_io.output(self.proc)
 
     def wait_for(self, text: str, timeout_secs: float) -> None:
-        deadline = time.monotonic() + timeout_secs
-        while text not in self.output:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no {text!r} within {timeout_secs} s:\n{self.output}"
-            ready, _, _ = select.select([self.proc.stdout], [], [], min(remaining, 0.5))
-            if ready:
-                data = os.read(self.proc.stdout.fileno(), 65536)
-                assert data, f"the worker exited before {text!r}:\n{self.output}"
-                self.output += data.decode("utf-8", errors="replace")
+        forked_io.wait_for(self.proc, text, timeout_secs)
 
     def finish(self, timeout_secs: float) -> int:
-        out, _ = self.proc.communicate(timeout=timeout_secs)
-        self.output += out.decode("utf-8", errors="replace")
-        return self.proc.returncode
+        return self.proc.wait(timeout=timeout_secs)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate(timeout=30)
+        forked_io.finish(self.proc, timeout=30)
 
 
 def _chief_saving_once(url: str, opts: dict, step: int) -> str:
@@ -87,7 +78,7 @@ def _chief(url: str, opts: dict, last_step: int) -> str:
     return digest(model, optimizer)
 
 
-@pytest.mark.slow  # a subprocess (its start-up: a few seconds)
+@pytest.mark.slow  # a subprocess (forked from the zygote) on a moto server
 def test_a_lone_worker_stops_at_once_on_sigterm_then_waits_for_and_restores_the_chiefs_checkpoint(
         s3_server, s3_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

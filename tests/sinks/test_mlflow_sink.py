@@ -5,8 +5,6 @@ training, and sinks are checked at construction."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import supervisor
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession, Supervisor
 from supervisor.sinks import MLflowSink
+from tests import zygote
 from tests.killing import kill_after_checkpoint, trainer_env
 
 mlflow = pytest.importorskip("mlflow")  # the [test] extra installs it; the import error is named by MLflowSink
@@ -169,8 +168,7 @@ def test_a_job_killed_and_requeued_continues_the_same_run(tmp_path):
     assert run.info.status == "RUNNING"  # killed: nothing could mark it
     logged = {step for step, _ in _history(uri, run.info.run_id, "loss")}
     assert set(range(1, restored + 1)) <= logged  # flushed before each checkpoint was published
-    rerun = subprocess.run([sys.executable, str(script), logdir, uri, str(restored + 5)], env=env, capture_output=True,
-                           text=True, timeout=120)
+    rerun = zygote.python([script, logdir, uri, restored + 5], env=env, timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f"run {run.info.run_id} ended" in rerun.stdout
     (again,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])

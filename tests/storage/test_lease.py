@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,6 +13,7 @@ from supervisor.checkpoint.ownership.lease import LEASE_DIR, Lease, LeaseLostErr
 from supervisor.checkpoint.storage import LocalStorage, storage_for
 from supervisor.errors import LogdirInUseError
 from supervisor.testing import FakeClock
+from tests import forked_io, zygote
 from tests.s3_fixtures import FaultProxy, make_bucket, options
 
 pytestmark = pytest.mark.timeout(60)
@@ -184,23 +183,23 @@ def test_two_processes_racing_for_an_expired_lease_exactly_one_wins(s3_server, s
     signals = str(tmp_path / "signals")
     os.makedirs(signals)
     arguments = [a for _, root, endpoint in rounds for a in (root, endpoint)]
-    racers = [subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "lease_racer.py"), signals,
-                                *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": _pythonpath()}) for _ in range(2)]
+    racers = [zygote.Forked(os.path.join(os.path.dirname(__file__), "lease_racer.py"), [signals, *arguments],
+                            output=str(tmp_path / f"racer-{n}.out"), stderr=str(tmp_path / f"racer-{n}.err"),
+                            env={**os.environ, "PYTHONPATH": _pythonpath()}) for n in range(2)]
     try:
         for index in range(len(rounds)):
             deadline = time.monotonic() + 45
             while len([n for n in os.listdir(signals) if n.startswith(f"ready-{index}-")]) < 2:
                 assert time.monotonic() < deadline, "the racers did not get ready"
-                assert all(p.poll() is None for p in racers), [p.communicate() for p in racers]
+                assert all(p.poll() is None for p in racers), [_output(p) for p in racers]
                 time.sleep(0.01)
             open(os.path.join(signals, f"go-{index}"), "w").close()
-        outputs = [p.communicate(timeout=45) for p in racers]
+        for p in racers:
+            p.wait(timeout=45)
+        outputs = [_output(p) for p in racers]
     finally:
         for p in racers:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            forked_io.finish(p)
     assert all(p.returncode == 0 for p in racers), outputs
     results = [out.splitlines() for out, _ in outputs]
     for index in range(len(rounds)):
@@ -208,6 +207,11 @@ def test_two_processes_racing_for_an_expired_lease_exactly_one_wins(s3_server, s
         assert lines[1] == "WON", outputs
         assert lines[0].startswith("REFUSED: ") and "is in use by another writer" in lines[0], outputs
         assert "expires at" in lines[0]
+
+
+def _output(racer: zygote.Forked) -> tuple[str, str]:
+    """(stdout, stderr) of a racer, as ``Popen.communicate`` gives them."""
+    return forked_io.output(racer), forked_io.output(racer, racer.output[:-len(".out")] + ".err")
 
 
 def _pythonpath() -> str:

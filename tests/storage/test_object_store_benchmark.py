@@ -8,12 +8,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from supervisor.checkpoint import CheckpointManager, read_checkpoint
+
+from tests import forked_io, zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARK = os.path.join(ROOT, "benchmarks", "object_store.py")
@@ -33,22 +34,26 @@ def _needs_the_extra() -> None:
         pytest.importorskip(module, reason='the object-store benchmark needs the test extra: pip install -e ".[test]"')
 
 
-def _run(args: list[str], timeout_secs: float) -> subprocess.CompletedProcess:
-    """Runs ``args`` in its own process group, killed whole (server included) on a timeout.
+def _run(script: str, args: list[str], timeout_secs: float, directory: str) -> subprocess.CompletedProcess:
+    """Runs ``python SCRIPT ARGS`` (forked from the zygote, tests/zygote.py) in its own process
+    group, killed whole (server included) on a timeout; its output goes to files in ``directory``.
 
     Without the ``AWS_*`` variables (the suite's server fixture sets them for the session): the
     benchmark reaches its server through ``storage_options`` alone, so every client it drives
     (ours for save and for restore, DCP's, s3fs's) must use them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    stderr = os.path.join(directory, "benchmark.err")
+    process = zygote.Forked(script, args, cwd=ROOT, env=env, output=os.path.join(directory, "benchmark.out"),
+                            stderr=stderr, new_session=True)
     try:
-        out, err = process.communicate(timeout=timeout_secs)
+        process.wait(timeout=timeout_secs)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"{args} did not finish in {timeout_secs} s:\n{out[-3000:]}\n{err[-3000:]}")
-    return subprocess.CompletedProcess(args, process.returncode, out, err)
+        process.kill_group()
+        process.wait(60)
+        pytest.fail(f"{args} did not finish in {timeout_secs} s:\n{forked_io.output(process)[-3000:]}\n"
+                    f"{forked_io.output(process, stderr)[-3000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, forked_io.output(process),
+                                       forked_io.output(process, stderr))
 
 
 def _line(out: str, start: str) -> str:
@@ -58,8 +63,8 @@ def _line(out: str, start: str) -> str:
 
 
 @pytest.mark.slow
-def test_smoke_run_prints_every_figure_and_ratio():
-    done = _run([sys.executable, BENCHMARK, "--sizes", "smoke", "--rounds", "1"], timeout_secs=240)
+def test_smoke_run_prints_every_figure_and_ratio(tmp_path):
+    done = _run(BENCHMARK, ["--sizes", "smoke", "--rounds", "1"], timeout_secs=240, directory=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "smoke (8 MiB) model + Adam" in out and "moto S3 server on http://127.0.0.1:" in out
@@ -113,18 +118,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_the_server_ends_with_the_process_that_started_it():
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     """A benchmark killed by a timeout (SIGKILL: no ``finally`` runs) leaves no server behind."""
-    starter = ("import sys, time; sys.path.insert(0, sys.argv[1]); from benchmarks._s3_server import S3Server; "
-               "s = S3Server().start(); print(s.process.pid, flush=True); time.sleep(120)")
-    process = subprocess.Popen([sys.executable, "-c", starter, ROOT], stdout=subprocess.PIPE, text=True)
+    starter = tmp_path / "starter.py"  # forked from the zygote (tests/zygote.py)
+    starter.write_text("import sys, time; sys.path.insert(0, sys.argv[1]); from benchmarks._s3_server import S3Server; "
+                       "s = S3Server().start(); print(s.process.pid, flush=True); time.sleep(120)")
+    process = zygote.Forked(str(starter), [ROOT], output=str(tmp_path / "starter.out"))
     try:
-        server_pid = int(process.stdout.readline())  # the server answers by now
+        server_pid = int(forked_io.wait_for(process, "\n", timeout=120))  # the server answers by now
         assert _alive(server_pid)
     finally:
         process.kill()
         process.wait(10)
-        process.stdout.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if not _alive(server_pid):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import builtins
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 
@@ -16,6 +14,8 @@ import pytest
 from supervisor.checkpoint import storage as storage_module
 from supervisor.checkpoint.storage.local import LocalStorage
 from supervisor.checkpoint.storage import PreconditionFailedError, Storage, register_scheme, storage_for
+
+from tests import zygote
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,13 +95,11 @@ def test_a_scheme_declared_by_an_entry_point_is_found_by_another_process(tmp_pat
     (site / "memory_like_plugin-1.0.dist-info" / "entry_points.txt").write_text(
         "[torch_supervisor.storage]\nmemory-like = memory_like_plugin:factory\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "supervisor", "ls", "memory-like://bucket/run"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = zygote.run(["ls", "memory-like://bucket/run"], env=env, timeout=120)  # forked: tests/zygote.py
     assert "plugin factory called for memory-like://bucket/run" in done.stdout, done.stdout + done.stderr
     assert "no storage for the URL scheme" not in done.stdout + done.stderr
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # without the plugin: refused, naming the scheme
-    done = subprocess.run([sys.executable, "-m", "supervisor", "ls", "memory-like://bucket/run"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = zygote.run(["ls", "memory-like://bucket/run"], env=env, timeout=120)
     assert done.returncode != 0 and "no storage for the URL scheme 'memory-like'" in done.stderr, done.stderr
 
 

@@ -21,6 +21,7 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -104,6 +105,10 @@ class LazyVariable:
 _FORMATS: dict[str, CheckpointFormat] = {}
 _LOADED = False
 _DISCOVERED = False
+_LOADING = False
+#: Held while the built-ins load (and while the entry points are read): another thread's first
+#: question waits for all of them.
+_LOAD_LOCK = threading.RLock()
 
 
 def register_format(fmt: CheckpointFormat) -> None:
@@ -187,10 +192,17 @@ def format_in(path: str) -> CheckpointFormat | None:
 
 
 def _load_builtin() -> None:
-    global _LOADED
-    _LOADED = True
-    for module in BUILTIN_FORMATS:
-        importlib.import_module(module)
+    global _LOADED, _LOADING
+    with _LOAD_LOCK:
+        if _LOADED or _LOADING:  # another thread loaded them meanwhile, or a built-in's import asks
+            return
+        _LOADING = True
+        try:
+            for module in BUILTIN_FORMATS:
+                importlib.import_module(module)
+        finally:
+            _LOADING = False
+        _LOADED = True
 
 
 def _discover() -> bool:
@@ -198,10 +210,16 @@ def _discover() -> bool:
     process, at the first name or checkpoint no registered format answers); True if it ran now.
     An entry point that fails to load is logged (WARNING, naming it) and skipped."""
     global _DISCOVERED
-    if _DISCOVERED:
-        return False
-    _DISCOVERED = True
-    formats()
+    with _LOAD_LOCK:
+        if _DISCOVERED:
+            return False
+        _DISCOVERED = True
+        formats()
+        _register_entry_points()
+    return True
+
+
+def _register_entry_points() -> None:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             loaded = ep.load()
@@ -214,4 +232,3 @@ def _discover() -> bool:
         if ep.name not in _FORMATS:
             logger.warning("the entry point %s = %s (group %s) registered no checkpoint format named %r",
                            ep.name, ep.value, ENTRY_POINT_GROUP, ep.name)
-    return True
