@@ -35,7 +35,7 @@ from supervisor.checkpoint import (
 from supervisor.checkpoint.storage import Location, relocate, resolve_location
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointNotFoundError
-from supervisor.estimator.export_writer import write_export
+from supervisor.estimator.export.writer import write_export
 from supervisor.estimator.inputs import END, INPUT_ENTRY, TrainingInput, call_input_fn, log_input_end
 from supervisor.estimator.isolation import preserved_rng
 from supervisor.estimator.locations import is_url, options_for

@@ -27,7 +27,7 @@ On an object store (``model_dir`` or ``export_dir_base`` an ``s3://`` URL; SPEC 
 rename: the files are uploaded to ``<base>/<version>/`` and its ``MANIFEST.json`` is written last,
 create-only, as for checkpoints; an export exists if and only if its manifest does, a version
 without one (a killed export) is removed with a WARNING by the next export or exporter, and the
-garbage collection deletes a version's manifest first (`supervisor.estimator.export_objects`).
+garbage collection deletes a version's manifest first (`supervisor.estimator.export.objects`).
 The exporters use the estimator's ``RunConfig(storage_options=...)``; `Estimator.export` also
 takes ``storage_options=`` for a base on another store. Read an export back from a URL with
 `open_export_file` (``torch.load(open_export_file(url, "model.pt", opts), weights_only=True)``).
@@ -49,7 +49,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from supervisor.errors import CheckpointError
-from supervisor.estimator.export_files import (
+from supervisor.estimator.export.files import (
     PROGRAM_FILE,
     RESULT_FILE,
     SAFETENSORS_FILE,
@@ -61,8 +61,8 @@ from supervisor.estimator.export_files import (
     read_export_file,
     remove_crashed_exports,
 )
-from supervisor.estimator.export_writer import export_program, write_export
-from supervisor.estimator.exporter_base import Exporter, ExportTarget
+from supervisor.estimator.export.writer import export_program, write_export
+from supervisor.estimator.export.base import Exporter, ExportTarget
 from supervisor.estimator.metrics import read_eval_events
 
 __all__ = ["Exporter", "ExportTarget", "LatestExporter", "BestExporter", "FinalExporter", "write_export",

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from hooks.checkpoint import CheckpointSaverListener
 from supervisor import _validate as v
-from supervisor.estimator.exporter_base import Exporter
+from supervisor.estimator.export.base import Exporter
 from supervisor.hook import Hook
 
 __all__ = ["TrainSpec", "EvalSpec", "validate_eval_name", "validate_input_fn", "validate_hooks",

@@ -76,7 +76,7 @@ def test_safetensors_export_stores_tied_weights_once(tmp_path):
     pytest.importorskip("safetensors", exc_type=ImportError, reason="safetensors (the safetensors extra) is not installed")
     from safetensors.torch import load_model
 
-    from supervisor.estimator.export_writer import _save_safetensors
+    from supervisor.estimator.export.writer import _save_safetensors
 
     def tied() -> torch.nn.Module:
         model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
@@ -121,7 +121,8 @@ def test_failed_export_leaves_no_partial_directory(tmp_path):
 
 _KILLED_EXPORT = """
 import os, signal, sys
-from supervisor.estimator import export_writer, exporters
+from supervisor.estimator import exporters
+from supervisor.estimator.export import writer as export_writer
 from tests.estimator.estimator_toy import endless, make_estimator
 
 est = make_estimator(sys.argv[1])

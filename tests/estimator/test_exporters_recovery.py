@@ -41,7 +41,9 @@ _TRAIN_AND_EVALUATE = """
 import os, signal, sys
 import torch
 from torch import nn
-from supervisor.estimator import BestExporter, Estimator, EvalSpec, RunConfig, TrainSpec, export_writer, exporters
+from supervisor.estimator import BestExporter, Estimator, EvalSpec, RunConfig, TrainSpec
+from supervisor.estimator import exporters
+from supervisor.estimator.export import writer as export_writer
 from supervisor.estimator import train_and_evaluate
 from tests.estimator.estimator_toy import batches, endless
 
@@ -168,7 +170,8 @@ def test_best_exporter_removes_a_killed_exports_temp_even_when_not_exporting(est
 
 _KILLED_GC = """
 import os, signal, sys
-from supervisor.estimator import LatestExporter, exporter_base
+from supervisor.estimator import LatestExporter
+from supervisor.estimator.export import base as exporter_base
 from tests.estimator.estimator_toy import endless, make_estimator
 
 est = make_estimator(sys.argv[1])

@@ -25,7 +25,7 @@ from supervisor.checkpoint.storage import resolve_location
 from supervisor.cli import main
 from supervisor.cli._common import writer_note
 from supervisor.errors import LogdirInUseError
-from supervisor.estimator.export_files import export_step, read_export_record
+from supervisor.estimator.export.files import export_step, read_export_record
 from supervisor.estimator.training import exported_steps
 from tests.s3_fixtures import make_bucket
 
@@ -186,7 +186,7 @@ def test_a_hostile_safetensors_header_has_no_step(where, name):
 
 
 def test_a_hostile_export_manifest_is_not_deleted(s3_storage):
-    from supervisor.estimator.export_objects import delete_object_export
+    from supervisor.estimator.export.objects import delete_object_export
 
     base = make_bucket(s3_storage) + "/export/best"
     for version, (name, data) in enumerate(MANIFESTS.items(), 1):

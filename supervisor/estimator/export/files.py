@@ -5,7 +5,7 @@ Locally ``<export_path>/<version>/`` is a complete export (see `supervisor.estim
 hidden ``.<version>.tmp-<host>-<pid>-<random>`` directories are exports being written (or killed
 while written), ``.<version>.deleting-<random>`` ones old exports being deleted (or killed while
 deleted). On an object store (``export_path`` an ``s3://`` URL) a version is complete when its
-``MANIFEST.json`` exists (`supervisor.estimator.export_objects`). Readers list complete exports
+``MANIFEST.json`` exists (`supervisor.estimator.export.objects`). Readers list complete exports
 only; `remove_crashed_exports` deletes the leftovers. Every function takes a directory as a
 resolved `supervisor.checkpoint.storage.Location` (the estimator's: its client built once) or as
 a path or URL; the public ones (re-exported by `supervisor.estimator.exporters`) also take the
@@ -25,7 +25,7 @@ from typing import IO, Any, Mapping
 from supervisor.checkpoint import get_checkpoint_state, read_index, read_manifest
 from supervisor.checkpoint.storage.records import fields, parse_object
 from supervisor.checkpoint.storage import Location, is_url, resolve_location
-from supervisor.estimator.export_objects import list_object_exports, remove_object_leftovers
+from supervisor.estimator.export.objects import list_object_exports, remove_object_leftovers
 from supervisor.events import open_regular_file
 
 __all__ = ["WEIGHTS_FILE", "PROGRAM_FILE", "SAFETENSORS_FILE", "RESULT_FILE", "list_exports", "new_version_dir",

@@ -3,7 +3,7 @@
 Locally the files go into a hidden temporary sibling, are fsynced, and the directory is renamed
 into place. On an object store (``export_dir_base`` an ``s3://`` URL) the files are written into
 a local temporary directory (``tempfile``: ``$TMPDIR``), uploaded to ``<base>/<version>/``, and
-the version's manifest is written last, create-only (`supervisor.estimator.export_objects`).
+the version's manifest is written last, create-only (`supervisor.estimator.export.objects`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from supervisor.checkpoint import fsync_dir
 from supervisor.checkpoint.storage import Location, resolve_location
 from supervisor.clock import Clock
-from supervisor.estimator.export_files import (
+from supervisor.estimator.export.files import (
     PROGRAM_FILE,
     RESULT_FILE,
     SAFETENSORS_FILE,
@@ -30,7 +30,7 @@ from supervisor.estimator.export_files import (
     next_version,
     remove_crashed_exports,
 )
-from supervisor.estimator.export_objects import remove_object_leftovers, upload_export
+from supervisor.estimator.export.objects import remove_object_leftovers, upload_export
 from supervisor.estimator.isolation import preserved_rng
 
 __all__ = ["ExportSource", "write_export", "export_program"]

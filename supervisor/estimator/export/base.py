@@ -10,9 +10,9 @@ import shutil
 from typing import Any, Mapping, Protocol
 
 from supervisor.checkpoint.storage import Location, resolve_location
-from supervisor.estimator.export_files import list_exports, read_export_record, remove_crashed_exports
-from supervisor.estimator.export_objects import delete_object_export
-from supervisor.estimator.export_writer import write_export
+from supervisor.estimator.export.files import list_exports, read_export_record, remove_crashed_exports
+from supervisor.estimator.export.objects import delete_object_export
+from supervisor.estimator.export.writer import write_export
 from supervisor.estimator.locations import options_for
 
 __all__ = ["Exporter", "ExportTarget"]
