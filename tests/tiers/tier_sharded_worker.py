@@ -30,12 +30,12 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import sys
 import threading
 
 import torch
 import torch.distributed as dist
 
+from tests.tiers.kill_switch import KillSwitch
 from tests.distributed.worker import emit, main, scenario, sharded, train_sharded_step
 
 
@@ -53,39 +53,9 @@ def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
 
 
 POINTS = ("part-seal", "part-mark", "copy-write", "copy-seal")
-_counts: dict[str, int] = {}
+_switch = KillSwitch("TIER_KILL", rank=dist.get_rank)
+_reached = _switch.reached
 _released = threading.Event()  # HOLD_COPY: the loop ended
-
-
-def _reached(point: str) -> None:
-    spec = os.environ.get("TIER_KILL", "")
-    if not spec:
-        return
-    name, n, rank = spec.split(":")
-    if name != point or int(rank) != dist.get_rank():
-        return
-    _counts[point] = _counts.get(point, 0) + 1
-    if _counts[point] == int(n):
-        print(f"killing rank {rank} at {point}", flush=True)
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _HalfWriter:
-    """Passes writes through; reaches ``point`` after the first one (a half-sent file)."""
-
-    def __init__(self, writer, point: str) -> None:
-        self._writer, self._point, self._writes = writer, point, 0
-
-    def write(self, data):
-        written = self._writer.write(data)
-        self._writes += 1
-        if self._writes == 2:
-            _reached(self._point)
-        return written
-
-    def __getattr__(self, name):
-        return getattr(self._writer, name)
 
 
 def install_seams() -> None:
@@ -105,7 +75,7 @@ def install_seams() -> None:
         return mark(path)
 
     def stream_(storage, path, writer):
-        return stream(storage, path, _HalfWriter(writer, "copy-write"))
+        return stream(storage, path, _switch.half_writer(writer, "copy-write"))
 
     def merged_(*args):
         _reached("copy-seal")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 
@@ -38,53 +37,24 @@ from hooks import StopAtStepHook
 from supervisor.checkpoint.load import torch_format
 from supervisor.checkpoint.save import publish, temp
 from supervisor.checkpoint.tiers import copy as tier_copy
+from tests.tiers.kill_switch import KillSwitch
 
 POINTS = ("local-write", "local-commit", "copy-write", "copy-commit", "copy-publish")
-_counts: dict[str, int] = {}
-
-
-def _reached(point: str) -> None:
-    spec = os.environ.get("KILL_AT", "")
-    if not spec:
-        return
-    name, n = spec.split(":")
-    if name != point:
-        return
-    _counts[point] = _counts.get(point, 0) + 1
-    if _counts[point] == int(n):
-        sys.stderr.write(f"killing at {point}\n")
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+_switch = KillSwitch("KILL_AT")
+_reached = _switch.reached
 
 
 def _in_persist_thread() -> bool:
     return threading.current_thread().name == "supervisor-checkpoint-persist"
 
 
-class _HalfWriter:
-    """Passes writes through; reaches ``point`` after the first one (a half-written file)."""
-
-    def __init__(self, writer, point: str) -> None:
-        self._writer, self._point, self._writes = writer, point, 0
-
-    def write(self, data):
-        written = self._writer.write(data)
-        self._writes += 1
-        if self._writes == 2:
-            _reached(self._point)
-        return written
-
-    def __getattr__(self, name):
-        return getattr(self._writer, name)
-
-
 def install_seams() -> None:
     serialize, stream, finalize, publish_ = torch_format.serialize, tier_copy._stream, \
         temp.TempCheckpoint.finalize, publish.Publisher.publish
     # the name the torch format's write looks up at each save (test_every_kill_point_of_the_trainer_is_reached)
-    torch_format.serialize = lambda payload, w: serialize(payload, _HalfWriter(w, "local-write"))
+    torch_format.serialize = lambda payload, w: serialize(payload, _switch.half_writer(w, "local-write"))
     tier_copy.COPY_CHUNK_BYTES = 64 << 10
-    tier_copy._stream = lambda s, src, m, rel, w: stream(s, src, m, rel, _HalfWriter(w, "copy-write"))
+    tier_copy._stream = lambda s, src, m, rel, w: stream(s, src, m, rel, _switch.half_writer(w, "copy-write"))
 
     def finalize_(self, **kwargs):
         _reached("copy-commit" if _in_persist_thread() else "local-commit")
