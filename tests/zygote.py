@@ -19,7 +19,9 @@ exception gives its traceback and status 1, non-daemon threads are joined and at
 run at exit, but modules are not torn down (see `_finish`). What a fork cannot give: the
 zygote's string hash seed, its imported modules (so the zygote imports nothing that reads the
 environment at import: fsspec, s3fs and botocore are imported by the child after its environment
-is set; a child whose ``PYTHONPATH`` holds another checkout is refused), and anything about the
+is set; a child whose ``PYTHONPATH`` holds another checkout is refused; what torch and tqdm read
+at import, ``TORCH_*`` and ``TQDM_*``, is the zygote's, so a test that sets those needs a fresh
+interpreter), and anything about the
 interpreter's own start or exit (peak RSS, import side effects, the status 141 of a pipe closed
 early): tests about those, and torchrun's workers, start fresh interpreters.
 
