@@ -26,6 +26,14 @@ def run_dirs(tmp_path_factory) -> tuple[str, str]:
     return logdir, local
 
 
+def _unpruned(row: dict) -> bool:
+    """A rank's part of step 4 still in its local tier: the run ends by ``os._exit`` (CRASH=yes)
+    right after its last local commit, and whether a rank's retention had removed the part of
+    step 4 (persisted, older than its two newest) by then is timing; both are correct states."""
+    part = row.get("rank") is not None and row.get("tier", "local") == "local"  # ls rows have a tier, verify's not
+    return part and (row.get("step") == 4 or str(row.get("path", "")).endswith("/model.ckpt-4"))
+
+
 def test_ls_lists_the_steps_with_the_ranks_holding_them_and_what_a_restart_restores(run_dirs):
     logdir, local = run_dirs
     result = cli("ls", logdir, "--local-dir", local)
@@ -37,6 +45,7 @@ def test_ls_lists_the_steps_with_the_ranks_holding_them_and_what_a_restart_resto
     assert "a restart restores step 6 from the local tiers (every rank holds a committed part that verifies)" in \
         result.stdout
     result, rows = cli_json("ls", logdir, "--local-dir", local)
+    rows = [r for r in rows if not _unpruned(r)]
     assert sorted((r["tier"], r["step"], r.get("rank")) for r in rows) == [
         ("local", 5, 0), ("local", 5, 1), ("local", 6, 0), ("local", 6, 1), ("persistent", 0, None),
         ("persistent", 4, None)]
@@ -50,7 +59,7 @@ def test_verify_checks_each_part_and_a_damaged_or_uncommitted_part_changes_the_r
     logdir, local = run_dirs
     result, rows = cli_json("verify", logdir, "--local-dir", local)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(r["path"] for r in rows if r.get("rank") is not None) == sorted(
+    assert sorted(r["path"] for r in rows if r.get("rank") is not None and not _unpruned(r)) == sorted(
         f"{local}/rank-{rank}/model.ckpt-{step}" for step in (5, 6) for rank in (0, 1))
     flip_byte(f"{local}/rank-1/model.ckpt-6/__1_0.distcp")
     result = cli("verify", logdir, "--local-dir", local)
