@@ -127,3 +127,24 @@ def test_a_renewal_that_comes_back_in_time_keeps_the_lease(tmp_path):
     clock.advance(5)  # past the first record's expiry, within the renewed one's margin
     assert _check_promptly(lease) is None
     lease.release()
+
+
+@pytest.mark.parametrize("gated", ["create_exclusive", "listdir"])
+def test_a_renewal_that_comes_back_after_the_lease_expired_loses_it_though_no_check_ran_meanwhile(tmp_path, gated):
+    """The CI failure of tests/s3_faults/test_outage.py: the store went away while a renewal was
+    in flight, its retries outlasted the lease, the store came back and the renewal went through.
+    Nothing had called `check` in between, so the renewed record made a writer whose lease had
+    expired commit again. A renewal that lands after the expiry of the record it renews came too
+    late: the lease is lost, whatever the storage says."""
+    storage, clock = GatedStorage(gated), FakeClock(start_secs=time.time())
+    lease = Lease(storage, str(tmp_path), lease_secs=LEASE, clock=clock)
+    lease.acquire(renew=False)
+    clock.advance(LEASE / 3)
+    renewal, renewed = _renew_in_background(lease, storage)
+    clock.advance(2 * LEASE / 3 + 1)  # the record renewed has expired; no check ran
+    storage.gate.set()  # the store is back: the renewal's request goes through
+    renewal.join(10)
+    assert renewed == [False]
+    assert "too late" in (lease.lost or ""), lease.lost
+    with pytest.raises(LeaseLostError, match="lost the lease"):
+        lease.check()

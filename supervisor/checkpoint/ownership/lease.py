@@ -18,7 +18,9 @@ object only if the name is free (`Storage.create_exclusive`: ``If-None-Match: *`
 * **Renew** every ``lease_secs / 3`` on a thread: create generation ``n + 1`` — a conditional
   write on the version held, so a holder that was overtaken (its lease expired and another
   writer took it over) finds ``n + 1`` taken and marks itself **lost**. So does a holder whose
-  renewal fails (the storage's bounded retries exhausted) or whose renewal comes too late.
+  renewal fails (the storage's bounded retries exhausted) or comes too late: it starts, or goes
+  through, after the record it renews expired (a store that came back after an outage longer
+  than the lease never revives it).
   Generations older than ``n - 1`` are deleted; the newest is never deleted, so numbers never
   repeat (a holder that was paused cannot slip back in under a recycled number — and after
   creating a generation, a renewer lists the directory to check nothing newer exists).
@@ -300,7 +302,11 @@ class Lease:
         with self._lock:
             self._renewing = None
             self._renewed.set()
-            if not renewed:
+            landed = self._clock.time()
+            if renewed and landed >= held.expires_at:  # no check ran while it waited: still too late
+                self._mark_lost(f"its renewal came too late (it went through at {_when(landed)}, after the "
+                                f"lease expired at {_when(held.expires_at)})")
+            elif not renewed:
                 self._mark_lost(f"renewing it failed ({winner})" if isinstance(winner, OSError) else
                                 "another writer took it over" + (f" ({winner.describe()})" if winner else ""))
             if self._lost is not None:  # also when `check` found it overdue meanwhile: lost for good
