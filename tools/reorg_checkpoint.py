@@ -561,7 +561,7 @@ def post_steps(contents: dict[str, str]) -> None:
     long = [p for p, t in contents.items() if p.endswith(".py") and p.startswith(("supervisor/", "hooks/"))
             and len(t.splitlines()) > 400]
     print("\npost-steps (by hand):")
-    print("  - run: python -m pytest -q tests/checkpoint tests/storage tests/cli tests/core tests/docs tests/s3*")
+    print("  - run: python -m pytest -q tests/checkpoint tests/storage tests/cli tests/core tests/docs tests/*/s3")
     print("  - read the package's picture again: docs/architecture.md's map against tests/checkpoint/test_layout_rules.py")
     if long:
         print("  - over 400 lines now (merge or trim the imports by hand): " + ", ".join(sorted(long)))

@@ -1,6 +1,6 @@
 """The index is replaced only while it still is the version the writer read or last wrote (SPEC
 §16), locally too: an index another process moved makes the save fail loudly, and retention then
-deletes nothing (the same rule tests/s3 checks against a real object store)."""
+deletes nothing (the same rule tests/checkpoint/s3 checks against a real object store)."""
 from __future__ import annotations
 
 import os

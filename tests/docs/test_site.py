@@ -10,7 +10,7 @@ defined (calls the `init_fn`, runs the hook); `_SUBSTITUTIONS` shortens step bud
 the object-store page at the test's own S3 server. Those three tables are the whole difference
 between what a reader sees and what runs. The command-line page's shell block runs in a logdir
 holding the checkpoints it names. Install commands (`pip install ...`) are what `.ci/run` runs;
-the moto walk-through's shell block is `tests/s3*`'s territory (it starts a server on a fixed port).
+the moto walk-through's shell block is `tests/*/s3/`'s territory (it starts a server on a fixed port).
 """
 from __future__ import annotations
 

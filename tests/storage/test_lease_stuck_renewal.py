@@ -5,7 +5,7 @@ from what this writer knows: with more than a third of the lease left by its rec
 once; with less, it waits for the renewal in flight at most until the recorded expiry (on the
 lease's clock), then fails naming the renewal that is waiting. The storage here is the local one whose requests made on the
 renewal's thread wait on a gate — a renewal stuck for as long as the test says (the object
-store's silent endpoint is tests/s3_faults/test_black_hole.py)."""
+store's silent endpoint is tests/storage/s3/test_black_hole.py)."""
 from __future__ import annotations
 
 import threading
@@ -131,7 +131,7 @@ def test_a_renewal_that_comes_back_in_time_keeps_the_lease(tmp_path):
 
 @pytest.mark.parametrize("gated", ["create_exclusive", "listdir"])
 def test_a_renewal_that_comes_back_after_the_lease_expired_loses_it_though_no_check_ran_meanwhile(tmp_path, gated):
-    """The CI failure of tests/s3_faults/test_outage.py: the store went away while a renewal was
+    """The CI failure of tests/storage/s3/test_outage.py: the store went away while a renewal was
     in flight, its retries outlasted the lease, the store came back and the renewal went through.
     Nothing had called `check` in between, so the renewed record made a writer whose lease had
     expired commit again. A renewal that lands after the expiry of the record it renews came too

@@ -1,0 +1,2 @@
+"""The CLI on `s3://` URLs uses the shared fixtures (a real moto server on loopback)."""
+from tests.s3_fixtures import *  # noqa: F401,F403 - fixtures are found by name

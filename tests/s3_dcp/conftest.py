@@ -1,3 +1,0 @@
-"""The sharded (``checkpoint_format="dcp"``) object-store tests use the shared fixtures (a real
-moto server on loopback)."""
-from tests.s3_fixtures import *  # noqa: F401,F403 - fixtures are found by name
