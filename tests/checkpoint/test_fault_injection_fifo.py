@@ -146,7 +146,8 @@ def test_sigterm_stops_the_evaluator_cli_on_a_logdir_with_a_fifo_state_pt(tmp_pa
             assert process.poll() is None and time.monotonic() < deadline, (forked_io.output(process),
                                                                              forked_io.output(process, err))
             time.sleep(0.05)
-        time.sleep(1.0)
+        # It met the FIFO and went on (the bug: blocked opening it, this line never came): now stop it.
+        forked_io.wait_for(process, "skipping checkpoint", timeout=90, path=err)
         process.send_signal(signal.SIGTERM)
         try:
             out = forked_io.communicate(process, timeout=30)

@@ -33,30 +33,46 @@ def _dead_holder(logdir) -> int:
         return json.load(f)["pid"]
 
 
-def test_refused_writer_waits_for_the_new_holder_to_record_itself(tmp_path):
+def test_refused_writer_waits_for_the_new_holder_to_record_itself(tmp_path, monkeypatch):
+    from supervisor.checkpoint.ownership import lock as lock_module
+
     dead_pid = _dead_holder(tmp_path)
-    # The new holder takes the OS lock and records itself 0.5 s later: the window a loser used
-    # to fall into, widened so the test hits it every time.
+    # The new holder takes the OS lock and records itself only once the refused writer has read the
+    # dead holder's record: the window a loser used to fall into, entered every time (a handshake:
+    # the loser's first read sends the holder the line it waits for).
     script = textwrap.dedent(f"""
         import json, os, socket, sys, time
         import filelock
         lock = filelock.FileLock({str(tmp_path / ".supervisor.lock")!r}, timeout=0)
         lock.acquire()
         print("locked", flush=True)
-        time.sleep(0.5)
+        sys.stdin.readline()
         with open({str(tmp_path / OWNER_FILE)!r}, "w") as f:
             json.dump({{"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}}, f)
         sys.stdin.readline()
     """)
     holder = forked_io.code(script, stdin_pipe=True, env=ENV)
+    reads: list[dict] = []
+    real_read = lock_module.read_owner_record
+
+    def read_then_let_the_holder_record_itself(path: str) -> dict:
+        reads.append(real_read(path))
+        if len(reads) == 1:
+            holder.stdin.write(b"\n")
+            holder.stdin.flush()
+        return reads[-1]
+
+    monkeypatch.setattr(lock_module, "read_owner_record", read_then_let_the_holder_record_itself)
+    monkeypatch.setattr(lock_module, "OWNER_RECORD_WAIT_SECS", 60.0)  # a bound for a loaded machine
     try:
         assert forked_io.lines(holder, 1, timeout=120) == ["locked"]
         with pytest.raises(LogdirInUseError) as info:
             CheckpointManager(tmp_path).open()
+        assert reads[0]["pid"] == dead_pid  # the window was entered: the stale record was read first
         assert f"pid {holder.pid} " in str(info.value)
         assert f"pid {dead_pid} " not in str(info.value)
     finally:
-        holder.stdin.write(b"\n")
+        holder.stdin.write(b"\n\n")
         holder.stdin.flush()
         holder.wait(timeout=30)
 

@@ -123,10 +123,26 @@ def _expiry(message: str) -> float:
     return float(match.group(1))
 
 
+def _stopped_or_gone(pid: int, timeout_secs: float = 30) -> None:
+    """Returns once the kernel says ``pid`` is stopped (``T``) or no longer exists (bounded)."""
+    deadline = time.monotonic() + timeout_secs
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        assert time.monotonic() < deadline, f"pid {pid} is still {state!r} {timeout_secs} s after the signal"
+        time.sleep(0.01)
+
+
 def _dead_holders_record(where: Where, writer: zygote.Forked) -> LeaseRecord:
-    """The lease record a killed or stopped writer left: the last word on when its lease expires
-    (a renewal under way when it stopped has finished or never happened: waited for briefly)."""
-    time.sleep(0.2)
+    """The lease record a killed or stopped writer left, read once the kernel says it is stopped or
+    gone: a lower bound on when its lease expires (a renewal it had already sent may still land
+    later, moving the expiry later, never earlier: the tests compare against this bound)."""
+    _stopped_or_gone(writer.pid)
     record = Lease(where.storage, where.root).newest()
     assert record is not None and record.pid == writer.pid and not record.released, record
     return record

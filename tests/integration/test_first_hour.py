@@ -102,6 +102,9 @@ import os
 import torch
 logging.basicConfig(level=logging.INFO)
 torch.manual_seed(0)
+if "STEPPED_FILE" in os.environ:  # the test's handshake (the snippet is README's, unchanged): a step ran
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    register_optimizer_step_post_hook(lambda *_: open(os.environ["STEPPED_FILE"], "a").close())
 dataset = torch.utils.data.TensorDataset(torch.randn(100, 4), torch.randint(0, 2, (100,)))
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -147,11 +150,15 @@ def test_readme_snippet_exits_143_on_sigterm_after_the_final_checkpoint_and_the_
     script = tmp_path / "train.py"
     script.write_text(_PRELUDE + _readme_snippet() + _EPILOGUE)
     logdir = str(tmp_path / "runs" / "exp")
-    env = {**_env(), "LAST_STEP": str(10**9)}
+    env = {**_env(), "LAST_STEP": str(10**9), "STEPPED_FILE": str(tmp_path / "stepped")}
     proc = zygote.Forked(str(script), [], cwd=tmp_path, output=forked_io.new_file(tmp_path, "preempted"), env=env)
     _wait_for_checkpoint(logdir, proc, min_step=0)
-    time.sleep(0.5)  # let it train past the creation checkpoint
-    proc.send_signal(signal.SIGTERM)
+    stepped = tmp_path / "stepped"  # the prelude's handshake: an optimizer step has run (step 1 is under way)
+    deadline = time.monotonic() + 120
+    while not stepped.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, forked_io.output(proc)
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # honoured at the end of the step under way: the final checkpoint is past 0
     out = forked_io.communicate(proc, timeout=120)
     assert proc.returncode == 143, out
     stopped_at = int(supervisor.latest_checkpoint(logdir).rsplit("-", 1)[1])  # the final checkpoint

@@ -115,7 +115,13 @@ def test_nothing_is_lost_at_close_and_flush_uploads_only_what_is_new(s3_server, 
     assert len(events_objects(s3_storage, url)) == 2
     for step in range(2, 7):  # past max_queue: encoded by the thread, uploaded at close
         writer.add_scalar("loss", float(step), step)
-    time.sleep(0.2)
+    # The thread, woken by max_queue, took each full batch off the queue (it encoded at least 1 + 4
+    # events: a last one alone stays queued) and its pass is over (the file's I/O lock is free): it
+    # did its work, and uploaded nothing (a handshake with the thread, not a sleep).
+    events_file = writer._writer
+    wait_for(lambda: events_file._encoded >= 5)
+    with events_file._io_lock:
+        pass
     assert len(events_objects(s3_storage, url)) == 2
     writer.add_session_log("STOP", 6)
     writer.close()
