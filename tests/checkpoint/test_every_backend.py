@@ -7,7 +7,9 @@ storage, so the same lines damage a file, an object or a memory entry.
 Until issue 32 these were tested on a local directory only (tests/checkpoint/test_corruption.py,
 test_retention.py); the object store had its own variants of a few (tests/checkpoint/s3/) and
 ``memory://`` one session (tests/storage/test_memory_backend.py). A behaviour that must hold on
-every backend belongs here; what only one backend does stays beside it."""
+every backend belongs here; what only one backend does stays beside it. The variants of a kind of
+damage or of a broken index stay with the local tests (the checks are the same code on every
+backend); here one of each kind runs, to keep the suite's time (about 1 s a test on moto)."""
 from __future__ import annotations
 
 import logging
@@ -72,7 +74,6 @@ def _flip(data: bytes) -> bytes:
 
 DAMAGE = [
     ("flipped byte", lambda s, c: _rewrite(s, data_url(s, c), _flip), "checksum"),
-    ("truncated", lambda s, c: _rewrite(s, data_url(s, c), lambda d: d[: len(d) // 2]), "has"),
     ("missing manifest", lambda s, c: s.remove(s.join(c, "MANIFEST.json")), "MANIFEST.json is missing"),
 ]
 #: On an object store a prefix without its manifest is no checkpoint at all: the writer opening the
@@ -122,8 +123,8 @@ def test_when_nothing_verifies_the_error_names_each_checkpoint_and_nothing_is_re
     assert torch.equal(state["model"][0].weight, before)  # never half-restored from a bad one
 
 
-@pytest.mark.parametrize("index", [None, b"", b'model_checkpoint_path: "model.ckpt-9"\n'],
-                         ids=["missing", "empty", "names a missing checkpoint"])
+@pytest.mark.parametrize("index", [None, b'model_checkpoint_path: "model.ckpt-9"\n'],
+                         ids=["missing", "names a missing checkpoint"])
 def test_a_missing_or_wrong_index_restores_the_highest_committed_step(logdir, clock, caplog, index):
     _save(logdir, clock, (1, 2, 3))
     if index is None:
