@@ -86,28 +86,28 @@ def _warnings(caplog) -> list[str]:
 
 
 def test_a_new_manager_restores_the_newest_save_bit_exact(logdir, clock):
-    weights = _save(logdir, clock, (1, 2, 3))
-    assert latest_checkpoint(logdir.path, storage=logdir.storage) == logdir.join("model.ckpt-3")
-    assert _indexed(logdir) == [1, 2, 3]
+    weights = _save(logdir, clock, (1, 2))
+    assert latest_checkpoint(logdir.path, storage=logdir.storage) == logdir.join("model.ckpt-2")
+    assert _indexed(logdir) == [1, 2]
     restored, state = _restore(logdir, clock)
-    assert (restored.global_step, restored.path) == (3, logdir.join("model.ckpt-3"))
-    for key, value in weights[3].items():
+    assert (restored.global_step, restored.path) == (2, logdir.join("model.ckpt-2"))
+    for key, value in weights[2].items():
         assert torch.equal(state["model"].state_dict()[key], value), key
-    verify_checkpoint(logdir.join("model.ckpt-3"), storage=logdir.storage)
+    verify_checkpoint(logdir.join("model.ckpt-2"), storage=logdir.storage)
 
 
 @pytest.mark.parametrize("what, damage, reason", DAMAGE, ids=[d[0] for d in DAMAGE])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(logdir, clock, caplog, what, damage, reason):
-    weights = _save(logdir, clock, (1, 2, 3))
-    damage(logdir.storage, logdir.join("model.ckpt-3"))
+    weights = _save(logdir, clock, (1, 2))
+    damage(logdir.storage, logdir.join("model.ckpt-2"))
     with caplog.at_level(logging.WARNING):
         restored, state = _restore(logdir, clock)
-    assert (restored.global_step, restored.path) == (2, logdir.join("model.ckpt-2"))
-    for key, value in weights[2].items():
+    assert (restored.global_step, restored.path) == (1, logdir.join("model.ckpt-1"))
+    for key, value in weights[1].items():
         assert torch.equal(state["model"].state_dict()[key], value), key
     if logdir.is_object_store:
         reason = OBJECT_STORE_REASON.get(reason, reason)
-    assert any("model.ckpt-3" in w and reason in w and "trying the next older one" in w
+    assert any("model.ckpt-2" in w and reason in w and "trying the next older one" in w
                for w in _warnings(caplog)), _warnings(caplog)
 
 
@@ -126,14 +126,14 @@ def test_when_nothing_verifies_the_error_names_each_checkpoint_and_nothing_is_re
 @pytest.mark.parametrize("index", [None, b'model_checkpoint_path: "model.ckpt-9"\n'],
                          ids=["missing", "names a missing checkpoint"])
 def test_a_missing_or_wrong_index_restores_the_highest_committed_step(logdir, clock, caplog, index):
-    _save(logdir, clock, (1, 2, 3))
+    _save(logdir, clock, (1, 2))
     if index is None:
         logdir.storage.remove(logdir.join("checkpoint"))
     else:
         logdir.storage.write_atomic(logdir.join("checkpoint"), index)
     with caplog.at_level(logging.WARNING):
         restored, _ = _restore(logdir, clock)
-    assert restored.global_step == 3
+    assert restored.global_step == 2
     assert _warnings(caplog), "the index was passed over without a WARNING"
 
 
