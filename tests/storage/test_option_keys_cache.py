@@ -68,3 +68,24 @@ def test_with_the_cache_a_bad_key_is_refused_at_construction_without_importing_t
         assert "did you mean 'endpoint_url'" in out.stdout
     assert "imported: ['aiobotocore', 'botocore', 's3fs']" in cold.stdout  # the first one reads the client
     assert "imported: []" in warm.stdout, warm.stdout
+
+
+FSSPEC_CHECK = """
+import sys
+from supervisor.checkpoint.storage import storage_for
+storage = storage_for("s3://bucket/run", {"endpoint_url": "http://127.0.0.1:9"})
+print("part_size:", storage.part_size, "fsspec imported:", "fsspec" in sys.modules)
+"""
+
+
+def test_fsspec_is_imported_at_construction_only_when_it_holds_s3_configuration(cache_home, tmp_path):
+    """fsspec's FSSPEC_S3 configuration still applies (it may set the transfer knobs); without
+    any (no FSSPEC_* variable, no configuration folder) the storage is made without fsspec."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FSSPEC")}
+    env.update(PYTHONPATH=ROOT, XDG_CACHE_HOME=str(cache_home.parent), FSSPEC_CONFIG_DIR=str(tmp_path / "none"))
+    plain = [subprocess.run([sys.executable, "-c", FSSPEC_CHECK], env=env, capture_output=True, text=True,
+                            timeout=240) for _ in range(2)][-1]  # the first one may fill the key cache
+    configured = subprocess.run([sys.executable, "-c", FSSPEC_CHECK], env={**env, "FSSPEC_S3": '{"part_size": 6291456}'},
+                                capture_output=True, text=True, timeout=240)
+    assert f"part_size: {8 << 20} fsspec imported: False" in plain.stdout, plain.stdout + plain.stderr
+    assert "part_size: 6291456 fsspec imported: True" in configured.stdout, configured.stdout + configured.stderr

@@ -128,12 +128,12 @@ def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[st
 
 
 def _fsspec_s3_config() -> dict[str, Any]:
-    """fsspec's ``s3`` configuration: what its ``FSSPEC_*`` variables, its configuration files
+    """fsspec's ``s3`` configuration: what its ``FSSPEC_S3*`` variables, its configuration files
     (``FSSPEC_CONFIG_DIR``, default ``~/.config/fsspec``) or code that imported it set. Read
     without importing fsspec (~0.15 s, which a local session never pays) when it cannot have any."""
     folder = os.environ.get("FSSPEC_CONFIG_DIR", os.path.join(os.path.expanduser("~"), ".config", "fsspec"))
-    if "fsspec" not in sys.modules and not any(k.startswith("FSSPEC") for k in os.environ) \
-            and not os.path.isdir(folder):
+    s3_variables = [k for k in os.environ if k.startswith("FSSPEC_") and k[7:].split("_", 1)[0].lower() == "s3"]
+    if "fsspec" not in sys.modules and not s3_variables and not os.path.isdir(folder):
         return {}
     import fsspec.config
 
