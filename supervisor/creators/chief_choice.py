@@ -32,6 +32,7 @@ from supervisor.distributed.restore import (
     broadcast_initial_state,
     next_key,
     publish_decision,
+    publish_failure,
     receive_initial_state,
 )
 from supervisor.state import TrainingState
@@ -54,8 +55,8 @@ def decide_as_chief(restore: Any, *, initialises: bool = False) -> tuple[Any, st
     key = next_key()
     try:
         restored = restore()
-    except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
+    except BaseException as e:  # the others name it (and the chief's rank) instead of waiting or losing the store
+        publish_failure(key, f"{type(e).__name__} on the chief (rank {env.rank()}): {e}")
         raise
     if restored is None and initialises:
         return None, key
@@ -80,8 +81,7 @@ def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
     try:
         init()
     except BaseException as e:
-        publish_decision(key, RestoreDecision(error=f"init_fn failed on the chief (rank {env.rank()}): "
-                                                    f"{type(e).__name__}: {e}"))
+        publish_failure(key, f"init_fn failed on the chief (rank {env.rank()}): {type(e).__name__}: {e}")
         raise
     publish_decision(key, RestoreDecision(source=env.rank()))
     broadcast_initial_state(state)

@@ -47,13 +47,16 @@ from supervisor.clock import Clock, resolve_clock
 from supervisor.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
 
-__all__ = ["CHUNK_BYTES", "RestoreDecision", "next_key", "publish_decision", "await_decision",
+__all__ = ["CHUNK_BYTES", "FAILURE_READ_SECS", "RestoreDecision", "next_key", "publish_decision", "publish_failure",
+           "await_decision",
            "broadcast_initial_state", "receive_initial_state", "broadcast_bytes", "all_reduce_max"]
 
 logger = logging.getLogger(__name__)
 
 POLL_SECS = 0.2  # how often a waiting rank looks (SPEC: at least once a second)
 CHUNK_BYTES = 64 << 20  # the largest piece of a checkpoint in flight at once (`broadcast_bytes`)
+#: How long a chief that failed waits for the other ranks to read its error (`publish_failure`).
+FAILURE_READ_SECS = 30.0
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,32 @@ def publish_decision(key: str, decision: RestoreDecision, store: Any = None) -> 
     logger.debug("posted the restore decision %s under %s", decision, key)
 
 
+def publish_failure(key: str, error: str, *, store: Any = None, clock: Clock | None = None,
+                    wait_secs: float = FAILURE_READ_SECS) -> None:
+    """The chief posts the ``error`` that stopped its restore (or ``init_fn``) for the creation
+    ``key``, then waits until every other rank has read it (`await_decision` counts the reads
+    under ``<key>/read``), at most ``wait_secs``: under ``env://`` the store lives in the chief's
+    process, and a chief that raised at once took it along before the others looked, so they said
+    they lost the store instead of naming the chief's error. Never raises (the caller raises the
+    chief's own error next); a rank that has not read it by then is named in a WARNING."""
+    store = store or env.default_store()
+    clock = resolve_clock(clock)
+    others, deadline = env.world_size() - 1, clock.monotonic() + wait_secs
+    try:
+        publish_decision(key, RestoreDecision(error=error), store)
+        while (read := int(store.add(f"{key}/read", 0))) < others:
+            if clock.monotonic() >= deadline:
+                logger.warning("%d of the %d other rank(s) did not read the chief's failure within %g s (store key "
+                               "%r); they may report a lost store instead", others - read, others, wait_secs, key)
+                return
+            clock.sleep(0.05)
+    except (RuntimeError, OSError) as e:  # the store is gone: nothing more to tell anyone
+        logger.warning("could not post the chief's failure for the other ranks (store key %r): %s", key, e)
+
+
 def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: Clock | None = None) -> RestoreDecision:
-    """Waits for the chief's decision for ``key``.
+    """Waits for the chief's decision for ``key``; a failure it reads is counted as read
+    (`publish_failure` waits for that).
 
     Raises:
         TimeoutError: no decision within ``max_wait_secs``; names what it waited for.
@@ -109,7 +136,10 @@ def await_decision(key: str, *, max_wait_secs: float, store: Any = None, clock: 
         try:
             if store.check([key]):
                 value = store.get(key)
-                return RestoreDecision.from_json(value.decode("utf-8") if isinstance(value, bytes) else value)
+                decision = RestoreDecision.from_json(value.decode("utf-8") if isinstance(value, bytes) else value)
+                if decision.error is not None:
+                    store.add(f"{key}/read", 1)
+                return decision
         except (RuntimeError, OSError) as e:  # torch's DistNetworkError/DistStoreError are RuntimeErrors
             raise RuntimeError(
                 f"rank {env.rank()} lost the process group's store while waiting for the chief's "

@@ -204,8 +204,8 @@ def _decide(choose: Callable[[list[str]], Any], damaged: list[str], storage: Sto
         key = restore_channel.next_key()
         try:
             choice = choose(damaged)
-        except BaseException as e:
-            restore_channel.publish_decision(key, RestoreDecision(error=f"{type(e).__name__}: {e}"))
+        except BaseException as e:  # read by every rank before the chief (and an env:// store) goes
+            restore_channel.publish_failure(key, f"{type(e).__name__} on the chief (rank 0): {e}")
             raise
         if choice is None:
             restore_channel.publish_decision(key, RestoreDecision())

@@ -53,17 +53,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import hashlib
+import importlib.util
 import inspect
+import json
+import logging
 import math
 import numbers
 import os
+import sys
 from typing import Any, Mapping
-
-import fsspec.config
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MIN_RANGE_SIZE",
            "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "DEFAULT_REQUEST_TIMEOUT", "MIN_PART_SIZE", "TransferKnobs",
-           "check_options", "default_options", "option_keys", "split_options"]
+           "check_options", "default_options", "make_filesystem", "option_keys", "split_options"]
 
 DEFAULT_PART_SIZE = 8 << 20
 MIN_PART_SIZE = 5 << 20  # S3's smallest part but the last
@@ -74,6 +77,8 @@ DEFAULT_MULTIPART_CHECKSUM = "CRC32"
 #: Seconds one request may take end to end (the module docstring): twice botocore's read_timeout.
 DEFAULT_REQUEST_TIMEOUT = 120.0
 CHECKSUM_ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +115,7 @@ class TransferKnobs:
 def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``S3FileSystem`` keyword arguments: this module's defaults (see the module docstring),
     overridden by fsspec's ``FSSPEC_S3_*`` configuration, overridden by ``storage_options``."""
-    user = {**fsspec.config.conf.get("s3", {}), **dict(storage_options or {})}
+    user = {**_fsspec_s3_config(), **dict(storage_options or {})}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint and "endpoint_url" not in user:  # explicit: fsspec caches clients by their arguments,
         user["endpoint_url"] = endpoint          # and one made before the variable was set would stay
@@ -122,6 +127,19 @@ def default_options(storage_options: Mapping[str, Any] | None = None) -> dict[st
     return {"use_listings_cache": False, "s3fs_retries": 1, **user, "config_kwargs": config}
 
 
+def _fsspec_s3_config() -> dict[str, Any]:
+    """fsspec's ``s3`` configuration: what its ``FSSPEC_S3*`` variables, its configuration files
+    (``FSSPEC_CONFIG_DIR``, default ``~/.config/fsspec``) or code that imported it set. Read
+    without importing fsspec (~0.15 s, which a local session never pays) when it cannot have any."""
+    folder = os.environ.get("FSSPEC_CONFIG_DIR", os.path.join(os.path.expanduser("~"), ".config", "fsspec"))
+    s3_variables = [k for k in os.environ if k.startswith("FSSPEC_") and k[7:].split("_", 1)[0].lower() == "s3"]
+    if "fsspec" not in sys.modules and not s3_variables and not os.path.isdir(folder):
+        return {}
+    import fsspec.config
+
+    return dict(fsspec.config.conf.get("s3", {}))
+
+
 def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], TransferKnobs, int]:
     """``(S3FileSystem keyword arguments, transfer knobs, s3fs's retries)`` of ``storage_options``
     (checked first: `check_options`)."""
@@ -130,6 +148,16 @@ def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, 
     names = [field.name for field in dataclasses.fields(TransferKnobs)]
     knobs = TransferKnobs(**{name: options.pop(name) for name in names if name in options})
     return options, knobs, int(options.pop("s3fs_retries"))
+
+
+def make_filesystem(options: Mapping[str, Any], s3fs_retries: int) -> Any:
+    """The ``s3fs.S3FileSystem`` of `split_options`' ``(options, s3fs_retries)``: imports the
+    client (`ObjectStoreStorage.fs` calls it on first use)."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **options)
+    fs.retries = s3fs_retries  # a class attribute of S3FileSystem, not an argument
+    return fs
 
 
 # ---------------------------------------------------------------- checking storage_options
@@ -161,12 +189,34 @@ def _parameters(function: Any, *skip: str) -> set[str]:
     return {n for n, p in inspect.signature(function).parameters.items() if p.kind in kinds and n not in ("self", *skip)}
 
 
+#: The files the client's keys are read from (`_client_keys`), per package: their identity (path,
+#: size, mtime, inode) names the disk cache of the keys (`_cache_file`), so a reinstall renews it.
+_KEY_SOURCES = {"s3fs": ("__init__.py", "core.py"), "aiobotocore": ("__init__.py", "session.py", "config.py"),
+                "botocore": ("__init__.py", "session.py", "config.py"), "fsspec": ("__init__.py",)}
+_LEVELS = ("", "client_kwargs", "config_kwargs")
+
+
 @functools.lru_cache(maxsize=None)
 def option_keys() -> dict[str, frozenset[str]]:
     """The keys ``storage_options`` may hold (``""``) and those of its nested ``client_kwargs``
-    and ``config_kwargs``, read from the installed clients' signatures: ``s3fs.S3FileSystem``'s
-    arguments, the ``AioSession`` arguments it passes its other keywords to, fsspec's, this
-    module's `OWN_KEYS`; botocore's ``create_client`` arguments; botocore's ``Config`` options."""
+    and ``config_kwargs``: the installed clients' (`_client_keys`), fsspec's and this module's
+    `OWN_KEYS`. Read from a disk cache per installed client (`_cache_file`) when there is one, so
+    checking options at a front door does not import the client (s3fs, aiobotocore, botocore:
+    ~0.4 s, which a resume from a local tier would otherwise wait for before its first step)."""
+    path = _cache_file()
+    keys = _read_cache(path) if path is not None else None
+    if keys is None:
+        keys = _client_keys()
+        if path is not None:
+            _write_cache(path, keys)
+    return {"": frozenset(keys[""] | set(_FSSPEC_KEYS) | set(OWN_KEYS)), "client_kwargs": frozenset(keys["client_kwargs"]),
+            "config_kwargs": frozenset(keys["config_kwargs"])}
+
+
+def _client_keys() -> dict[str, set[str]]:
+    """Read from the installed clients' signatures (imports them): ``s3fs.S3FileSystem``'s
+    arguments and the ``AioSession`` arguments it passes its other keywords to; botocore's
+    ``create_client`` arguments; botocore's ``Config`` options and aiobotocore's ``AioConfig``'s."""
     import aiobotocore.config
     import aiobotocore.session
     import botocore.config
@@ -176,8 +226,64 @@ def option_keys() -> dict[str, frozenset[str]]:
     top = _parameters(s3fs.S3FileSystem.__init__) | _parameters(aiobotocore.session.AioSession.__init__)
     client = _parameters(botocore.session.Session.create_client, "service_name")
     config = set(botocore.config.Config.OPTION_DEFAULTS) | _parameters(aiobotocore.config.AioConfig.__init__)
-    return {"": frozenset(top | set(_FSSPEC_KEYS) | set(OWN_KEYS)), "client_kwargs": frozenset(client),
-            "config_kwargs": frozenset(config)}
+    return {"": top, "client_kwargs": client, "config_kwargs": config}
+
+
+def _cache_dir() -> str:
+    """Where `option_keys` caches the client's keys: ``$XDG_CACHE_HOME/torch-supervisor`` (default
+    ``~/.cache/torch-supervisor``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch-supervisor")
+
+
+def _cache_file() -> str | None:
+    """The cache file of the installed clients' keys, named by the identity of `_KEY_SOURCES`
+    (found without importing them); None when one is not installed (the check then imports it
+    and fails naming the extra)."""
+    stamp = [sys.version]
+    for package, files in _KEY_SOURCES.items():
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = list(spec.submodule_search_locations)[0]
+        for name in files:
+            try:
+                st = os.stat(os.path.join(folder, name))
+            except OSError:
+                return None
+            stamp.append(f"{folder}/{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+    digest = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:24]
+    return os.path.join(_cache_dir(), f"s3-option-keys-{digest}.json")
+
+
+def _read_cache(path: str) -> dict[str, set[str]] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None  # absent or damaged: computed again (and rewritten)
+    if not (isinstance(data, dict) and all(isinstance(data.get(k), list) and all(isinstance(n, str) for n in data[k])
+                                           for k in _LEVELS)):
+        return None
+    return {k: set(data[k]) for k in _LEVELS}
+
+
+def _write_cache(path: str, keys: dict[str, set[str]]) -> None:
+    temp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(temp, "w", encoding="utf-8") as f:
+            json.dump({k: sorted(keys[k]) for k in _LEVELS}, f)
+        os.replace(temp, path)  # whole or not at all, for a process reading it meanwhile
+    except OSError as e:  # a read-only home: the keys are read from the client again next time
+        logger.debug("could not cache the s3 client's option keys in %s: %s", path, e)
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
 
 
 def check_options(storage_options: Mapping[str, Any] | None) -> None:

@@ -1,15 +1,13 @@
 """How an `ObjectStoreStorage` request runs and how its failure reads: every request to the store
 is a coroutine of the s3fs client run on its event loop within ``request_timeout``
 (`run_bounded`: `StorageTimeoutError` past it), and botocore/s3fs errors are translated into the
-``OSError`` s the runtime understands (`translate_error`)."""
+``OSError`` s the runtime understands (`translate_error`). The client's modules (fsspec's loop,
+botocore's errors) are imported where a request runs, not with this module: an
+`ObjectStoreStorage` is made without importing its client (`supervisor.checkpoint.storage.s3.store`)."""
 from __future__ import annotations
 
 import errno
 from typing import Any, Awaitable, Callable
-
-import fsspec.asyn
-from botocore.exceptions import BotoCoreError, ClientError
-from fsspec.exceptions import FSTimeoutError
 
 from supervisor.checkpoint.storage.base import PreconditionFailedError
 
@@ -32,6 +30,9 @@ def run_bounded(loop: Any, timeout: float, function: Callable[..., Awaitable[Any
     """``await function(*args, **kwargs)`` on the client's event loop ``loop`` (s3fs runs its own,
     on a thread), abandoned (cancelled: its connection closed) after ``timeout`` seconds with
     `StorageTimeoutError`; any other failure translated (`translate_error`)."""
+    import fsspec.asyn
+    from fsspec.exceptions import FSTimeoutError
+
     try:
         return fsspec.asyn.sync(loop, function, *args, timeout=timeout, **kwargs)
     except FSTimeoutError as e:
@@ -48,6 +49,8 @@ def translate_error(error: BaseException, path: str, operation: str) -> OSError:
     `PreconditionFailedError`, 404 → ``FileNotFoundError``, 403 → ``PermissionError``,
     409 conditional conflict → retried by the caller, `StorageTimeoutError` unchanged, anything else (5xx after the retries,
     no connection, timeouts) → ``OSError(EIO)`` naming the path and the operation."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     if isinstance(error, StorageTimeoutError):
         return error
     client_error = error if isinstance(error, ClientError) else _cause_of_type(error, ClientError)

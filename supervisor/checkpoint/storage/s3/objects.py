@@ -18,7 +18,7 @@ from supervisor.checkpoint.storage.base import (ObjectExistsError, ObjectInfo, P
                                                 SnapshotVanishedError)
 
 __all__ = ["MultipartWriter", "ObjectReader", "ObjectSnapshot", "ObjectStore", "READ_PIECE_BYTES", "fetch_object",
-           "stream_body"]
+           "key_prefix", "mtime_of", "split_url", "stream_body"]
 
 logger = logging.getLogger(__name__)
 
@@ -341,3 +341,24 @@ async def _fill(body: Any, view: memoryview) -> int:
         view[filled:filled + len(chunk)] = chunk
         filled += len(chunk)
     return filled
+
+
+def split_url(path: str) -> tuple[str, str]:
+    """``(bucket, key)`` of ``s3://bucket/key``."""
+    rest = path.split("://", 1)[1] if "://" in path else path
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{path!r} names no bucket (expected s3://bucket/key)")
+    return bucket, key
+
+
+def key_prefix(key: str) -> str:
+    """``key/`` (``""`` for the bucket's root): the prefix of the objects under ``key``."""
+    key = key.strip("/")
+    return f"{key}/" if key else ""
+
+
+def mtime_of(response: Mapping[str, Any]) -> float:
+    """The ``LastModified`` of a response in seconds since the epoch (0.0 when absent)."""
+    modified = response.get("LastModified")
+    return modified.timestamp() if hasattr(modified, "timestamp") else 0.0

@@ -1,7 +1,8 @@
 """`ObjectStoreStorage`: the `Storage` of ``s3://`` logdirs, on fsspec's ``s3fs`` (SPEC §16).
 
 Needs the optional extra ``pip install "torch-supervisor[s3]"``; `supervisor.checkpoint.storage`
-imports this module only when an ``s3://`` URL is used.
+imports this module only when an ``s3://`` URL is used. `ObjectStoreStorage.from_url` imports no
+client: s3fs/botocore (~0.4 s) are imported by the first request, e.g. in a tiered manager's persist worker.
 
 Every request goes through the real botocore client that ``s3fs`` holds (its ``_call_s3``
 coroutine, run on s3fs's event loop within ``request_timeout``: `ObjectStoreStorage.request`), so
@@ -19,23 +20,24 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
+import importlib.util
 import io
 import logging
 import posixpath
+import threading
 import time
 from typing import IO, Any, Callable, Iterable, Mapping
-
-import fsspec
-import s3fs  # noqa: F401 - the extra: ImportError here is what storage_for reports
 
 from supervisor.checkpoint.storage.fileio import crc32, format_checksum
 from supervisor.checkpoint.storage.base import MANIFEST_FILE
 from supervisor.checkpoint.storage.s3.errors import ConflictError, StorageTimeoutError, run_bounded
-from supervisor.checkpoint.storage.s3.objects import MultipartWriter, ObjectReader, ObjectSnapshot, fetch_object, stream_body
+from supervisor.checkpoint.storage.s3.objects import (MultipartWriter, ObjectReader, ObjectSnapshot, fetch_object, key_prefix,
+                                                   mtime_of, split_url, stream_body)
 from supervisor.checkpoint.storage.s3.config import (DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_CONCURRENCY, DEFAULT_MIN_RANGE_SIZE,
                                                   DEFAULT_MULTIPART_CHECKSUM, DEFAULT_PART_SIZE,
                                                   DEFAULT_REQUEST_TIMEOUT, TransferKnobs, default_options,
-                                                  split_options)
+                                                  make_filesystem, split_options)
 from supervisor.checkpoint.storage.s3.uploads import abort_uploads
 from supervisor.checkpoint.storage.base import ObjectExistsError, ObjectInfo, PreconditionFailedError, Storage
 
@@ -51,7 +53,7 @@ class ObjectStoreStorage(Storage):
     """`supervisor.checkpoint.storage.Storage` on an S3-compatible object store.
 
     Args:
-        fs: an ``s3fs.S3FileSystem``.
+        fs: an ``s3fs.S3FileSystem``; or ``make_fs``: a function making one at the first use of `fs`.
         part_size: bytes per multipart part (≥ 5 MiB for S3).
         max_concurrency: parts uploaded, and ranges read, in parallel per file.
         min_range_size: the smallest range of a whole-object read (the module docstring).
@@ -64,33 +66,49 @@ class ObjectStoreStorage(Storage):
     #: No rename: a checkpoint is written at its final prefix and exists once its manifest does.
     kind = "object"
 
-    def __init__(self, fs: Any, *, part_size: int = DEFAULT_PART_SIZE,
+    def __init__(self, fs: Any = None, *, part_size: int = DEFAULT_PART_SIZE,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY, min_range_size: int = DEFAULT_MIN_RANGE_SIZE,
                  multipart_checksum: str | None = DEFAULT_MULTIPART_CHECKSUM,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT, make_fs: Callable[[], Any] | None = None) -> None:
         knobs = TransferKnobs(part_size, max_concurrency, min_range_size, multipart_checksum, request_timeout)  # checked
-        self.fs = fs
+        if (fs is None) == (make_fs is None):
+            raise TypeError("ObjectStoreStorage takes an s3fs.S3FileSystem (fs) or a function making one (make_fs)")
+        self._fs, self._make_fs, self._fs_lock = fs, make_fs, threading.Lock()
         self.part_size, self.max_concurrency = knobs.part_size, knobs.max_concurrency
         self.min_range_size, self.multipart_checksum = knobs.min_range_size, knobs.multipart_checksum
         self.request_timeout = knobs.request_timeout
-        self._call_s3 = fs._call_s3  # s3fs's coroutine (fsspec names a method's async twin _<name>)
         self._connected = False
         self._timed_out_at = -float("inf")  # time.monotonic() of the last request that timed out
 
     @classmethod
     def from_url(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ObjectStoreStorage:
-        """A storage for ``url`` (only its scheme matters; paths stay full URLs)."""
+        """A storage for ``url`` (only its scheme matters; paths stay full URLs): the extra's
+        presence (ImportError) and the options (`split_options`) checked now, the client made
+        on first use (the module docstring)."""
+        if importlib.util.find_spec("s3fs") is None:
+            raise ImportError("No module named 's3fs'", name="s3fs")
         options, knobs, s3fs_retries = split_options(storage_options)
-        fs = fsspec.filesystem("s3", **options)
-        fs.retries = s3fs_retries  # a class attribute of S3FileSystem, not an argument
-        return cls(fs, **dataclasses.asdict(knobs))
+        return cls(make_fs=functools.partial(make_filesystem, options, s3fs_retries), **dataclasses.asdict(knobs))
+
+    @property
+    def fs(self) -> Any:
+        """The ``s3fs.S3FileSystem``, made on first use when `from_url` made the storage."""
+        with self._fs_lock:
+            if self._fs is None:
+                self._fs = self._make_fs()
+            return self._fs
+
+    @property
+    def _call_s3(self) -> Any:  # s3fs's request coroutine (fsspec names a method's async twin _<name>)
+        fs = self.fs  # s3fs's object: its public coroutine, not a private attribute of ours
+        return fs._call_s3
 
     # ------------------------------------------------------------ names
     def join(self, base: str, *parts: str) -> str:
         return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
     def dirname(self, path: str) -> str:
-        bucket, key = _split(path)
+        bucket, key = split_url(path)
         return f"s3://{bucket}/{posixpath.dirname(key.rstrip('/'))}".rstrip("/")
 
     def basename(self, path: str) -> str:
@@ -127,7 +145,7 @@ class ObjectStoreStorage(Storage):
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """`request` ``(method, Bucket=..., Key=..., **kwargs)`` of the object ``path``."""
-        bucket, key = _split(path)
+        bucket, key = split_url(path)
         return self.request(method, path, Bucket=bucket, Key=key, **kwargs)
 
     def _put(self, path: str, data: bytes, **conditions: str) -> ObjectInfo:
@@ -173,10 +191,10 @@ class ObjectStoreStorage(Storage):
         if data is None:
             raise OSError(errno.EFBIG, f"{path} has {response.get('ContentLength')} bytes, more than the {max_bytes} "
                           "expected")
-        return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=_mtime(response))
+        return data, ObjectInfo(path=path, size=len(data), version=response["ETag"], mtime=mtime_of(response))
 
     def _get(self, path: str, **kwargs: Any) -> tuple[Mapping[str, Any], bytes | None]:
-        bucket, key = _split(path)
+        bucket, key = split_url(path)
         try:
             return run_bounded(self._loop(), self.request_timeout, fetch_object, self._call_s3, path=path,
                                operation="get_object", Bucket=bucket, Key=key, **kwargs)
@@ -223,7 +241,7 @@ class ObjectStoreStorage(Storage):
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a prefix (a directory), not an object") from None
             raise
         return ObjectInfo(path=path, size=int(response["ContentLength"]), version=response["ETag"],
-                          mtime=_mtime(response))
+                          mtime=mtime_of(response))
 
     def exists(self, path: str) -> bool:
         try:
@@ -233,15 +251,15 @@ class ObjectStoreStorage(Storage):
         return True
 
     def isdir(self, path: str) -> bool:
-        bucket, key = _split(path)
-        page = self._list_page(bucket, _prefix(key), MaxKeys=1)
+        bucket, key = split_url(path)
+        page = self._list_page(bucket, key_prefix(key), MaxKeys=1)
         return bool(page.get("KeyCount", 0))
 
     def listdir(self, path: str) -> list[str]:
         """Sorted names directly under the prefix ``path/`` (objects and sub-prefixes);
         ``[]`` when nothing is there (a missing "directory" lists as empty)."""
-        bucket, key = _split(path)
-        prefix = _prefix(key)
+        bucket, key = split_url(path)
+        prefix = key_prefix(key)
         names: set[str] = set()
         for page in self._pages(bucket, prefix, Delimiter="/"):
             names.update(c["Prefix"][len(prefix):].rstrip("/") for c in page.get("CommonPrefixes", ()))
@@ -255,10 +273,10 @@ class ObjectStoreStorage(Storage):
 
     def list_objects(self, path: str) -> dict[str, ObjectInfo]:
         """Every object under ``path/`` (relative key → size, ETag, mtime), from the listing."""
-        bucket, key = _split(path)
-        prefix = _prefix(key)
+        bucket, key = split_url(path)
+        prefix = key_prefix(key)
         return {o["Key"][len(prefix):]: ObjectInfo(path=f"s3://{bucket}/{o['Key']}", size=int(o["Size"]),
-                                                   version=o["ETag"], mtime=_mtime({"LastModified": o.get("LastModified")}))
+                                                   version=o["ETag"], mtime=mtime_of({"LastModified": o.get("LastModified")}))
                 for page in self._pages(bucket, prefix) for o in page.get("Contents", ())}
 
     def _pages(self, bucket: str, prefix: str, **kwargs: Any) -> Any:
@@ -288,8 +306,8 @@ class ObjectStoreStorage(Storage):
     def remove_tree(self, path: str) -> None:
         """Deletes every object under ``path/`` (``DeleteObjects``, 1000 a request); what the
         server refuses is logged, not raised."""
-        bucket, key = _split(path)
-        keys = [_prefix(key) + rel for rel in self.list_files(path)]
+        bucket, key = split_url(path)
+        keys = [key_prefix(key) + rel for rel in self.list_files(path)]
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start:start + 1000]]
             try:
@@ -376,20 +394,3 @@ class ObjectStoreStorage(Storage):
     def sync_dir(self, path: str) -> None:
         """Nothing to do: an object is durable once its write returned."""
 
-
-def _split(path: str) -> tuple[str, str]:
-    rest = path.split("://", 1)[1] if "://" in path else path
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"{path!r} names no bucket (expected s3://bucket/key)")
-    return bucket, key
-
-
-def _prefix(key: str) -> str:
-    key = key.strip("/")
-    return f"{key}/" if key else ""
-
-
-def _mtime(response: Mapping[str, Any]) -> float:
-    modified = response.get("LastModified")
-    return modified.timestamp() if hasattr(modified, "timestamp") else 0.0
