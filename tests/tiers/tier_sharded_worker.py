@@ -163,8 +163,8 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
         if crash == "yes":
             s.checkpoint_manager.wait()  # the last step's local commit
             s.checkpoint_manager._persister.flush(120)  # the copies already started
-            if getattr(s.checkpoint_manager, "_replicator", None) is not None:
-                s.checkpoint_manager._replicator.flush(120)  # the replicas already started
+            if hasattr(s.checkpoint_manager, "wait_replicas"):
+                s.checkpoint_manager.wait_replicas(120)  # the replicas already started
             dist.barrier()
             emit({"start": start, "digest": start_digest, "first_draw": first_draw, "end": s.global_step,
                   "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})

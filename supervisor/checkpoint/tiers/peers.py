@@ -159,6 +159,11 @@ class PeerReplicatedCheckpointManager(sharded.ShardedTieredCheckpointManager):
     def _held(self) -> set[int]:
         return super()._held() | (self._replicator.held() if self._replicator is not None else set())
 
+    def wait_replicas(self, timeout_secs: float | None = None) -> bool:
+        """Waits for the replications queued so far (their exchanges end on both sides); False when
+        ``timeout_secs`` ran out first."""
+        return self._replicator.flush(timeout_secs) if self._replicator is not None else True
+
     def _replicate(self, step: int, key: str, path: str) -> None:
         """This rank's part of replicating ``step`` (module docstring, 1), on its replication thread."""
         if self._broken:
@@ -240,7 +245,7 @@ class PeerReplicatedCheckpointManager(sharded.ShardedTieredCheckpointManager):
             if not failed:
                 self._settle()
                 self._writer.wait()  # the last local commit, which may be replicated
-                self._replicator.flush(self.persist_grace_secs)
+                self.wait_replicas(self.persist_grace_secs)
             self._replicator.stop()
             self._replicator = None
         super().close(failed=failed)
