@@ -12,8 +12,10 @@ model of ``--mib`` MiB of parameters, each one ``Shard(0)`` over the ranks (DTen
   sealed there. And the save's own time (to the commit) in both runs.
 - ``lost``: ``--kills`` trials per configuration (with and without replicas, the same random
   steps): train to step k saving every ``--save-steps`` steps and persisting every
-  ``--persist-steps``, lose node 1 right after step k (its managers closed as after an error, its
-  local_dir removed), restart on every rank and restore: steps lost = k - the restored step.
+  ``--persist-steps``; node 1 is lost the moment step k's save committed: what node 0's local_dir
+  and the logdir held at that instant is copied aside (replicas and copies then in flight are
+  ``.tmp-`` directories, never counted), the run closes, both are put back as they were and node
+  1's local_dir removed; every rank restarts and restores: steps lost = k - the restored step.
 """
 from __future__ import annotations
 
@@ -105,10 +107,14 @@ def lost(args: argparse.Namespace, state: object, model: torch.nn.Module, optimi
                 _train(model, optimizer, step)
                 if step % args.save_steps == 0:
                     manager.save(step, state, wait=True)
-            manager.close(failed=True)  # the node is lost right after step k: no final copy
+            dist.barrier()  # step k's save committed on every rank: node 1 is lost now
+            if dist.get_rank() == 0:  # what node 0 and the logdir hold at this instant (replicas and copies
+                _snapshot(base)      # in flight are .tmp- directories: never counted)
             dist.barrier()
-            if dist.get_rank() // int(os.environ["LOCAL_WORLD_SIZE"]) == 1 and dist.get_rank() % 2 == 0:
-                shutil.rmtree(local)  # node 1's local_dir, once
+            manager.close()
+            dist.barrier()
+            if dist.get_rank() == 0:
+                _lose_node_1(base)
             dist.barrier()
             manager = _manager(logdir, local, peers=peers, persist_steps=args.persist_steps)
             manager.open()
@@ -118,6 +124,22 @@ def lost(args: argparse.Namespace, state: object, model: torch.nn.Module, optimi
             dist.barrier()
         out["peers" if peers else "logdir"] = [k - r for k, r in zip(points, restored)]
     return out
+
+
+def _snapshot(base: str) -> None:
+    for name in ("node0", "logdir"):
+        try:
+            shutil.copytree(os.path.join(base, name), os.path.join(base, f"at-loss-{name}"),
+                            ignore=shutil.ignore_patterns("*.tmp-*"))
+        except shutil.Error:  # a file removed (retention) while copied: gone at that instant too
+            pass
+
+
+def _lose_node_1(base: str) -> None:
+    shutil.rmtree(os.path.join(base, "node1"))
+    for name in ("node0", "logdir"):
+        shutil.rmtree(os.path.join(base, name))
+        os.rename(os.path.join(base, f"at-loss-{name}"), os.path.join(base, name))
 
 
 def main() -> None:

@@ -239,13 +239,14 @@ class PeerReplicatedCheckpointManager(sharded.ShardedTieredCheckpointManager):
 
     # ---------------------------------------------------------------- closing
     def close(self, *, failed: bool = False) -> None:
-        """Finishes the replication in flight (within ``persist_grace_secs``; not after an error),
-        then closes as `ShardedTieredCheckpointManager`. Idempotent."""
+        """Finishes the replications queued (within ``persist_grace_secs``; after an error within 5 s
+        at most), then closes as `ShardedTieredCheckpointManager`. Idempotent."""
         if not self._closed and self._replicator is not None:
             if not failed:
                 self._settle()
                 self._writer.wait()  # the last local commit, which may be replicated
-                self.wait_replicas(self.persist_grace_secs)
+            # after an error too, briefly: a partner may be in the same exchange (it would wait for this rank)
+            self.wait_replicas(min(5.0, self.persist_grace_secs or 5.0) if failed else self.persist_grace_secs)
             self._replicator.stop()
             self._replicator = None
         super().close(failed=failed)
