@@ -80,6 +80,7 @@ def test_a_lost_node_resumes_from_its_peers_replicas_bit_exact_and_a_damaged_rep
     expected = _expected(logdir, local)
     assert expected > 4, expected  # newer than the logdir's: only the replicas hold it
     second = _job(logdir, local, LAST)
+    print(f"node 1 lost after step 6 (logdir: step 4): restored step {expected} on every rank")
     assert [r.result["start"] for r in second] == [expected] * 4, describe(second)
     assert f"restored step {expected} from the local tier {local}/node0 on each of the 4 rank(s) (newer than the " \
            "logdir's step 4; 2 rank(s) without their own part restored their peer's replica" in second[0].output
@@ -129,8 +130,10 @@ def test_a_rank_killed_while_a_replica_is_in_flight_never_leaves_a_partial_repli
         shutil.rmtree(f"{local}/node{rank // 2}")  # and the killed rank's node is lost
         expected = _expected(logdir, local)
         resumed = _job(logdir, local, LAST)
-        log.append(f"  resumed: expected={expected} restored={_restored(resumed[0].output)}")
+        log.append(f"  node {rank // 2} lost: logdir step {_logdir_step(logdir)}, expected={expected} "
+                   f"restored={_restored(resumed[0].output)} replicas used: {'peer_replicas)' in resumed[0].output}")
         assert _restored(resumed[0].output) == expected, f"{log}\n{describe(resumed)}"
         assert resumed[0].result["end_digest"] == straight[0].result["end_digest"], log
         for node in (0, 1):
             assert not [n for n in os.listdir(f"{local}/node{node}") if re.search(r"\.tmp-", n)]
+    print("\n".join(log))
