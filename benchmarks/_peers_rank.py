@@ -97,16 +97,18 @@ def lost(args: argparse.Namespace, state: object, model: torch.nn.Module, optimi
     points = [rng.randrange(args.persist_steps, args.steps) for _ in range(args.kills)]
     out: dict = {"points": points}
     for peers in (False, True):
-        restored = []
+        restored, step_ms = [], []
         for trial, k in enumerate(points):
             base = os.path.join(args.work, f"lost-{peers}-{trial}")
             logdir, local = os.path.join(base, "logdir"), _node_dir(base)
             manager = _manager(logdir, local, peers=peers, persist_steps=args.persist_steps)
             manager.open()
-            for step in range(k + 1):
+            start = time.perf_counter()
+            for step in range(k + 1):  # the replicas of earlier saves run meanwhile, on their thread
                 _train(model, optimizer, step)
                 if step % args.save_steps == 0:
                     manager.save(step, state, wait=True)
+            step_ms.append((time.perf_counter() - start) * 1e3 / (k + 1))
             dist.barrier()  # step k's save committed on every rank: node 1 is lost now
             if dist.get_rank() == 0:  # what node 0 and the logdir hold at this instant (replicas and copies
                 _snapshot(base)      # in flight are .tmp- directories: never counted)
@@ -123,6 +125,7 @@ def lost(args: argparse.Namespace, state: object, model: torch.nn.Module, optimi
             manager.close(failed=True)
             dist.barrier()
         out["peers" if peers else "logdir"] = [k - r for k, r in zip(points, restored)]
+        out[f"step_ms_{'peers' if peers else 'logdir'}"] = step_ms
     return out
 
 

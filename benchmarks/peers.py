@@ -10,7 +10,9 @@ saves (``checkpoint_format="dcp"``) to the local tiers (benchmarks/_peers_rank.p
   the same saves to the logdir (a local directory here: a shared filesystem's best case), commit
   to sealed; and the save itself (to the commit) with and without replicas;
 - steps lost when node 1 is lost right after a random step (the same steps with and without
-  replicas): its local_dir removed, every rank restarted and restored.
+  replicas): its local_dir removed, every rank restarted and restored; and the time per training
+  step of those runs (a save every ``--save-steps``, the replicas in the background), with and
+  without replicas — the cost training sees.
 
 Medians (min-max). Loopback is no network: the exchange's figure is the protocol's cost (reads,
 CRC-32, fsync, gloo's copies); a real link adds the part's size over its bandwidth, as the copy
@@ -101,6 +103,8 @@ def report(args: argparse.Namespace, result: dict) -> dict:
           f"{args.persist_steps}):")
     print(f"  steps lost without replicas: {spread(lost['logdir'], '{:.0f}')}   values {lost['logdir']}")
     print(f"  steps lost with replicas:    {spread(lost['peers'], '{:.0f}')}   values {lost['peers']}")
+    print(f"  ms per training step (a save every {args.save_steps}, rank 0), replicas off: "
+          f"{spread(lost['step_ms_logdir'])}; on: {spread(lost['step_ms_peers'])}")
     return {"sent_mib": statistics.median(sent) / 2**20 if sent else 0.0,
             "peer_ms": statistics.median(peer_wait) if peer_wait else 0.0,
             "logdir_ms": statistics.median(logdir_wait) if logdir_wait else 0.0,

@@ -24,7 +24,7 @@ def test_peers_benchmark_quick(capsys):
     out = capsys.readouterr().out
     for row in ("part per rank sent to its partner", "peer copy: the exchange", "peer copy: commit -> every replica",
                 "logdir copy (local dir)", "replicas on", "replicas off", "steps lost without replicas",
-                "steps lost with replicas"):
+                "steps lost with replicas", "ms per training step"):
         (line,) = [line for line in out.splitlines() if row in line]
         assert re.search(SPREAD, line), line
     assert result["sent_mib"] > 0 and result["peer_ms"] > 0 and result["logdir_ms"] > 0

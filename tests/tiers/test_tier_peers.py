@@ -128,9 +128,9 @@ def test_a_rank_killed_while_a_replica_is_in_flight_never_leaves_a_partial_repli
                 for step in committed_steps(f"{local}/node{node}/{name}", "model.ckpt"):
                     verify_checkpoint(f"{local}/node{node}/{name}/model.ckpt-{step}")
         shutil.rmtree(f"{local}/node{rank // 2}")  # and the killed rank's node is lost
-        expected = _expected(logdir, local)
+        expected, persisted = _expected(logdir, local), _logdir_step(logdir)
         resumed = _job(logdir, local, LAST)
-        log.append(f"  node {rank // 2} lost: logdir step {_logdir_step(logdir)}, expected={expected} "
+        log.append(f"  node {rank // 2} lost: logdir step {persisted}, expected={expected} "
                    f"restored={_restored(resumed[0].output)} replicas used: {'peer_replicas)' in resumed[0].output}")
         assert _restored(resumed[0].output) == expected, f"{log}\n{describe(resumed)}"
         assert resumed[0].result["end_digest"] == straight[0].result["end_digest"], log

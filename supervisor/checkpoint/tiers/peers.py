@@ -115,9 +115,9 @@ class PeerReplicatedCheckpointManager(sharded.ShardedTieredCheckpointManager):
     ``replicas``: (step, bytes sent, seconds) of each replication this session made (the figures)."""
 
     def __init__(self, directory: Any, **options: Any) -> None:
+        per_node = ranks_per_node(dcp_commit.rank_and_size()[1])  # refused before anything starts
         super().__init__(directory, **options)
         self.world_size = self._world
-        per_node = ranks_per_node(self._world)
         self.holder: int | None = None
         self.source: int | None = None
         if per_node is None:
