@@ -23,7 +23,7 @@ def test_peers_benchmark_quick(capsys):
     result = main(["--quick", "--timeout", "240"], spawn=forked)
     out = capsys.readouterr().out
     for row in ("part per rank sent to its partner", "peer copy: the exchange", "peer copy: commit -> every replica",
-                "logdir copy (local dir)", "replicas on", "replicas off", "steps lost without replicas",
+                "logdir copy (local dir)", "(to commit), replicas on", "(to commit), replicas off", "steps lost without replicas",
                 "steps lost with replicas", "ms per training step"):
         (line,) = [line for line in out.splitlines() if row in line]
         assert re.search(SPREAD, line), line

@@ -109,8 +109,9 @@ def test_a_lost_node_resumes_from_its_peers_replicas_bit_exact_and_a_damaged_rep
 
 
 #: (rank, n-th chunk swap on its replication thread): rank 2 (node 1) and rank 1 (node 0), each
-#: killed with a replica half sent and half received.
-KILLS = [(2, 12), (1, 30)]
+#: killed with a replica half sent and half received — a replication is ~66 swaps (a part of
+#: ~64 KiB in the worker's 1 KiB chunks), so these fall in the 3rd and the 4th replication.
+KILLS = [(2, 150), (1, 240)]
 
 
 def test_a_rank_killed_while_a_replica_is_in_flight_never_leaves_a_partial_replica_counted(tmp_path, straight):
@@ -132,7 +133,7 @@ def test_a_rank_killed_while_a_replica_is_in_flight_never_leaves_a_partial_repli
         resumed = _job(logdir, local, LAST)
         log.append(f"  node {rank // 2} lost: logdir step {persisted}, expected={expected} "
                    f"restored={_restored(resumed[0].output)} replicas used: {'peer_replicas)' in resumed[0].output}")
-        assert _restored(resumed[0].output) == expected, f"{log}\n{describe(resumed)}"
+        assert _restored(resumed[0].output) == (expected if expected >= 0 else None), f"{log}\n{describe(resumed)}"
         assert resumed[0].result["end_digest"] == straight[0].result["end_digest"], log
         for node in (0, 1):
             assert not [n for n in os.listdir(f"{local}/node{node}") if re.search(r"\.tmp-", n)]
