@@ -13,7 +13,7 @@ from supervisor._paths import check_restore_step, is_url
 from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
 from supervisor.checkpoint.layout.format_registry import writable_format
-from supervisor.checkpoint.tiers.options import check_tiers
+from supervisor.checkpoint.tiers.options import check_peer_replicas, check_tiers
 
 __all__ = ["SHARDED_FORMAT", "CheckpointOptions", "check_checkpoint_format", "check_checkpoint_options"]
 
@@ -63,6 +63,7 @@ class CheckpointOptions:
     local_max_to_keep: int | None = 2
     persist_grace_secs: float | None = 120.0
     checkpoint_format: str = "torch"
+    peer_replicas: bool = False
 
     @property
     def sharded(self) -> bool:
@@ -87,7 +88,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
                              best_mode: Any = "min", keep_period: Any = None, local_dir: Any = None,
                              persist_every_steps: Any = None, persist_every_secs: Any = None,
                              local_max_to_keep: Any = 2, persist_grace_secs: Any = 120.0,
-                             checkpoint_format: Any = "torch") -> CheckpointOptions:
+                             checkpoint_format: Any = "torch", peer_replicas: Any = False) -> CheckpointOptions:
     """Validates the checkpoint arguments the front doors share, at their construction, into a
     `CheckpointOptions` (``logdir``: the checked checkpoint directory or its `Location`, which
     ``lock``/``lease_secs``, ``restore_step`` and ``local_dir`` must suit; the retention ones:
@@ -103,6 +104,7 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
     tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
                         persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
                         persist_grace_secs=persist_grace_secs, logdir=logdir)
+    checkpoint_format = check_checkpoint_format(checkpoint_format)
     return CheckpointOptions(
         basename=basename, max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
         save_mode=v.check_choice("save_mode", save_mode, ("async", "sync")),
@@ -111,4 +113,5 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         best_metric=best_metric, best_mode=best_mode, keep_period=keep_period, local_dir=tiers["local_dir"],
         persist_every_steps=tiers["persist_every_steps"], persist_every_secs=tiers["persist_every_secs"],
         local_max_to_keep=tiers["local_max_to_keep"], persist_grace_secs=tiers["persist_grace_secs"],
-        checkpoint_format=check_checkpoint_format(checkpoint_format))
+        checkpoint_format=checkpoint_format, peer_replicas=check_peer_replicas(
+            peer_replicas, local_dir=tiers["local_dir"], checkpoint_format=checkpoint_format))

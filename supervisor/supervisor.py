@@ -26,7 +26,7 @@ from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import locate_logdir
 from supervisor.checkpoint import CheckpointManager, check_writable_directory
 from supervisor.checkpoint.sharded import ShardedCheckpointManager
-from supervisor.checkpoint.tiers.sharded import make_sharded_manager
+from supervisor.checkpoint.tiers.peers import make_sharded_manager
 from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.tiers.manager import make_manager
 from supervisor.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
@@ -111,6 +111,9 @@ class Supervisor:
         local_dir, persist_every_steps, persist_every_secs, local_max_to_keep, persist_grace_secs:
             checkpoint tiers (SPEC §17) as `MonitoredTrainingSession`: saves go to the node-local
             ``local_dir``, one every K steps or T seconds (default 600 s) is copied to ``logdir``.
+        peer_replicas: with ``checkpoint_format="dcp"`` and ``local_dir``, each rank also keeps a
+            replica of a partner node's parts, so a lost node resumes from the local tiers (as
+            `MonitoredTrainingSession`; default False).
     """
 
     def __init__(
@@ -127,7 +130,8 @@ class Supervisor:
         summary_sinks: Iterable[Any] = (), restore_step: int | str | os.PathLike | None = None, progress: Any = "auto",
         keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None,
         local_dir: str | os.PathLike | None = None, persist_every_steps: int | None = None,
-        persist_every_secs: float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0) -> None:
+        persist_every_secs: float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0,
+        peer_replicas: bool = False) -> None:
         self._is_chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
         self._location = locate_logdir("logdir", logdir, writable=self._is_chief, hint=_LOGDIR_HINT,
                                        storage_options=storage_options)  # resolved once, here
@@ -146,7 +150,7 @@ class Supervisor:
             logdir=self._location, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
             best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-            persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format)
+            persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format, peer_replicas=peer_replicas)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
@@ -369,7 +373,7 @@ def _sharded_manager(location: Location, o: CheckpointOptions, max_wait_secs: fl
         persist_every_secs=o.persist_every_secs, local_max_to_keep=o.local_max_to_keep,
         persist_grace_secs=o.persist_grace_secs, basename=o.basename, max_to_keep=o.max_to_keep, keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours,
         save_mode=o.save_mode, trusted_globals=o.trusted_globals, max_wait_secs=max_wait_secs, clock=clock,
-        capture=o.capture, lock=o.lock, lease_secs=o.lease_secs)
+        capture=o.capture, lock=o.lock, lease_secs=o.lease_secs, peer_replicas=o.peer_replicas)
 
 
 def _check_writable(**directories: str | None) -> None:

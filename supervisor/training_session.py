@@ -171,7 +171,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     summary_sinks: Iterable[Any] = (), progress: Any = "auto", keep_best: int | None = None, best_metric: Any = None,
     best_mode: str = "min", keep_period: int | None = None, local_dir: str | os.PathLike | None = None,
     persist_every_steps: int | None = None, persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
-    persist_grace_secs: float | None = 120.0) -> MonitoredSession:
+    persist_grace_secs: float | None = 120.0, peer_replicas: bool = False) -> MonitoredSession:
     """A `MonitoredSession` with TF's default chief hooks, restore-or-init from ``checkpoint_dir``,
     recovery from ``recoverable_exceptions`` and signal handling. ``checkpoint_format``: ``"torch"`` (one
     ``state.pt``, written by the chief), ``"dcp"`` (DCP shards from every rank, sealed by the chief; SPEC §12)
@@ -190,7 +190,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
     ``keep_best``/``best_metric``/``best_mode``/``keep_period``: as `Supervisor`. ``local_dir``: checkpoint tiers
     (SPEC §17): saves go to this node-local directory, and one every ``persist_every_steps`` steps or
     ``persist_every_secs`` seconds (default 600 s) is copied to ``checkpoint_dir`` in the background; the local tier
-    keeps ``local_max_to_keep``; closing waits ``persist_grace_secs`` for the final copy (`TieredCheckpointManager`)."""
+    keeps ``local_max_to_keep``; closing waits ``persist_grace_secs`` for the final copy (`TieredCheckpointManager`).
+    ``peer_replicas``: with ``checkpoint_format="dcp"`` and a ``local_dir``, each rank also keeps a replica of the
+    parts of the rank ``LOCAL_WORLD_SIZE`` ranks before it (another node), so one lost node still resumes from the
+    local tiers (`supervisor.checkpoint.tiers.peers`; default False; one node: a WARNING, none kept)."""
     clock = resolve_clock(clock)
     chief = default_is_chief(None if is_chief is None else v.check_bool("is_chief", is_chief))
     check_exception_types(recoverable_exceptions)  # these before _build opens the summary writer
@@ -204,7 +207,7 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
         logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
         keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
         persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs,
-        checkpoint_format=checkpoint_format)
+        checkpoint_format=checkpoint_format, peer_replicas=peer_replicas)
     creator, all_hooks = _build(
         checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
         chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
@@ -224,7 +227,7 @@ class SingularMonitoredSession(MonitoredSession):
     explicit ``session_creator`` (then the chief hooks are not added: pass the hooks you want).
     ``checkpoint_format="dcp"``, ``max_wait_secs``, ``capture``, ``lock``, ``lease_secs``,
     ``storage_options``, ``progress`` and the retention arguments and the checkpoint tiers
-    (``local_dir``...) as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
+    (``local_dir``..., ``peer_replicas``) as `MonitoredTrainingSession` (a sharded job's non-chief ranks still run
     a session each: they write their shards).
     """
 
@@ -246,6 +249,7 @@ class SingularMonitoredSession(MonitoredSession):
         keep_best: int | None = None, best_metric: Any = None, best_mode: str = "min", keep_period: int | None = None,
         local_dir: str | os.PathLike | None = None, persist_every_steps: int | None = None,
         persist_every_secs: float | None = None, local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0,
+        peer_replicas: bool = False,
     ) -> None:
         clock = resolve_clock(clock)
         v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)  # before _build opens the writer
@@ -262,7 +266,7 @@ class SingularMonitoredSession(MonitoredSession):
                 logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
                 best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
                 persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-                persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format)
+                persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format, peer_replicas=peer_replicas)
             creator, all_hooks = _build(
                 checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
                 chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,

@@ -22,6 +22,9 @@ previous step's) is committed: a lost node.
 ``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
 ``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto).
 ``RESTORE_STEP``: the front door's ``restore_step=`` (that step, not the newest).
+``PEER_REPLICAS=1``: ``peer_replicas=True``; with ``LOCAL_WORLD_SIZE=n`` the local tier is
+``LOCAL/node<rank // n>`` (n ranks per "node"), and ``TIER_KILL`` also knows ``peer-swap`` (a
+chunk of a replica in flight between two ranks, on the replication thread).
 ``HOLD_COPY=step``: each rank's copy of that step to the logdir waits until the training loop
 ended and its last save committed (a slow logdir, by a handshake). The RESULT also lists each
 rank's local parts after the close (``parts``)."""
@@ -81,6 +84,15 @@ def install_seams() -> None:
         _reached("copy-seal")
         return merged(*args)
 
+    from supervisor.checkpoint.tiers import peer_link
+
+    swap = peer_link.Link.swap
+
+    def swap_(self, out, into):
+        if threading.current_thread() is not threading.main_thread():
+            _reached("peer-swap")
+        return swap(self, out, into)
+    peer_link.Link.swap, peer_link.CHUNK_BYTES = swap_, 1 << 10
     copy = sharded_parts.copy_part
 
     def copy_(part, *args):
@@ -114,6 +126,10 @@ def _node_loss(manager_of) -> list:
     return [NodeLoss()]
 
 
+def _node() -> int:
+    return dist.get_rank() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def _restore_step() -> int | None:
     step = os.environ.get("RESTORE_STEP")
     return None if step is None else int(step)
@@ -132,7 +148,8 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
     endpoint = os.environ.get("S3_ENDPOINT")  # an s3:// logdir on the test's moto server
     options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"} if endpoint else None
     with MonitoredTrainingSession(logdir, model=model, optimizer=optimizer, checkpoint_format="dcp",
-                                  local_dir=os.environ.get("TIER_LOCAL_DIR", f"{local}/node{dist.get_rank()}"),
+                                  local_dir=os.environ.get("TIER_LOCAL_DIR", f"{local}/node{_node()}"),
+                                  peer_replicas=os.environ.get("PEER_REPLICAS") == "1",
                                   persist_every_steps=int(persist_every), save_checkpoint_steps=1,
                                   storage_options=options, restore_step=_restore_step(),
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step)), *loss],
@@ -146,6 +163,8 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
         if crash == "yes":
             s.checkpoint_manager.wait()  # the last step's local commit
             s.checkpoint_manager._persister.flush(120)  # the copies already started
+            if hasattr(s.checkpoint_manager, "wait_replicas"):
+                s.checkpoint_manager.wait_replicas(120)  # the replicas already started
             dist.barrier()
             emit({"start": start, "digest": start_digest, "first_draw": first_draw, "end": s.global_step,
                   "end_digest": digest(model, optimizer), "next_draw": torch.rand(1).item()})

@@ -14,7 +14,7 @@ from typing import Any
 from supervisor import _validate as v
 from supervisor.checkpoint.storage import is_url
 
-__all__ = ["DEFAULT_PERSIST_SECS", "TIER_ARGUMENTS", "check_tiers", "pop_tiers"]
+__all__ = ["DEFAULT_PERSIST_SECS", "TIER_ARGUMENTS", "check_peer_replicas", "check_tiers", "pop_tiers"]
 
 #: How often a local checkpoint is persisted when neither interval is given.
 DEFAULT_PERSIST_SECS = 600.0
@@ -46,6 +46,22 @@ def check_tiers(*, local_dir: Any, persist_every_steps: Any = None, persist_ever
     return {"local_dir": _check_local_dir(local_dir, logdir), "persist_every_steps": steps,
             "persist_every_secs": DEFAULT_PERSIST_SECS if steps is None and secs is None else secs,
             "local_max_to_keep": keep, "persist_grace_secs": grace}
+
+
+def check_peer_replicas(peer_replicas: Any, *, local_dir: Any, checkpoint_format: str) -> bool:
+    """``peer_replicas`` checked against the other arguments: a bool, and True only with a
+    ``local_dir`` and ``checkpoint_format="dcp"`` (each rank's part is replicated on a rank of
+    another node: `supervisor.checkpoint.tiers.peers`)."""
+    value = v.check_bool("peer_replicas", peer_replicas)
+    if value and local_dir is None:
+        raise ValueError("peer_replicas=True was given without local_dir: the replicas are copies of the node-local "
+                         "tier's parts; pass local_dir='/dev/shm/<run>' (or a local disk), or drop peer_replicas")
+    if value and checkpoint_format != "dcp":
+        raise ValueError(f"peer_replicas=True needs checkpoint_format='dcp' (every rank's own part, replicated on "
+                         f"another node), got checkpoint_format={checkpoint_format!r}: with replicated state only the "
+                         "chief saves and a lost node resumes from the logdir; pass checkpoint_format='dcp' or drop "
+                         "peer_replicas")
+    return value
 
 
 def pop_tiers(options: dict[str, Any]) -> dict[str, Any]:

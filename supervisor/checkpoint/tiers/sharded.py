@@ -2,27 +2,19 @@
 
 ``checkpoint_format="dcp"`` with a ``local_dir``. A save is a collective, as without tiers:
 
-1. every rank writes its own part — its shards, its RNG states — into its node's local tier and
-   commits it with the local protocol (staged, CRC-32 while written, fsynced, manifest, rename;
-   `supervisor.checkpoint.tiers.sharded_parts`), then reports to the chief through the store;
-2. the chief, once every rank's part is durable (and its logdir lease still held), posts the
-   commit — and whether this step is to be persisted (every ``persist_every_steps`` steps or
-   ``persist_every_secs`` seconds, when no copy is in flight) — and every rank marks its part
-   committed; a failure on any rank fails the save on every rank (the parts are removed);
-3. a persisted step is copied in the background by every rank's persist thread: the chief stages
-   the checkpoint in the logdir, each rank streams its own part there (verified against its local
-   manifest on arrival) and reports; the chief — only once every rank's copy arrived — writes the
-   merged DCP ``.metadata``, seals the manifest (last; under the lease on an object store),
-   publishes the index and runs the logdir's retention. A kill at any point leaves a temp
-   directory or a manifest-less prefix, never a listed partial copy.
+1. every rank commits its own part (shards, RNG states) into its node's local tier with the local
+   protocol (`supervisor.checkpoint.tiers.sharded_parts`), then reports to the chief (the store);
+2. the chief, once every part is durable (its logdir lease still held), posts the commit and
+   whether the step is persisted (``persist_every_steps``/``_secs``, no copy in flight); every
+   rank marks its part; a failure on any rank fails the save on every rank (parts removed);
+3. a persisted step is copied in the background by every rank's persist thread into a staged
+   logdir checkpoint, which the chief seals (merged DCP ``.metadata``, manifest last) only once
+   every rank's copy arrived verified: a kill leaves a temp directory, never a listed partial copy.
 
-Restore (`restore`): the ranks agree (`sharded_agree.agree_step`) on the newest step **every**
-rank can restore from its local tier; when it is at least the logdir's newest each rank loads its
-own part (no collective; bit-exact: model, optimizer, RNG), otherwise the job restores the
-logdir's newest as plain ``dcp`` does, in a WARNING; parts newer than the restored step (an
-abandoned timeline) are removed. ``restore_step=``: that step, from the local tiers when every rank
-holds it, else from the logdir (`_restore_chosen`). A failed copy follows the save-failure
-policy (``max_consecutive_save_failures``). Design and failure matrix: docs/tiers.md.
+Restore (`restore`): the ranks agree (`sharded_agree.agree_step`) on the newest step every rank
+holds locally; when it is at least the logdir's newest each rank loads its own part (bit-exact),
+else the logdir's newest as plain ``dcp``, in a WARNING. ``restore_step=``: `_restore_chosen`.
+Peer replicas: `supervisor.checkpoint.tiers.peers`. Design, failure matrix: docs/tiers.md.
 """
 from __future__ import annotations
 
@@ -138,11 +130,16 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             raise CheckpointError(f"saving the sharded checkpoint of step {save.step} to the local tier "
                                   f"{self.part_root} failed: {verdict['error']}")
         parts.mark_committed(path)  # type: ignore[arg-type]
-        if verdict["persist"] and self._persister is not None:
-            self._persister.enqueue(save.step, save.key, path)  # type: ignore[arg-type]
-        parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep,
-                          held=self._persister.held() if self._persister else ())
+        self._marked(save.step, save.key, path, verdict)  # type: ignore[arg-type]
+        parts.prune_parts(self.part_root, self.basename, keep=self.local_max_to_keep, held=self._held())
         return path  # type: ignore[return-value]
+
+    def _marked(self, step: int, key: str, path: str, verdict: dict) -> None:  # committed: copied when due
+        if verdict["persist"] and self._persister is not None:
+            self._persister.enqueue(step, key, path)
+
+    def _held(self) -> set[int]:  # the steps local retention keeps whatever their age (a copy pending)
+        return self._persister.held() if self._persister else set()
 
     def _decide(self, save: dcp_commit.ShardedSave, channel: dcp_commit.Channel, deadline: float) -> dict:
         """The chief's commit: every rank's part durable, the lease held; and whether to persist."""
@@ -159,9 +156,12 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
                 save.before_commit()
             except Exception as e:  # noqa: BLE001 - e.g. a lost lease: nothing is committed
                 error = f"rank 0: {type(e).__name__}: {e}"
-        verdict = {"error": error, "persist": not error and self._due(save.step)}
+        verdict = self._verdict(error, save.step)
         channel.post(f"{save.key}/tier-verdict", verdict)
         return verdict
+
+    def _verdict(self, error: str, step: int) -> dict:  # the chief's: the error ("": committed), persist?
+        return {"error": error, "persist": not error and self._due(step)}
 
     def _due(self, step: int, *, force: bool = False) -> bool:
         now = self._clock.time()
