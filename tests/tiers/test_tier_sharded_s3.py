@@ -29,7 +29,10 @@ def test_an_s3_logdir_gets_the_merged_copies_and_a_replaced_node_resumes_from_it
         return results
 
     first = job(6, crash="yes")
-    assert [name for _, name in list_committed(logdir, "model.ckpt", s3_storage)] == ["model.ckpt-0", "model.ckpt-4"]
+    # Step 0 is copied first; the next copy is step 4, or a later step when step 0's copy was still
+    # in flight at step 4 (a due step is passed over, not queued: docs/tiers.md): timing, both correct.
+    persisted = [step for step, _ in list_committed(logdir, "model.ckpt", s3_storage)]
+    assert persisted[0] == 0 and len(persisted) == 2 and 4 <= persisted[1] <= 6, persisted
     second = job(8)
     assert [r.result["start"] for r in second] == [6, 6]
     assert {r.result["digest"] for r in second} == {first[0].result["end_digest"]}
