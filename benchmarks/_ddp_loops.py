@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from supervisor.boundary import NO_REQUESTS, Requests
+from supervisor.engine.boundary import NO_REQUESTS, Requests
 from supervisor.distributed.agreement import CollectiveAgreement
 
 LOOPS = ("bare", "agreement", "py_hook", "naive", "raw_async")

@@ -65,7 +65,7 @@ def _ddp_rank(rank: int, port: int, device_type: str, out: Any) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from supervisor.boundary import NO_REQUESTS, Requests
+    from supervisor.engine.boundary import NO_REQUESTS, Requests
     from supervisor.distributed.agreement import CollectiveAgreement
 
     torch.set_num_threads(1)

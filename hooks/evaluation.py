@@ -44,7 +44,7 @@ from supervisor.clock import resolve_clock
 from supervisor.events import EvalEventsFile, read_scalars
 from supervisor.hook import Hook, IdleUntil, RunContext, RunValues
 from supervisor.metrics import MeanAggregator, check_metric_objects, flatten_metric
-from supervisor.rng import capture_rng_state, restore_rng_state
+from supervisor.state.rng import capture_rng_state, restore_rng_state
 from supervisor.state import unwrap_module
 from supervisor.toolkit import check_schedule
 

@@ -24,7 +24,7 @@ from supervisor.checkpoint import (
 )
 from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
 from supervisor.clock import Clock, SystemClock
-from supervisor.coordinator import Coordinator, LooperThread
+from supervisor.engine.coordinator import Coordinator, LooperThread
 from supervisor.creators import CheckpointSessionCreator, Restored, SessionCreator, WorkerSessionCreator
 from supervisor.errors import (
     CheckpointCorruptError,
@@ -37,12 +37,12 @@ from supervisor.errors import (
     RecoverableError,
     SupervisorError,
 )
-from supervisor.loop_state import LoopState
+from supervisor.state.loop_state import LoopState
 from supervisor.hook import Hook, IdleUntil, RunArgs, RunContext, RunValues, StepCall, StepContext
-from supervisor.session import MonitoredSession
+from supervisor.engine.session import MonitoredSession
 from supervisor.state import TrainingState
-from supervisor.supervisor import Supervisor
-from supervisor.training_session import MonitoredTrainingSession, SingularMonitoredSession
+from supervisor.frontdoors.supervisor import Supervisor
+from supervisor.frontdoors.training_session import MonitoredTrainingSession, SingularMonitoredSession
 from supervisor import creators as _creators, distributed as _distributed
 
 # The first address of the waits for the chief's committed step (issue 32): they read the

@@ -41,8 +41,8 @@ from supervisor.checkpoint.save.in_flight import ManagerCommon, before_commit
 from supervisor.checkpoint.layout.best import MetricKeeper, ReportsMetrics, check_retention
 from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointError
-from supervisor.resume import loader_generators
-from supervisor.rng import capture_rng_state
+from supervisor.state.resume import loader_generators
+from supervisor.state.rng import capture_rng_state
 from supervisor.state import TrainingState
 
 __all__ = ["CheckpointManager"]
@@ -294,7 +294,7 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
             with self._staging.deferring(keys) as deferral:
                 entries = self._staging.capture(state.state_dict(), copy_cpu=copy)
             pending = overlap.start(deferral, objects, self._copier)
-            # With the generators of the state's data loaders (exact resume, supervisor/resume.py),
+            # With the generators of the state's data loaders (exact resume, supervisor/state/resume.py),
             # and every rank's state when the ranks' agreement gathered them for this step (§12).
             rng = distributed_rng.states_for_checkpoint(capture_rng_state(loader_generators(state)), rng_states) \
                 if self.save_rng else None

@@ -10,7 +10,7 @@
 
 They stand above `supervisor.checkpoint` (which never imports them) and below the front doors.
 The names are also importable from `supervisor`, and, as before they moved here, from
-`supervisor.checkpoint` / `supervisor.checkpoint.sharded` and `supervisor.creator`.
+`supervisor.checkpoint` / `supervisor.checkpoint.sharded` and `supervisor.creators`.
 """
 from __future__ import annotations
 

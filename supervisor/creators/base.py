@@ -23,14 +23,14 @@ import torch
 
 from supervisor._validate import check_bool, check_callable
 from supervisor.checkpoint.load.apply import Restored
-from supervisor.environment import SessionEnvironment
+from supervisor.creators.environment import SessionEnvironment
 from supervisor.state import TrainingState
 
 __all__ = ["SessionCreator", "Restored", "default_ready_fn", "check_session_fns"]
 
 # The name it logged under before the creators had a package of their own (users and the
 # sidecar configure it): kept, so moving the module changed no logging configuration.
-logger = logging.getLogger("supervisor.creator")
+logger = logging.getLogger("supervisor.creators")
 
 
 def default_ready_fn(session: Any) -> str | None:

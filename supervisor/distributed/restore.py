@@ -44,7 +44,7 @@ import torch
 
 from supervisor.distributed import env
 from supervisor.clock import Clock, resolve_clock
-from supervisor.resume import stateful_loaders
+from supervisor.state.resume import stateful_loaders
 from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["CHUNK_BYTES", "FAILURE_READ_SECS", "RestoreDecision", "next_key", "publish_decision", "publish_failure",

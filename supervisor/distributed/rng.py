@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from supervisor.distributed import env
-from supervisor.rng import capture_rng_state, restore_rng_state
+from supervisor.state.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["derived_seed", "gather", "restore_for_rank", "states_for_checkpoint"]
 
@@ -36,7 +36,7 @@ def gather(group: Any = None, capture: Any = None) -> dict[int, Any] | None:
     """Every rank's RNG state to the chief (rank 0): ``{rank: state}`` there, None on the
     other ranks. A collective: every rank of ``group`` must call it at the same boundary (the
     agreement does, and hands the states to the capture in its `Decision`). ``capture()``
-    returns this rank's state (default: `supervisor.rng.capture_rng_state`)."""
+    returns this rank's state (default: `supervisor.state.rng.capture_rng_state`)."""
     import torch.distributed as dist  # optional at import: torch.distributed may be unavailable
 
     own = capture() if capture is not None else capture_rng_state()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from supervisor.rng import capture_rng_state, restore_rng_state
+from supervisor.state.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["preserved_rng"]
 

@@ -15,8 +15,8 @@ import hooks as builtin
 
 from supervisor.clock import Clock
 from supervisor.estimator.run_config import RunConfig
-from supervisor.session import MonitoredSession
-from supervisor.training_session import MonitoredTrainingSession
+from supervisor.engine.session import MonitoredSession
+from supervisor.frontdoors.training_session import MonitoredTrainingSession
 
 __all__ = ["training_session"]
 

@@ -57,7 +57,7 @@ from supervisor.estimator.metrics import (
     flatten_metric,
     read_eval_events,
 )
-from supervisor.session import MonitoredSession
+from supervisor.engine.session import MonitoredSession
 from supervisor.state import TrainingState, strip_wrapper_prefixes, unwrap_module
 
 __all__ = ["SidecarEvaluator", "eval_dir_for", "evaluate_batches", "evaluated_steps", "model_entry"]
@@ -288,7 +288,7 @@ class _ThisThreadOnly(logging.Filter):
 @contextlib.contextmanager
 def _evaluation_session_logs() -> Iterator[None]:
     quiet = _ThisThreadOnly()
-    loggers = [logging.getLogger(name) for name in ("supervisor.session", "supervisor.creator")]
+    loggers = [logging.getLogger(name) for name in ("supervisor.engine.session", "supervisor.creators")]
     for each in loggers:
         each.addFilter(quiet)
     try:

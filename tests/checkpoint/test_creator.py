@@ -25,7 +25,7 @@ def test_fresh_start_calls_init_fn_then_resume_restores_step_and_weights(tmp_pat
     logdir = tmp_path / "logdir"
     calls = []
     state = small_state()
-    with caplog.at_level(logging.INFO, logger="supervisor.creator"):
+    with caplog.at_level(logging.INFO, logger="supervisor.creators"):
         with _session(logdir, state, clock, init_fn=lambda s: calls.append("init")) as session:
             for _ in range(3):
                 session.run(train_step, state, session.global_step)
@@ -36,7 +36,7 @@ def test_fresh_start_calls_init_fn_then_resume_restores_step_and_weights(tmp_pat
 
     resumed = small_state(seed=4)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="supervisor.creator"):
+    with caplog.at_level(logging.INFO, logger="supervisor.creators"):
         with _session(logdir, resumed, clock, init_fn=lambda s: calls.append("init again")) as session:
             assert session.global_step == 3
             assert session.checkpoint_manager.last_saved_step == 3

@@ -18,9 +18,9 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "supervisor" / "checkpoint"
-FORBIDDEN = ("supervisor.session", "supervisor.boundary", "supervisor.hook", "supervisor.agreement",
-             "supervisor.dispatch", "supervisor.lifecycle", "supervisor.coordinator", "supervisor.services",
-             "supervisor.supervisor", "supervisor.training_session", "supervisor.estimator", "supervisor.cli",
+FORBIDDEN = ("supervisor.engine.session", "supervisor.engine.boundary", "supervisor.hook", "supervisor.agreement",
+             "supervisor.engine.dispatch", "supervisor.engine.lifecycle", "supervisor.engine.coordinator", "supervisor.frontdoors.services",
+             "supervisor.frontdoors.supervisor", "supervisor.frontdoors.training_session", "supervisor.estimator", "supervisor.cli",
              "supervisor.distributed.agreement", "hooks")
 KNOWN_CIRCLES: set = set()
 KNOWN_PRIVATE: set = set()

@@ -12,7 +12,7 @@ import torch
 from supervisor import TrainingState
 from supervisor.checkpoint import load_checkpoint
 from supervisor.errors import CheckpointError
-from supervisor.rng import capture_rng_state, restore_rng_state
+from supervisor.state.rng import capture_rng_state, restore_rng_state
 from supervisor.state import strip_wrapper_prefixes, unwrap_module
 
 from .conftest import restore_into, small_state, train_step

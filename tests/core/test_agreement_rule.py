@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.agreement import NO_REQUESTS, Decision, Requests, combine, flag_count, merge, write_flags
-from supervisor.lifecycle import backoff_secs
+from supervisor.engine.lifecycle import backoff_secs
 
 
 def _flags(world_size, **by_rank):

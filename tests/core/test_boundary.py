@@ -19,7 +19,7 @@ from supervisor import (
     TrainingState,
     load_checkpoint,
 )
-from supervisor.boundary import Agreement, Decision, Requests
+from supervisor.engine.boundary import Agreement, Decision, Requests
 
 
 class Counter:

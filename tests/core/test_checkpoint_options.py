@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from supervisor.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
+from supervisor.frontdoors.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
 
 pytestmark = pytest.mark.timeout(60)
 

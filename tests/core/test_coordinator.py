@@ -116,7 +116,7 @@ def test_join_ignore_live_threads_logs_instead(caplog):
     straggler.start()
     coord.request_stop()
     try:
-        with caplog.at_level("INFO", logger="supervisor.coordinator"):
+        with caplog.at_level("INFO", logger="supervisor.engine.coordinator"):
             coord.join([straggler], stop_grace_secs=0.01, ignore_live_threads=True)
     finally:
         release.set()

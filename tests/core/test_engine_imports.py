@@ -13,9 +13,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENGINE = ["agreement", "boundary", "dispatch", "hook", "lifecycle", "session", "session_requests",
           "coordinator", "services", "supervisor", "training_session", "creator", "signals", "state"]
-ABOVE_CHECKPOINT = ("supervisor.agreement", "supervisor.boundary", "supervisor.dispatch", "supervisor.hook",
-                    "supervisor.lifecycle", "supervisor.session", "supervisor.session_requests",
-                    "supervisor.training_session", "supervisor.supervisor", "supervisor.services",
+ABOVE_CHECKPOINT = ("supervisor.agreement", "supervisor.engine.boundary", "supervisor.engine.dispatch", "supervisor.hook",
+                    "supervisor.engine.lifecycle", "supervisor.engine.session", "supervisor.engine.session_requests",
+                    "supervisor.frontdoors.training_session", "supervisor.frontdoors.supervisor", "supervisor.frontdoors.services",
                     "supervisor.estimator", "supervisor.cli", "hooks")
 
 
@@ -50,8 +50,8 @@ def test_the_checkpoint_package_never_imports_the_engine_or_above(path):
 @pytest.mark.parametrize("path", sorted((ROOT / "hooks").glob("*.py")), ids=lambda p: p.name)
 def test_hooks_import_the_protocol_never_the_supervisor_package_itself(path):
     bad = [m for m, names, _ in _imports(path) if m == "supervisor" and (not names or set(names) - {"_validate"})]
-    bad += [m for m, _, _ in _imports(path) if m.startswith(("supervisor.session", "supervisor.training_session",
-                                                             "supervisor.supervisor", "supervisor.estimator"))]
+    bad += [m for m, _, _ in _imports(path) if m.startswith(("supervisor.engine.session", "supervisor.frontdoors.training_session",
+                                                             "supervisor.frontdoors.supervisor", "supervisor.estimator"))]
     assert not bad, f"hooks/{path.name} imports {bad}"
 
 
@@ -70,8 +70,8 @@ def test_the_engine_imports_no_private_name_and_nothing_of_ours_lazily(name):
 def test_the_distributed_package_never_imports_the_checkpoint_package_or_above(path):
     """Issue 32: `checkpoint/` imports `distributed/` (rank, RNG, the restore channel); the waits
     for the chief's committed step read the checkpoint index, so they live in `creators/`."""
-    above = ("supervisor.checkpoint", "supervisor.creators", "supervisor.session", "supervisor.supervisor",
-             "supervisor.training_session", "supervisor.estimator", "supervisor.cli", "hooks")
+    above = ("supervisor.checkpoint", "supervisor.creators", "supervisor.engine.session", "supervisor.frontdoors.supervisor",
+             "supervisor.frontdoors.training_session", "supervisor.estimator", "supervisor.cli", "hooks")
     bad = [m for m, _, _ in _imports(path) if m.startswith(above)]
     assert not bad, f"distributed/{path.name} imports {bad}"
 

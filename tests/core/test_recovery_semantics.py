@@ -168,7 +168,7 @@ class _ManyRanks:
     """An agreement as a distributed job has one: not local (decisions are the identity here)."""
 
     def __new__(cls):
-        from supervisor.boundary import Agreement
+        from supervisor.engine.boundary import Agreement
 
         class Collective(Agreement):
             local = False

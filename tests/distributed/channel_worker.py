@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from supervisor.boundary import NO_REQUESTS, Requests
+from supervisor.engine.boundary import NO_REQUESTS, Requests
 from tests.distributed.worker import Net, emit, main, scenario, state_digest
 
 

@@ -27,7 +27,7 @@ def _checkpoint_bytes(path: str) -> int:
 
 
 def _expected_draw(payload: dict, rank: int) -> list[float]:
-    from supervisor.rng import restore_rng_state
+    from supervisor.state.rng import restore_rng_state
 
     restore_rng_state(payload["rng"][rank])
     return torch.rand(2).tolist()

@@ -10,7 +10,7 @@ from supervisor import distributed
 from supervisor.distributed import restore as channel
 from supervisor.distributed import rng as dist_rng
 from supervisor.distributed.failure import describe_failure, diagnose
-from supervisor.rng import capture_rng_state
+from supervisor.state.rng import capture_rng_state
 from supervisor.testing import FakeClock
 
 

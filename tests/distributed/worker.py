@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from supervisor import distributed
-from supervisor.boundary import NO_REQUESTS, Requests
+from supervisor.engine.boundary import NO_REQUESTS, Requests
 
 SCENARIOS: dict[str, Callable[..., Any]] = {}
 

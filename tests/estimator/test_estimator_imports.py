@@ -7,7 +7,7 @@ import sys
 
 CHECK = """
 import sys
-import supervisor, hooks, supervisor.training_session, supervisor.supervisor
+import supervisor, hooks, supervisor.frontdoors.training_session, supervisor.frontdoors.supervisor
 loaded = sorted(m for m in sys.modules if m.startswith("supervisor.estimator"))
 assert not loaded, loaded
 """

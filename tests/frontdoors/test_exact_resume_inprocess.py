@@ -1,5 +1,5 @@
 """Exact resume, in process and fast (SPEC §2; the killed-process version is
-tests/integration/test_exact_resume.py; the design is in supervisor/resume.py).
+tests/integration/test_exact_resume.py; the design is in supervisor/state/resume.py).
 
 A "process" here is: seed every generator, build the objects, open a session on the logdir.
 The resumed one must draw, step for step, what the uninterrupted one drew.
@@ -14,7 +14,7 @@ import torch
 from hooks import StopAtStepHook
 from supervisor import MonitoredTrainingSession
 from supervisor.errors import CheckpointError
-from supervisor.rng import capture_rng_state, restore_rng_state
+from supervisor.state.rng import capture_rng_state, restore_rng_state
 
 stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader", exc_type=ImportError, reason="torchdata (the data extra) is not installed")
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's own noise
@@ -82,19 +82,19 @@ def test_iterator_created_before_the_session_is_named_in_a_warning(tmp_path, cap
     forelse(tmp_path, make_loader(False), 3, save_at=(3,))
     loader = make_loader(False)
     it = iter(loader)  # before the session: it will not see the restored position
-    with caplog.at_level(logging.WARNING, logger="supervisor.resume"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.state.resume"):
         with session(tmp_path, loader, 6) as s:
             s.run(step, next(it))
-    (record,) = [r for r in caplog.records if r.name == "supervisor.resume"]
+    (record,) = [r for r in caplog.records if r.name == "supervisor.state.resume"]
     assert record.levelname == "WARNING"
     assert "'data'" in record.getMessage() and "iterator in use" in record.getMessage()
 
 
 def test_no_warning_for_the_readme_loop(tmp_path, caplog):
     forelse(tmp_path, make_loader(True), 3, save_at=(3,))
-    with caplog.at_level(logging.WARNING, logger="supervisor.resume"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.state.resume"):
         forelse(tmp_path, make_loader(True), 6)
-    assert not [r for r in caplog.records if r.name == "supervisor.resume"]
+    assert not [r for r in caplog.records if r.name == "supervisor.state.resume"]
 
 
 def test_checkpoint_without_the_loader_generator_is_named_in_a_warning(tmp_path, caplog, monkeypatch):
@@ -103,9 +103,9 @@ def test_checkpoint_without_the_loader_generator_is_named_in_a_warning(tmp_path,
     monkeypatch.setattr(manager, "loader_generators", lambda state: {})  # as an older writer did
     forelse(tmp_path, make_loader(True), 3, save_at=(3,))
     monkeypatch.undo()
-    with caplog.at_level(logging.WARNING, logger="supervisor.resume"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.state.resume"):
         forelse(tmp_path, make_loader(True), 4)
-    messages = [r.getMessage() for r in caplog.records if r.name == "supervisor.resume"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "supervisor.state.resume"]
     assert len(messages) == 1 and "data.generator" in messages[0] and "model.ckpt-3" in messages[0]
 
 
@@ -137,7 +137,7 @@ def test_recovery_inside_the_loop_is_named_in_a_warning(tmp_path, caplog):
             raise RecoverableError("transient")
         return step(batch)
 
-    with caplog.at_level(logging.WARNING, logger="supervisor.resume"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.state.resume"):
         with session(tmp_path, loader, 6, clock=FakeClock()) as s:
             for batch in loader:
                 if s.should_stop():
@@ -146,5 +146,5 @@ def test_recovery_inside_the_loop_is_named_in_a_warning(tmp_path, caplog):
                     s.save_checkpoint(wait=True)
                 s.run(fails_once if s.global_step == 3 else step, batch)
     assert failures
-    messages = [r.getMessage() for r in caplog.records if r.name == "supervisor.resume"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "supervisor.state.resume"]
     assert len(messages) == 1 and "'data'" in messages[0] and "recovering inside the loop" in messages[0]

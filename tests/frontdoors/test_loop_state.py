@@ -59,7 +59,7 @@ def test_a_plain_value_as_a_state_entry_is_refused_pointing_at_loop_state(value)
 
 def test_a_variable_added_after_the_checkpoint_keeps_its_initial_value_with_a_warning(caplog):
     loop = LoopState(epoch=0, patience=3)
-    with caplog.at_level(logging.WARNING, logger="supervisor.loop_state"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.state.loop_state"):
         loop.load_state_dict({"epoch": 7, "old": "kept too"})
     assert (loop.epoch, loop.patience, loop.old) == (7, 3, "kept too")
     assert "no value for patience" in caplog.text

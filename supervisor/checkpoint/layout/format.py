@@ -16,7 +16,7 @@
     {"__meta__": {"format": ..., "format_version": 1, "torch_version": ..., "entries": [...],
                   "classes": {entry: "module.Class"}},   # "classes": absent before issue 22.17
      "global_step": 1200,
-     "rng": {0: {...}},               # per rank (supervisor.rng); absent with save_rng=False
+     "rng": {0: {...}},               # per rank (supervisor.state.rng); absent with save_rng=False
      "model": {...}, "optimizer": {...}, ...}   # one state dict per training-state entry
 
 Note: ``state.pt``'s zip records carry no per-record CRC (torch's own CRC pass is skipped, see

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from supervisor import distributed, resume
+from supervisor import distributed
+from supervisor.state import resume
 from supervisor.checkpoint.layout.format import RNG_KEY, Manifest
 from supervisor.checkpoint.load.loader import LoadedCheckpoint
 from supervisor.checkpoint.load.private_copy import PrivateCopy
@@ -65,7 +66,7 @@ def apply_checkpoint(loaded: LoadedCheckpoint, state: TrainingState, *, restore_
 def _apply(loaded: LoadedCheckpoint, state: TrainingState, *, restore_rng: bool, strict: bool) -> None:
     payload = _materialize_non_modules(loaded.payload, state) if loaded.mapped else loaded.payload
     where = f"{loaded.path} (step {loaded.step})"
-    live = resume.live_iterators(state)  # exact resume (supervisor/resume.py): checked before the load
+    live = resume.live_iterators(state)  # exact resume (supervisor/state/resume.py): checked before the load
     try:
         state.load_state_dict(payload, strict=strict)
     except CheckpointError as e:

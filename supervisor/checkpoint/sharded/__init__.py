@@ -7,7 +7,7 @@ rank writes its own shards, in parallel, into **one** temp directory, and the ch
       MANIFEST.json        # every file below with its size and CRC-32; written last
       .metadata            # DCP's global metadata (written by the chief's DCP coordinator)
       __0_0.distcp ...     # each rank's shards (FileSystemWriter, fsynced)
-      rng-0.pt rng-1.pt    # each rank's RNG state (supervisor.rng), one file per rank
+      rng-0.pt rng-1.pt    # each rank's RNG state (supervisor.state.rng), one file per rank
 
 A save is a collective, called by every rank at the same step (the `CollectiveAgreement` makes
 the step the same). The commit protocol (`supervisor.checkpoint.sharded.commit`): the chief creates
@@ -41,7 +41,7 @@ files are known. `save_sharded` is the synchronous form (training thread, defaul
 Restore: the chief chooses and verifies (§5.4: index first, full checksums, fall back to older),
 posts the path, and every rank loads exactly that with DCP's loader — which reshards: the world
 size may differ from the one that saved — then takes back its own ``rng-<rank>.pt`` (global
-generators and data-loader ``generator=`` states, `supervisor.resume`; a rank with no file gets
+generators and data-loader ``generator=`` states, `supervisor.state.resume`; a rank with no file gets
 a derived seed). `load_into` loads a DCP checkpoint into a plain module or a `TrainingState` in
 one process (evaluation, export, resuming a one-process run), verified first; into a state it
 restores rank 0's RNG and loader generators. Every load goes through

@@ -29,8 +29,8 @@ from supervisor.checkpoint.save.in_flight import ManagerCommon, before_commit
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.clock import resolve_clock
 from supervisor.errors import CheckpointError
-from supervisor.resume import loader_generators
-from supervisor.rng import capture_rng_state
+from supervisor.state.resume import loader_generators
+from supervisor.state.rng import capture_rng_state
 from supervisor.state import TrainingState
 
 __all__ = ["ShardedCheckpointManager"]

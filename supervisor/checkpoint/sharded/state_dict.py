@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from supervisor import distributed, resume
+from supervisor import distributed
+from supervisor.state import resume
 from supervisor.checkpoint.sharded import commit as dcp_commit
 from supervisor.checkpoint.formats.dcp_reading import read_metadata, safe_dcp_load
 from supervisor.checkpoint.sharded.restore import checked_bytes, checked_file
@@ -29,8 +30,8 @@ from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.layout.verify import DCP_METADATA
 from supervisor.distributed.rng import restore_for_rank
 from supervisor.errors import CheckpointError
-from supervisor.resume import loader_generators
-from supervisor.rng import capture_rng_state
+from supervisor.state.resume import loader_generators
+from supervisor.state.rng import capture_rng_state
 from supervisor.state import TrainingState, unwrap_module
 
 __all__ = ["DCP_METADATA", "apply_state_dict", "build_state_dict", "choose_checkpoint", "load_into", "restore_sharded",
@@ -119,7 +120,7 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
     the path the chief chose); DCP reshards to this job's world size. With ``restore_rng``, this
     rank's RNG and data-loader generator states come back as from a ``state.pt`` checkpoint
-    (`supervisor.resume`); a rank the checkpoint has no state for gets a derived seed (§12).
+    (`supervisor.state.resume`); a rank the checkpoint has no state for gets a derived seed (§12).
 
     Nothing in the checkpoint can run code (`supervisor.checkpoint.formats.dcp_reading.safe_dcp_load`):
     a global outside DCP's metadata classes, or outside ``trusted_globals`` in a non-tensor
@@ -191,7 +192,7 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", res
 
     Into a `TrainingState` with ``restore_rng``, the process takes **rank 0's** RNG state and
     data-loader generators (``rng-0.pt``), as a one-process restore of a ``state.pt`` checkpoint
-    does, and its ``StatefulDataLoader`` s are primed (`supervisor.resume`): the run continues
+    does, and its ``StatefulDataLoader`` s are primed (`supervisor.state.resume`): the run continues
     as rank 0 would have. The other ranks' RNG files are not read. Non-tensor entries (a
     loader's position, say) hold the one copy DCP kept (it writes each such entry once, from one
     rank). Into a plain module no RNG is touched. Unpickling is restricted as in

@@ -30,7 +30,7 @@ The design, applied wherever a checkpoint is applied (`apply_checkpoint`):
   the primed iterator is finished, so ``iter(loader)`` builds the next epoch's iterator and draws
   exactly what the uninterrupted run drew. Whatever order the loop creates iterators in, each
   draw happens in both runs or in neither.
-- **Capture the loaders' generators** with the RNG state (``generators`` in `supervisor.rng`,
+- **Capture the loaders' generators** with the RNG state (``generators`` in `supervisor.state.rng`,
   per rank) and restore them after priming, so ``g`` continues where it was.
 - **Reinstate at the end of creation**: `reinstate` re-applies the restored RNG state after
   ``local_init_fn``, ``ready_fn`` and every ``after_create_session`` hook, so nothing creation
@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from supervisor.rng import restore_rng_state
+from supervisor.state.rng import restore_rng_state
 
 __all__ = ["stateful_loaders", "loader_generators", "live_iterators", "prime_loaders", "restore_rng",
            "begin_creation", "reinstate"]

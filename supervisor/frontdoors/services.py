@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from supervisor._scalars import scalars_of
 from supervisor.clock import Clock
-from supervisor.coordinator import Coordinator, LooperThread
+from supervisor.engine.coordinator import Coordinator, LooperThread
 from supervisor.hook import Hook
 
 __all__ = ["SupervisorServices", "save_if_changed"]

@@ -20,22 +20,22 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from supervisor import resume
+from supervisor.state import resume
 from supervisor.agreement import Agreement
 from supervisor.clock import Clock, system_clock
-from supervisor.coordinator import Coordinator, overdue_warning
+from supervisor.engine.coordinator import Coordinator, overdue_warning
 from supervisor.summary import SummaryWriterCache
 
 if TYPE_CHECKING:
-    from supervisor.boundary import StepBoundary
+    from supervisor.engine.boundary import StepBoundary
     from supervisor.creators.base import SessionCreator
-    from supervisor.dispatch import Dispatch
-    from supervisor.signals import SignalHandlers
+    from supervisor.engine.dispatch import Dispatch
+    from supervisor.engine.signals import SignalHandlers
 
 __all__ = ["MAX_BACKOFF_SECS", "SessionLifecycle", "backoff_secs", "check_exception_types", "close_agreement"]
 
 # The part of MonitoredSession that creates, recovers and closes it logs under the session's name.
-logger = logging.getLogger("supervisor.session")
+logger = logging.getLogger("supervisor.engine.session")
 
 MAX_BACKOFF_SECS = 60.0
 
@@ -101,7 +101,7 @@ class SessionLifecycle:
                 self._global_step = int(step)
             for hook in self._dispatch.overriding("after_create_session"):
                 hook.after_create_session(self, self._coord)
-            # Exact resume: re-apply the restored RNG state, whatever creation drew (supervisor/resume.py).
+            # Exact resume: re-apply the restored RNG state, whatever creation drew (supervisor/state/resume.py).
             resume.reinstate(self._creator.state)
         finally:
             self._creating = False

@@ -49,7 +49,7 @@ __all__ = ["Agreement", "Commit", "Decision", "LocalAgreement", "Requests", "Ste
 logger = logging.getLogger(__name__)
 # The stop is the session's lifecycle event: logged under the session's name, as before the
 # boundary owned it (users and the sidecar evaluator's quiet sessions filter on that name).
-session_logger = logging.getLogger("supervisor.session")
+session_logger = logging.getLogger("supervisor.engine.session")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ give each rank its own stream back (§12); a single process is rank 0.
 
 Besides the global generators, a state may hold named ``torch.Generator`` objects the training
 state owns (``"generators": {name: state}``), e.g. a ``StatefulDataLoader``'s ``generator=``;
-`supervisor.resume` names them and decides when to restore them (optional key: checkpoints
+`supervisor.state.resume` names them and decides when to restore them (optional key: checkpoints
 without it still load, in the same format version).
 
 Example::

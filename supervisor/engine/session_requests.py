@@ -3,7 +3,7 @@ listen to saves, act at a boundary — the session's request API over its `StepB
 
 `SessionRequests` is the part of `MonitoredSession` that hooks, service threads, signals and the
 user's loop call; the session inherits it. During a step every call only *requests*; the step's
-boundary resolves the requests (`supervisor.boundary`). On the training thread between two steps
+boundary resolves the requests (`supervisor.engine.boundary`). On the training thread between two steps
 the session is at a boundary, so a save or (one process) a stop happens at once.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from supervisor._validate import check_bool
 
 if TYPE_CHECKING:
-    from supervisor.boundary import StepBoundary
-    from supervisor.coordinator import Coordinator
+    from supervisor.engine.boundary import StepBoundary
+    from supervisor.engine.coordinator import Coordinator
     from supervisor.creators.base import SessionCreator
 
 __all__ = ["SessionRequests"]

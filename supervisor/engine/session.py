@@ -1,10 +1,10 @@
 """`MonitoredSession`: the one engine behind every front door (SPEC §3).
 
-It owns the global step, runs hooks at fixed points of every step (`supervisor.dispatch`),
-resolves save and stop requests at each step boundary (`supervisor.boundary`, with the ranks'
+It owns the global step, runs hooks at fixed points of every step (`supervisor.engine.dispatch`),
+resolves save and stop requests at each step boundary (`supervisor.engine.boundary`, with the ranks'
 `supervisor.agreement`), shares one stop condition (a `Coordinator`) with the service threads,
 recovers from recoverable errors, and closes cleanly (``end`` hooks) or on an error
-(``on_exception`` hooks, first error re-raised) — `supervisor.lifecycle`.
+(``on_exception`` hooks, first error re-raised) — `supervisor.engine.lifecycle`.
 
 Example::
 
@@ -25,19 +25,19 @@ from supervisor import distributed
 from supervisor._validate import check_bool, check_hooks, check_int, check_number
 from supervisor._console import install_default_handler
 from supervisor.agreement import Agreement
-from supervisor.boundary import StepBoundary
+from supervisor.engine.boundary import StepBoundary
 from supervisor.clock import Clock, resolve_clock
-from supervisor.coordinator import Coordinator
+from supervisor.engine.coordinator import Coordinator
 from supervisor.creators.base import SessionCreator
-from supervisor.dispatch import NO_RESULTS, Dispatch, merge_feeds, results_of
+from supervisor.engine.dispatch import NO_RESULTS, Dispatch, merge_feeds, results_of
 from supervisor.distributed.agreement import CollectiveAgreement
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook, RunArgs, RunContext, RunValues, StepContext, check_run_args
-from supervisor.lifecycle import SessionLifecycle, check_exception_types
-from supervisor.session_requests import SessionRequests
-from supervisor.resume import loader_generators
-from supervisor.rng import capture_rng_state
-from supervisor.signals import SignalHandlers
+from supervisor.engine.lifecycle import SessionLifecycle, check_exception_types
+from supervisor.engine.session_requests import SessionRequests
+from supervisor.state.resume import loader_generators
+from supervisor.state.rng import capture_rng_state
+from supervisor.engine.signals import SignalHandlers
 
 __all__ = ["MonitoredSession", "StepContext", "check_exception_types"]
 
@@ -162,7 +162,7 @@ class MonitoredSession(SessionRequests, SessionLifecycle):
 
     @property
     def dispatch(self) -> Dispatch:
-        """Which hooks each step calls (`supervisor.dispatch.Dispatch`)."""
+        """Which hooks each step calls (`supervisor.engine.dispatch.Dispatch`)."""
         return self._dispatch
 
     @property
@@ -332,7 +332,7 @@ class MonitoredSession(SessionRequests, SessionLifecycle):
 
 def _check_instances(*, session_creator: Any, coord: Any, agreement: Any) -> None:
     if agreement is not None and not isinstance(agreement, Agreement):
-        raise TypeError(f"agreement must be a supervisor.boundary.Agreement or None, got {agreement!r}")
+        raise TypeError(f"agreement must be a supervisor.engine.boundary.Agreement or None, got {agreement!r}")
     if coord is not None and not isinstance(coord, Coordinator):
         raise TypeError(f"coord must be a supervisor.Coordinator or None, got {coord!r}")
     if session_creator is not None and not isinstance(session_creator, SessionCreator):

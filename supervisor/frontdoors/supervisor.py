@@ -29,9 +29,9 @@ from supervisor.checkpoint.sharded import ShardedCheckpointManager
 from supervisor.checkpoint.tiers.peers import make_sharded_manager
 from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.tiers.manager import make_manager
-from supervisor.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
+from supervisor.frontdoors.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
 from supervisor.clock import Clock, resolve_clock
-from supervisor.coordinator import Coordinator, LooperThread
+from supervisor.engine.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
     CheckpointSessionCreator,
     SessionCreator,
@@ -42,8 +42,8 @@ from supervisor.creators import (
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.hook import Hook
-from supervisor.services import SupervisorServices
-from supervisor.session import MonitoredSession, check_exception_types
+from supervisor.frontdoors.services import SupervisorServices
+from supervisor.engine.session import MonitoredSession, check_exception_types
 from supervisor.state import TrainingState
 from supervisor.sinks import prepare_sinks
 from supervisor.summary import SummaryWriterCache

@@ -28,15 +28,15 @@ from supervisor import distributed
 from supervisor.distributed import default_is_chief
 from supervisor.errors import RecoverableError
 from supervisor.creators.base import check_session_fns
-from supervisor.session import MonitoredSession, check_exception_types
+from supervisor.engine.session import MonitoredSession, check_exception_types
 from supervisor.sinks import prepare_sinks
 from supervisor.state import TrainingState
 from supervisor._console import check_progress, progress_hooks
 from supervisor._paths import is_url, local_path, locate_logdir
 from supervisor.checkpoint.storage import Location
 from supervisor._shadowing import import_builtin_hooks
-from supervisor.checkpoint_arguments import SHARDED_FORMAT, CheckpointOptions, check_checkpoint_options
-from supervisor.supervisor import make_session_creator
+from supervisor.frontdoors.checkpoint_arguments import SHARDED_FORMAT, CheckpointOptions, check_checkpoint_options
+from supervisor.frontdoors.supervisor import make_session_creator
 
 __all__ = ["MonitoredTrainingSession", "SingularMonitoredSession"]
 
