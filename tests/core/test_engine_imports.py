@@ -11,11 +11,10 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ENGINE = ["agreement", "boundary", "dispatch", "hook", "lifecycle", "session", "session_requests",
-          "coordinator", "services", "supervisor", "training_session", "creator", "signals", "state"]
-ABOVE_CHECKPOINT = ("supervisor.agreement", "supervisor.engine.boundary", "supervisor.engine.dispatch", "supervisor.hook",
-                    "supervisor.engine.lifecycle", "supervisor.engine.session", "supervisor.engine.session_requests",
-                    "supervisor.frontdoors.training_session", "supervisor.frontdoors.supervisor", "supervisor.frontdoors.services",
+#: The engine and the front doors (each module of their packages), the hook protocol, the agreement
+#: rules and the training state: no private name of another module, no lazy import of ours.
+ENGINE = ["agreement.py", "hook.py", "engine", "frontdoors", "state", "creators", "distributed"]
+ABOVE_CHECKPOINT = ("supervisor.agreement", "supervisor.hook", "supervisor.engine", "supervisor.frontdoors",
                     "supervisor.estimator", "supervisor.cli", "hooks")
 
 
@@ -50,15 +49,21 @@ def test_the_checkpoint_package_never_imports_the_engine_or_above(path):
 @pytest.mark.parametrize("path", sorted((ROOT / "hooks").glob("*.py")), ids=lambda p: p.name)
 def test_hooks_import_the_protocol_never_the_supervisor_package_itself(path):
     bad = [m for m, names, _ in _imports(path) if m == "supervisor" and (not names or set(names) - {"_validate"})]
-    bad += [m for m, _, _ in _imports(path) if m.startswith(("supervisor.engine.session", "supervisor.frontdoors.training_session",
-                                                             "supervisor.frontdoors.supervisor", "supervisor.estimator"))]
+    bad += [m for m, _, _ in _imports(path) if m.startswith(("supervisor.engine", "supervisor.frontdoors",
+                                                             "supervisor.estimator"))]
     assert not bad, f"hooks/{path.name} imports {bad}"
 
 
-@pytest.mark.parametrize("name", ENGINE + ["distributed/" + p.stem for p in (ROOT / "supervisor" / "distributed").glob("*.py")])
-def test_the_engine_imports_no_private_name_and_nothing_of_ours_lazily(name):
-    path = ROOT / "supervisor" / f"{name}.py" if "/" in name or (ROOT / "supervisor" / f"{name}.py").exists() \
-        else ROOT / "supervisor" / name / "__init__.py"
+def _engine_modules() -> list[pathlib.Path]:
+    found = []
+    for entry in ENGINE:
+        path = ROOT / "supervisor" / entry
+        found += sorted(path.glob("*.py")) if path.is_dir() else [path]
+    return found
+
+
+@pytest.mark.parametrize("path", _engine_modules(), ids=lambda p: p.relative_to(ROOT / "supervisor").as_posix())
+def test_the_engine_imports_no_private_name_and_nothing_of_ours_lazily(path):
     found = _imports(path)
     private = [(m, n) for m, names, _ in found if _ours(m) for n in names if n.startswith("_") and n != "_validate"]
     lazy = [m for m, _, top in found if _ours(m) and not top]
@@ -70,8 +75,8 @@ def test_the_engine_imports_no_private_name_and_nothing_of_ours_lazily(name):
 def test_the_distributed_package_never_imports_the_checkpoint_package_or_above(path):
     """Issue 32: `checkpoint/` imports `distributed/` (rank, RNG, the restore channel); the waits
     for the chief's committed step read the checkpoint index, so they live in `creators/`."""
-    above = ("supervisor.checkpoint", "supervisor.creators", "supervisor.engine.session", "supervisor.frontdoors.supervisor",
-             "supervisor.frontdoors.training_session", "supervisor.estimator", "supervisor.cli", "hooks")
+    above = ("supervisor.checkpoint", "supervisor.creators", "supervisor.engine", "supervisor.frontdoors",
+             "supervisor.estimator", "supervisor.cli", "hooks")
     bad = [m for m, _, _ in _imports(path) if m.startswith(above)]
     assert not bad, f"distributed/{path.name} imports {bad}"
 

@@ -55,8 +55,7 @@ UPWARD_FROM_CHECKPOINT = {
 #: What supervisor.checkpoint may import of this project besides itself: the foundation and the
 #: distributed helpers (rank and world size, the per-rank RNG, the restore decision's channel).
 CHECKPOINT_MAY_IMPORT = ("supervisor.checkpoint", "supervisor.distributed", "supervisor.errors", "supervisor.clock",
-                         "supervisor._validate", "supervisor._paths", "supervisor._scalars", "supervisor.state.rng",
-                         "supervisor.state", "supervisor.state.resume", "supervisor.engine.signals")
+                         "supervisor._validate", "supervisor._paths", "supervisor._scalars", "supervisor.state")
 
 
 def _sources() -> list[pathlib.Path]:
@@ -239,12 +238,11 @@ def test_the_moved_creators_resolve_from_their_old_paths():
     import supervisor
     import supervisor.checkpoint as checkpoint
     import supervisor.checkpoint.sharded as dcp
-    import supervisor.creators as creator
     import supervisor.creators as creators
 
     assert checkpoint.CheckpointSessionCreator is creators.CheckpointSessionCreator is supervisor.CheckpointSessionCreator
     assert checkpoint.WorkerSessionCreator is creators.WorkerSessionCreator is supervisor.WorkerSessionCreator
     assert dcp.ShardedSessionCreator is creators.ShardedSessionCreator
-    assert creator.SessionCreator is creators.SessionCreator is supervisor.SessionCreator
+    assert creators.SessionCreator is supervisor.SessionCreator
     with pytest.raises(AttributeError, match="no_such_name"):
         checkpoint.no_such_name  # noqa: B018 - the module __getattr__ refuses other names
