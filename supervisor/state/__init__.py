@@ -5,6 +5,11 @@ schedulers, ``GradScaler``, torchdata's ``StatefulDataLoader``, or user objects.
 ``optimizer=`` are shorthands for the names ``"model"`` and ``"optimizer"``; ``state={...}`` adds
 more. The global step and the RNG states are not entries: the session owns them and the
 checkpoint format stores them beside the entries.
+
+The package (issue 32) also holds what makes a restore of the state exact: `rng` (each
+generator's state), `resume` (data loaders' generators, primed on a restore) and `loop_state`
+(`LoopState`, plain loop variables as an entry). It imports nothing of ours but `supervisor.errors`:
+`checkpoint/` and `distributed/` stand on it.
 """
 from __future__ import annotations
 
