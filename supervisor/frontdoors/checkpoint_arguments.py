@@ -10,6 +10,7 @@ from typing import Any
 
 from supervisor import _validate as v
 from supervisor._paths import check_restore_step, is_url
+from supervisor.clock import Clock, resolve_clock, system_clock
 from supervisor.checkpoint import check_capture, check_trusted_globals
 from supervisor.checkpoint.layout.best import check_retention, refuse_for_sharded
 from supervisor.checkpoint.layout.format_registry import writable_format
@@ -42,7 +43,9 @@ class CheckpointOptions:
     front-door argument of that name (``basename``: ``checkpoint_basename``), checked:
     ``lock``/``lease_secs`` against the logdir, ``trusted_globals`` a tuple, ``local_dir`` absolute
     and the persist interval pair resolved (`supervisor.checkpoint.tiers.options.check_tiers`),
-    ``checkpoint_format`` a registered format (`check_checkpoint_format`)."""
+    ``checkpoint_format`` a registered format (`check_checkpoint_format`), ``clock`` resolved
+    (`resolve_clock`: the front door's, which the managers, a worker's waits and the sharded
+    restore's wait read from here instead of taking it beside the record)."""
 
     basename: str = "model.ckpt"
     max_to_keep: int | None = 5
@@ -64,6 +67,7 @@ class CheckpointOptions:
     persist_grace_secs: float | None = 120.0
     checkpoint_format: str = "torch"
     peer_replicas: bool = False
+    clock: Clock = system_clock
 
     @property
     def sharded(self) -> bool:
@@ -88,7 +92,8 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
                              best_mode: Any = "min", keep_period: Any = None, local_dir: Any = None,
                              persist_every_steps: Any = None, persist_every_secs: Any = None,
                              local_max_to_keep: Any = 2, persist_grace_secs: Any = 120.0,
-                             checkpoint_format: Any = "torch", peer_replicas: Any = False) -> CheckpointOptions:
+                             checkpoint_format: Any = "torch", peer_replicas: Any = False,
+                             clock: Any = None) -> CheckpointOptions:
     """Validates the checkpoint arguments the front doors share, at their construction, into a
     `CheckpointOptions` (``logdir``: the checked checkpoint directory or its `Location`, which
     ``lock``/``lease_secs``, ``restore_step`` and ``local_dir`` must suit; the retention ones:
@@ -114,4 +119,5 @@ def check_checkpoint_options(*, basename: Any, max_to_keep: Any, keep_checkpoint
         persist_every_steps=tiers["persist_every_steps"], persist_every_secs=tiers["persist_every_secs"],
         local_max_to_keep=tiers["local_max_to_keep"], persist_grace_secs=tiers["persist_grace_secs"],
         checkpoint_format=checkpoint_format, peer_replicas=check_peer_replicas(
-            peer_replicas, local_dir=tiers["local_dir"], checkpoint_format=checkpoint_format))
+            peer_replicas, local_dir=tiers["local_dir"], checkpoint_format=checkpoint_format),
+        clock=resolve_clock(clock))

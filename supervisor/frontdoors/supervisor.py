@@ -30,7 +30,7 @@ from supervisor.checkpoint.tiers.peers import make_sharded_manager
 from supervisor.checkpoint.storage import Location
 from supervisor.checkpoint.tiers.manager import make_manager
 from supervisor.frontdoors.checkpoint_arguments import CheckpointOptions, check_checkpoint_options
-from supervisor.clock import Clock, resolve_clock
+from supervisor.clock import Clock
 from supervisor.engine.coordinator import Coordinator, LooperThread
 from supervisor.creators import (
     CheckpointSessionCreator,
@@ -150,13 +150,15 @@ class Supervisor:
             logdir=self._location, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
             best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
             persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-            persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format, peer_replicas=peer_replicas)
+            persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format, peer_replicas=peer_replicas,
+            clock=clock)
         self._stop_grace_secs = v.check_number("stop_grace_secs", stop_grace_secs, minimum=0)
         self._recovery_wait_secs = v.check_number("recovery_wait_secs", recovery_wait_secs, minimum=0)
         self._max_wait_secs = v.check_number("max_wait_secs", max_wait_secs, minimum=0)
         self._recoverable, self._max_recoveries = (check_exception_types(recoverable_exceptions),
                                                    v.check_int("max_recoveries", max_recoveries, minimum=0))
-        self._handle_signals, self._clock = v.check_bool("handle_signals", handle_signals), resolve_clock(clock)
+        self._handle_signals = v.check_bool("handle_signals", handle_signals)
+        self._clock = self._checkpoint_options.clock  # resolved once, with the checkpoint options
         self._session: MonitoredSession | None = None
         self._coord, self._last_step, self._lock = Coordinator(), 0, threading.Lock()
         self._user_loops: list[tuple[float, Callable[..., Any], tuple, dict | None]] = []
@@ -178,8 +180,7 @@ class Supervisor:
                 checkpoint_options=self._checkpoint_options,
                 summary_dir=self._location if self._is_chief and self._save_summaries_secs else None,
                 max_wait_secs=self._max_wait_secs, recovery_wait_secs=self._recovery_wait_secs,
-                clock=self._clock, summary_sinks=self._sinks,
-                **self._init_fns)
+                summary_sinks=self._sinks, **self._init_fns)
             bar = progress_hooks(self._progress, is_chief=self._is_chief)
             services = SupervisorServices(save_model_secs=self._save_model_secs,
                                           save_summaries_secs=self._save_summaries_secs,
@@ -315,7 +316,7 @@ class _ManagedSession:
 
 def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, *, is_chief: bool,
                          checkpoint_options: CheckpointOptions, summary_dir: Location | None,
-                         max_wait_secs: float, recovery_wait_secs: float, clock: Clock,
+                         max_wait_secs: float, recovery_wait_secs: float,
                          summary_sinks: list[Any] | None = None, **init_fns: Any) -> SessionCreator:
     """The creator a front door needs: restore-or-init from ``checkpoint_dir`` on the chief (taking the
     ownership lock), wait-and-restore on workers, in memory without a directory. The checkpoints'
@@ -334,25 +335,25 @@ def make_session_creator(state: TrainingState, checkpoint_dir: Location | None, 
     if checkpoint_dir is None:
         creator: SessionCreator = SessionCreator(state, is_chief=is_chief, summary_writer=writer, **init_fns)
     elif options.sharded:  # every rank has a manager: each writes its shards (§12)
-        creator = ShardedSessionCreator(state, _sharded_manager(checkpoint_dir, options, max_wait_secs, clock),
+        creator = ShardedSessionCreator(state, _sharded_manager(checkpoint_dir, options, max_wait_secs),
                                         is_chief=is_chief, logdir=checkpoint_dir.path, summary_writer=writer,
                                         restore_step=options.restore_step, **init_fns)
     elif is_chief:
-        creator = CheckpointSessionCreator(state, _manager(checkpoint_dir, options, clock), logdir=checkpoint_dir.path,
+        creator = CheckpointSessionCreator(state, _manager(checkpoint_dir, options), logdir=checkpoint_dir.path,
                                            summary_writer=writer, restore_step=options.restore_step, **init_fns)
     else:
         # A worker knows the chief's logdir read-only: it never writes there and takes no lock.
         # Its storage is the chief's location's (the same storage_options): a job configured
         # through them alone restores on every rank.
         creator = WorkerSessionCreator(state, checkpoint_dir, max_wait_secs=max_wait_secs,
-                                       recovery_wait_secs=recovery_wait_secs, clock=clock, logdir=checkpoint_dir.path,
+                                       recovery_wait_secs=recovery_wait_secs, clock=options.clock, logdir=checkpoint_dir.path,
                                        trusted_globals=options.trusted_globals, **init_fns)
     creator.environment.owns_summary_writer = writer is not None
     _attach_sinks(creator, writer, summary_sinks or [])
     return creator
 
 
-def _manager(location: Location, o: CheckpointOptions, clock: Clock) -> Any:
+def _manager(location: Location, o: CheckpointOptions) -> Any:
     """The chief's `CheckpointManager` (a `TieredCheckpointManager` with ``o.local_dir``)."""
     return make_manager(
         location, local_dir=o.local_dir, persist_every_steps=o.persist_every_steps,
@@ -360,19 +361,18 @@ def _manager(location: Location, o: CheckpointOptions, clock: Clock) -> Any:
         persist_grace_secs=o.persist_grace_secs, basename=o.basename, max_to_keep=o.max_to_keep,
         keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours, save_mode=o.save_mode,
         trusted_globals=o.trusted_globals, capture=o.capture, lock=o.lock, lease_secs=o.lease_secs,
-        keep_best=o.keep_best, best_metric=o.best_metric, best_mode=o.best_mode, keep_period=o.keep_period, clock=clock,
+        keep_best=o.keep_best, best_metric=o.best_metric, best_mode=o.best_mode, keep_period=o.keep_period, clock=o.clock,
         checkpoint_format=o.checkpoint_format)
 
 
-def _sharded_manager(location: Location, o: CheckpointOptions, max_wait_secs: float,
-                     clock: Clock) -> ShardedCheckpointManager:
+def _sharded_manager(location: Location, o: CheckpointOptions, max_wait_secs: float) -> ShardedCheckpointManager:
     """Every rank's `ShardedCheckpointManager` (`CheckpointOptions.check_sharded` passed; a
     `ShardedTieredCheckpointManager` with ``o.local_dir``)."""
     return make_sharded_manager(
         location, local_dir=o.local_dir, persist_every_steps=o.persist_every_steps,
         persist_every_secs=o.persist_every_secs, local_max_to_keep=o.local_max_to_keep,
         persist_grace_secs=o.persist_grace_secs, basename=o.basename, max_to_keep=o.max_to_keep, keep_checkpoint_every_n_hours=o.keep_checkpoint_every_n_hours,
-        save_mode=o.save_mode, trusted_globals=o.trusted_globals, max_wait_secs=max_wait_secs, clock=clock,
+        save_mode=o.save_mode, trusted_globals=o.trusted_globals, max_wait_secs=max_wait_secs, clock=o.clock,
         capture=o.capture, lock=o.lock, lease_secs=o.lease_secs, peer_replicas=o.peer_replicas)
 
 

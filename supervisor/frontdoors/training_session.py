@@ -76,7 +76,7 @@ def _build(
     optimizer: Any, state: Mapping[str, Any] | None, is_chief: bool, hooks: Iterable[Any],
     chief_only_hooks: Iterable[Any], save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,
     save_summaries_secs: Any, log_step_count_steps: int | None, max_wait_secs: float, init_fn: Any,
-    local_init_fn: Any, ready_fn: Any, clock: Clock, summary_sinks: Iterable[Any],
+    local_init_fn: Any, ready_fn: Any, summary_sinks: Iterable[Any],
     progress: Any) -> tuple[Any, list[Any]]:
     """Validates the other front-door arguments; returns the session creator and the hook list.
     The directories come resolved (`_locations`), the checkpoint options checked (`_options`)."""
@@ -93,12 +93,12 @@ def _build(
     creator = make_session_creator(
         training_state, checkpoint_dir, is_chief=is_chief, checkpoint_options=options,
         summary_dir=summary_dir if writes_summaries else None, max_wait_secs=max_wait_secs,
-        recovery_wait_secs=30, clock=clock, summary_sinks=sinks, **init_fns)
+        recovery_wait_secs=30, summary_sinks=sinks, **init_fns)
     return creator, _default_hooks(
-        creator, is_chief=is_chief, checkpoint_dir=checkpoint_dir, sharded=options.sharded,
+        creator, options, is_chief=is_chief, checkpoint_dir=checkpoint_dir,
         ckpt_secs=ckpt_secs, ckpt_steps=ckpt_steps, writes_summaries=writes_summaries, log_steps=log_steps,
         summary_secs=summary_secs, summary_steps=summary_steps, chief_hooks=chief_hooks,
-        user_hooks=user_hooks, clock=clock)
+        user_hooks=user_hooks)
 
 
 def _locations(checkpoint_dir: Any, summary_dir: Any, storage_options: Any,
@@ -119,13 +119,14 @@ def _locations(checkpoint_dir: Any, summary_dir: Any, storage_options: Any,
     return checkpoint, locate_logdir("summary_dir", summary_dir, writable=writable, storage_options=options("summary_dir"))
 
 
-def _default_hooks(creator: Any, *, is_chief: bool, checkpoint_dir: str | None, sharded: bool,
+def _default_hooks(creator: Any, options: CheckpointOptions, *, is_chief: bool, checkpoint_dir: str | None,
                    ckpt_secs: float | None, ckpt_steps: int | None, writes_summaries: bool, log_steps: int | None,
                    summary_secs: float | None, summary_steps: int | None, chief_hooks: list[Any],
-                   user_hooks: list[Any], clock: Clock) -> list[Any]:
-    """The hook list: the built-in hooks the schedules ask for, then the user's."""
+                   user_hooks: list[Any]) -> list[Any]:
+    """The hook list: the built-in hooks the schedules ask for, then the user's (on the options' clock)."""
+    clock = options.clock
     saves = checkpoint_dir is not None and bool(ckpt_secs or ckpt_steps)
-    if not is_chief and sharded and saves:
+    if not is_chief and options.sharded and saves:
         # Sharded saves are collectives: every rank runs the checkpoint schedule (§12).
         saver = import_builtin_hooks().CheckpointSaverHook(checkpoint_dir, save_secs=ckpt_secs,
                                                            save_steps=ckpt_steps, clock=clock)
@@ -207,13 +208,14 @@ def MonitoredTrainingSession(  # noqa: N802 - TF's name for the factory
         logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
         keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
         persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs,
-        checkpoint_format=checkpoint_format, peer_replicas=peer_replicas)
+        checkpoint_format=checkpoint_format, peer_replicas=peer_replicas,
+        clock=clock)
     creator, all_hooks = _build(
         checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
         chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
         save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
         save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
-        init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn, clock=clock,
+        init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
         summary_sinks=summary_sinks, progress=progress)
     return MonitoredSession(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                             recoverable_exceptions=recoverable_exceptions, max_recoveries=max_recoveries,
@@ -266,14 +268,15 @@ class SingularMonitoredSession(MonitoredSession):
                 logdir=checkpoint, restore_step=restore_step, keep_best=keep_best, best_metric=best_metric,
                 best_mode=best_mode, keep_period=keep_period, local_dir=local_dir, persist_every_steps=persist_every_steps,
                 persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-                persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format, peer_replicas=peer_replicas)
+                persist_grace_secs=persist_grace_secs, checkpoint_format=checkpoint_format, peer_replicas=peer_replicas,
+                clock=clock)
             creator, all_hooks = _build(
                 checkpoint, summary, options, model=model, optimizer=optimizer, state=state, is_chief=chief, hooks=hooks,
                 chief_only_hooks=chief_only_hooks, save_checkpoint_secs=save_checkpoint_secs,
                 save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
                 save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
                 max_wait_secs=max_wait_secs, init_fn=init_fn, local_init_fn=local_init_fn, ready_fn=ready_fn,
-                clock=clock, summary_sinks=summary_sinks, progress=progress)
+                summary_sinks=summary_sinks, progress=progress)
         super().__init__(creator, all_hooks, stop_grace_secs=stop_grace_secs,
                          handle_signals=handle_signals, clock=clock)
 

@@ -47,3 +47,23 @@ def test_what_sharded_checkpoints_do_not_take_is_refused_by_the_record(tmp_path,
         _check(tmp_path, **kwargs).check_sharded()
     _check(tmp_path).check_sharded()  # the defaults pass
     _check(tmp_path, restore_step=4).check_sharded()  # a chosen step restores sharded checkpoints too
+
+
+def test_the_front_doors_clock_travels_in_the_record_to_the_manager(tmp_path):
+    """The clock is resolved once into the record (no function between the front door and the
+    manager takes it beside the record): a save's timestamp in the index is the fake clock's."""
+    import torch
+
+    from supervisor import MonitoredTrainingSession, get_checkpoint_state
+    from supervisor.testing import FakeClock
+
+    clock = FakeClock(start_secs=1_234_567.0)
+    assert _check(tmp_path, clock=clock).clock is clock
+    assert _check(tmp_path).clock is not None  # the system clock, resolved
+    with pytest.raises(TypeError, match="clock must provide time"):
+        _check(tmp_path, clock=object())
+    model = torch.nn.Linear(2, 1)
+    with MonitoredTrainingSession(str(tmp_path / "run"), model=model, clock=clock, save_checkpoint_steps=1,
+                                  save_summaries_steps=None, log_step_count_steps=None, handle_signals=False) as s:
+        s.run(lambda: None)
+    assert set(get_checkpoint_state(str(tmp_path / "run")).all_model_checkpoint_timestamps) == {1_234_567.0}
