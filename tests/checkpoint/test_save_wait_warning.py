@@ -21,17 +21,19 @@ LOGGER = "supervisor.checkpoint.manager"
 
 def _waiting_saves(manager, opener, steps):
     """Saves each step while the previous save's write is held, releasing it only once this save
-    waits for it (the writer's ``wait`` is where a save waits)."""
+    waits for it (the writer's ``wait`` is where a save waits), and holding this save's write again
+    as soon as that wait ends (clearing the gate later let a write slip through under load)."""
     wait = manager._writer.wait
 
     def released_then_wait():
         opener.release.set()
-        return wait()
+        waited = wait()
+        opener.release.clear()  # before this save's own write starts: held until the next save waits
+        return waited
 
     manager._writer.wait = released_then_wait
     state = small_state()
     for step in steps:
-        opener.release.clear()
         manager.save(step, state)
     opener.release.set()
     manager.wait()

@@ -56,13 +56,13 @@ import functools
 import hashlib
 import importlib.util
 import inspect
-import json
-import logging
 import math
 import numbers
 import os
 import sys
 from typing import Any, Mapping
+
+from supervisor.checkpoint.storage.s3.key_cache import read_keys, write_keys
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_CONCURRENCY", "DEFAULT_MIN_RANGE_SIZE",
            "DEFAULT_MULTIPART_CHECKSUM", "DEFAULT_PART_SIZE", "DEFAULT_REQUEST_TIMEOUT", "MIN_PART_SIZE", "TransferKnobs",
@@ -77,8 +77,6 @@ DEFAULT_MULTIPART_CHECKSUM = "CRC32"
 #: Seconds one request may take end to end (the module docstring): twice botocore's read_timeout.
 DEFAULT_REQUEST_TIMEOUT = 120.0
 CHECKSUM_ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,11 +202,11 @@ def option_keys() -> dict[str, frozenset[str]]:
     checking options at a front door does not import the client (s3fs, aiobotocore, botocore:
     ~0.4 s, which a resume from a local tier would otherwise wait for before its first step)."""
     path = _cache_file()
-    keys = _read_cache(path) if path is not None else None
+    keys = read_keys(path, _LEVELS) if path is not None else None
     if keys is None:
         keys = _client_keys()
         if path is not None:
-            _write_cache(path, keys)
+            write_keys(path, keys, _LEVELS)
     return {"": frozenset(keys[""] | set(_FSSPEC_KEYS) | set(OWN_KEYS)), "client_kwargs": frozenset(keys["client_kwargs"]),
             "config_kwargs": frozenset(keys["config_kwargs"])}
 
@@ -257,33 +255,6 @@ def _cache_file() -> str | None:
             stamp.append(f"{folder}/{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
     digest = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:24]
     return os.path.join(_cache_dir(), f"s3-option-keys-{digest}.json")
-
-
-def _read_cache(path: str) -> dict[str, set[str]] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None  # absent or damaged: computed again (and rewritten)
-    if not (isinstance(data, dict) and all(isinstance(data.get(k), list) and all(isinstance(n, str) for n in data[k])
-                                           for k in _LEVELS)):
-        return None
-    return {k: set(data[k]) for k in _LEVELS}
-
-
-def _write_cache(path: str, keys: dict[str, set[str]]) -> None:
-    temp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(temp, "w", encoding="utf-8") as f:
-            json.dump({k: sorted(keys[k]) for k in _LEVELS}, f)
-        os.replace(temp, path)  # whole or not at all, for a process reading it meanwhile
-    except OSError as e:  # a read-only home: the keys are read from the client again next time
-        logger.debug("could not cache the s3 client's option keys in %s: %s", path, e)
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
 
 
 def check_options(storage_options: Mapping[str, Any] | None) -> None:
