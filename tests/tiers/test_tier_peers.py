@@ -13,9 +13,8 @@ import pytest
 
 from supervisor.checkpoint.load.loader import verify_checkpoint
 from supervisor.checkpoint.tiers.sharded_parts import committed_steps
-from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
 from tests.distributed.harness import describe, run_job
-from tests.tiers.test_tier_sharded_kills import _check_logdir, _logdir_step, _restored
+from tests.tiers.test_tier_sharded_kills import _check_logdir, _logdir_step, _restored, _verified
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -31,17 +30,6 @@ def _job(logdir: str, local: str, last: int, crash: str = "no", env: dict | None
     if ok:
         assert all(r.returncode == 0 for r in results), describe(results)
     return results
-
-
-def _verified(root: str) -> set[int]:
-    good = set()
-    for step in committed_steps(root, "model.ckpt"):
-        try:
-            verify_checkpoint(f"{root}/model.ckpt-{step}")
-            good.add(step)
-        except (CheckpointCorruptError, CheckpointNotFoundError):
-            pass
-    return good
 
 
 def _restorable(local: str, rank: int) -> set[int]:

@@ -29,7 +29,11 @@ KILLS = [("part-seal", 2, 1), ("copy-write", 1, 0), ("part-mark", 2, 0), ("copy-
 
 
 def _local_steps(local: str, rank: int) -> set[int]:
-    root = f"{local}/node{rank}/rank-{rank}"
+    return _verified(f"{local}/node{rank}/rank-{rank}")
+
+
+def _verified(root: str) -> set[int]:
+    """The steps of the part directory ``root`` (a rank's own, or a peer replica) that verify."""
     good = set()
     for step in committed_steps(root, "model.ckpt"):
         try:
