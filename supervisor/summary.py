@@ -26,7 +26,7 @@ from typing import Any, Callable
 from supervisor._paths import check_path
 from supervisor._scalars import describe_value, scalar_or_none
 from supervisor._validate import check_int, check_number
-from supervisor.checkpoint.storage import Location, split_scheme
+from supervisor.checkpoint.storage import Location, resolve_location, split_scheme
 from supervisor.events.location import locate
 from supervisor.events.record import protos, scalars_event, session_log_event, version_event
 from supervisor.events.writer import open_event_file
@@ -228,7 +228,7 @@ class SummaryWriterCache:
         on a logdir (e.g. another writer holds it) never closes the writer a running session
         shares. A new one is opened (its events file created) by the session once it holds the
         logdir (``defer_open``)."""
-        writer = SummaryWriterCache._get(logdir, None, defer_open=True)
+        writer = SummaryWriterCache._get(logdir, defer_open=True)
         with SummaryWriterCache._lock:
             SummaryWriterCache._owners[writer.logdir] = SummaryWriterCache._owners.get(writer.logdir, 0) + 1
         return writer
@@ -247,19 +247,24 @@ class SummaryWriterCache:
     @staticmethod
     def get(logdir: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> SummaryWriter:
         """The writer of ``logdir`` (a local path or an object-store URL), created on first use
-        (or after it was closed); ``storage_options`` are used when it is created."""
-        return SummaryWriterCache._get(logdir, storage_options, defer_open=False)
+        (or after it was closed); ``storage_options`` are resolved into its location then, once:
+        a call that finds its writer cached builds no client."""
+        return SummaryWriterCache._get(logdir, defer_open=False,
+                                       locate=lambda key: resolve_location(key, storage_options))
 
     @staticmethod
-    def _get(logdir: str | os.PathLike | Location, storage_options: dict[str, Any] | None, *,
-             defer_open: bool) -> SummaryWriter:
-        key = _cache_key(logdir)  # a location keeps its storage (resolved once, at the front door)
-        where = Location(key, logdir.storage) if isinstance(logdir, Location) else key
+    def _get(logdir: str | os.PathLike | Location, *, defer_open: bool,
+             locate: Callable[[str], Location] | None = None) -> SummaryWriter:
+        """The cached writer of ``logdir``; a new one on a miss, at ``logdir`` when it is a
+        `Location` (resolved once, at the front door), else at ``locate(path)`` (a `get`'s
+        options resolved) or the path itself."""
+        key = _cache_key(logdir)
         with SummaryWriterCache._lock:
             writer = SummaryWriterCache._writers.get(key)
             if writer is None or writer.closed:
-                writer = SummaryWriterCache._writers[key] = SummaryWriter(where, storage_options=storage_options,
-                                                                          defer_open=defer_open)
+                where = (Location(key, logdir.storage) if isinstance(logdir, Location) else
+                         locate(key) if locate is not None else key)
+                writer = SummaryWriterCache._writers[key] = SummaryWriter(where, defer_open=defer_open)
             elif not defer_open:
                 writer.open()
             return writer

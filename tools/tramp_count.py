@@ -30,7 +30,9 @@ import pathlib
 import sys
 from typing import Iterator
 
-PARAMETERS = ("storage_options", "trusted_globals", "clock")
+#: ``unpickling``: the record the loader's allow-list travels in (`Unpickling`, issue 32), counted
+#: under its own name so that a rename never looks like a removal.
+PARAMETERS = ("storage_options", "trusted_globals", "unpickling", "clock")
 PUBLIC = ("supervisor", "hooks", "supervisor.estimator", "supervisor.sinks", "supervisor.toolkit")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Where ``storage_options`` end: the calls that resolve a directory (with its client's options)
@@ -38,6 +40,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESOLVERS = ("storage_for", "resolve_location", "check_location", "check_storage", "locate_logdir", "check_logdir",
              "locate", "resolve_storage", "watched_location", "check_options", "default_options", "split_options",
              "_check_options")
+#: Where ``trusted_globals`` end: the calls that check the allow-list or resolve it into the
+#: record (`Unpickling`: NumPy's safe globals and the user's, once).
+UNPICKLING_RESOLVERS = ("Unpickling", "check_trusted_globals")
+ENDS = {"storage_options": RESOLVERS, "trusted_globals": UNPICKLING_RESOLVERS}
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
@@ -68,7 +74,7 @@ def only_passes_on(node: ast.AST, parameter: str) -> bool:
 
 
 def only_resolves(node: ast.AST, parameter: str) -> bool:
-    """Whether every call ``parameter`` is passed to is one of `RESOLVERS` (it ends there)."""
+    """Whether every call ``parameter`` is passed to is one of its resolvers (`ENDS`: it ends there)."""
     callees = set()
     for inner in ast.walk(node):
         if isinstance(inner, ast.Call):
@@ -76,7 +82,7 @@ def only_resolves(node: ast.AST, parameter: str) -> bool:
             if any(isinstance(a, ast.Name) and a.id == parameter for a in values):
                 func = inner.func
                 callees.add(func.id if isinstance(func, ast.Name) else getattr(func, "attr", ""))
-    return bool(callees) and callees <= set(RESOLVERS)
+    return bool(callees) and callees <= set(ENDS.get(parameter, ()))
 
 
 def count(package: pathlib.Path) -> dict[str, list[str]]:
@@ -88,7 +94,7 @@ def count(package: pathlib.Path) -> dict[str, list[str]]:
         for name, node in _functions(tree):
             for parameter in sorted(set(PARAMETERS) & _parameters(node)):
                 mark = "~" if only_passes_on(node, parameter) else ""
-                if mark and parameter == "storage_options" and only_resolves(node, parameter):
+                if mark and only_resolves(node, parameter):
                     mark = "~="
                 found[parameter].append(f"{mark}{path.relative_to(package.parent)}::{name}")
     return found

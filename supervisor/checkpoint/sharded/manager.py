@@ -21,12 +21,13 @@ from supervisor.checkpoint.sharded import commit as dcp_commit, restore as dcp_r
 from supervisor.checkpoint.sharded.state_dict import build_state_dict, restore_sharded
 from supervisor.checkpoint.layout.format import checkpoint_name
 from supervisor.checkpoint.save import overlap
-from supervisor.checkpoint.arguments import check_capture
+from supervisor.checkpoint.arguments import check_capture, check_directory
 from supervisor.checkpoint.save.overlap import PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.load.apply import Restored
 from supervisor.checkpoint.save.staging import StagingArea
 from supervisor.checkpoint.save.in_flight import ManagerCommon, before_commit
 from supervisor.checkpoint.manager import CheckpointManager
+from supervisor.checkpoint.storage import Location, resolve_location
 from supervisor.clock import resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.state.resume import loader_generators
@@ -150,11 +151,11 @@ class ShardedCheckpointManager(ManagerCommon):
                  clock: Any = None, capture: str = "auto", copier: Any = None, lock: str = "auto",
                  lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         self._chief = distributed.rank() == 0
-        inner = CheckpointManager(directory, basename=basename, max_to_keep=max_to_keep,
+        where = directory if isinstance(directory, Location) else check_directory(directory)
+        inner = CheckpointManager(resolve_location(where, storage_options), basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
-                                  trusted_globals=trusted_globals, clock=clock, lock=lock, lease_secs=lease_secs,
-                                  storage_options=storage_options)
+                                  trusted_globals=trusted_globals, clock=clock, lock=lock, lease_secs=lease_secs)
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
         self.storage = inner.storage  # the logdir's Storage: every rank's shards, the finished mark, the index
         self.lock, self.lease_secs = inner.lock, inner.lease_secs
