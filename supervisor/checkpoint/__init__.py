@@ -58,13 +58,13 @@ from supervisor.checkpoint.layout.index import (
 from supervisor.checkpoint.ownership.lock import OWNER_FILE, OwnershipLock
 from supervisor.checkpoint.manager import CheckpointManager
 from supervisor.checkpoint.save.in_flight import PendingSave
-from supervisor.checkpoint.arguments import check_basename, check_capture, check_trusted_globals, check_writable_directory
+from supervisor.checkpoint.arguments import check_basename, check_capture, check_writable_directory
 from supervisor.checkpoint.load.variables import SEPARATOR, CheckpointReader, list_variables, load_variable, resolve_checkpoint
 from supervisor.checkpoint.load.loader import CheckpointRead, read_checkpoint, verify_checkpoint
 from supervisor.checkpoint.layout.verify import VERIFY_MODES
 from supervisor.checkpoint.load.apply import Restored
 from supervisor.checkpoint.load.choose import choose_checkpoint
-from supervisor.checkpoint.formats.safe_globals import check_loadable
+from supervisor.checkpoint.formats.safe_globals import check_loadable, check_trusted_globals
 
 __all__ = [
     "CheckpointManager",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from supervisor._validate import check_path
 from supervisor.checkpoint.storage import LocalStorage, Location, Storage, split_scheme
 from supervisor.errors import CheckpointError
 
-__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_trusted_globals", "check_writable_directory",
+__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_writable_directory",
            "writer_storage"]
 
 
@@ -77,19 +77,6 @@ def check_writable_directory(path: Any, *, argument: str = "logdir") -> str:
 
 def _errno(error: OSError) -> str:
     return f"{errno.errorcode.get(error.errno or 0, type(error).__name__)}: {error.strerror or error}"
-
-
-def check_trusted_globals(trusted: Any) -> tuple:
-    if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Iterable):
-        raise TypeError("trusted_globals must be a list of classes or functions (the objects, not "
-                        f"their names), got {trusted!r}")
-    trusted = tuple(trusted)
-    for i, item in enumerate(trusted):
-        ok = callable(item) or (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str))
-        if not ok:
-            raise TypeError(f"trusted_globals[{i}] must be a class or function (or a (object, "
-                            f"'module.name') pair), got {item!r}")
-    return trusted
 
 
 #: The values of ``capture=`` (SPEC §5.9): "auto" is "blocking" (it becomes "overlapped" on CUDA

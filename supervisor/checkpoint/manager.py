@@ -28,8 +28,8 @@ from supervisor.checkpoint.ownership.lock import WriterLock, acquire_writer_lock
 from supervisor.checkpoint.save.publish import Publisher
 from supervisor.checkpoint.save.failure_policy import failure_verdict
 from supervisor.checkpoint.storage import Storage, is_url, resolve_location
-from supervisor.checkpoint.arguments import (check_basename, check_capture, check_directory, check_trusted_globals,
-                                          writer_storage)
+from supervisor.checkpoint.arguments import check_basename, check_capture, check_directory, writer_storage
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.load.choose import load_chosen, find_and_load
 from supervisor.checkpoint.layout.verify import VERIFY_MODES
 from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
@@ -128,7 +128,8 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
             "verify", verify, VERIFY_MODES)
         self.max_consecutive_save_failures = check_int(
             "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True)
-        self.trusted_globals, self.save_rng = check_trusted_globals(trusted_globals), check_bool("save_rng", save_rng)
+        self.unpickling, self.save_rng = Unpickling(trusted_globals), check_bool("save_rng", save_rng)
+        self.trusted_globals = self.unpickling.trusted_globals  # the user's part of the record
         self._clock = resolve_clock(clock)
         self.on_error, self._opener = check_callable("on_error", on_error, signature="on_error(CheckpointError)"), \
             check_callable("opener", opener, signature="opener(path) -> binary file")
@@ -386,8 +387,7 @@ class CheckpointManager(ReportsMetrics, ManagerCommon):
         `CheckpointError` (the checkpoint does not match ``state``, or needs an untrusted global)."""
         self._settle()
         self._writer.wait()  # a save in flight is the newest checkpoint
-        options = {"verify": self.verify, "trusted_globals": self.trusted_globals, "storage": self.storage,
-                   "keep_copy": keep_copy}
+        options = {"verify": self.verify, "unpickling": self.unpickling, "storage": self.storage, "keep_copy": keep_copy}
         loaded = (find_and_load(self.directory, self.basename, **options) if step is None
                   else load_chosen(self.directory, self.basename, step, **options))
         if loaded is None:

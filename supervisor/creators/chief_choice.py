@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from supervisor.distributed import env
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.layout.format import STATE_FILE
 from supervisor.checkpoint.load.loader import LoadedCheckpoint, load_state_copy, load_verified
 from supervisor.checkpoint.load.apply import apply_checkpoint
@@ -87,13 +88,14 @@ def initialise_as_chief(key: str, init: Any, state: TrainingState) -> None:
     broadcast_initial_state(state)
 
 
-def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trusted_globals: Any = (),
+def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", unpickling: Unpickling = Unpickling(),
                  save_rng: bool = True, clock: Clock | None = None, storage: Storage | None = None) -> Any:
     """A non-chief rank's restore: waits for the chief's decision and restores exactly that
     checkpoint (verified again here); returns a `Restored`, or None when the chief started
     from scratch (after receiving the chief's state when the chief ran an ``init_fn``; this
     rank runs none). ``storage``: what this rank reads the chief's directory through (its
     client options); a decision on another scheme is read through the storage its path names.
+    ``unpickling``: the creator's allow-list (one record, `Unpickling`).
 
     Raises:
         TimeoutError: no decision within ``max_wait_secs``.
@@ -110,9 +112,9 @@ def follow_chief(state: Any, *, max_wait_secs: float, verify: str = "full", trus
             logger.info("the chief starts from scratch (no init_fn); so does rank %d", env.rank())
         return None
     if decision.manifest is not None:  # the chief sends the bytes it read: none read here
-        loaded = _receive(decision.path, decision.manifest, verify=verify, trusted_globals=trusted_globals)
+        loaded = _receive(decision.path, decision.manifest, verify=verify, unpickling=unpickling)
     else:
-        loaded = load_verified(decision.path, verify=verify, trusted_globals=trusted_globals, mmap=True,
+        loaded = load_verified(decision.path, verify=verify, unpickling=unpickling, mmap=True,
                                storage=_storage_of(decision.path, storage))
     if loaded.step != decision.step:
         raise RuntimeError(f"{decision.path} holds step {loaded.step}, the chief restored step {decision.step}")
@@ -126,11 +128,11 @@ def _storage_of(path: str, storage: Storage | None) -> Storage | None:
     return storage
 
 
-def _receive(path: str, manifest_text: str, *, verify: str, trusted_globals: Any) -> LoadedCheckpoint:
+def _receive(path: str, manifest_text: str, *, verify: str, unpickling: Unpickling) -> LoadedCheckpoint:
     """The chosen checkpoint's ``state.pt`` as the chief broadcasts it, checked against the
     manifest it posted, loaded (mapped) from this rank's private copy."""
     manifest, copy = receive_copy(path, manifest_text, verify=verify)
     mapped = copy.path is not None
-    payload = load_state_copy(path, manifest, copy, trusted_globals, "cpu", mmap=True)
+    payload = load_state_copy(path, manifest, copy, unpickling.at("cpu"), mmap=True)
     logger.info("rank %d received %s (%d bytes) from the chief", env.rank(), path, copy.size)
     return LoadedCheckpoint(path, manifest.step, manifest, payload, mapped=mapped)

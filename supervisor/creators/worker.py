@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, Mapping
 from supervisor.distributed import env
 from supervisor._paths import check_path, check_storage, is_url, locate_logdir
 from supervisor._validate import check_bool, check_choice, check_number
-from supervisor.checkpoint.arguments import check_basename, check_trusted_globals
+from supervisor.checkpoint.arguments import check_basename
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.layout.verify import VERIFY_MODES
 from supervisor.checkpoint.load.apply import Restored, apply_checkpoint
 from supervisor.checkpoint.load.choose import find_and_load
@@ -71,7 +72,8 @@ class WorkerSessionCreator(SessionCreator):
         self.recovery_wait_secs = check_number("recovery_wait_secs", recovery_wait_secs, strictly_positive=True)
         self.basename = check_basename(basename)
         self.verify = check_choice("verify", verify, VERIFY_MODES)
-        self.trusted_globals = check_trusted_globals(trusted_globals)
+        self.unpickling = Unpickling(trusted_globals)  # every restore's allow-list, resolved once
+        self.trusted_globals = self.unpickling.trusted_globals
         self.save_rng = check_bool("save_rng", save_rng)
         self._clock = resolve_clock(clock)
 
@@ -87,14 +89,14 @@ class WorkerSessionCreator(SessionCreator):
         if env.is_distributed():  # §12: wait for the chief's decision, restore exactly that
             return chief_choice.follow_chief(
                 self.state, max_wait_secs=self.max_wait_secs, verify=self.verify,
-                trusted_globals=self.trusted_globals, save_rng=self.save_rng, clock=self._clock,
+                unpickling=self.unpickling, save_rng=self.save_rng, clock=self._clock,
                 storage=self._storage)
         start = self._clock.monotonic()
         last_problem = "no checkpoint had been written"
         while True:
             try:
                 loaded = find_and_load(self.checkpoint_dir, self.basename, verify=self.verify,
-                                       trusted_globals=self.trusted_globals, storage=self._storage)
+                                       unpickling=self.unpickling, storage=self._storage)
             except CheckpointCorruptError as e:  # the chief may still write a good one
                 loaded, last_problem = None, str(e)
             if loaded is not None:

@@ -111,18 +111,18 @@ def test_a_file_truncated_while_a_restore_reads_it_is_an_error_not_sigbus(big_lo
         import os
         import torch
         import supervisor
-        from supervisor.checkpoint.load import loader
+        from supervisor.checkpoint.formats.safe_globals import Unpickling
         from supervisor.errors import CheckpointError
 
         state = {str(big_logdir / "model.ckpt-1" / "state.pt")!r}
-        real = loader.safe_torch_load
+        real = Unpickling.load
 
         def truncating_load(*args, **kwargs):  # loaded (or mapped): now another process truncates it
             payload = real(*args, **kwargs)
             os.truncate(state, 4096)
             return payload
 
-        loader.safe_torch_load = truncating_load
+        Unpickling.load = truncating_load
         manager = supervisor.CheckpointManager({str(big_logdir)!r}, save_mode="sync")
         manager.open()
         try:

@@ -33,7 +33,7 @@ def test_the_format_is_decided_by_the_file_the_manifest_lists():
         register_format(CheckpointFormat(name="other", marker="state.pt", description="x", read=lambda *a: ({}, False)))
 
 
-def _read_json(path, manifest, copies, trusted_globals, map_location):
+def _read_json(path, manifest, copies, unpickling):
     copy = copies.pop("weights.json")
     data = json.loads(bytes(copy.data))
     return {"model": {k: torch.tensor(v) for k, v in data.items()}, "global_step": manifest.step}, False

@@ -108,16 +108,16 @@ def test_a_restore_survives_the_checkpoint_file_being_truncated_after_the_verifi
         import os
         import torch
         import supervisor
-        from supervisor.checkpoint.load import loader
+        from supervisor.checkpoint.formats.safe_globals import Unpickling
 
-        real = loader.safe_torch_load
+        real = Unpickling.load
 
         def truncating_load(*args, **kwargs):  # verified and loaded: now another process truncates it
             payload = real(*args, **kwargs)
             os.truncate({state!r}, 0)
             return payload
 
-        loader.safe_torch_load = truncating_load
+        Unpickling.load = truncating_load
         model = torch.nn.Linear(1024, 4096)
         manager = supervisor.CheckpointManager({str(tmp_path)!r}, save_mode="sync")
         manager.open()

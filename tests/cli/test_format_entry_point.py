@@ -36,7 +36,7 @@ _PLUGIN = """
         write_file(MARKER, lambda writer: writer.write(json.dumps(data).encode()))
 
 
-    def _read(path, manifest, copies, trusted_globals, map_location):
+    def _read(path, manifest, copies, unpickling):
         copy = copies.pop(MARKER)
         with copy.open(path + "/" + MARKER) as f:
             data = json.loads(f.read())

@@ -37,13 +37,14 @@ def test_storage_options_inside_end_in_a_resolver(counted):
 
 
 def test_the_allow_list_is_not_handed_down_the_load_chain(counted):
-    """``trusted_globals`` ends where a read starts (resolved into the record); the chain below
-    takes the record. Tramps of either name that do not end in the record's making: counted."""
+    """``trusted_globals`` ends where a read starts (resolved into the record, `Unpickling`); the
+    chain below takes the record. Inside functions that only hand either name on: counted."""
     carried = [f for name in ("trusted_globals", "unpickling") for f in counted[name]
                if f.startswith("~") and not f.startswith("~=")]
-    assert len(carried) <= 12, f"{len(carried)} inside functions only hand the allow-list on: {carried}"
-    assert not [f for f in counted["trusted_globals"] if "/checkpoint/load/" in f or "/formats/" in f
-                or "/layout/" in f or "chief_choice" in f or "tiers/restore" in f], counted["trusted_globals"]
+    assert len(carried) <= 14, f"{len(carried)} inside functions only hand the allow-list on: {carried}"
+    # ShardedCheckpointManager (public) gives it to its inner CheckpointManager, which resolves it.
+    passed = [f for f in counted["trusted_globals"] if not f.startswith("~=") and "ShardedCheckpointManager" not in f]
+    assert passed == [], f"these take trusted_globals without resolving it into the record: {passed}"
 
 
 def _tier_factories():

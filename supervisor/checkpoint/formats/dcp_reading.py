@@ -18,8 +18,8 @@ Unpickling stays as safe as for ``state.pt`` (no arbitrary code from a checkpoin
   is unpickled with only DCP's metadata classes, ``torch.Size``, dtypes, layouts, memory formats
   and paths allowed — anything else is refused with an error naming the global;
 - tensors are read by ``torch.load(weights_only=True)`` (as DCP does), and non-tensor entries
-  (DCP pickles those whole with ``weights_only=False``) through `safe_torch_load`, with the same
-  ``trusted_globals`` opt-in as ``state.pt``.
+  (DCP pickles those whole with ``weights_only=False``) through the reader's `Unpickling` record,
+  with the same ``trusted_globals`` opt-in as ``state.pt``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import contextlib
 import io
 import os
 import pickle
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ from supervisor.checkpoint.formats.dcp_ranges import ITEM_CRC, check_item
 from supervisor.checkpoint.formats.dcp_replicated import SharedItems, serve_shared
 from supervisor.checkpoint.layout.format import STEP_KEY
 from supervisor.checkpoint.formats.memory_file import MemoryFile
-from supervisor.checkpoint.formats.safe_globals import safe_torch_load
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.storage import LocalStorage, Storage
 from supervisor.checkpoint.layout.verify import DCP_METADATA
 from supervisor.errors import CheckpointCorruptError, CheckpointError
@@ -203,10 +203,10 @@ def _reader(root: str, contents: Mapping[str, bytearray], metadata: Any) -> Any:
 
 class _SafeBytesMixin:
     """``load_bytes`` for a DCP load planner: a non-tensor entry is unpickled with
-    ``weights_only=True`` (`safe_torch_load`, ``trusted_globals`` opt-in) instead of DCP's
-    ``weights_only=False``."""
+    ``weights_only=True`` (`Unpickling.load`: the reader's allow-list, on the CPU) instead of
+    DCP's ``weights_only=False``."""
 
-    trusted_globals: list[Any]
+    unpickling: Unpickling
     where: str
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
@@ -215,7 +215,7 @@ class _SafeBytesMixin:
         # Named in errors as the checkpoint and the entry (a non-tensor value: small).
         stream = MemoryFile(bytearray(value.getbuffer()), f"{self.where} ({read_item.dest_index.fqn})")
         try:
-            loaded = safe_torch_load(stream, trusted_globals=self.trusted_globals)  # type: ignore[arg-type]
+            loaded = self.unpickling.load(stream)
         finally:
             stream.close()
         if self.flatten_state_dict:  # type: ignore[attr-defined]
@@ -225,36 +225,36 @@ class _SafeBytesMixin:
             self.state_dict[read_item.dest_index.fqn] = loaded  # type: ignore[attr-defined]
 
 
-def _planner(trusted_globals: list[Any], where: str) -> Any:
+def _planner(unpickling: Unpickling, where: str) -> Any:
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
     class SafeBytesPlanner(_SafeBytesMixin, _EmptyStateDictLoadPlanner):
         """Rebuilds the state dict from the metadata (no template needed), unpickling safely."""
 
     planner = SafeBytesPlanner()
-    planner.trusted_globals, planner.where = trusted_globals, where
+    planner.unpickling, planner.where = unpickling.at("cpu"), where
     return planner
 
 
-def safe_load_planner(path: str, trusted_globals: Iterable[Any] = ()) -> Any:
+def safe_load_planner(path: str, unpickling: Unpickling = Unpickling()) -> Any:
     """DCP's ``DefaultLoadPlanner`` (loads into the given state dict's tensors, in place) with
-    non-tensor entries unpickled by `safe_torch_load` instead of ``weights_only=False``."""
+    non-tensor entries unpickled by ``unpickling`` (on the CPU) instead of ``weights_only=False``."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
     class SafeLoadPlanner(_SafeBytesMixin, DefaultLoadPlanner):
         pass
 
     planner = SafeLoadPlanner()
-    planner.trusted_globals, planner.where = list(trusted_globals), path
+    planner.unpickling, planner.where = unpickling.at("cpu"), path
     return planner
 
 
 def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True,
-                  trusted_globals: Iterable[Any] = (), storage: Storage | None = None, metadata: Any = None,
+                  unpickling: Unpickling = Unpickling(), storage: Storage | None = None, metadata: Any = None,
                   items: SharedItems | None = None) -> None:
     """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)`` that cannot run code
     from the checkpoint: ``.metadata`` through the allowlist (`safe_file_reader`), non-tensor
-    entries through `safe_torch_load` (`safe_load_planner`). Every restore of a sharded
+    entries through ``unpickling``, the restorer's allow-list (`safe_load_planner`). Every restore of a sharded
     checkpoint loads through here (never ``dcp.load`` directly). ``storage``: the checkpoint's
     (default: the local one); on an object store the shards are read by ranged requests
     (`supervisor.checkpoint.formats.dcp_storage.StorageDcpReader`): only what ``state_dict`` needs.
@@ -280,16 +280,17 @@ def safe_dcp_load(state_dict: dict[str, Any], path: str, *, no_dist: bool = True
         reader = safe_file_reader(path, metadata, items)
     try:
         with _unwrapped_errors(path, damage=False):
-            dcp.load(state_dict, storage_reader=reader, planner=safe_load_planner(path, trusted_globals),
+            dcp.load(state_dict, storage_reader=reader, planner=safe_load_planner(path, unpickling),
                      no_dist=no_dist)
     finally:
         getattr(reader, "close", lambda: None)()
 
 
-def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, trusted_globals: Iterable[Any] = (),
-                 map_location: Any = "cpu") -> dict[str, Any]:
+def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *,
+                 unpickling: Unpickling = Unpickling()) -> dict[str, Any]:
     """The payload of the sharded checkpoint at ``path`` (step ``step``) from its files' verified
-    bytes (``contents``: file name -> bytes, ``.metadata`` included).
+    bytes (``contents``: file name -> bytes, ``.metadata`` included), its tensors on
+    ``unpickling.map_location``, its non-tensor entries under ``unpickling``'s allow-list.
 
     Raises:
         CheckpointError: an untrusted global (named, with the opt-in).
@@ -299,10 +300,10 @@ def load_payload(path: str, step: int, contents: Mapping[str, bytearray], *, tru
     # a copy of the (empty) dict; the planner rebuilds the state dict from the metadata.
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    device = _device(map_location)
+    device = _device(unpickling.map_location)
     metadata = read_metadata(contents[DCP_METADATA], path)
     state_dict: dict[str, Any] = {}
-    reader, planner = _reader(path, contents, metadata), _planner(list(trusted_globals), path)
+    reader, planner = _reader(path, contents, metadata), _planner(unpickling, path)
     with _unwrapped_errors(path, damage=True):
         _load_state_dict(state_dict, storage_reader=reader, planner=planner, no_dist=True)
     if device is not None:

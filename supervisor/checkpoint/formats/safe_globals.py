@@ -1,6 +1,6 @@
 """What ``torch.load(weights_only=True)`` may build beyond torch's own allowlist (SPEC §5.4).
 
-Two things live here:
+Three things live here:
 
 - `NUMPY_SAFE_GLOBALS`: the few NumPy reconstructors a checkpoint needs for NumPy scalars
   (``np.float64(0.5)``, ``np.int64(3)``, ``np.bool_``) and arrays of numeric, bool, str or
@@ -10,31 +10,34 @@ Two things live here:
   ``dtype(spec)`` and the dtype classes (whose ``__setstate__`` sets byte order and flags). No
   other callable is opened: object arrays (``dtype=object``), structured/void dtypes and
   ``ndarray`` subclasses still need ``trusted_globals``.
-- `describe_untrusted`: for a checkpoint that still needs globals, the full list at once with
-  the state entries each one is used in, read statically from the pickle (nothing is built).
-
-`safe_torch_load` is the one ``torch.load`` of the runtime (always ``weights_only=True``, the
-allowlist above plus ``trusted_globals``), and `describe_load_error` words a failed load without
-ever repeating torch's advice to load unsafely.
+- `Unpickling`: the frozen record of one reader's allow-list (NumPy's above and the user's
+  ``trusted_globals``, checked and joined once) and ``map_location``, made where a read starts and
+  handed to the load chain instead of the two parameters (issue 32). Its ``load`` is the one
+  ``torch.load`` of the runtime (always ``weights_only=True``); for a checkpoint that still needs
+  globals its refusal lists them all at once, with the state entries each one is used in, read
+  statically from the pickle (`supervisor.checkpoint.formats.pickle_scan`: nothing is built).
+- `describe_load_error`: a failed load in words that never repeat torch's advice to load unsafely.
 """
 from __future__ import annotations
 
-import _compat_pickle
+import dataclasses
 import io
 import logging
 import pickle
 import re
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 
 from supervisor.checkpoint.formats.dangerous_globals import dangerous_names
+from supervisor.checkpoint.formats.pickle_scan import global_name, globals_by_entry, pickle_bytes
 from supervisor.errors import CheckpointError
 
-__all__ = ["NUMPY_SAFE_GLOBALS", "UntrustedCheckpointError", "allowed_globals", "check_loadable", "describe_load_error",
-           "describe_untrusted", "global_name", "safe_torch_load", "untrusted_message"]
+__all__ = ["NUMPY_SAFE_GLOBALS", "Unpickling", "UntrustedCheckpointError", "check_loadable", "check_trusted_globals",
+           "describe_load_error", "global_name", "untrusted_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,49 +61,8 @@ def _numpy_safe_globals() -> list[Any]:
 NUMPY_SAFE_GLOBALS: tuple[Any, ...] = tuple(_numpy_safe_globals())
 
 
-def allowed_globals(trusted_globals: Iterable[Any] = ()) -> list[Any]:
-    """The list to hand to ``torch.serialization.safe_globals``: NumPy's plus the user's."""
-    return [*NUMPY_SAFE_GLOBALS, *trusted_globals]
-
-
-def global_name(item: Any) -> str:
-    """``module.qualname`` of an allowlist item (an object or an ``(object, name)`` pair)."""
-    if isinstance(item, tuple):
-        return item[1]
-    return f"{getattr(item, '__module__', '?')}.{getattr(item, '__qualname__', getattr(item, '__name__', '?'))}"
-
-
 _BUILD_REFUSED = re.compile(r"but got <class '([\w.]+)'>")
 _GLOBAL_REFUSED = re.compile(r"GLOBAL ([\w.]+)")
-
-
-def describe_untrusted(file_path: str, error: BaseException, trusted_globals: Iterable[Any] = ()) -> dict[str, list[str]]:
-    """Every global ``file_path`` needs that is not allowed, each with the top-level entries of
-    the checkpoint payload (state entry names) that use it: ``{global: [entry, ...]}``.
-
-    ``error`` is the refusal ``torch.load`` raised; its global is always included, so the
-    result is never empty even when the static scan fails.
-    """
-    allowed = {global_name(g) for g in allowed_globals(trusted_globals)}
-    found: dict[str, list[str]] = {}
-    try:
-        import torch
-
-        for name in torch.serialization.get_unsafe_globals_in_checkpoint(file_path):
-            if name not in allowed:
-                found[name] = []
-        for name, entry in _globals_by_entry(_pickle_bytes(file_path)):
-            if name.startswith("numpy.dtypes.") and name not in allowed:  # built, not a GLOBAL
-                found.setdefault(name, [])
-            if name in found and entry is not None and entry not in found[name]:
-                found[name].append(entry)
-    except Exception as e:  # noqa: BLE001 - the scan only improves the message
-        logger.debug("could not scan %s for the globals it needs: %s", file_path, e)
-    match = _GLOBAL_REFUSED.search(str(error)) or _BUILD_REFUSED.search(str(error))
-    if match is not None:
-        refused = match.group(1) if "." in match.group(1) else f"builtins.{match.group(1)}"
-        found.setdefault(refused, [])
-    return found
 
 
 class UntrustedCheckpointError(CheckpointError):
@@ -154,130 +116,122 @@ def _dangerous_advice(dangerous: str, saving: bool) -> str:
             "points the index at one)")
 
 
-def _pickle_bytes(file_path: str) -> bytes:
-    import torch.serialization as ts
-
-    if hasattr(file_path, "seek"):  # an in-memory file (check_loadable), read once already
-        file_path.seek(0)  # type: ignore[attr-defined]
-    # torch's own zip reader: checkpoints are written without per-record CRCs, which the
-    # zipfile module would reject.
-    with ts._open_file_like(file_path, "rb") as opened, ts._open_zipfile_reader(opened) as reader:
-        return reader.get_record("data.pkl")
-
-
-def _globals_by_entry(data: bytes) -> Iterable[tuple[str, str | None]]:
-    """Yields ``(global, top-level key)`` for every global the pickle uses under each key of
-    its top-level dict. The pickle is read by an unpickler whose every global is an inert
-    recorder (`_Recorded`), so nothing is imported or constructed."""
-    payload = _RecordingUnpickler(io.BytesIO(data)).load()
-    if not isinstance(payload, dict):
-        for name in _names_in(payload):
-            yield name, None
-        return
-    for key, value in payload.items():
-        for name in _names_in(value):
-            yield name, str(key)
+def check_trusted_globals(trusted: Any) -> tuple:
+    """``trusted_globals`` as a tuple of classes or functions (or ``(object, "module.name")``
+    pairs); `TypeError` naming the item otherwise."""
+    if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Iterable):
+        raise TypeError("trusted_globals must be a list of classes or functions (the objects, not "
+                        f"their names), got {trusted!r}")
+    trusted = tuple(trusted)
+    for i, item in enumerate(trusted):
+        ok = callable(item) or (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str))
+        if not ok:
+            raise TypeError(f"trusted_globals[{i}] must be a class or function (or a (object, "
+                            f"'module.name') pair), got {item!r}")
+    return trusted
 
 
-class _Recorded:
-    """Stands in for any global: records its name, the arguments and the state it was given."""
+@dataclass(frozen=True)
+class Unpickling:
+    """How one reader unpickles verified checkpoints (SPEC §5.4): its allow-list and where the
+    tensors go, resolved once where the read starts (`CheckpointManager`, `WorkerSessionCreator`,
+    `read_checkpoint`, `load_checkpoint`, ...) and handed to the load chain as one record
+    (issue 32), never as ``trusted_globals`` and ``map_location`` passed down beside each other.
 
-    _global = "?"
+    Attributes:
+        trusted_globals: the user's classes/functions ``torch.load(weights_only=True)`` may build
+            (checked by `check_trusted_globals`: a `TypeError` names a bad item).
+        map_location: ``torch.load``'s (``"cpu"``; a sharded checkpoint takes a device only).
+        allowed: NumPy's `NUMPY_SAFE_GLOBALS` and ``trusted_globals``: what
+            ``torch.serialization.safe_globals`` is given at every load (joined once, here).
+    """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.parts: list[Any] = [args, kwargs]
+    trusted_globals: tuple = ()
+    map_location: Any = "cpu"
+    allowed: tuple = field(init=False, repr=False, compare=False)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Recorded:
-        inst = object.__new__(cls)
-        inst.parts = [args, kwargs]
-        return inst
+    def __post_init__(self) -> None:
+        trusted = check_trusted_globals(self.trusted_globals)
+        object.__setattr__(self, "trusted_globals", trusted)
+        object.__setattr__(self, "allowed", (*NUMPY_SAFE_GLOBALS, *trusted))
 
-    def __setstate__(self, state: Any) -> None:
-        self.parts.append(state)
+    def at(self, map_location: Any) -> Unpickling:
+        """The same allow-list, the tensors going to ``map_location`` (``"meta"``: shapes only)."""
+        return dataclasses.replace(self, map_location=map_location)
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.parts.append((key, value))
+    def load(self, file: Any, *, step: int | None = None, mmap: bool = False, shown_as: str | None = None) -> Any:
+        """``torch.load(file, weights_only=True)`` with `allowed` allowlisted, the one
+        ``torch.load`` of the runtime. ``shown_as`` names the file in messages (a private copy's
+        ``/proc/self/fd/N`` path means nothing to the user).
 
-    def append(self, value: Any) -> None:
-        self.parts.append(value)
+        Raises:
+            UntrustedCheckpointError: the file needs other globals; names each, where it is
+                used, and the opt-in (never for a global that may be malicious).
+            Exception: whatever ``torch.load`` raises for a damaged file.
+        """
+        try:
+            with torch.serialization.safe_globals(list(self.allowed)):
+                return torch.load(file, map_location=self.map_location, weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as e:
+            missing = self.untrusted(file, e)  # every missing global at once, with the entries using it
+            if not missing:
+                raise
+            # torch's message advises unsafe loading: never chained, never repeated
+            raise UntrustedCheckpointError(untrusted_message(shown_as or file, step, missing), missing) from None
 
-    def extend(self, values: Any) -> None:
-        self.parts.append(list(values))
+    def untrusted(self, file: Any, error: BaseException) -> dict[str, list[str]]:
+        """Every global ``file`` needs that is not `allowed`, each with the top-level entries of
+        the payload (state entry names) using it: ``{global: [entry, ...]}``. ``error`` is the
+        refusal ``torch.load`` raised; its global is always included, so the result is never
+        empty even when the static scan fails."""
+        allowed = {global_name(g) for g in self.allowed}
+        found: dict[str, list[str]] = {}
+        try:
+            for name in torch.serialization.get_unsafe_globals_in_checkpoint(file):
+                if name not in allowed:
+                    found[name] = []
+            for name, entry in globals_by_entry(pickle_bytes(file)):
+                if name.startswith("numpy.dtypes.") and name not in allowed:  # built, not a GLOBAL
+                    found.setdefault(name, [])
+                if name in found and entry is not None and entry not in found[name]:
+                    found[name].append(entry)
+        except Exception as e:  # noqa: BLE001 - the scan only improves the message
+            logger.debug("could not scan %s for the globals it needs: %s", file, e)
+        match = _GLOBAL_REFUSED.search(str(error)) or _BUILD_REFUSED.search(str(error))
+        if match is not None:
+            refused = match.group(1) if "." in match.group(1) else f"builtins.{match.group(1)}"
+            found.setdefault(refused, [])
+        return found
 
+    def check_loadable(self, state_dict: Any, where: str, step: int | None) -> None:
+        """Raises `CheckpointError` when ``state_dict`` (a training state's, as a checkpoint
+        stores it) would not load back under this allow-list: the save that would write it fails
+        instead of the resume after it (issue 22.19).
 
-class _RecordingUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        # Python 2 names (protocol 2, torch's), mapped as the real unpickler does: __builtin__ -> builtins
-        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
-        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        return type("Recorded", (_Recorded,), {"_global": f"{module}.{name}"})
-
-    def persistent_load(self, pid: Any) -> Any:
-        return None  # tensor storages: not needed to find globals
-
-
-def _dtype_class_of(item: _Recorded) -> list[str]:
-    """``numpy.dtype('O8', ...)`` is built by the allowed ``numpy.dtype``, but its class (here
-    ``ObjectDType``) must be allowed too: name it, so the entry holding it is reported."""
-    args = item.parts[0]
-    if type(item)._global != "numpy.dtype" or not args or not isinstance(args[0], str):
-        return []
-    try:
-        return [global_name(type(np.dtype(args[0])))]
-    except TypeError:
-        return []
-
-
-def _names_in(value: Any) -> list[str]:
-    names: list[str] = []
-    seen: set[int] = set()
-    todo = [value]
-    while todo:
-        item = todo.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, type) and issubclass(item, _Recorded):
-            names.append(item._global)
-        elif isinstance(item, _Recorded):
-            names.append(type(item)._global)
-            names.extend(_dtype_class_of(item))
-            todo.extend(item.parts)
-        elif isinstance(item, dict):
-            todo.extend(item.keys())
-            todo.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            todo.extend(item)
-    return names
+        Cheap: the tensors and NumPy arrays of its dicts, lists and tuples are replaced by empty
+        tensors / one-element arrays of the same dtype, so only the structure and the other objects
+        are pickled and unpickled, in memory; any other object is pickled whole (with what it holds).
+        """
+        buffer = io.BytesIO()
+        torch.save(_skeleton(state_dict), buffer)
+        try:
+            buffer.seek(0)
+            with torch.serialization.safe_globals(list(self.allowed)):
+                torch.load(buffer, weights_only=True)
+        except pickle.UnpicklingError as e:
+            buffer.seek(0)
+            missing = self.untrusted(buffer, e)
+            raise CheckpointError("this checkpoint would not load at the next resume, so it was not written: "
+                                  + untrusted_message(where, step, missing, saving=True)) from None
 
 
 def check_loadable(state_dict: Any, trusted_globals: Iterable[Any], where: str, step: int | None) -> None:
-    """Raises `CheckpointError` when ``state_dict`` (a training state's, as a checkpoint stores
-    it) would not load back under ``torch.load(weights_only=True)`` with ``trusted_globals``:
-    the save that would write it fails instead of the resume after it (issue 22.19).
-
-    Cheap: the tensors and NumPy arrays of its dicts, lists and tuples are replaced by empty
-    tensors / one-element arrays of the same dtype, so only the structure and the other objects are pickled and
-    unpickled, in memory; any other object is pickled whole (with what it holds).
-    """
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(_skeleton(state_dict), buffer)
-    try:
-        buffer.seek(0)
-        with torch.serialization.safe_globals(allowed_globals(trusted_globals)):
-            torch.load(buffer, weights_only=True)
-    except pickle.UnpicklingError as e:
-        buffer.seek(0)
-        missing = describe_untrusted(buffer, e, trusted_globals)  # type: ignore[arg-type]
-        raise CheckpointError("this checkpoint would not load at the next resume, so it was not written: "
-                              + untrusted_message(where, step, missing, saving=True)) from None
+    """`Unpickling.check_loadable` of ``trusted_globals``'s record: raises `CheckpointError` when
+    ``state_dict`` would not load back at the next resume (named ``where``, of ``step``)."""
+    Unpickling(trusted_globals).check_loadable(state_dict, where, step)
 
 
 def _skeleton(value: Any) -> Any:
-    import torch
-
     if isinstance(value, torch.Tensor):
         return torch.empty(0, dtype=value.dtype)  # (a tensor subclass's own globals go unchecked)
     if isinstance(value, np.ndarray) and type(value) is np.ndarray and value.dtype != object and value.size > 1:
@@ -290,30 +244,6 @@ def _skeleton(value: Any) -> Any:
     if type(value) in (list, tuple):
         return type(value)(_skeleton(v) for v in value)
     return value
-
-
-# ---------------------------------------------------------------- the one torch.load
-def safe_torch_load(file_path: Any, *, map_location: Any = "cpu", trusted_globals: Iterable[Any] = (),
-                    step: int | None = None, mmap: bool = False, shown_as: str | None = None) -> Any:
-    """``torch.load(file_path, weights_only=True)`` with ``trusted_globals`` allowlisted.
-    ``shown_as`` names the file in messages (a private copy's ``/proc/self/fd/N`` path means
-    nothing to the user).
-
-    Raises:
-        CheckpointError: the file needs another global; names it and the opt-in.
-        Exception: whatever ``torch.load`` raises for a damaged file.
-    """
-    trusted_globals = list(trusted_globals)
-    try:
-        with torch.serialization.safe_globals(allowed_globals(trusted_globals)):
-            return torch.load(file_path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        # Every missing global at once, with the state entries using it.
-        missing = describe_untrusted(file_path, e, trusted_globals)
-        if not missing:
-            raise
-        # torch's message advises unsafe loading: never chained, never repeated
-        raise UntrustedCheckpointError(untrusted_message(shown_as or file_path, step, missing), missing) from None
 
 
 def describe_load_error(error: Exception, *, is_zip: bool = True) -> str:

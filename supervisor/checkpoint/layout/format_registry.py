@@ -56,9 +56,11 @@ class CheckpointFormat:
         name: its ``checkpoint_format=`` value (``"torch"``, ``"dcp"``).
         marker: the file a checkpoint of this format always holds (and its manifest lists).
         description: how messages name it (``"a sharded torch.distributed.checkpoint"``).
-        read: ``read(path, manifest, copies, trusted_globals, map_location) -> (payload, mapped)``:
-            the whole state of a verified checkpoint, from the private copies of its files
-            (name -> `supervisor.checkpoint.load.private_copy.PrivateCopy`; it pops those it keeps).
+        read: ``read(path, manifest, copies, unpickling) -> (payload, mapped)``: the whole state
+            of a verified checkpoint, from the private copies of its files (name ->
+            `supervisor.checkpoint.load.private_copy.PrivateCopy`; it pops those it keeps);
+            ``unpickling``: the reader's `supervisor.checkpoint.formats.safe_globals.Unpickling`
+            (its ``map_location``; its ``load`` for a ``torch.save`` file: the allow-list applied).
         single_file: its state is the one ``marker`` file, restorable by the single-file restore
             (`supervisor.checkpoint.load.loader.load_verified`); otherwise ``restore_hint`` says how.
         restore_hint: what a single-file restore of it tells the user to call instead.
@@ -83,10 +85,10 @@ class CheckpointFormat:
     write: Callable[[Any, Callable[[str, Callable[[Any], None]], None]], None] | None = None
     torch_file: bool = True
 
-    def read_files(self, path: str, files: Any, trusted_globals: Iterable[Any], map_location: Any) -> tuple[Any, bool]:
+    def read_files(self, path: str, files: Any, unpickling: Any) -> tuple[Any, bool]:
         """``read`` of a checkpoint's verified private copies (``files``, closed after)."""
         try:
-            return self.read(path, files.manifest, files.copies, trusted_globals, map_location)
+            return self.read(path, files.manifest, files.copies, unpickling)
         finally:
             files.close()
 

@@ -18,9 +18,9 @@ import torch
 from supervisor.checkpoint.layout.format import MANIFEST_FILE, META_KEY
 from supervisor.checkpoint.layout.format_registry import format_in
 from supervisor.checkpoint.layout.index import latest_checkpoint
-from supervisor.checkpoint.load.loader import is_remote, load_verified, read_checkpoint, resolve_storage, verify_checkpoint
+from supervisor.checkpoint.load.loader import is_remote, load_verified, read_unpickled, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.formats.memory_file import MemoryFile
-from supervisor.checkpoint.formats.safe_globals import safe_torch_load
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.storage import Storage, is_url
 from supervisor.checkpoint.layout.verify import check_verify
 from supervisor.clock import Clock, resolve_clock
@@ -40,8 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verify: str = "full",
-                    trusted_globals: Iterable[Any] = (),
-                    storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    trusted_globals: Iterable[Any] = (), storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Returns the mapping a checkpoint holds (``global_step``, ``rng``, one entry per state name).
 
     ``path`` is a checkpoint directory (verified first, ``verify="full"`` or ``"size"``) or a
@@ -64,37 +63,36 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         CheckpointError: it needs a global that is not trusted.
     """
     verify = check_verify(verify)
-    trusted_globals = tuple(trusted_globals)
+    unpickling = Unpickling(trusted_globals, map_location)  # this read's allow-list, resolved once
     storage, path = resolve_storage(path, storage_options=storage_options)
     if is_remote(storage):
-        return _load_remote(storage, path, map_location, verify, trusted_globals)
+        return _load_remote(storage, path, verify, unpickling)
     if os.path.isdir(path):
-        load = load_verified if (fmt := format_in(path)) is None or fmt.single_file else read_checkpoint  # sharded
-        return load(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location, storage=storage).payload
+        if (fmt := format_in(path)) is None or fmt.single_file:
+            return load_verified(path, verify=verify, unpickling=unpickling, storage=storage).payload
+        return read_unpickled(storage, path, verify=verify, unpickling=unpickling).payload  # sharded
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
     try:
-        return safe_torch_load(path, map_location=map_location, trusted_globals=trusted_globals)
+        return unpickling.load(path)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise CheckpointCorruptError(f"{path} cannot be loaded ({type(e).__name__}: {e})") from e
 
 
-def _load_remote(storage: Storage, path: str, map_location: Any, verify: str,
-                 trusted_globals: tuple[Any, ...]) -> dict[str, Any]:
+def _load_remote(storage: Storage, path: str, verify: str, unpickling: Unpickling) -> dict[str, Any]:
     """`load_checkpoint` of an object-store URL: a checkpoint prefix (its manifest exists) through
     the verified loader, else a single object written by ``torch.save``."""
     if storage.exists(storage.join(path, MANIFEST_FILE)):
-        return read_checkpoint(path, verify=verify, trusted_globals=trusted_globals, map_location=map_location,
-                               storage=storage).payload
+        return read_unpickled(storage, path, verify=verify, unpickling=unpickling).payload
     try:
         data = bytearray(storage.read_bytes(path))
     except (FileNotFoundError, IsADirectoryError):
         raise CheckpointNotFoundError(f"no checkpoint at {path} (no object, no prefix with a {MANIFEST_FILE})") from None
     try:
         with MemoryFile(data, path) as f:
-            return safe_torch_load(f, map_location=map_location, trusted_globals=trusted_globals)
+            return unpickling.load(f)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any
 
 from supervisor._validate import check_int
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.layout.fencing import OrphanedManifestError
 from supervisor.checkpoint.layout.format import INDEX_FILE, checkpoint_name, list_committed, step_of
 from supervisor.checkpoint.layout.index import CheckpointState, entry_problem, read_index
@@ -30,13 +31,14 @@ logger = logging.getLogger(__name__)
 _MAX_RESCANS = 20
 
 
-def find_and_load(directory: str, basename: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
+def find_and_load(directory: str, basename: str, *, verify: str = "full", unpickling: Unpickling = Unpickling(),
                   mmap: bool = True, storage: Storage | None = None, keep_copy: bool = False) -> LoadedCheckpoint | None:
     """Loads the checkpoint to restore from ``directory``, falling back to older ones.
 
     A candidate that vanishes while it is read (retention deleted it after a newer commit) is not a
     failure: the index is read again and its new choice tried. Returns None when there is no checkpoint
-    at all. ``storage``: the logdir's (default: the one its path or URL names); ``keep_copy``: as `load_verified`.
+    at all. ``storage``: the logdir's (default: the one its path or URL names); ``unpickling`` (the
+    restorer's allow-list, one record) and ``keep_copy``: as `load_verified`.
 
     Raises:
         ValueError: ``verify`` is not one of `VERIFY_MODES`.
@@ -45,15 +47,14 @@ def find_and_load(directory: str, basename: str, *, verify: str = "full", truste
     """
     verify = check_verify(verify)
     storage, directory = resolve_storage(directory, storage)
-    trusted_globals = tuple(trusted_globals)
     failures: dict[str, str] = {}
     orphans: set[str] = set()
     for _ in range(_MAX_RESCANS):
         paths = [p for p in candidates(directory, basename, storage) if p not in failures and p not in orphans]
         for i, path in enumerate(paths):
             try:
-                return load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=mmap,
-                                     storage=storage, keep_copy=keep_copy)
+                return load_verified(path, verify=verify, unpickling=unpickling, mmap=mmap, storage=storage,
+                                     keep_copy=keep_copy)
             except CheckpointVanishedError:
                 logger.info("%s was deleted while being read (retention); looking at the index again", path)
                 break
@@ -215,10 +216,11 @@ def chosen_path(directory: str, basename: str, chosen: Any, storage: Storage) ->
 
 
 def load_chosen(directory: str, basename: str, chosen: Any, *, verify: str = "full",
-                trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
+                unpickling: Unpickling = Unpickling(), storage: Storage | None = None,
                 keep_copy: bool = False) -> LoadedCheckpoint:
     """Loads the checkpoint ``chosen`` names (a step, or one of its paths: `chosen_path`),
-    verified like every restore; never another one in its place (``keep_copy``: as `load_verified`).
+    verified like every restore; never another one in its place (``unpickling``, ``keep_copy``: as
+    `load_verified`).
 
     Raises:
         CheckpointNotFoundError: no committed checkpoint of that step (the steps there are named).
@@ -241,8 +243,8 @@ def load_chosen(directory: str, basename: str, chosen: Any, *, verify: str = "fu
                        "replaced when this run saves that step again (as after `rollback`)", step, directory,
                        ", ".join(map(str, newer)))
     try:
-        return load_verified(path, verify=check_verify(verify), trusted_globals=tuple(trusted_globals),
-                             storage=storage, keep_copy=keep_copy)
+        return load_verified(path, verify=check_verify(verify), unpickling=unpickling, storage=storage,
+                             keep_copy=keep_copy)
     except (CheckpointNotFoundError, CheckpointCorruptError) as e:
         raise type(e)(f"the chosen checkpoint {path} cannot be restored: {_reason(e, path)}; "
                       f"{'the other steps there are ' + others if others else 'there is no other checkpoint'}"

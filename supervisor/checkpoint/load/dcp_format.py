@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from supervisor.checkpoint.layout.format import Manifest
 from supervisor.checkpoint.layout.format_registry import CheckpointFormat, LazyVariable, register_format
@@ -15,15 +15,13 @@ from supervisor.checkpoint.layout.verify import DCP_METADATA
 __all__ = ["DCP_FORMAT"]
 
 
-def _read(path: str, manifest: Manifest, copies: dict[str, Any], trusted_globals: Iterable[Any],
-          map_location: Any) -> tuple[Any, bool]:
+def _read(path: str, manifest: Manifest, copies: dict[str, Any], unpickling: Any) -> tuple[Any, bool]:
     """The state assembled from the verified copies of the shards by DCP's own loading
     (`supervisor.checkpoint.formats.dcp_reading.load_payload`); never mapped."""
     from supervisor.checkpoint.formats.dcp_reading import load_payload
 
     contents = {name: copy.data for name, copy in copies.items()}
-    return load_payload(path, manifest.step, contents, trusted_globals=trusted_globals,
-                        map_location=map_location), False
+    return load_payload(path, manifest.step, contents, unpickling=unpickling), False
 
 
 @dataclass(frozen=True)

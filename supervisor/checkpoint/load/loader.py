@@ -14,8 +14,8 @@ the evaluator and ``load_checkpoint`` (`read_checkpoint`).
 2. Each file is read once into a private copy (`supervisor.checkpoint.load.private_copy`: for
    ``state.pt`` a sealed memory file nobody can truncate, so no SIGBUS), its CRC-32 computed on
    the way, and compared with the manifest (size and, with ``verify="full"``, checksum).
-3. Only then is ``state.pt`` unpickled (`safe_torch_load`: ``weights_only``, ``trusted_globals``
-   opt-in, never unsafe unpickling), mapped from the copy when ``mmap`` (the tensors are views
+3. Only then is ``state.pt`` unpickled (`Unpickling.load`: ``weights_only``, the reader's
+   allow-list resolved once into its `Unpickling` record, never unsafe unpickling), mapped from the copy when ``mmap`` (the tensors are views
    of it: no second copy; ``mapped``); another format (a sharded checkpoint) is assembled from the copies by
    its reader in `supervisor.checkpoint.layout.format_registry`. Bytes read: its size, manifest included (1.0×).
 
@@ -38,14 +38,14 @@ from supervisor.checkpoint.layout.fencing import check_not_orphaned
 from supervisor.checkpoint.layout.format_registry import format_of, unmarked
 from supervisor.checkpoint.layout.format import MANIFEST_FILE, STATE_FILE, STEP_KEY, Manifest
 from supervisor.checkpoint.load.private_copy import PrivateCopy, checksum_stream, copy_file
-from supervisor.checkpoint.formats.safe_globals import describe_load_error, safe_torch_load
+from supervisor.checkpoint.formats.safe_globals import Unpickling, describe_load_error
 from supervisor.checkpoint.storage import Location, Storage, resolve_location, split_scheme, storage_for
 from supervisor.checkpoint.storage.base import PreconditionFailedError, Snapshot, SnapshotVanishedError
 from supervisor.checkpoint.layout.verify import VERIFY_MODES, check_checkpoint, check_sizes, check_verify
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointVanishedError
 
 __all__ = ["CheckpointRead", "LoadedCheckpoint", "VerifiedFiles", "is_remote", "load_private_copy", "load_state_copy",
-           "load_verified", "read_checkpoint", "read_verified_files", "resolve_storage", "verify_checkpoint"]
+           "load_verified", "read_checkpoint", "read_unpickled", "read_verified_files", "resolve_storage", "verify_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,25 +137,28 @@ def read_checkpoint(path: str | os.PathLike, *, verify: str = "full", trusted_gl
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
-    storage, path = resolve_storage(path, storage, storage_options)
+    unpickling = Unpickling(trusted_globals, map_location)  # the allow-list of this read, resolved once
+    return read_unpickled(*resolve_storage(path, storage, storage_options), verify=verify, unpickling=unpickling)
+
+
+def read_unpickled(storage: Storage, path: str, *, verify: str, unpickling: Unpickling) -> CheckpointRead:
+    """`read_checkpoint` of a resolved ``path`` (in ``storage``'s spelling) with a reader's record."""
     files = read_verified_files(storage, path, verify=verify, missing=CheckpointVanishedError)
     manifest, bytes_read = files.manifest, files.bytes_read
-    try:  # the manifest's format (_open_listed let only registered ones through) reads its files
-        payload, mapped = format_of(manifest.files).read(path, manifest, files.copies,  # type: ignore[union-attr]
-                                                          trusted_globals, map_location)
-    finally:
-        files.close()
+    # the manifest's format (_open_listed let only registered ones through) reads its files
+    payload, mapped = format_of(manifest.files).read_files(path, files, unpickling)  # type: ignore[union-attr]
     return CheckpointRead(path=path, step=manifest.step, manifest=manifest, payload=payload, mapped=mapped,
                           bytes_read=bytes_read, deleted_while_reading=files.deleted_while_reading)
 
 
-def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (), map_location: Any = "cpu",
-                  mmap: bool = False, storage: Storage | None = None, keep_copy: bool = False) -> LoadedCheckpoint:
+def load_verified(path: str, *, verify: str = "full", unpickling: Unpickling = Unpickling(), mmap: bool = False,
+                  storage: Storage | None = None, keep_copy: bool = False) -> LoadedCheckpoint:
     """Verifies and loads the checkpoint at ``path`` for a restore (see the module docstring).
 
     With ``mmap=True`` the tensors are views of the private copy (zero further copies;
     ``mapped``), else they are loaded into tensors of their own. Either way they stay valid after
-    the checkpoint is deleted or truncated: the checkpoint file itself is never mapped. With
+    the checkpoint is deleted or truncated: the checkpoint file itself is never mapped.
+    ``unpickling``: the restorer's allow-list and ``map_location`` (`Unpickling`, made once). With
     ``keep_copy`` the verified copy stays open as ``source`` (the caller closes it): a chief
     shares it with the other ranks instead of each reading the checkpoint again.
 
@@ -181,38 +184,35 @@ def load_verified(path: str, *, verify: str = "full", trusted_globals: Iterable[
         raise CheckpointError(f"{path} is {fmt.description} (checkpoint_format={fmt.name!r}); "  # type: ignore[union-attr]
                               f"{fmt.restore_hint}")  # type: ignore[union-attr]
     if not fmt.torch_file:  # a format of its own decoding (no torch.load, no shared copy): its read
-        return LoadedCheckpoint(path, files.manifest.step, files.manifest, *fmt.read_files(path, files, trusted_globals,
-                                                                                           map_location))
+        return LoadedCheckpoint(path, files.manifest.step, files.manifest, *fmt.read_files(path, files, unpickling))
     copy = files.copies.pop(fmt.marker)
     files.close()
     mapped = mmap and copy.path is not None
-    payload = load_state_copy(path, files.manifest, copy, trusted_globals, map_location, mmap=mmap, keep=keep_copy)
+    payload = load_state_copy(path, files.manifest, copy, unpickling, mmap=mmap, keep=keep_copy)
     return LoadedCheckpoint(path, files.manifest.step, files.manifest, payload, mapped=mapped,
                             source=copy if keep_copy else None)
 
 
-def load_private_copy(copy: PrivateCopy, state_path: str, *, map_location: Any, trusted_globals: Iterable[Any],
-                      step: int | None, mmap: bool) -> Any:
-    """``torch.load(weights_only=True)`` of a verified private copy of ``state_path`` (named in
-    errors): mapped when ``mmap`` and the copy is a memory file holding a zip archive (the only
-    format torch maps), else read into tensors of their own."""
+def load_private_copy(copy: PrivateCopy, state_path: str, *, unpickling: Unpickling, step: int | None,
+                      mmap: bool) -> Any:
+    """``unpickling.load`` (``torch.load(weights_only=True)``) of a verified private copy of
+    ``state_path`` (named in errors): mapped when ``mmap`` and the copy is a memory file holding a
+    zip archive (the only format torch maps), else read into tensors of their own."""
     if copy.path is not None:
         mmap = mmap and copy.head(len(_ZIP_MAGIC)) == _ZIP_MAGIC
-        return safe_torch_load(copy.path, map_location=map_location, trusted_globals=trusted_globals,
-                               step=step, mmap=mmap, shown_as=state_path)
+        return unpickling.load(copy.path, step=step, mmap=mmap, shown_as=state_path)
     with copy.open(state_path) as source:
-        return safe_torch_load(source, map_location=map_location, trusted_globals=trusted_globals, step=step)
+        return unpickling.load(source, step=step)
 
 
-def load_state_copy(path: str, manifest: Manifest, copy: PrivateCopy, trusted_globals: Iterable[Any],
-                    map_location: Any, *, mmap: bool, keep: bool = False) -> dict:
+def load_state_copy(path: str, manifest: Manifest, copy: PrivateCopy, unpickling: Unpickling, *, mmap: bool,
+                    keep: bool = False) -> dict:
     """The payload of a verified ``state.pt`` copy, checked against the manifest; the copy is
     released after (with ``keep``, only when the load fails)."""
     state_path = f"{path.rstrip('/')}/{STATE_FILE}" if "://" in path else os.path.join(path, STATE_FILE)
     payload = None
     try:
-        payload = load_private_copy(copy, state_path, map_location=map_location,
-                                    trusted_globals=tuple(trusted_globals), step=manifest.step, mmap=mmap)
+        payload = load_private_copy(copy, state_path, unpickling=unpickling, step=manifest.step, mmap=mmap)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from supervisor.checkpoint.layout.format import MANIFEST_FILE, read_manifest
 from supervisor.checkpoint.layout.index import latest_checkpoint
-from supervisor.checkpoint.formats.safe_globals import safe_torch_load
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.storage import Storage
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
 
@@ -106,10 +106,10 @@ class RangedFile:
         self.file = self.snapshot.files[name]
         self.size = self.snapshot.sizes[name]
 
-    def load_structure(self, trusted_globals: Iterable[Any], step: int | None) -> Any:
-        """The saved mapping with every tensor on the ``meta`` device (no tensor data read)."""
-        return safe_torch_load(_BlockCache(self.file, self.size), map_location="meta",
-                               trusted_globals=trusted_globals, step=step, shown_as=self.where)
+    def load_structure(self, unpickling: Unpickling, step: int | None) -> Any:
+        """The saved mapping with every tensor on the ``meta`` device (no tensor data read), under
+        ``unpickling``'s allow-list."""
+        return unpickling.at("meta").load(_BlockCache(self.file, self.size), step=step, shown_as=self.where)
 
     def tensor(self, meta: torch.Tensor) -> torch.Tensor:
         """The tensor ``meta`` describes, from its storage's bytes (one ranged read)."""

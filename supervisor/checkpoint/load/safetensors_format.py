@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from supervisor.checkpoint.layout.format import Manifest, read_manifest
 from supervisor.checkpoint.layout.format_registry import CheckpointFormat, LazyVariable, register_format
@@ -76,15 +76,16 @@ def _write(payload: Any, write_file: Callable[[str, Callable[[Any], None]], None
     write_file(MARKER, lambda writer: writer.write(data))
 
 
-def _read(path: str, manifest: Manifest, copies: dict[str, Any], trusted_globals: Iterable[Any],
-          map_location: Any) -> tuple[Any, bool]:
-    """The payload from the verified private copy of ``state.safetensors`` (tensors of their own)."""
+def _read(path: str, manifest: Manifest, copies: dict[str, Any], unpickling: Any) -> tuple[Any, bool]:
+    """The payload from the verified private copy of ``state.safetensors`` (tensors of their own,
+    on ``unpickling.map_location``; nothing is unpickled: no allow-list needed)."""
     from safetensors.torch import load
 
     copy = copies.pop(MARKER)
     with copy.open(f"{path}/{MARKER}") as f:
         data = f.read()
     metadata = _header(data[:8], lambda n: data[8:8 + n]).get("__metadata__") or {}
+    map_location = unpickling.map_location
     tensors = {f"/{k}": t.to(map_location) if map_location is not None else t for k, t in load(data).items()}
     return _decode(json.loads(metadata[_SKELETON]), tensors), False
 

@@ -69,7 +69,7 @@ from supervisor.checkpoint.layout.format_registry import LazyVariable, format_in
 from supervisor.checkpoint.layout.index import latest_checkpoint
 from supervisor.checkpoint.load.loader import is_remote, resolve_storage, verify_checkpoint
 from supervisor.checkpoint.load.ranged import RangedFile, resolve_remote
-from supervisor.checkpoint.formats.safe_globals import safe_torch_load
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.storage import Location, Storage
 from supervisor.checkpoint.layout.verify import VERIFY_MODES, check_checkpoint
 from supervisor.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
@@ -154,12 +154,13 @@ class CheckpointReader:
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
         storage, where = resolve_storage(ckpt, storage_options=storage_options)  # resolved once
+        unpickling = Unpickling(trusted_globals)  # and the allow-list
         self.path = checkpoint_in(storage, where)
         self.step: int | None = None
         self._ranged: RangedFile | None = None
         self._storage: Storage | None = None  # a sharded checkpoint's, on an object store
         if is_remote(storage):
-            self._open_remote(storage, verify, tuple(trusted_globals))
+            self._open_remote(storage, verify, unpickling)
             return
         file_path = self.path
         if os.path.isdir(self.path):
@@ -170,7 +171,7 @@ class CheckpointReader:
                 self._variables = {"global_step": self.step, **fmt.variables(self.path, None)}
                 return
         try:
-            payload = safe_torch_load(file_path, trusted_globals=tuple(trusted_globals), mmap=True, step=self.step)
+            payload = unpickling.load(file_path, mmap=True, step=self.step)
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
@@ -178,7 +179,7 @@ class CheckpointReader:
         self._variables: dict[str, Any] | None = dict(_flatten(payload))
         self._file_path, self._file_size = file_path, _size_of(file_path)
 
-    def _open_remote(self, storage: Storage, verify: str, trusted_globals: tuple[Any, ...]) -> None:
+    def _open_remote(self, storage: Storage, verify: str, unpickling: Unpickling) -> None:
         directory, name = storage.dirname(self.path), storage.basename(self.path)
         if storage.exists(storage.join(self.path, MANIFEST_FILE)):
             manifest = verify_checkpoint(self.path, verify, storage=storage)
@@ -192,7 +193,7 @@ class CheckpointReader:
             directory, name = storage.join(self.path, manifest.root) if manifest.root else self.path, STATE_FILE
         self._ranged = RangedFile(storage, directory, name)
         try:
-            payload = self._ranged.load_structure(trusted_globals, self.step)
+            payload = self._ranged.load_structure(unpickling, self.step)
         except CheckpointError:
             self._ranged.close()
             raise

@@ -159,7 +159,7 @@ class ShardedCheckpointManager(ManagerCommon):
         self.directory, self.basename, self.verify = inner.directory, inner.basename, inner.verify
         self.storage = inner.storage  # the logdir's Storage: every rank's shards, the finished mark, the index
         self.lock, self.lease_secs = inner.lock, inner.lease_secs
-        self.save_rng, self.trusted_globals = inner.save_rng, inner.trusted_globals
+        self.save_rng, self.trusted_globals, self.unpickling = inner.save_rng, inner.trusted_globals, inner.unpickling
         self.save_mode = check_choice("save_mode", save_mode, ("async", "sync"))
         self.capture = check_capture(capture)
         self._copier = check_copier(copier)
@@ -350,7 +350,7 @@ class ShardedCheckpointManager(ManagerCommon):
         restored = dcp_restore.restore_in_job(
             lambda skip: chooser(self.directory, self.basename, verify=self.verify, storage=self.storage, skip=skip),
             lambda path, step, manifest, metadata, items: restore_sharded(
-                path, state, step=step, restore_rng=self.save_rng, trusted_globals=self.trusted_globals,
+                path, state, step=step, restore_rng=self.save_rng, unpickling=self.unpickling,
                 storage=self.storage, manifest=manifest, metadata=metadata, verify=self.verify, items=items),
             max_wait_secs=self.max_wait_secs, clock=self._clock, storage=self.storage)
         if restored is not None:

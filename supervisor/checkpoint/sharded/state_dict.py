@@ -25,7 +25,7 @@ from supervisor.checkpoint.layout.format import Manifest, checkpoint_name
 from supervisor.checkpoint.load.apply import Restored
 from supervisor.checkpoint.load.loader import verify_checkpoint as check_checkpoint
 from supervisor.checkpoint.load.choose import choose_checkpoint
-from supervisor.checkpoint.formats.safe_globals import safe_torch_load
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.storage import Storage, storage_for
 from supervisor.checkpoint.layout.verify import DCP_METADATA
 from supervisor.distributed.rng import restore_for_rank
@@ -114,7 +114,7 @@ def save_sharded(directory: str, basename: str, step: int, state: TrainingState,
 
 # ---------------------------------------------------------------- restoring
 def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: bool = True,
-                    trusted_globals: Iterable[Any] = (), storage: Storage | None = None,
+                    unpickling: Unpickling = Unpickling(), storage: Storage | None = None,
                     manifest: Manifest | None = None, metadata: bytes | None = None, verify: str = "full",
                     items: Mapping[tuple[str, int], bytes] | None = None, no_dist: bool | None = None) -> Restored:
     """Loads the DCP checkpoint at ``path`` into ``state`` on this rank (every rank calls it with
@@ -123,8 +123,8 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     (`supervisor.state.resume`); a rank the checkpoint has no state for gets a derived seed (§12).
 
     Nothing in the checkpoint can run code (`supervisor.checkpoint.formats.dcp_reading.safe_dcp_load`):
-    a global outside DCP's metadata classes, or outside ``trusted_globals`` in a non-tensor
-    entry, is refused with a `CheckpointError` naming it.
+    a global outside DCP's metadata classes, or outside ``unpickling``'s allow-list (the
+    restorer's `Unpickling` record) in a non-tensor entry, is refused with a `CheckpointError` naming it.
 
     ``storage``: the logdir's (default: the one ``path`` names). On an object store each rank
     reads only the byte ranges of the shards it needs (ranged reads of the versions listed once).
@@ -142,7 +142,7 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
         metadata = read_metadata(checked_bytes(path, DCP_METADATA, data, manifest, verify=verify), path)
     try:
         _load(path, state, no_dist=not distributed.is_initialized() if no_dist is None else no_dist,
-              trusted_globals=trusted_globals, storage=storage, metadata=metadata, items=items)
+              unpickling=unpickling, storage=storage, metadata=metadata, items=items)
     except CheckpointError:
         raise
     except Exception as e:
@@ -155,11 +155,11 @@ def restore_sharded(path: str, state: TrainingState, *, step: int, restore_rng: 
     return Restored(global_step=step, path=path)
 
 
-def _load(path: str, state: TrainingState, *, no_dist: bool, trusted_globals: Iterable[Any],
+def _load(path: str, state: TrainingState, *, no_dist: bool, unpickling: Unpickling,
           storage: Storage, metadata: Any = None, items: Mapping[tuple[str, int], bytes] | None = None) -> None:
     state_dict = build_state_dict(state)
-    safe_dcp_load(state_dict, path, no_dist=no_dist, trusted_globals=trusted_globals, storage=storage,
-                  metadata=metadata, items=items)
+    safe_dcp_load(state_dict, path, no_dist=no_dist, unpickling=unpickling, storage=storage, metadata=metadata,
+                  items=items)
     apply_state_dict(state, state_dict)
 
 
@@ -179,7 +179,7 @@ def _restore_rng(path: str, step: int, state: TrainingState, rank: int, storage:
             source: Any = io.BytesIO(checked_file(path, files[rank], manifest, storage, verify=verify))
         else:
             source = io.BytesIO(storage.read_bytes(name)) if storage.is_object_store else name  # an object: in memory
-        resume.restore_rng(safe_torch_load(source, step=step, shown_as=name), state, where=where)
+        resume.restore_rng(Unpickling().load(source, step=step, shown_as=name), state, where=where)
     else:
         restore_for_rank(dict.fromkeys(files), rank, step=step, where=where)  # only the keys matter
 
@@ -205,20 +205,20 @@ def load_into(path: str | os.PathLike, target: Any, *, verify: str = "full", res
         The checkpoint's step.
     """
     path = os.fspath(path)
-    storage = storage_for(path, storage_options)
+    storage, unpickling = storage_for(path, storage_options), Unpickling(trusted_globals)  # resolved once
     manifest = check_checkpoint(path, verify=verify, storage=storage)
     if DCP_METADATA not in manifest.files:
         raise CheckpointError(f"{path} is not a sharded (checkpoint_format='dcp') checkpoint; use "
                               "supervisor.load_checkpoint or restore_partial")
     if isinstance(target, TrainingState):
         live = resume.live_iterators(target)
-        _load(path, target, no_dist=True, trusted_globals=trusted_globals, storage=storage)
+        _load(path, target, no_dist=True, unpickling=unpickling, storage=storage)
         resume.prime_loaders(target, live, f"{path} (step {manifest.step})")
         if restore_rng:
             _restore_rng(path, manifest.step, target, 0, storage)
     else:
         module = unwrap_module(target)
         state_dict = {"model": module.state_dict()}
-        safe_dcp_load(state_dict, path, no_dist=True, trusted_globals=trusted_globals, storage=storage)
+        safe_dcp_load(state_dict, path, no_dist=True, unpickling=unpickling, storage=storage)
         module.load_state_dict(state_dict["model"])
     return manifest.step

@@ -313,7 +313,7 @@ class TieredCheckpointManager:
             self.persister.wait_open()
             tiers = (Tier("local", self.local_dir, self.local.storage), Tier("persistent", self.directory, self.storage))
             choice = find_in_tiers(tiers, self.basename, verify=self.local.verify,
-                                   trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
+                                   unpickling=self.local.unpickling, keep_copy=keep_copy)
         if choice is None:
             return None
         restored = apply_checkpoint(choice.loaded, state, restore_rng=self.local.save_rng)
@@ -336,7 +336,7 @@ class TieredCheckpointManager:
             return None
         try:
             choice = find_in_tiers((Tier("local", self.local_dir, self.local.storage),), self.basename,
-                                   verify=self.local.verify, trusted_globals=self.local.trusted_globals,
+                                   verify=self.local.verify, unpickling=self.local.unpickling,
                                    keep_copy=keep_copy)
         except CheckpointCorruptError:
             return None  # nothing local verifies: the logdir decides (the warnings named each)
@@ -354,7 +354,7 @@ class TieredCheckpointManager:
             return self.local.restore(state, step=step, keep_copy=keep_copy)
         self.persister.wait_open()
         loaded = load_chosen(self.directory, self.basename, step, verify=self.local.verify, storage=self.storage,
-                             trusted_globals=self.local.trusted_globals, keep_copy=keep_copy)
+                             unpickling=self.local.unpickling, keep_copy=keep_copy)
         restored = apply_checkpoint(loaded, state, restore_rng=self.local.save_rng)
         self.local.mark_restored(restored.global_step)
         return restored

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
+from supervisor.checkpoint.formats.safe_globals import Unpickling
 from supervisor.checkpoint.load.choose import candidates
 from supervisor.checkpoint.layout.fencing import OrphanedManifestError
 from supervisor.checkpoint.layout.format import step_of
@@ -44,16 +45,16 @@ class TierChoice:
     newest: dict[str, int | None]
 
 
-def find_in_tiers(tiers: Iterable[Tier], basename: str, *, verify: str = "full", trusted_globals: Iterable[Any] = (),
+def find_in_tiers(tiers: Iterable[Tier], basename: str, *, verify: str = "full", unpickling: Unpickling = Unpickling(),
                   keep_copy: bool = False) -> TierChoice | None:
     """Loads the newest checkpoint that verifies in any of ``tiers`` (see the module docstring);
-    None when no tier has a checkpoint.
+    None when no tier has a checkpoint. ``unpickling``: the restorer's allow-list (one record).
 
     Raises:
         CheckpointCorruptError: checkpoints exist but none verifies (each listed with why).
         CheckpointError: a verified checkpoint needs an untrusted global.
     """
-    tiers, trusted_globals = tuple(tiers), tuple(trusted_globals)
+    tiers = tuple(tiers)
     merged, newest = [], {}
     for rank, tier in enumerate(tiers):
         paths = candidates(tier.directory, basename, tier.storage)
@@ -64,8 +65,8 @@ def find_in_tiers(tiers: Iterable[Tier], basename: str, *, verify: str = "full",
     failures: dict[str, str] = {}
     for i, (step, _, path, tier) in enumerate(merged):
         try:
-            loaded = load_verified(path, verify=verify, trusted_globals=trusted_globals, mmap=True,
-                                   storage=tier.storage, keep_copy=keep_copy)
+            loaded = load_verified(path, verify=verify, unpickling=unpickling, mmap=True, storage=tier.storage,
+                                   keep_copy=keep_copy)
             return TierChoice(loaded, tier, newest)
         except OrphanedManifestError as e:
             logger.warning("passing over %s", e)

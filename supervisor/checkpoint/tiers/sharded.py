@@ -293,7 +293,7 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
             with warnings.catch_warnings():  # a one-rank load on purpose, not DCP's guess
                 warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
                 restored = restore_sharded(path, state, step=step, restore_rng=self.save_rng, no_dist=True,
-                                           trusted_globals=self.trusted_globals, storage=self.local_storage)
+                                           unpickling=self.unpickling, storage=self.local_storage)
         except CheckpointError as e:
             failure = e
         if all_reduce_max([int(failure is not None)])[0]:  # every rank fails alike, none trains on alone
