@@ -39,7 +39,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: into a `Location` or `Storage`, check them, or build the backend's client from them.
 RESOLVERS = ("storage_for", "resolve_location", "check_location", "check_storage", "locate_logdir", "check_logdir",
              "locate", "resolve_storage", "watched_location", "check_options", "default_options", "split_options",
-             "_check_options")
+             "_check_options", "resolve_directory")
 #: Where ``trusted_globals`` end: the calls that check the allow-list or resolve it into the
 #: record (`Unpickling`: NumPy's safe globals and the user's, once).
 UNPICKLING_RESOLVERS = ("Unpickling", "check_trusted_globals")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from supervisor._validate import check_path
-from supervisor.checkpoint.storage import LocalStorage, Location, Storage, split_scheme
+from supervisor.checkpoint.storage import LocalStorage, Location, Storage, resolve_location, split_scheme
 from supervisor.errors import CheckpointError
 
-__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_writable_directory",
+__all__ = ["CAPTURE_MODES", "check_basename", "check_capture", "check_directory", "check_writable_directory", "resolve_directory",
            "writer_storage"]
 
 
@@ -24,6 +24,14 @@ def check_directory(directory: Any) -> str:
     if not spelled.split("://", 1)[1].strip("/"):
         raise ValueError(f"directory {path!r} names no bucket; use {scheme}://<bucket>/<prefix>")
     return spelled.rstrip("/")
+
+
+def resolve_directory(directory: Any, storage_options: Mapping[str, Any] | None = None) -> Location:
+    """A manager's ``directory`` (`check_directory`, unless it is a `Location` already) resolved
+    once with ``storage_options`` (`resolve_location`): the outermost constructor of a manager
+    subclass calls it and hands its bases the location, never the options."""
+    return resolve_location(directory if isinstance(directory, Location) else check_directory(directory),
+                            storage_options)
 
 
 def writer_storage(location: Location, opener: Callable[[str], Any] | None = None) -> Storage:

@@ -12,7 +12,8 @@ import torch
 
 from supervisor.checkpoint import verify_checkpoint
 from supervisor.checkpoint.sharded import load_into
-from supervisor.checkpoint.tiers.sharded import ShardedTieredCheckpointManager, make_sharded_manager
+from supervisor.checkpoint.tiers.peers import make_sharded_manager
+from supervisor.checkpoint.tiers.sharded import ShardedTieredCheckpointManager
 from supervisor.checkpoint.tiers.sharded_agree import agree_step
 from supervisor.state import TrainingState
 

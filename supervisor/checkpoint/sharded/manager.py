@@ -21,13 +21,12 @@ from supervisor.checkpoint.sharded import commit as dcp_commit, restore as dcp_r
 from supervisor.checkpoint.sharded.state_dict import build_state_dict, restore_sharded
 from supervisor.checkpoint.layout.format import checkpoint_name
 from supervisor.checkpoint.save import overlap
-from supervisor.checkpoint.arguments import check_capture, check_directory
+from supervisor.checkpoint.arguments import check_capture, resolve_directory
 from supervisor.checkpoint.save.overlap import PendingCopy, check_copier, discarded_message
 from supervisor.checkpoint.load.apply import Restored
 from supervisor.checkpoint.save.staging import StagingArea
 from supervisor.checkpoint.save.in_flight import ManagerCommon, before_commit
 from supervisor.checkpoint.manager import CheckpointManager
-from supervisor.checkpoint.storage import Location, resolve_location
 from supervisor.clock import resolve_clock
 from supervisor.errors import CheckpointError
 from supervisor.state.resume import loader_generators
@@ -151,8 +150,7 @@ class ShardedCheckpointManager(ManagerCommon):
                  clock: Any = None, capture: str = "auto", copier: Any = None, lock: str = "auto",
                  lease_secs: float | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         self._chief = distributed.rank() == 0
-        where = directory if isinstance(directory, Location) else check_directory(directory)
-        inner = CheckpointManager(resolve_location(where, storage_options), basename=basename, max_to_keep=max_to_keep,
+        inner = CheckpointManager(resolve_directory(directory, storage_options), basename=basename, max_to_keep=max_to_keep,
                                   keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                                   save_mode="sync", verify=verify, save_rng=save_rng,
                                   trusted_globals=trusted_globals, clock=clock, lock=lock, lease_secs=lease_secs)

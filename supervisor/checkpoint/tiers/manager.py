@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from supervisor._validate import check_choice
 from supervisor.checkpoint.layout.best import SOURCES, MetricKeeper, check_retention
@@ -40,7 +40,7 @@ from supervisor.checkpoint.tiers.persist import Persister
 from supervisor.checkpoint.tiers.record import RECORD_FILE, read_record, remove_record, write_record
 from supervisor.checkpoint.tiers.restore import Tier, TierChoice, describe, find_in_tiers
 from supervisor.checkpoint.tiers.options import check_tiers
-from supervisor.clock import resolve_clock
+from supervisor.clock import Clock, resolve_clock
 from supervisor.errors import CheckpointCorruptError, CheckpointError
 from supervisor.state import TrainingState
 
@@ -364,13 +364,27 @@ class TieredCheckpointManager:
                 f"persist_every_steps={self.persister.every_steps}, persist_every_secs={self.persister.every_secs})")
 
 
-def make_manager(directory: str, *, local_dir: str | None = None, persist_every_steps: int | None = None,
+def make_manager(directory: str | os.PathLike, *, local_dir: str | None = None, persist_every_steps: int | None = None,
                  persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
-                 persist_grace_secs: float | None = 120.0, **options: Any) -> Any:
-    """A `TieredCheckpointManager` when ``local_dir`` is given, else a `CheckpointManager` (the
-    front doors' one call; the tier options come checked from `tier_options.check_tiers`)."""
+                 persist_grace_secs: float | None = 120.0, basename: str = "model.ckpt", max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = 10000.0, save_mode: str = "async",
+                 trusted_globals: Iterable[Any] = (), capture: str = "auto", lock: str = "auto",
+                 lease_secs: float | None = None, keep_best: int | None = None, best_metric: Any = None,
+                 best_mode: str = "min", keep_period: int | None = None, clock: Clock | None = None,
+                 checkpoint_format: str = "torch") -> CheckpointManager | TieredCheckpointManager:
+    """A `TieredCheckpointManager` when ``local_dir`` is given, else a `CheckpointManager`: the
+    front doors' one call (their `CheckpointOptions`, the tier options checked by
+    `tier_options.check_tiers`); every keyword is the managers' own, passed on by name."""
     if local_dir is None:
-        return CheckpointManager(directory, **options)
-    return TieredCheckpointManager(directory, local_dir=local_dir, persist_every_steps=persist_every_steps,
-                                   persist_every_secs=persist_every_secs, local_max_to_keep=local_max_to_keep,
-                                   persist_grace_secs=persist_grace_secs, **options)
+        return CheckpointManager(
+            directory, basename=basename, max_to_keep=max_to_keep, save_mode=save_mode, capture=capture,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, trusted_globals=trusted_globals, lock=lock,
+            lease_secs=lease_secs, keep_best=keep_best, best_metric=best_metric, best_mode=best_mode,
+            keep_period=keep_period, clock=clock, checkpoint_format=checkpoint_format)
+    return TieredCheckpointManager(
+        directory, local_dir=local_dir, persist_every_steps=persist_every_steps, persist_every_secs=persist_every_secs,
+        local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs, basename=basename,
+        max_to_keep=max_to_keep, save_mode=save_mode, capture=capture, trusted_globals=trusted_globals, lock=lock,
+        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, lease_secs=lease_secs, keep_best=keep_best,
+        best_metric=best_metric, best_mode=best_mode, keep_period=keep_period, clock=clock,
+        checkpoint_format=checkpoint_format)

@@ -14,7 +14,7 @@ from typing import Any
 from supervisor import _validate as v
 from supervisor.checkpoint.storage import is_url
 
-__all__ = ["DEFAULT_PERSIST_SECS", "TIER_ARGUMENTS", "check_peer_replicas", "check_tiers", "pop_tiers"]
+__all__ = ["DEFAULT_PERSIST_SECS", "TIER_ARGUMENTS", "check_peer_replicas", "check_tiers"]
 
 #: How often a local checkpoint is persisted when neither interval is given.
 DEFAULT_PERSIST_SECS = 600.0
@@ -62,12 +62,6 @@ def check_peer_replicas(peer_replicas: Any, *, local_dir: Any, checkpoint_format
                          "chief saves and a lost node resumes from the logdir; pass checkpoint_format='dcp' or drop "
                          "peer_replicas")
     return value
-
-
-def pop_tiers(options: dict[str, Any]) -> dict[str, Any]:
-    """Removes the tier options from ``options`` and returns them (a sharded manager's front door:
-    `supervisor.checkpoint.tiers.sharded.make_sharded_manager` takes them back)."""
-    return {name: options.pop(name) for name in TIER_ARGUMENTS if name in options}
 
 
 def _check_local_dir(local_dir: Any, logdir: str | None) -> str:

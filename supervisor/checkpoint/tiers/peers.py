@@ -43,12 +43,13 @@ from typing import Any, Mapping
 
 import torch
 
+from supervisor.checkpoint.arguments import resolve_directory
 from supervisor.checkpoint.layout.format import checkpoint_name
 from supervisor.checkpoint.sharded import commit as dcp_commit
 from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
 from supervisor.checkpoint.tiers import sharded
 from supervisor.checkpoint.tiers import sharded_parts as parts
-from supervisor.checkpoint.tiers.options import check_peer_replicas, pop_tiers
+from supervisor.checkpoint.tiers.options import check_peer_replicas
 from supervisor.checkpoint.tiers.peer_link import Link, exchange_part
 from supervisor.checkpoint.tiers.sharded_agree import agree_step
 
@@ -57,12 +58,30 @@ __all__ = ["PeerReplicatedCheckpointManager", "make_sharded_manager", "partners"
 logger = logging.getLogger(__name__)
 
 
-def make_sharded_manager(directory: str, *, peer_replicas: bool = False, **options: Any) -> ShardedCheckpointManager:
-    """The front doors' one call for ``checkpoint_format="dcp"``: a `PeerReplicatedCheckpointManager`
-    with ``peer_replicas=True``, else `supervisor.checkpoint.tiers.sharded.make_sharded_manager`'s."""
-    if check_peer_replicas(peer_replicas, local_dir=options.get("local_dir"), checkpoint_format="dcp"):
-        return PeerReplicatedCheckpointManager(directory, **pop_tiers(options), **options)
-    return sharded.make_sharded_manager(directory, **options)
+def make_sharded_manager(directory: Any, *, peer_replicas: bool = False, local_dir: str | None = None,
+                         persist_every_steps: int | None = None, persist_every_secs: float | None = None,
+                         local_max_to_keep: int | None = 2, persist_grace_secs: float | None = 120.0,
+                         basename: str = "model.ckpt", max_to_keep: int | None = 5,
+                         keep_checkpoint_every_n_hours: float | None = 10000.0, save_mode: str = "async",
+                         trusted_globals: Any = (), max_wait_secs: float = 7200, clock: Any = None,
+                         capture: str = "auto", lock: str = "auto",
+                         lease_secs: float | None = None) -> ShardedCheckpointManager:
+    """The front doors' one call for ``checkpoint_format="dcp"`` (their `CheckpointOptions`; every
+    keyword is the managers' own, passed on by name): a `PeerReplicatedCheckpointManager` with
+    ``peer_replicas=True``, a `ShardedTieredCheckpointManager` with a ``local_dir``, else a
+    `ShardedCheckpointManager`."""
+    replicated = check_peer_replicas(peer_replicas, local_dir=local_dir, checkpoint_format="dcp")
+    if local_dir is None:
+        return ShardedCheckpointManager(
+            directory, basename=basename, max_to_keep=max_to_keep, save_mode=save_mode, lock=lock,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, trusted_globals=trusted_globals,
+            max_wait_secs=max_wait_secs, clock=clock, capture=capture, lease_secs=lease_secs)
+    return (PeerReplicatedCheckpointManager if replicated else sharded.ShardedTieredCheckpointManager)(
+        directory, local_dir=local_dir, persist_every_steps=persist_every_steps, persist_every_secs=persist_every_secs,
+        local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs, basename=basename,
+        max_to_keep=max_to_keep, save_mode=save_mode, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+        trusted_globals=trusted_globals, max_wait_secs=max_wait_secs, clock=clock, capture=capture, lock=lock,
+        lease_secs=lease_secs)
 
 
 def ranks_per_node(world_size: int, environ: Mapping[str, str] = os.environ) -> int | None:
@@ -114,9 +133,22 @@ class PeerReplicatedCheckpointManager(sharded.ShardedTieredCheckpointManager):
     (module docstring); one on every rank. Takes `ShardedTieredCheckpointManager`'s arguments;
     ``replicas``: (step, bytes sent, seconds) of each replication this session made (the figures)."""
 
-    def __init__(self, directory: Any, **options: Any) -> None:
+    def __init__(self, directory: Any, *, local_dir: Any, persist_every_steps: int | None = None,
+                 persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
+                 persist_grace_secs: float | None = 120.0, max_consecutive_save_failures: int | None = None,
+                 basename: str = "model.ckpt", max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = 10000.0, save_mode: str = "async", verify: str = "full",
+                 save_rng: bool = True, trusted_globals: Any = (), max_wait_secs: float = 7200,
+                 save_timeout_secs: float = 1800.0, clock: Any = None, capture: str = "auto", copier: Any = None,
+                 lock: str = "auto", lease_secs: float | None = None, storage_options: Any = None) -> None:
         per_node = ranks_per_node(dcp_commit.rank_and_size()[1])  # refused before anything starts
-        super().__init__(directory, **options)
+        super().__init__(
+            resolve_directory(directory, storage_options), local_dir=local_dir, persist_every_steps=persist_every_steps, persist_every_secs=persist_every_secs,
+            local_max_to_keep=local_max_to_keep, persist_grace_secs=persist_grace_secs, basename=basename,
+            max_consecutive_save_failures=max_consecutive_save_failures, max_to_keep=max_to_keep, save_mode=save_mode,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, verify=verify, save_rng=save_rng,
+            trusted_globals=trusted_globals, max_wait_secs=max_wait_secs, save_timeout_secs=save_timeout_secs,
+            clock=clock, capture=capture, copier=copier, lock=lock, lease_secs=lease_secs)
         self.world_size = self._world
         self.holder: int | None = None
         self.source: int | None = None

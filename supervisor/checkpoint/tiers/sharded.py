@@ -26,6 +26,7 @@ import warnings
 from typing import Any
 
 from supervisor import distributed
+from supervisor.checkpoint.arguments import resolve_directory
 from supervisor.checkpoint.layout.format import FileRecord, checkpoint_name, read_manifest, step_of
 from supervisor.checkpoint.layout.verify import DCP_METADATA
 from supervisor._validate import check_int
@@ -39,26 +40,18 @@ from supervisor.checkpoint.sharded.state_dict import restore_sharded
 from supervisor.checkpoint.storage import storage_for
 from supervisor.checkpoint.tiers import sharded_parts as parts
 from supervisor.checkpoint.tiers.sharded_agree import agree_step, all_reduce_max, fallback_note, lowest_lacking
-from supervisor.checkpoint.tiers.options import check_tiers, pop_tiers
+from supervisor.checkpoint.tiers.options import check_tiers
 from supervisor.checkpoint.tiers.persist import is_due
 from supervisor.errors import CheckpointError
 
-__all__ = ["ShardedTieredCheckpointManager", "make_sharded_manager"]
+__all__ = ["ShardedTieredCheckpointManager"]
 
 logger = logging.getLogger(__name__)
 
 
-def make_sharded_manager(directory: str, **options: Any) -> ShardedCheckpointManager:
-    """A `ShardedTieredCheckpointManager` when ``options`` name a ``local_dir``, else a
-    `ShardedCheckpointManager` (the front doors' one call for ``checkpoint_format="dcp"``)."""
-    tiers = pop_tiers(options)
-    if tiers.get("local_dir") is None:
-        return ShardedCheckpointManager(directory, **options)
-    return ShardedTieredCheckpointManager(directory, **tiers, **options)
-
-
 class ShardedTieredCheckpointManager(ShardedCheckpointManager):
-    """``checkpoint_format="dcp"`` with a node-local tier (module docstring); one on every rank.
+    """``checkpoint_format="dcp"`` with a node-local tier (module docstring); one on every rank
+    (the front doors': `supervisor.checkpoint.tiers.peers.make_sharded_manager`).
 
     Args:
         directory: the logdir (the persistent tier): a local path, shared filesystem or URL.
@@ -73,8 +66,15 @@ class ShardedTieredCheckpointManager(ShardedCheckpointManager):
     def __init__(self, directory: Any, *, local_dir: Any, persist_every_steps: int | None = None,
                  persist_every_secs: float | None = None, local_max_to_keep: int | None = 2,
                  persist_grace_secs: float | None = 120.0, max_consecutive_save_failures: int | None = None,
-                 **options: Any) -> None:
-        super().__init__(directory, **options)
+                 basename: str = "model.ckpt", max_to_keep: int | None = 5,
+                 keep_checkpoint_every_n_hours: float | None = 10000.0, save_mode: str = "async", verify: str = "full",
+                 save_rng: bool = True, trusted_globals: Any = (), max_wait_secs: float = 7200,
+                 save_timeout_secs: float = 1800.0, clock: Any = None, capture: str = "auto", copier: Any = None,
+                 lock: str = "auto", lease_secs: float | None = None, storage_options: Any = None) -> None:
+        super().__init__(resolve_directory(directory, storage_options), basename=basename, max_to_keep=max_to_keep,
+                         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, save_mode=save_mode, verify=verify,
+                         save_rng=save_rng, trusted_globals=trusted_globals, max_wait_secs=max_wait_secs, clock=clock,
+                         save_timeout_secs=save_timeout_secs, capture=capture, copier=copier, lock=lock, lease_secs=lease_secs)
         self._copy_failures = ConsecutiveFailures(check_int(
             "max_consecutive_save_failures", max_consecutive_save_failures, minimum=1, allow_none=True))
         tiers = check_tiers(local_dir=local_dir, persist_every_steps=persist_every_steps,
