@@ -2,7 +2,9 @@
 
 A tramp parameter is one a function only passes on: ``storage_options`` (the object-store
 client's options, resolved into a `Storage` by whoever finally needs one), ``trusted_globals``
-(the loader's allow-list) and ``clock``. Run it from the repository root::
+(the loader's allow-list), ``unpickling`` (the record the allow-list is resolved into, `Unpickling`:
+counted under its own name so that a rename never looks like a removal) and ``clock``. Run it from
+the repository root::
 
     python tools/tramp_count.py            # a table: parameter, functions, files (all; inside)
     python tools/tramp_count.py --list     # and every function, as path::qualified.name
@@ -15,9 +17,10 @@ point is a name the documented packages export (`PUBLIC`: ``supervisor``, ``hook
 or a command of the CLI (``supervisor/cli/<verb>.py::main``). The public ones keep accepting
 ``storage_options`` where users pass it. ``tramps``: the inside ones that only pass the parameter
 on (every use of it is an argument of a call; `only_passes_on`), marked ``~`` by ``--list``.
-``resolve``: those tramps whose every call that receives ``storage_options`` is a resolver
-(`RESOLVERS`: the calls that turn a directory and its options into a `Location`/`Storage`): the
-options end there, resolved once for that call, instead of being carried further down; marked
+``resolve``: those tramps whose every call that receives the parameter is one of its resolvers
+(`ENDS`: for ``storage_options`` `RESOLVERS`, the calls that turn a directory and its options into
+a `Location`/`Storage`; for ``trusted_globals`` `UNPICKLING_RESOLVERS`, the record's making): the
+parameter ends there, resolved once for that call, instead of being carried further down; marked
 ``=`` by ``--list`` (a public reader of a module outside `PUBLIC`, or a backend's factory).
 """
 from __future__ import annotations
