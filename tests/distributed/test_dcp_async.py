@@ -230,14 +230,19 @@ def test_a_failed_async_sharded_save_stops_the_session_with_the_error(tmp_path, 
                         {"ok": False, "message": "rank 0: OSError: disk full (injected)", "records": {}})
     state = _state()
     steps = []
+
+    def step():  # past step 3 (its save under way), the handshake: that save has failed
+        if s.global_step >= 3:
+            s.checkpoint_manager.wait()
+
     with pytest.raises(CheckpointError, match="step 3.*disk full"):
         with MonitoredTrainingSession(str(tmp_path), model=state["model"], checkpoint_format="dcp",
                                       save_checkpoint_steps=3, log_step_count_steps=None,
                                       save_summaries_steps=None) as s:
             while not s.should_stop() and s.global_step < 50:
-                s.run(lambda: time.sleep(0.01))
+                s.run(step)
                 steps.append(s.global_step)
-    assert steps[-1] < 50  # stopped by the failure, not by the loop's bound
+    assert steps[-1] == 4, steps  # stopped by the failure at the boundary after it, not by the loop's bound
     assert latest_checkpoint(str(tmp_path)).endswith("model.ckpt-0")
 
 
