@@ -83,21 +83,25 @@ def test_recoverable_error_reported_by_a_thread_recovers():
 def test_supervisor_recovers_from_a_loop_thread_and_restarts_it(tmp_path):
     model = Weight()
     calls = []
-    sv = Supervisor(tmp_path, model=model, hooks=[StopAtStepHook(last_step=40)],
+    failed, again, recorder = threading.Event(), threading.Event(), RecordingHook()
+    sv = Supervisor(tmp_path, model=model, hooks=[StopAtStepHook(last_step=40), recorder],
                     save_summaries_secs=0, handle_signals=False, recovery_wait_secs=0)
 
     def service():
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
+            failed.set()
             raise RecoverableError("service hiccup")
+        again.set()
 
     with sv.managed_session() as s:
         sv.loop(0.001, service)
+        assert failed.wait(30), "the service never ran"  # the handshakes: it failed once...
         while not s.should_stop():
             s.run(lambda: None)
-            if len(calls) < 2:
-                threading.Event().wait(0.01)
-    assert s.global_step == 40
+            if recorder.calls.count("after_create_session") == 2:  # ...the session was re-created...
+                assert again.wait(30), "the service was not restarted after the recovery"  # ...it ran again
+    assert s.global_step == 40 and recorder.calls.count("after_create_session") == 2
     assert len(calls) >= 2  # the loop thread ran again after the recovery
 
 
