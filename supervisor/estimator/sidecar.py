@@ -285,10 +285,21 @@ class _ThisThreadOnly(logging.Filter):
         return record.thread != self._thread or record.levelno > logging.INFO
 
 
+# The evaluation session's lifecycle logs under these names and their children (a logger's
+# filter never sees its children's records, so each logger of the subtree gets the filter).
+_QUIET = ("supervisor.engine.session", "supervisor.creators")
+
+
+def _quiet_loggers() -> list[logging.Logger]:
+    """Every logger under `_QUIET` made so far (a module's logger is made at its import)."""
+    names = [n for n in list(logging.root.manager.loggerDict) if n.startswith(tuple(p + "." for p in _QUIET))]
+    return [logging.getLogger(name) for name in (*_QUIET, *names)]
+
+
 @contextlib.contextmanager
 def _evaluation_session_logs() -> Iterator[None]:
     quiet = _ThisThreadOnly()
-    loggers = [logging.getLogger(name) for name in ("supervisor.engine.session", "supervisor.creators")]
+    loggers = _quiet_loggers()
     for each in loggers:
         each.addFilter(quiet)
     try:

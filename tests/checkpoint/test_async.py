@@ -100,17 +100,20 @@ def test_a_process_exiting_without_close_still_commits_the_save_in_flight(tmp_pa
     import textwrap
 
     script = textwrap.dedent(f"""
-        import time, torch
+        import threading, torch
         from supervisor import TrainingState
         from supervisor.checkpoint import CheckpointManager
 
-        class SlowFile:  # keeps the save in flight well past the end of the script
+        class HeldFile:  # the handshake: no byte is written before the script's main thread has ended
             def __init__(self, raw): self.raw = raw
-            def write(self, data): time.sleep(0.05); return self.raw.write(data)
+            def write(self, data):
+                threading.main_thread().join(60)
+                assert not threading.main_thread().is_alive(), "the script did not end in 60 s"
+                return self.raw.write(data)
             def fileno(self): return self.raw.fileno()
             def close(self): self.raw.close()
 
-        manager = CheckpointManager({str(tmp_path)!r}, opener=lambda p: SlowFile(open(p, "xb", buffering=0)))
+        manager = CheckpointManager({str(tmp_path)!r}, opener=lambda p: HeldFile(open(p, "xb", buffering=0)))
         manager.open()
         manager.save(3, TrainingState({{"model": torch.nn.Linear(2, 2)}}))
         print("exiting", flush=True)

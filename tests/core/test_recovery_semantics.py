@@ -83,21 +83,25 @@ def test_recoverable_error_reported_by_a_thread_recovers():
 def test_supervisor_recovers_from_a_loop_thread_and_restarts_it(tmp_path):
     model = Weight()
     calls = []
-    sv = Supervisor(tmp_path, model=model, hooks=[StopAtStepHook(last_step=40)],
+    failed, again, recorder = threading.Event(), threading.Event(), RecordingHook()
+    sv = Supervisor(tmp_path, model=model, hooks=[StopAtStepHook(last_step=40), recorder],
                     save_summaries_secs=0, handle_signals=False, recovery_wait_secs=0)
 
     def service():
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
+            failed.set()
             raise RecoverableError("service hiccup")
+        again.set()
 
     with sv.managed_session() as s:
         sv.loop(0.001, service)
+        assert failed.wait(30), "the service never ran"  # the handshakes: it failed once...
         while not s.should_stop():
             s.run(lambda: None)
-            if len(calls) < 2:
-                threading.Event().wait(0.01)
-    assert s.global_step == 40
+            if recorder.calls.count("after_create_session") == 2:  # ...the session was re-created...
+                assert again.wait(30), "the service was not restarted after the recovery"  # ...it ran again
+    assert s.global_step == 40 and recorder.calls.count("after_create_session") == 2
     assert len(calls) >= 2  # the loop thread ran again after the recovery
 
 
@@ -142,6 +146,24 @@ def test_without_a_checkpoint_dir_recovery_keeps_step_and_state_consistent():
         assert s.global_step == counter["applied"] == 4
 
 
+def _signal_once_in(function: str, sig: int, timeout_secs: float = 30) -> None:
+    """Sends ``sig`` to this process once the main thread is inside ``function`` (the
+    handshake: its stack says so), or gives up after ``timeout_secs`` (the test then fails)."""
+    import os
+    import sys
+    import time
+
+    main, deadline = threading.main_thread().ident, time.monotonic() + timeout_secs
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        while frame is not None and frame.f_code.co_name != function:
+            frame = frame.f_back
+        if frame is not None:
+            os.kill(os.getpid(), sig)
+            return
+        time.sleep(0.001)
+
+
 def test_sigterm_during_a_recovery_backoff_ends_the_wait_and_stops():
     import os
     import signal
@@ -153,13 +175,13 @@ def test_sigterm_during_a_recovery_backoff_ends_the_wait_and_stops():
         if failures:
             raise failures.pop()
 
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    signaller = threading.Thread(target=_signal_once_in, args=("_wait_backoff", signal.SIGTERM), name="signaller")
     start = time.monotonic()
     with MonitoredSession(recovery_backoff_secs=60, handle_signals=True) as s:
-        timer.start()
+        signaller.start()
         s.run(step)  # fails, backs off (60 s) — the SIGTERM ends the wait, the retry succeeds
         assert s.should_stop()  # and the signal's stop applied at that step's boundary
-    timer.join(5)
+    signaller.join(30)
     assert time.monotonic() - start < 30
     assert s.preempted and s.stop_reason == "received SIGTERM" and s.global_step == 1
 

@@ -76,12 +76,18 @@ def test_a_save_while_one_is_in_flight_waits_for_it_and_wait_true_returns_commit
     state = _state()
     manager = ShardedCheckpointManager(tmp_path, max_to_keep=1)
     manager.open()
+    commits = []
+    manager.on_commit = lambda step, path: commits.append(step)
     manager.save(1, state)
-    opened = threading.Timer(0.3, gate.set)
-    opened.start()
-    start = time.monotonic()
-    path = manager.save(2, state, wait=True)  # waits for save 1 (held until the timer), then commits 2
-    assert time.monotonic() - start >= 0.25
+    paths = []
+    second = threading.Thread(target=lambda: paths.append(manager.save(2, state, wait=True)), name="second")
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and commits == []  # save 2 waits for save 1, held at the gate
+    gate.set()  # the test's release, not a timer's
+    second.join(60)
+    path = paths[0]
+    assert commits == [1, 2]  # then it committed, after save 1
     verify_checkpoint(path)
     fresh = _state(seed=5)
     load_into(path, fresh)  # a waited-for save writes the live state (no staging copy): the same values
@@ -89,7 +95,6 @@ def test_a_save_while_one_is_in_flight_waits_for_it_and_wait_true_returns_commit
     manager.close()
     # retention (max_to_keep=1) deleted step 1 for good (after the commit): no .deleting-* left
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith("model.ckpt")) == ["model.ckpt-2"]
-    opened.join()
 
 
 def test_a_failed_background_save_publishes_nothing_and_is_reported(tmp_path, monkeypatch):
@@ -230,14 +235,19 @@ def test_a_failed_async_sharded_save_stops_the_session_with_the_error(tmp_path, 
                         {"ok": False, "message": "rank 0: OSError: disk full (injected)", "records": {}})
     state = _state()
     steps = []
+
+    def step():  # past step 3 (its save under way), the handshake: that save has failed
+        if s.global_step >= 3:
+            s.checkpoint_manager.wait()
+
     with pytest.raises(CheckpointError, match="step 3.*disk full"):
         with MonitoredTrainingSession(str(tmp_path), model=state["model"], checkpoint_format="dcp",
                                       save_checkpoint_steps=3, log_step_count_steps=None,
                                       save_summaries_steps=None) as s:
             while not s.should_stop() and s.global_step < 50:
-                s.run(lambda: time.sleep(0.01))
+                s.run(step)
                 steps.append(s.global_step)
-    assert steps[-1] < 50  # stopped by the failure, not by the loop's bound
+    assert steps[-1] == 4, steps  # stopped by the failure at the boundary after it, not by the loop's bound
     assert latest_checkpoint(str(tmp_path)).endswith("model.ckpt-0")
 
 

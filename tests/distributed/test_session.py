@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from .harness import describe, run_job
+from .worker import CHIEF_AFTER_GIVING_UP
 
 RESTORED = re.compile(r"restored step=(\d+) from (\S+)")
 
@@ -46,7 +47,7 @@ def test_every_rank_restores_the_checkpoint_the_chief_chose(tmp_path):
 
 @pytest.mark.slow
 def test_a_worker_gives_up_waiting_for_the_chief_with_a_timeout_naming_it(tmp_path):
-    results = run_job("ddp_session", 2, str(tmp_path / "run"), "2", "8", "2", timeout=60)
+    results = run_job("ddp_session", 2, str(tmp_path / "run"), "2", CHIEF_AFTER_GIVING_UP, "2", timeout=60)
     worker = results[1]
     assert worker.returncode not in (0, None), describe(results)
     assert "TimeoutError" in worker.output and "chief's restore decision" in worker.output

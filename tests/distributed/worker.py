@@ -177,26 +177,45 @@ def ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: s
     emit(_ddp_session(logdir, last_step, chief_delay, max_wait, fault, fault_rank, fault_step, save_secs))
 
 
+#: ``chief_delay`` of `_ddp_session`: the chief enters its session only once a worker gave up
+#: waiting for it (the worker's TimeoutError writes LOGDIR.gave-up).
+CHIEF_AFTER_GIVING_UP = "after-a-worker-gave-up"
+
+
+def _wait_for_file(path: str, what: str, timeout_secs: float = 120) -> None:
+    deadline = time.monotonic() + timeout_secs
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} ({path} missing after {timeout_secs:g} s)")
+        time.sleep(0.01)
+
+
 def _ddp_session(logdir: str, last_step: str, chief_delay: str = "0", max_wait: str = "60",
                  fault: str = "none", fault_rank: str = "1", fault_step: str = "0", save_secs: str = "0") -> dict:
     """Trains a DDP model through MonitoredTrainingSession until ``last_step``. On rank
     ``fault_rank``, during step ``fault_step``: ``stop`` (request_stop), ``sigterm``, ``nan`` (a
-    NaN loss, NanTensorHook(fail_on_nan_loss=False)), ``raise``, ``kill`` (SIGKILL) or ``hang``."""
+    NaN loss, NanTensorHook(fail_on_nan_loss=False)), ``raise``, ``kill`` (SIGKILL) or ``hang``.
+    ``chief_delay``: ``"0"``, or `CHIEF_AFTER_GIVING_UP` (the chief comes once a worker gave up)."""
     import hooks
     from supervisor import MonitoredTrainingSession
 
     net, ddp, optimizer = build_ddp()
     rank = dist.get_rank()
-    if rank == 0 and float(chief_delay):
-        time.sleep(float(chief_delay))
+    if rank == 0 and chief_delay == CHIEF_AFTER_GIVING_UP:
+        _wait_for_file(logdir + ".gave-up", "the worker never gave up waiting for the chief")
     faulty = rank == int(fault_rank)
     user_hooks: list[Any] = [hooks.StopAtStepHook(last_step=int(last_step)),
                              hooks.NanTensorHook("loss", fail_on_nan_loss=False)]
     session_ref: list = [None]
     saves = {"save_checkpoint_secs": float(save_secs)} if float(save_secs) else {"save_checkpoint_steps": 3}
-    with MonitoredTrainingSession(logdir, model=ddp, optimizer=optimizer, hooks=user_hooks,
-                                  log_step_count_steps=None, save_summaries_steps=None,
-                                  max_wait_secs=float(max_wait), stop_grace_secs=8, **saves) as s:
+    try:
+        session = MonitoredTrainingSession(logdir, model=ddp, optimizer=optimizer, hooks=user_hooks,
+                                           log_step_count_steps=None, save_summaries_steps=None,
+                                           max_wait_secs=float(max_wait), stop_grace_secs=8, **saves)
+    except TimeoutError:
+        open(logdir + ".gave-up", "w").close()  # the chief's handshake (CHIEF_AFTER_GIVING_UP)
+        raise
+    with session as s:
         session_ref[0] = s
         start_step = s.global_step
         inner = make_step(ddp, optimizer, session_ref)

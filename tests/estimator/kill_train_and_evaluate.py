@@ -1,8 +1,9 @@
 """Child process of test_eval_after_kill.py: local ``train_and_evaluate`` saving every step, with
-slow evaluations, a LatestExporter (keeping all) and a FinalExporter.
+a LatestExporter (keeping all) and a FinalExporter.
 
-``KILL_AT=eval:N`` SIGKILLs this process in the middle of its N-th evaluation (so checkpoints
-commit while it evaluates); ``KILL_AT=export:N`` at the start of its N-th LatestExporter export
+``KILL_AT=eval:N`` SIGKILLs this process in the middle of its N-th evaluation (of the newest
+checkpoint: the next step's save is captured only once the evaluation returned, so no later
+checkpoint can commit meanwhile); ``KILL_AT=export:N`` at the start of its N-th LatestExporter export
 (after that evaluation's events were written); ``KILL_AT=export_step:S`` there when exporting the
 checkpoint of step S. Prints ``RESULT <json>`` at a clean end.
 """
@@ -12,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -47,7 +47,7 @@ class KillingLatestExporter(LatestExporter):
 def main() -> None:
     model_dir, max_steps = sys.argv[1], int(sys.argv[2])
     config = RunConfig(model_dir, save_checkpoints_steps=1, log_step_count_steps=0, save_summary_steps=0)
-    est = make_estimator(model_dir, config=config, eval_step=timed_eval_step)
+    est = make_estimator(model_dir, config=config, eval_step=eval_step)
     metrics, exports = train_and_evaluate(
         est, TrainSpec(endless(), max_steps=max_steps),
         EvalSpec(eval_input_fn, steps=None, throttle_secs=0,
@@ -62,10 +62,6 @@ def eval_input_fn():
             die_at("eval")
         yield batch
 
-
-def timed_eval_step(model, batch):
-    time.sleep(0.02)  # slow enough that the next checkpoint commits during an evaluation
-    return eval_step(model, batch)
 
 if __name__ == "__main__":
     main()

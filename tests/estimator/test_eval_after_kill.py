@@ -64,8 +64,9 @@ def exported_steps(model_dir, name):
 
 def test_kills_during_evaluation_and_exports_leave_nothing_unevaluated_or_unexported_and_nothing_twice(tmp_path):
     model_dir = str(tmp_path / "run")
-    life(model_dir, kill_at="eval:3")  # SIGKILL mid-evaluation; later checkpoints committed meanwhile
+    life(model_dir, kill_at="eval:3")  # SIGKILL mid-evaluation of the newest checkpoint
     first_restore = restored_step(model_dir)
+    assert first_restore not in evaluations(model_dir), first_restore  # the next life must evaluate it
     life(model_dir, kill_at="export:2")  # SIGKILL as the second export of that life starts
     second_restore = restored_step(model_dir)
     life(model_dir, kill_at=f"export_step:{MAX_STEPS}")  # the final evaluation is written, not exported

@@ -2,6 +2,7 @@
 `GlobalStepWaiterHook` waits on the chief's committed progress there."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -17,6 +18,9 @@ def make_state(seed=0):
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
+HOLD_AT = 5  # the chief holds here, below the worker's step 10, until the worker is waiting
+
+
 def run_chief(logdir, last_step, started, go):
     model, opt = make_state()
     with MonitoredTrainingSession(logdir, model, opt, save_checkpoint_steps=1, save_checkpoint_secs=None,
@@ -26,13 +30,31 @@ def run_chief(logdir, last_step, started, go):
         s.checkpoint_manager.wait()
         started.set()
         while not s.should_stop():
-            go.wait(0.02)  # paced, so the worker has to wait
+            if s.global_step == HOLD_AT:
+                assert go.wait(60), "the worker never started waiting"
             s.run(lambda: None)
+
+
+class _SetOnWaiting(logging.Handler):
+    """Sets ``go`` at the waiter's "waiting for global step" line: the handshake that the worker
+    is waiting while the chief is behind."""
+
+    def __init__(self, go: threading.Event) -> None:
+        super().__init__(logging.INFO)
+        self.go = go
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("waiting for global step 10"):
+            self.go.set()
 
 
 def test_worker_waits_for_the_chiefs_committed_step(tmp_path):
     started, go = threading.Event(), threading.Event()
     chief = threading.Thread(target=run_chief, args=(tmp_path, 30, started, go), name="chief")
+    waiting, waiter_logger = _SetOnWaiting(go), logging.getLogger("hooks.basic")
+    level = waiter_logger.level
+    waiter_logger.addHandler(waiting)
+    waiter_logger.setLevel(logging.INFO)
     chief.start()
     try:
         assert started.wait(30)
@@ -44,11 +66,13 @@ def test_worker_waits_for_the_chiefs_committed_step(tmp_path):
             assert s.logdir == os.fspath(tmp_path) and not s.is_chief
             s.run(lambda: None)  # returns once the chief has committed step >= 10
             committed = latest_checkpoint(tmp_path)
-            assert committed is not None and int(committed.rsplit("-", 1)[1]) >= 10
+            assert go.is_set() and committed is not None and int(committed.rsplit("-", 1)[1]) >= 10
             assert s.summary_writer is None and s.checkpoint_manager is None
     finally:
         go.set()
         chief.join(60)
+        waiter_logger.removeHandler(waiting)
+        waiter_logger.setLevel(level)
     assert not chief.is_alive()
     # the worker wrote nothing: every file is the chief's (checkpoints, index, lock, events)
     created = set(os.listdir(tmp_path)) - before

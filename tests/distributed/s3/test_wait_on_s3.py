@@ -19,15 +19,28 @@ from tests.frontdoors.s3.models import build, train_step
 pytestmark = pytest.mark.timeout(120)
 
 
-def _chief(url: str, opts: dict, last_step: int, pace: threading.Event | None = None) -> None:
+def _chief(url: str, opts: dict, last_step: int, hold: threading.Event | None = None) -> None:
+    """Trains to ``last_step``; with ``hold``, waits for it at step 2 (before committing step 3)."""
     model, optimizer = build(seed=0)
     with MonitoredTrainingSession(url, model, optimizer, storage_options=opts, save_checkpoint_steps=1,
                                   hooks=[StopAtStepHook(last_step=last_step)], handle_signals=False,
                                   log_step_count_steps=None, save_summaries_steps=None) as s:
         while not s.should_stop():
-            if pace is not None:
-                pace.wait(0.05)
+            if hold is not None and s.global_step == 2:
+                assert hold.wait(60), "the worker never started waiting"
             s.run(train_step, model, optimizer)
+
+
+class _SetOnWaiting(logging.Handler):
+    """Sets ``event`` at the waiter's "waiting for global step" line (the worker is waiting)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__(logging.INFO)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("waiting for global step"):
+            self.event.set()
 
 
 def test_wait_for_global_step_reads_the_chiefs_index_on_the_url(s3_server, s3_root):
@@ -42,22 +55,29 @@ def test_wait_for_global_step_reads_the_chiefs_index_on_the_url(s3_server, s3_ro
         wait_for_global_step("runs/local", 2, storage_options=opts)
 
 
-def test_global_step_waiter_hook_in_a_worker_waits_for_the_chiefs_commits_on_the_url(s3_server, s3_root):
+def test_global_step_waiter_hook_in_a_worker_waits_for_the_chiefs_commits_on_the_url(s3_server, s3_root, caplog):
     url, opts = s3_root + "/run", options(s3_server.endpoint)
     _chief(url, opts, last_step=1)  # the worker restores step 1, then waits for the chief's step 4
     model, optimizer = build(seed=1)
     waiter = GlobalStepWaiterHook(4, poll_secs=0.1, timeout_secs=60, storage_options=opts)
-    chief = threading.Thread(target=_chief, args=(url, opts, 4, threading.Event()), name="chief")
-    with MonitoredTrainingSession(url, model, optimizer, is_chief=False, storage_options=opts, hooks=[waiter],
-                                  handle_signals=False, max_wait_secs=30) as s:
-        assert s.global_step == 1
-        chief.start()
-        try:
+    waiting = threading.Event()  # the handshake: the chief holds at step 2 until the worker waits
+    chief = threading.Thread(target=_chief, args=(url, opts, 4, waiting), name="chief")
+    handler = _SetOnWaiting(waiting)
+    logging.getLogger("hooks.basic").addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="hooks.basic"), \
+                MonitoredTrainingSession(url, model, optimizer, is_chief=False, storage_options=opts,
+                                         hooks=[waiter], handle_signals=False, max_wait_secs=30) as s:
+            assert s.global_step == 1
+            chief.start()
             s.run(train_step, model, optimizer)  # returns once the chief committed step 4
-        finally:
+            assert waiting.is_set() and committed_step(url, storage_options=opts) == 4
+    finally:
+        waiting.set()
+        logging.getLogger("hooks.basic").removeHandler(handler)
+        if chief.ident is not None:
             chief.join(60)
     assert not chief.is_alive()
-    assert committed_step(url, storage_options=opts) == 4
 
 
 def test_an_unreadable_index_is_reported_not_silently_waited_on(s3_server, s3_root, monkeypatch, caplog):

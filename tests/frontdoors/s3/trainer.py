@@ -60,8 +60,10 @@ def main() -> None:
         while not s.should_stop():
             s.run(step)
             if args.kill_at is not None and s.global_step == args.kill_at:
-                committed = f"model.ckpt-{args.kill_at - 2}"  # (kill_at % 3 == 2)
+                committed, deadline = f"model.ckpt-{args.kill_at - 2}", time.monotonic() + 120  # (kill_at % 3 == 2)
                 while not (latest_checkpoint(args.url) or "").endswith(committed):
+                    if time.monotonic() > deadline:
+                        sys.exit(f"{committed} was not committed under {args.url} within 120 s")
                     time.sleep(0.01)  # the checkpoint two steps back is committed...
                 s.run(step)  # ...the next one is requested at this boundary and uploads in the background
                 os.kill(os.getpid(), signal.SIGKILL)
