@@ -277,13 +277,17 @@ class Persister:
 
     def record_metric(self, step: int, name: str, metric: float) -> bool:
         """A metric reported after the local commit of ``step`` (an evaluation at the end): given
-        to its pending copy, or recorded in the logdir's index when it is there (once the copy in
-        flight is published); False when neither (the caller may `offer` it)."""
+        to its pending copy, or recorded in the logdir's index when it is there (once the logdir is
+        open and the copy in flight is published); False when neither (the caller may `offer` it)."""
         with self._cond:
             for job in self._pending:
                 if job.step == step:
                     job.metric, job.kept = metric, job.kept or self.keeps(step, name, metric)
                     return True
+        try:
+            self.wait_open()  # the logdir's index is needed: a deferred open starts now
+        except CheckpointError:
+            return False  # reported through on_failure
         self.flush()
         if self.publisher.record_metric(name, metric):
             self.publisher.remove_dropped()
