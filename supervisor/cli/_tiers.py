@@ -16,8 +16,8 @@ import os
 from typing import Callable
 
 from supervisor.cli._common import CheckpointRow, Listing, scan_logdir
-from supervisor.cli._sharded_tier import ShardedListing, part_of, rank_dirs, render_sharded, sharded_listing, \
-    sharded_restore
+from supervisor.cli._sharded_tier import ShardedListing, by_replica, part_of, peer_dirs, rank_dirs, render_sharded, \
+    sharded_listing, sharded_restore
 
 __all__ = ["add_local_dir", "local_listing", "render_local", "restore_choice", "tier_rows_json", "restore_line"]
 
@@ -33,7 +33,7 @@ def local_listing(args: argparse.Namespace, *, basename: str | None = None, veri
         return None
     local_dir = os.path.abspath(args.local_dir)
     ranks = rank_dirs(local_dir)
-    if ranks:  # checkpoint_format="dcp": a part per rank
+    if ranks or peer_dirs(local_dir):  # checkpoint_format="dcp": a part per rank (and peer replicas)
         return sharded_listing(local_dir, ranks, basename=basename, verify=verify)
     return scan_logdir(local_dir, basename=basename, verify=verify)
 
@@ -83,8 +83,14 @@ def _sharded_line(persistent: Listing, local: ShardedListing) -> str:
     row = _tier_choice(persistent.rows)
     tier, step, unseen = sharded_restore(row.step if row is not None else None, local)
     if tier == "local":
+        replicas = by_replica(local, step)  # type: ignore[arg-type]
+        if replicas:
+            note = f"; rank{'s' if len(replicas) > 1 else ''} {', '.join(map(str, replicas))} by their peer replicas here"
+        else:
+            note = ""
         if not unseen:
-            return f"a restart restores step {step} from the local tiers (every rank holds a committed part that verifies)"
+            return (f"a restart restores step {step} from the local tiers (every rank holds a committed part that "
+                    f"verifies{note})")
         fallback = f"the logdir's step {row.step}" if row is not None else "the logdir's newest"
         return (f"a restart restores step {step} from the local tiers if rank(s) {', '.join(map(str, unseen))} "
                 f"(not in {local.logdir}) hold it too; else {fallback}")

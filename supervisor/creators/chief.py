@@ -117,6 +117,8 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
         restored, self._scratch_key = chief_choice.decide_as_chief(
             lambda: manager.restore(self.state, step=chosen, keep_copy=env.is_distributed()),  # shared: read once
             initialises=self.init_fn is not None)
+        if hasattr(manager, "open_logdir"):  # checkpoint tiers: the logdir opens after the first step
+            _open_after_first_step(session, manager, restored.global_step if restored is not None else 0)
         return restored
 
     def initialise(self, session: Any) -> None:
@@ -125,3 +127,15 @@ class CheckpointSessionCreator(ManagedCheckpointCreator):
             super().initialise(session)
         else:
             chief_choice.initialise_as_chief(key, lambda: self.init_fn(session), self.state)
+
+
+def _open_after_first_step(session: Any, manager: Any, step: int) -> None:
+    """Calls ``manager.open_logdir()`` at the boundary after the session's first step past ``step``
+    (not at the creation's boundary): a tiered resume from the local tier opens the logdir (the
+    object store's client, lease, index) only then, off the restore's and the first step's path."""
+    def action(s: Any) -> None:
+        if s.global_step > step:
+            manager.open_logdir()
+        else:
+            s.call_at_boundary(action)
+    session.call_at_boundary(action)

@@ -1,36 +1,50 @@
 """The trainer of tests/tiers/test_tier_first_step.py: does a tiered session that resumes from
-its local tier run its first step without the object store's client (SPEC §17, issue 33)?
+its local tier run its first step before its persist worker opens the logdir (SPEC §17, issue 33)?
 
-``python tests/tiers/first_step_probe.py LOGDIR LOCAL_DIR --steps N --out OUT.json [--probe]``
+``python tests/tiers/first_step_probe.py LOGDIR LOCAL_DIR --steps N --out OUT.json [--watch MARKER]``
 (the S3 endpoint in ``S3_ENDPOINT``) trains a small model with ``local_dir`` to step N, a local
-save every step, a copy to the logdir every 2. With ``--probe`` the persist worker is held
-before it touches the logdir until the first step is done (at most `HOLD_SECS`; a seam of this
-script only: `Persister._start_worker` wrapped), so whatever of the client (``s3fs``,
-``aiobotocore``, ``botocore``) is imported by then was imported for the first step's sake.
-OUT.json gets what was seen: the step restored, the client's modules at the first step, whether
-the hold ran out (something waited for the logdir before the first step), the last step.
+save every step, a copy to the logdir every 2. With ``--watch`` the first step's ``after_run``
+first waits (at most `SETTLE_SECS`) until the persist worker settled: it said (DEBUG) that the
+logdir's open waits, or it finished opening the logdir (``Persister._open_logdir`` returned);
+then it notes which modules of the client (``s3fs``, ``aiobotocore``, ``botocore``) are imported
+and creates the file MARKER, so the test's proxy tells the requests made before the first step
+ended from those made after. OUT.json gets what was seen: the step restored, the client's modules
+at the first step, whether the worker settled in time and began opening before the first step
+ended, the last step.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import threading
 
 CLIENT = ("s3fs", "aiobotocore", "botocore")
-HOLD_SECS = 60.0
+SETTLE_SECS = 60.0
 
 
-def hold_the_persist_worker(first_step: threading.Event, seen: dict) -> None:
+def watch_the_persist_worker(settled: threading.Event, first_step: threading.Event, seen: dict) -> None:
+    """`settled` is set when the worker says its open waits, or once it opened the logdir."""
     from supervisor.checkpoint.tiers import persist
 
-    start = persist.Persister._start_worker
+    class Waits(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waits to open the logdir" in record.getMessage():
+                settled.set()
+    log = logging.getLogger(persist.__name__)
+    log.setLevel(logging.DEBUG)
+    log.addHandler(Waits(logging.DEBUG))
+    opened = persist.Persister._open_logdir
 
-    def held(self):
-        seen["hold_ran_out"] = not first_step.wait(HOLD_SECS)
-        return start(self)
-    persist.Persister._start_worker = held
+    def watched(self):
+        seen.setdefault("opening_before_first_step_ended", not first_step.is_set())
+        try:
+            return opened(self)
+        finally:
+            settled.set()
+    persist.Persister._open_logdir = watched
 
 
 def main() -> None:
@@ -39,7 +53,7 @@ def main() -> None:
     parser.add_argument("local_dir")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--watch", metavar="MARKER")
     args = parser.parse_args()
     import torch
 
@@ -47,17 +61,20 @@ def main() -> None:
     from hooks import StopAtStepHook
 
     seen: dict = {}
-    first_step = threading.Event()
-    if args.probe:
-        hold_the_persist_worker(first_step, seen)
+    settled, first_step = threading.Event(), threading.Event()
+    if args.watch:
+        watch_the_persist_worker(settled, first_step, seen)
 
     class FirstStep(supervisor.Hook):
         def after_create_session(self, session, coord) -> None:
             seen["restored"] = session.global_step
 
         def after_run(self, run_context, run_values) -> None:
-            if not first_step.is_set():
+            if args.watch and not first_step.is_set():
+                seen["settled"] = settled.wait(SETTLE_SECS)
                 seen["at_first_step"] = sorted(m for m in sys.modules if m.split(".")[0] in CLIENT)
+                with open(args.watch, "w"):
+                    pass
                 first_step.set()
 
     torch.manual_seed(0)

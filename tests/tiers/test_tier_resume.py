@@ -1,10 +1,12 @@
 """Resuming from the local tier without waiting for the logdir (SPEC §17, issue 33): the first
-step runs while the logdir's first request is held by a gated loopback proxy in front of a real
-S3 server; nothing is persisted before the lease is held; a logdir another writer moved on since
+step runs before the logdir is asked anything (a gated loopback proxy in front of a real S3
+server holds its requests); nothing is persisted before the lease is held; a second writer is
+still refused, once the logdir opens after the first step; a logdir another writer moved on since
 this node's record stops the session, and the next start restores the logdir's newest."""
 from __future__ import annotations
 
 import http.server
+import logging
 import os
 import threading
 
@@ -17,7 +19,8 @@ from supervisor.checkpoint.layout.index import read_index
 from supervisor.checkpoint.tiers import persist
 from supervisor.checkpoint.tiers.manager import TieredCheckpointManager
 from supervisor.checkpoint.tiers.record import RECORD_FILE
-from supervisor.errors import CheckpointError
+from supervisor.checkpoint.manager import CheckpointManager
+from supervisor.errors import CheckpointError, LogdirInUseError
 from supervisor.state import TrainingState
 from tests.s3_fixtures import forward, make_bucket, options
 
@@ -98,7 +101,31 @@ def _train(logdir, local, storage_options, model, last_step, step_fn=None) -> li
     return seen
 
 
-def test_the_first_step_runs_while_the_logdirs_first_request_is_held(s3_server, s3_storage, tmp_path):
+class WorkerWaits(logging.Handler):
+    """``parked`` is set when the persist worker says its open of the logdir waits (a handshake)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.parked = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "waits to open the logdir" in record.getMessage():
+            self.parked.set()
+
+    def __enter__(self) -> WorkerWaits:
+        log = logging.getLogger(persist.__name__)
+        self._level = log.level
+        log.setLevel(logging.DEBUG)
+        log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        log = logging.getLogger(persist.__name__)
+        log.removeHandler(self)
+        log.setLevel(self._level)
+
+
+def test_the_first_step_runs_before_the_logdir_is_asked_anything(s3_server, s3_storage, tmp_path):
     local = str(tmp_path / "local")
     with GateProxy(s3_server.port) as proxy:
         logdir, storage_options = make_bucket(s3_storage) + "/run", options(proxy.endpoint, read_timeout=120)
@@ -112,23 +139,20 @@ def test_the_first_step_runs_while_the_logdirs_first_request_is_held(s3_server, 
             if observed:
                 return
             observed["weight"] = resumed.weight.detach().clone()  # what the restore put there
-            deadline = threading.Event()
-            for _ in range(int(HOLD_SECS * 10)):  # handshake: the logdir's first request is issued and held
-                if proxy.counts()[0] >= 1:
-                    break
-                deadline.wait(0.1)
+            observed["parked"] = waits.parked.wait(HOLD_SECS)  # handshake: the worker waits to open
             observed["counts"] = proxy.counts()
             proxy.gate.set()
 
         resumed = _model(1)
         proxy.gate.clear()
         answered_before = proxy.counts()[1]
-        seen = _train(logdir, local, storage_options, resumed, last_step=7, step_fn=first_step)
+        with WorkerWaits() as waits:
+            seen = _train(logdir, local, storage_options, resumed, last_step=7, step_fn=first_step)
         assert proxy.timed_out == 0, "the session waited for the logdir until the gate gave up"
     waiting, answered = observed["counts"]
-    assert seen[0] == 4 and torch.equal(observed["weight"], expected)
-    assert waiting >= 1 and answered == answered_before, (
-        f"the first step ran after the logdir answered {answered - answered_before} request(s)")
+    assert seen[0] == 4 and torch.equal(observed["weight"], expected) and observed["parked"]
+    assert waiting == 0 and answered == answered_before, (
+        f"before the first step the logdir was asked {waiting} request(s), answered {answered - answered_before}")
     index = read_index(logdir, storage=s3_storage)
     assert os.path.basename(index.model_checkpoint_path) == "model.ckpt-7"  # persisted once the lease was held
     assert os.path.exists(os.path.join(local, RECORD_FILE))
@@ -175,3 +199,26 @@ def test_a_logdir_moved_on_by_another_writer_stops_the_session_and_the_next_star
     with _manager(backend_logdir, node_a) as a:  # the next start waits for the logdir
         restored = a.restore(_state(9))
         assert restored.global_step == 6 and restored.path.startswith(backend_logdir[1])
+
+
+def test_a_second_writer_is_refused_when_the_logdir_opens_after_the_first_step(backend_logdir, tmp_path):
+    storage, logdir, storage_options = backend_logdir
+    with _manager(backend_logdir, tmp_path / "node") as a:
+        for step in range(3):
+            a.save(step, _state(step))
+    other = CheckpointManager(logdir, storage_options=storage_options)  # another writer holds the lock/lease
+    other.open()
+    try:
+        manager, failed, errors = _manager(backend_logdir, tmp_path / "node"), threading.Event(), []
+        manager.on_error = lambda error: (errors.append(error), failed.set())
+        creator = supervisor.CheckpointSessionCreator(_state(9), manager)
+        with pytest.raises(CheckpointError, match="opening the logdir .* failed") as raised:
+            with supervisor.MonitoredSession(creator) as session:
+                assert session.global_step == 2 and not failed.is_set()  # restored from the local tier
+                session.run(lambda: None)  # no save: the first step's boundary starts the open
+                assert failed.wait(60), "the logdir was not opened after the first step"
+                session.run(lambda: None)
+    finally:
+        other.close()
+    assert isinstance(raised.value.__cause__, LogdirInUseError) and errors == [raised.value]
+    assert read_index(logdir, storage=storage).model_checkpoint_path.endswith("model.ckpt-2")  # nothing persisted

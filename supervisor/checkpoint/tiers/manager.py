@@ -134,11 +134,20 @@ class TieredCheckpointManager:
         return self.local.path_of(step)
 
     def open(self) -> None:
-        """Opens the local tier (its lock, cleanup and retention), then the logdir's (`Persister.open`)."""
+        """Opens the local tier (its lock, cleanup and retention); the logdir's side (its lock or
+        lease, cleanup and index: `Persister.open`) opens in the background once something needs
+        it: a restore the local tier cannot serve alone, the first copy, `open_logdir` (a session
+        calls it after its first step) or `persist`; a close before any of them leaves it unopened."""
         if self.local.is_open:
             return
         self.local.open()
-        self.persister.open(on_open=self._logdir_opened)
+        self.persister.open(on_open=self._logdir_opened, deferred=True)
+
+    def open_logdir(self) -> None:
+        """Starts opening the logdir in the background now (its lock or lease, cleanup, index),
+        without waiting: a failure (another writer, an unreachable store) is the session's fatal
+        error, as a failed copy's. A session calls it after its first step."""
+        self.persister.open_now()
 
     def when_logdir_open(self, action: Callable[[], Any]) -> None:
         """Runs ``action()`` once the logdir is open (now if it is), before anything is persisted:

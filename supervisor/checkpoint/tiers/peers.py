@@ -31,8 +31,9 @@ node), so one lost node still restores from the local tiers::
    loads its own part alone, bit-exact, and the INFO line says how many ranks used a replica.
 
 One node (``WORLD_SIZE == LOCAL_WORLD_SIZE``) has no partner: a WARNING and no replicas (the job
-runs unchanged). ``restore_step=`` uses the ranks' own parts only (else the logdir). Cost and
-figures: docs/tiers.md ("Peer replicas"), ``benchmarks/peers.py``.
+runs unchanged). ``restore_step=``: a rank without its own verified part of the step fetches its
+partner's replica of it as in 3, when every rank has one or the other (else the logdir's copy, as
+without replicas); newer replicas lose their mark as newer own parts do. Cost and figures: docs/tiers.md ("Peer replicas"), ``benchmarks/peers.py``.
 """
 from __future__ import annotations
 
@@ -44,14 +45,15 @@ from typing import Any, Mapping
 import torch
 
 from supervisor.checkpoint.arguments import resolve_directory
-from supervisor.checkpoint.layout.format import checkpoint_name
+from supervisor.checkpoint.layout.format import checkpoint_name, step_of
+from supervisor.checkpoint.load.choose import chosen_path
 from supervisor.checkpoint.sharded import commit as dcp_commit
 from supervisor.checkpoint.sharded.manager import ShardedCheckpointManager
 from supervisor.checkpoint.tiers import sharded
 from supervisor.checkpoint.tiers import sharded_parts as parts
 from supervisor.checkpoint.tiers.options import check_peer_replicas
 from supervisor.checkpoint.tiers.peer_link import Link, exchange_part
-from supervisor.checkpoint.tiers.sharded_agree import agree_step
+from supervisor.checkpoint.tiers.sharded_agree import agree_step, lowest_lacking
 
 __all__ = ["PeerReplicatedCheckpointManager", "make_sharded_manager", "partners", "ranks_per_node"]
 
@@ -240,6 +242,32 @@ class PeerReplicatedCheckpointManager(sharded.ShardedTieredCheckpointManager):
         newer_than = restored.global_step if restored is not None else -1
         for root in (self.part_root, self.replica_root):
             parts.prune_parts(root, self.basename, keep=self.local_max_to_keep, newer_than=newer_than)  # type: ignore[arg-type]
+        return restored
+
+    def _restore_chosen(self, state: Any, chosen: Any) -> Any:
+        """``restore_step=``: the ranks lacking their own verified part of the step fetch their
+        partner's replica of it when every rank has one or the other (one integer to the holder, one
+        all-reduce), then `ShardedTieredCheckpointManager._restore_chosen` (every rank's own part,
+        else the logdir's); the replicas of newer steps lose their mark (an abandoned timeline)."""
+        step = step_of(self.storage.basename(chosen_path(self.directory, self.basename, chosen, self.storage)),
+                       self.basename)
+        if self._peer_group is None or step is None:
+            return super()._restore_chosen(state, chosen)
+        own, mine = _Parts(self.part_root, self), _Parts(self.replica_root, self)  # type: ignore[arg-type]
+        source_holds = Link(self._peer_group, self.holder, self.source).swap_int(int(own.propose(step) == step))
+        if lowest_lacking(bool(source_holds) or mine.propose(step) == step) < 0:
+            fetched = self._fetch(step, own)
+            if fetched and self._rank == 0:
+                logger.info("restore_step: %d rank(s) without their own part restored their peer's replica of step %d "
+                            "(peer_replicas)", fetched, step)
+        restored = super()._restore_chosen(state, chosen)
+        newer = [s for s in parts.committed_steps(self.replica_root, self.basename) if s > step]  # type: ignore[arg-type]
+        for old in newer:
+            parts.unmark(os.path.join(self.replica_root, checkpoint_name(self.basename, old)))  # type: ignore[arg-type]
+        if newer:
+            logger.warning("restore_step=%d: the peer replicas of the newer step(s) %s in %s are no longer restored "
+                           "(marks removed; each is replaced when the run replicates its step again)", step,
+                           ", ".join(map(str, sorted(newer))), self.replica_root)
         return restored
 
     def _fetch(self, step: int, own: _Parts) -> int | None:

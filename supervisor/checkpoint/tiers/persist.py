@@ -105,6 +105,7 @@ class Persister:
         self.persisted_step: int | None = None
         self._scheduled: tuple[int | None, float] = (None, 0.0)  # (step, time) of the last one scheduled
         self._forced = False  # the pending copy was forced (close, persist) rather than due
+        self._go = True  # the worker may open the logdir (`open(deferred=True)`: once `open_now`)
         self._opened = threading.Event()  # set once the worker's open ended (see _open_error)
         self._open_error: CheckpointError | None = None
         self._on_open: Callable[[int | None], Any] | None = None
@@ -112,18 +113,30 @@ class Persister:
         self.on_persisted: Callable[[int], Any] | None = None
 
     # ------------------------------------------------------------ lifecycle
-    def open(self, on_open: Callable[[int | None], Any] | None = None) -> None:
+    def open(self, on_open: Callable[[int | None], Any] | None = None, *, deferred: bool = False) -> None:
         """Starts the worker, which first opens the logdir (`_open_logdir`: its writer lock,
         cleanup and index) off the caller's thread, then calls ``on_open(persisted_step)``, then
         copies: nothing is persisted before the lock is held. A failure to open goes to
-        ``on_failure`` (fatal) and the worker ends; `wait_open` waits for the outcome."""
-        self._on_open = on_open
+        ``on_failure`` (fatal) and the worker ends; `wait_open` waits for the outcome.
+        ``deferred``: the worker opens the logdir only at `open_now` — called by `wait_open` (a
+        restore that needs the logdir), by the first `offer` that queues a copy, or by the caller
+        (a session after its first step) — and ends without opening it when `close` comes first."""
+        self._on_open, self._go = on_open, not deferred
         self._thread = threading.Thread(target=self._run, name="supervisor-checkpoint-persist", daemon=True)
         self._thread.start()
 
+    def open_now(self) -> None:
+        """Lets a deferred worker open the logdir now (in the background); no-op once it may."""
+        with self._cond:
+            if not self._go:
+                self._go = True
+                self._cond.notify_all()
+
     def wait_open(self, timeout_secs: float | None = None) -> None:
-        """Waits until the worker opened the logdir; raises what made the open fail, or
-        `CheckpointError` when ``timeout_secs`` ran out first."""
+        """Opens the logdir now if its open was deferred (`open_now`) and waits until the worker
+        opened it; raises what made the open fail, or `CheckpointError` when ``timeout_secs`` ran
+        out first."""
+        self.open_now()
         if not self._opened.wait(timeout_secs):
             raise CheckpointError(f"opening the logdir {self.directory} (its writer lock and index) did not finish "
                                   f"within {timeout_secs} s; check that the store is reachable")
@@ -239,6 +252,7 @@ class Persister:
                 self._pending = [j for j in self._pending if j.kept]
                 self._scheduled, self._forced = (step, now), force
             self._pending.append(CopyJob(step, path, metric, kept))
+            self._go = True  # a copy needs the logdir's lock: a deferred open starts now
             self._cond.notify_all()
         return True
 
@@ -263,13 +277,17 @@ class Persister:
 
     def record_metric(self, step: int, name: str, metric: float) -> bool:
         """A metric reported after the local commit of ``step`` (an evaluation at the end): given
-        to its pending copy, or recorded in the logdir's index when it is there (once the copy in
-        flight is published); False when neither (the caller may `offer` it)."""
+        to its pending copy, or recorded in the logdir's index when it is there (once the logdir is
+        open and the copy in flight is published); False when neither (the caller may `offer` it)."""
         with self._cond:
             for job in self._pending:
                 if job.step == step:
                     job.metric, job.kept = metric, job.kept or self.keeps(step, name, metric)
                     return True
+        try:
+            self.wait_open()  # the logdir's index is needed: a deferred open starts now
+        except CheckpointError:
+            return False  # reported through on_failure
         self.flush()
         if self.publisher.record_metric(name, metric):
             self.publisher.remove_dropped()
@@ -297,8 +315,24 @@ class Persister:
         return True
 
     # ------------------------------------------------------------ the worker
+    def _wait_to_open(self) -> bool:
+        """A deferred open (`open`) waits for `open_now`; False when `close` came first (the
+        logdir never opened: `wait_open` then raises, `is_open` is False)."""
+        with self._cond:
+            if not self._go:
+                logger.debug("the persist worker waits to open the logdir %s until a copy, a restore or the "
+                             "session's first step needs it", self.directory)
+            while not self._go and not self._closing:
+                self._cond.wait()
+            if self._go:
+                return True
+            self._open_error = CheckpointError(f"the logdir {self.directory} was not opened: the session closed "
+                                               "before anything needed it")
+        self._opened.set()
+        return False
+
     def _run(self) -> None:
-        if not self._start_worker():
+        if not self._wait_to_open() or not self._start_worker():
             return
         while True:
             with self._cond:
