@@ -164,6 +164,25 @@ def run_twice(argv: Sequence[str], timeout_secs: float = 1200) -> tuple[dict[str
         return first.result()[0], second.result()[0]
 
 
+def run_once_or_twice(argv: Sequence[str], runs: int, timeout_secs: float = 1200
+                      ) -> tuple[dict[str, int], dict[str, int] | None]:
+    """`run_twice` (``runs`` = 2), or one run and None for the second's counts (``runs`` = 1: a
+    smoke run, the counts without their run-to-run difference)."""
+    if runs == 2:
+        return run_twice(argv, timeout_secs)
+    return run_worker(argv, timeout_secs)[0], None
+
+
+def second_run(b: float | None) -> str:
+    """The second run's count for a table's column (``-`` when there was one run)."""
+    return f"{b:10.0f}" if b is not None else f"{'-':>10s}"
+
+
+def run_to_run(a: float, b: float | None) -> str:
+    """`deterministic`, or ``n/a (one run)``."""
+    return deterministic(a, b) if b is not None else "n/a (one run)"
+
+
 def deterministic(a: float, b: float) -> str:
     """``+0.012 %`` and whether two runs' counts agree to 0.1 %."""
     diff = (b - a) / a * 100 if a else 0.0

@@ -25,7 +25,7 @@ ratio swing 0.7–1.6× from round to round). Target: agreement ≤ 1.05×. Figu
 ``--instructions``: the same loops counted in CPU instructions under callgrind (rank 0 under
 callgrind, rank 1 native; benchmarks/distributed_instructions.py), the target judged on them.
 
-Run: ``python benchmarks/distributed.py [--quick] [--instructions [--n N]]`` (spawns its ranks itself).
+Run: ``python benchmarks/distributed.py [--quick] [--instructions [--n N] [--runs 1]]`` (spawns its ranks itself).
 """
 from __future__ import annotations
 
@@ -49,10 +49,13 @@ def main(argv: list[str] | None = None) -> dict[str, list[tuple[float, float, li
     parser.add_argument("--instructions", action="store_true", help="count instructions per step under "
                         "callgrind next to the timing ratios (benchmarks/distributed_instructions.py)")
     parser.add_argument("--n", type=int, default=200, help="--instructions: N (the 2N run minus the N run)")
+    parser.add_argument("--runs", type=int, choices=(1, 2), default=2, help="--instructions: callgrind jobs "
+                        "(default 2: their run-to-run difference; 1: a smoke run)")
     args = parser.parse_args(argv)
     if args.instructions:
-        return distributed_instructions.main(["--n", str(args.n), *(["--rounds", "2", "--steps", "50", "--warmup", "2"]
-                                                   if args.quick else [])])
+        return distributed_instructions.main(["--n", str(args.n), "--runs", str(args.runs),
+                                              *(["--rounds", "2", "--steps", "50", "--warmup", "2"]
+                                                if args.quick else [])])
     rounds, steps = (3, 50) if args.quick else (30, 200)
     times = run_ranks(rank_main, rounds, steps)
     print(f"2-rank gloo DDP step of a tiny model, {rounds} interleaved rounds x {steps} steps "

@@ -7,7 +7,8 @@ and rank 0's collectives find its part already there — rank 0's count is then 
 time spent waiting (a blocked wait costs no instructions; a spinning one would, and would show
 as a run-to-run difference). Each loop of benchmarks/distributed.py (bare, agreement, py_hook,
 naive, raw_async) runs W warm-up steps, N steps and 2N steps; instructions per step =
-(2N - N) / N (benchmarks._callgrind). The job runs twice and both counts are printed.
+(2N - N) / N (benchmarks._callgrind). The job runs twice and both counts are printed (``--runs 1``:
+once, a smoke run).
 """
 from __future__ import annotations
 
@@ -62,17 +63,20 @@ def job(n: int, warmup: int, timeout_secs: float = 1500) -> dict[str, int]:
             native.wait()
 
 
-def report_instructions(n: int, warmup: int) -> dict[str, float]:
+def report_instructions(n: int, warmup: int, runs: int = 2) -> dict[str, float]:
+    """``runs`` jobs (2: the run-to-run difference; 1: a smoke run), their tables printed."""
     with ThreadPoolExecutor(2) as pool:
-        first, second = [f.result() for f in [pool.submit(job, n, warmup) for _ in range(2)]]
+        first, *rest = [f.result() for f in [pool.submit(job, n, warmup) for _ in range(runs)]]
+    second = rest[0] if rest else None
     a = {loop: _callgrind.per_step(first, loop, n) for loop in LOOPS}
-    b = {loop: _callgrind.per_step(second, loop, n) for loop in LOOPS}
+    b = {loop: None if second is None else _callgrind.per_step(second, loop, n) for loop in LOOPS}
     print(f"instructions per steady-state step of rank 0 (callgrind, every thread of rank 0; rank 1 "
-          f"native; (2N - N) / N with N = {n} after {warmup} warm-up steps), two runs; target: agreement "
-          f"<= {TARGET:.2f}x bare:")
+          f"native; (2N - N) / N with N = {n} after {warmup} warm-up steps), {'two runs' if second else 'one run'}; "
+          f"target: agreement <= {TARGET:.2f}x bare:")
     ratios = _table(a, b)
     a = {loop: _callgrind.per_step(first, f"{loop}:2N [main thread]", n, raw=True) for loop in LOOPS}
-    b = {loop: _callgrind.per_step(second, f"{loop}:2N [main thread]", n, raw=True) for loop in LOOPS}
+    b = {loop: None if second is None else _callgrind.per_step(second, f"{loop}:2N [main thread]", n, raw=True)
+         for loop in LOOPS}
     print("the same, the training thread alone (gloo's transport threads poll epoll every 10 ms, so "
           "under callgrind's slowdown their count follows the wall time, not the work):")
     main_ratios = _table(a, b)
@@ -84,7 +88,7 @@ def report_instructions(n: int, warmup: int) -> dict[str, float]:
     return ratios
 
 
-def _table(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+def _table(a: dict[str, float], b: dict[str, float | None]) -> dict[str, float]:
     print(f"  {'loop':<12s} {'run 1':>10s} {'run 2':>10s}  run-to-run                     ratio over bare")
     ratios = {}
     for loop in LOOPS:
@@ -93,8 +97,9 @@ def _table(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
         if loop == "agreement":
             verdict = "  " + ("ok" if ratios[loop] <= TARGET else "MISSES TARGET") + \
                 f"; over py_hook {a[loop] / a['py_hook']:.4f}x"
-        print(f"  {loop:<12s} {a[loop]:10.0f} {b[loop]:10.0f}  {_callgrind.deterministic(a[loop], b[loop]):<30s} "
-              f"{ratios[loop]:.4f}x (run 2: {b[loop] / b['bare']:.4f}x){verdict}")
+        second = "-" if b[loop] is None else f"{b[loop] / b['bare']:.4f}x"  # type: ignore[operator]
+        print(f"  {loop:<12s} {a[loop]:10.0f} {_callgrind.second_run(b[loop])}  "
+              f"{_callgrind.run_to_run(a[loop], b[loop]):<30s} {ratios[loop]:.4f}x (run 2: {second}){verdict}")
     return ratios
 
 
@@ -117,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     parser.add_argument("--warmup", type=int, default=20, help="warm-up steps per loop (default 20)")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the timing ratios (0: none)")
     parser.add_argument("--steps", type=int, default=200, help="steps per timed round")
+    parser.add_argument("--runs", type=int, choices=(1, 2), default=2, help="callgrind jobs (default 2: their "
+                        "run-to-run difference; 1: the counts alone, a smoke run)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.rank, args.port, args.n, args.warmup)
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     if args.rounds:
         report_timing(args.rounds, args.steps)
         print()
-    return report_instructions(args.n, args.warmup)
+    return report_instructions(args.n, args.warmup, args.runs)
 
 
 if __name__ == "__main__":

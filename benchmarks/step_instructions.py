@@ -7,10 +7,10 @@ CPU model's bare loop, the same loop inside `MonitoredSession` (no hooks), insid
 ``Supervisor.managed_session()`` with its default services, and a no-op step called bare and
 through ``MonitoredSession.run()``. Each runs W warm-up steps, N steps and 2N steps
 (`benchmarks._callgrind`): instructions per step = (2N - N) / N, the steady state. The worker
-runs twice; the two counts are printed with their difference (deterministic: ≤ 0.1 %). The
-targets are judged on the instruction ratios: MTS default hooks and Supervisor default services
-≤ 1.03× the bare loop. With ``--annotate``, each variant that misses is broken down by function
-(callgrind_annotate of its per-step dumps minus the bare loop's).
+runs twice (``--runs 1``: once, a smoke run); the two counts are printed with their difference
+(deterministic: ≤ 0.1 %). The targets are judged on the instruction ratios: MTS default hooks
+and Supervisor default services ≤ 1.03× the bare loop. With ``--annotate``, each variant that
+misses is broken down by function (callgrind_annotate of its per-step dumps minus the bare loop's).
 """
 from __future__ import annotations
 
@@ -79,14 +79,14 @@ def worker_argv(n: int, warmup: int) -> list[str]:
     return [os.path.abspath(__file__), "--worker", "--n", str(n), "--warmup", str(warmup)]
 
 
-def report_instructions(n: int, warmup: int, annotate: bool = False) -> dict[str, float]:
-    """Runs the worker twice under callgrind and prints instructions per step and ratios."""
-    first, second = _callgrind.run_twice(worker_argv(n, warmup))
+def report_instructions(n: int, warmup: int, annotate: bool = False, runs: int = 2) -> dict[str, float]:
+    """Runs the worker under callgrind (twice: ``runs``) and prints instructions per step and ratios."""
+    first, second = _callgrind.run_once_or_twice(worker_argv(n, warmup), runs)
     a = {name: _callgrind.per_step(first, name, n) for name in ("bare loop", *SESSIONS)}
-    b = {name: _callgrind.per_step(second, name, n) for name in ("bare loop", *SESSIONS)}
+    b = {name: None if second is None else _callgrind.per_step(second, name, n) for name in ("bare loop", *SESSIONS)}
     print(f"instructions per steady-state step (callgrind, every thread of the process; (2N - N) / N "
-          f"with N = {n} after {warmup} warm-up steps), two runs; target <= {TARGET:.2f}x on MTS default "
-          "hooks and Supervisor default services:")
+          f"with N = {n} after {warmup} warm-up steps), {'two runs' if second else 'one run'}; target <= "
+          f"{TARGET:.2f}x on MTS default hooks and Supervisor default services:")
     print(f"  {'variant':<52s} {'run 1':>10s} {'run 2':>10s}  run-to-run         ratio over bare")
     ratios: dict[str, float] = {}
     for name in ("bare loop", *SESSIONS):
@@ -95,17 +95,14 @@ def report_instructions(n: int, warmup: int, annotate: bool = False) -> dict[str
         verdict = "" if name == "bare loop" else (
             f"{ratio:.4f}x  " + ("ok" if ratio <= TARGET else "MISSES TARGET") if name in JUDGED
             else f"{ratio:.4f}x  (info)")
-        print(f"  {name:<52s} {a[name]:10.0f} {b[name]:10.0f}  {_callgrind.deterministic(a[name], b[name]):<18s} "
-              f"{verdict}")
-    bare_call = _callgrind.per_step(first, "no-op step, called bare", n)
-    run_call = _callgrind.per_step(first, "no-op step, MonitoredSession.run()", n)
-    run_call_2 = (_callgrind.per_step(second, "no-op step, MonitoredSession.run()", n)
-                  - _callgrind.per_step(second, "no-op step, called bare", n))
-    extra = run_call - bare_call
+        print(f"  {name:<52s} {a[name]:10.0f} {_callgrind.second_run(b[name])}  "
+              f"{_callgrind.run_to_run(a[name], b[name]):<18s} {verdict}")
+    extra, extra_2 = (None if counts is None else _callgrind.per_step(counts, "no-op step, MonitoredSession.run()", n)
+                      - _callgrind.per_step(counts, "no-op step, called bare", n) for counts in (first, second))
     ratios["run() no-op extra instructions"] = extra
     print(f"  run() of a no-op step, 0 hooks: {extra:.0f} instructions more than calling the step "
-          f"(run 2: {run_call_2:.0f}), = {(a['bare loop'] + extra) / a['bare loop']:.4f}x the tiny "
-          "model's bare step if added to it")
+          f"(run 2: {'-' if extra_2 is None else f'{extra_2:.0f}'}), = {(a['bare loop'] + extra) / a['bare loop']:.4f}x "
+          "the tiny model's bare step if added to it")
     if annotate:
         for name in JUDGED:
             if ratios[name] > TARGET:
@@ -157,6 +154,8 @@ def main(argv: list[str] | None = None, cpus: set[int] | None = None) -> None:
     parser.add_argument("--loop-rounds", type=int, default=7, help="rounds of the timing ratios (0: none)")
     parser.add_argument("--steps", type=int, default=3_000, help="steps per timed loop")
     parser.add_argument("--annotate", action="store_true", help="break down each variant that misses by function")
+    parser.add_argument("--runs", type=int, choices=(1, 2), default=2, help="callgrind runs (default 2: their "
+                        "run-to-run difference; 1: the counts alone, a smoke run)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.n, args.warmup)
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None, cpus: set[int] | None = None) -> None:
         print()
     if cpus:
         os.sched_setaffinity(0, cpus)
-    report_instructions(args.n, args.warmup, args.annotate)
+    report_instructions(args.n, args.warmup, args.annotate, args.runs)
     return None
 
 

@@ -31,7 +31,7 @@ isolates what the default hooks cost in a whole loop.
 steady state; benchmarks/step_instructions.py), printed next to the timing ratios, the targets
 judged on the instructions.
 
-Run: ``python benchmarks/step_overhead.py [--quick] [--instructions [--n N] [--annotate]]``
+Run: ``python benchmarks/step_overhead.py [--quick] [--instructions [--n N] [--annotate] [--runs 1]]``
 """
 from __future__ import annotations
 
@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
                         "targets on the instructions")
     parser.add_argument("--n", type=int, default=500, help="--instructions: N (the 2N run minus the N run)")
     parser.add_argument("--annotate", action="store_true", help="--instructions: break down a miss by function")
+    parser.add_argument("--runs", type=int, choices=(1, 2), default=2, help="--instructions: callgrind runs "
+                        "(default 2: their run-to-run difference; 1: a smoke run)")
     parser.add_argument("--cpu", type=int, default=None, help="the CPU the whole process runs on (default: "
                         "the first this process may use; -1: no pinning)")
     args = parser.parse_args(argv)
@@ -218,7 +220,7 @@ def run(args: argparse.Namespace, pinned: int | None, unpinned: set[int] | None 
         print(f"pinned to CPU {pinned} (the timing ratios)" if pinned is not None else "not pinned")
         return step_instructions.main(["--n", str(args.n), "--warmup", "5" if args.quick else "100",
                              "--loop-rounds", str(rounds), "--steps", str(steps),
-                             *(["--annotate"] if args.annotate else [])], cpus=unpinned)
+                             "--runs", str(args.runs), *(["--annotate"] if args.annotate else [])], cpus=unpinned)
     rounds, n_noop = (2, 2_000) if args.quick else (args.rounds, 50_000)
     loop_rounds, n_model = (2, 200) if args.quick else (args.loop_rounds, args.steps)
     print(f"pinned to CPU {pinned}, with every thread the runtime starts" if pinned is not None else "not pinned")

@@ -101,17 +101,36 @@ def test_gpu_benchmark_runs_on_the_cpu(capsys, tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed (apt-get install valgrind)")
 def test_step_overhead_instruction_counts(capsys):
-    """--instructions: every variant's instructions per step from two callgrind runs, their
-    run-to-run difference, and the ratio judged against the target."""
+    """--instructions: every variant's instructions per step and the ratio judged against the
+    target. One callgrind run (``--runs 1``): each costs ~35 s of CPU before its first counted
+    step (torch's import and the variants' first steps under valgrind); the second run's column
+    and the run-to-run difference: test_a_table_of_two_runs_prints_both_counts."""
     from benchmarks.step_overhead import main as step_overhead
 
-    step_overhead(["--instructions", "--quick", "--n", "5"])
+    step_overhead(["--instructions", "--quick", "--n", "5", "--runs", "1"])
     out = capsys.readouterr().out.split("instructions per steady-state step", 1)[1]
     for row in ("MonitoredTrainingSession, default hooks", "Supervisor.managed_session(), default services"):
         (line,) = [x for x in out.splitlines() if x.strip().startswith(row)]
-        assert re.search(r"\d+ +\d+  [+-]\d+\.\d{3} % \((deterministic|NOT deterministic.*)\) +\d\.\d{4}x  "
-                         r"(ok|MISSES TARGET)$", line), line
-    assert "run() of a no-op step, 0 hooks:" in out
+        assert re.search(r"\d+ +-  n/a \(one run\) +\d\.\d{4}x  (ok|MISSES TARGET)$", line), line
+    assert re.search(r"run\(\) of a no-op step, 0 hooks: -?\d+ instructions .*\(run 2: -\)", out), out
+
+
+def test_a_table_of_two_runs_prints_both_counts_and_their_difference(capsys):
+    """The benchmarks' default (two callgrind runs, which the smokes above skip): each row has
+    both counts, their run-to-run difference judged at 0.1 % and each run's ratio."""
+    from benchmarks import _callgrind
+    from benchmarks.distributed_instructions import LOOPS, _table
+
+    first = {loop: 100_000.0 + 1_000 * i for i, loop in enumerate(LOOPS)}
+    second = {loop: count * (1.002 if loop == "naive" else 1.0005) for loop, count in first.items()}
+    ratios = _table(first, second)
+    out = capsys.readouterr().out
+    for loop in LOOPS:
+        (line,) = [x for x in out.splitlines() if x.strip().startswith(loop + " ")]
+        verdict = "NOT deterministic: > 0.1 %" if loop == "naive" else "deterministic"
+        assert re.search(rf"\d+ +\d+  \+0\.\d{{3}} % \({verdict}\) +\d\.\d{{4}}x \(run 2: \d\.\d{{4}}x\)", line), line
+    assert ratios["bare"] == 1.0 and _callgrind.second_run(None).strip() == "-"
+    assert _callgrind.run_to_run(1.0, None) == "n/a (one run)"
 
 
 def test_benchmarks_import_each_other_without_a_circle():

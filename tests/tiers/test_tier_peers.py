@@ -14,7 +14,7 @@ import pytest
 from supervisor.checkpoint.load.loader import verify_checkpoint
 from supervisor.checkpoint.tiers.sharded_parts import committed_steps
 from tests.distributed.harness import describe, run_job
-from tests.tiers.test_tier_sharded_kills import _check_logdir, _logdir_step, _restored, _verified
+from tests.tiers.test_tier_sharded_kills import FAST_DETECTION, _check_logdir, _logdir_step, _restored, _verified
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -107,7 +107,7 @@ def test_a_rank_killed_while_a_replica_is_in_flight_never_leaves_a_partial_repli
     for rank, n in KILLS:
         logdir, local = str(tmp_path / f"logdir-{rank}"), str(tmp_path / f"local-{rank}")
         results = _job(logdir, local, LAST, ok=False, after_rank0_secs=60,
-                       env={"TIER_KILL": f"peer-swap:{n}:{rank}", "SUPERVISOR_TEST_PG_TIMEOUT": "20"})
+                       env={"TIER_KILL": f"peer-swap:{n}:{rank}", **FAST_DETECTION})
         log.append(f"peer-swap:{n}:{rank}: rc={[r.returncode for r in results]}")
         assert f"killing rank {rank} at peer-swap" in results[rank].output, f"{log}\n{describe(results)}"
         assert results[rank].returncode == -9, f"{log}\n{describe(results)}"

@@ -18,14 +18,21 @@ from supervisor.checkpoint.load.loader import verify_checkpoint
 from supervisor.checkpoint.tiers.sharded_parts import committed_steps
 from supervisor.errors import CheckpointCorruptError, CheckpointNotFoundError
 from tests.distributed.harness import describe, run_job
+from tests.tiers.conftest import STRAIGHT_LAST
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 MODULE = "tests.tiers.tier_sharded_worker"
-LAST = 16
+LAST = STRAIGHT_LAST
 #: (point, n-th time in that run, rank): 8 kills, each point on each rank or twice.
 KILLS = [("part-seal", 2, 1), ("copy-write", 1, 0), ("part-mark", 2, 0), ("copy-seal", 1, 0),
          ("part-seal", 1, 0), ("copy-write", 1, 1), ("part-mark", 1, 1), ("copy-write", 2, 0)]
+#: A survivor that waits for the killed rank outside any collective (e.g. rank 1 killed at its
+#: part-seal while rank 0 has gone on to the next step's agreement: ~4 lives in 10) notices only
+#: when the heartbeat stops: stop_grace_secs + a ping of stop_grace_secs / 4, 37.5 s at the
+#: worker's 30 s; 12.5 s here. The lag a live rank may have is bounded at 20 s by the transport
+#: timeout already, and 10 s of missing heartbeats (one a second) is no live process's.
+FAST_DETECTION = {"SUPERVISOR_TEST_PG_TIMEOUT": "20", "TIER_STOP_GRACE": "10"}
 
 
 def _local_steps(local: str, rank: int) -> set[int]:
@@ -74,14 +81,13 @@ def _restored(output: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def test_kills_during_local_saves_and_copies_resume_from_the_newest_common_step_bit_exact(tmp_path):
+def test_kills_during_local_saves_and_copies_resume_from_the_newest_common_step_bit_exact(tmp_path, straight_end_digest):
     logdir, local = str(tmp_path / "logdir"), str(tmp_path / "local")
     log = []
     for point, n, rank in KILLS:
         expected = _expected(logdir, local)
         results = run_job("dcp_tiers", 2, logdir, local, str(LAST), "2", "no", module=MODULE, timeout=240,
-                          after_rank0_secs=60, extra_env={"TIER_KILL": f"{point}:{n}:{rank}",
-                                                          "SUPERVISOR_TEST_PG_TIMEOUT": "20"})
+                          after_rank0_secs=60, extra_env={"TIER_KILL": f"{point}:{n}:{rank}", **FAST_DETECTION})
         log.append(f"{point}:{n}:{rank}: rc={[r.returncode for r in results]} restored={_restored(results[0].output)} "
                    f"expected={expected}")
         assert f"killing rank {rank} at {point}" in results[rank].output, f"{log}\n{describe(results)}"
@@ -92,9 +98,6 @@ def test_kills_during_local_saves_and_copies_resume_from_the_newest_common_step_
     final = run_job("dcp_tiers", 2, logdir, local, str(LAST), "2", "no", module=MODULE, timeout=240)
     assert all(r.returncode == 0 for r in final), f"{log}\n{describe(final)}"
     assert _restored(final[0].output) == expected and final[0].result["start"] == expected, log
-    straight = run_job("dcp_tiers", 2, str(tmp_path / "straight"), str(tmp_path / "straight-local"), str(LAST), "2",
-                       "no", module=MODULE, timeout=240)
-    assert all(r.returncode == 0 for r in straight), describe(straight)
-    assert final[0].result["end_digest"] == straight[0].result["end_digest"], log  # bit-exact
+    assert final[0].result["end_digest"] == straight_end_digest, log  # bit-exact with an uninterrupted run
     _check_logdir(logdir)
     assert len(log) == len(KILLS) == 8

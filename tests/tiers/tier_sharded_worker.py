@@ -21,6 +21,8 @@ copy-seal     (the chief) every rank's copy arrived, before the merged metadata 
 previous step's) is committed: a lost node.
 ``TIER_LOCAL_DIR`` (torchrun): the node's local tier, instead of ``LOCAL/node<rank>``.
 ``S3_ENDPOINT``: the logdir is an ``s3://`` URL on that server (moto).
+``TIER_STOP_GRACE``: the session's ``stop_grace_secs`` (default 30), the bound on noticing a
+killed rank that no collective reports (its heartbeat stops: grace + a ping of grace / 4).
 ``RESTORE_STEP``: the front door's ``restore_step=`` (that step, not the newest).
 ``PEER_REPLICAS=1``: ``peer_replicas=True``; with ``LOCAL_WORLD_SIZE=n`` the local tier is
 ``LOCAL/node<rank // n>`` (n ranks per "node"), and ``TIER_KILL`` also knows ``peer-swap`` (a
@@ -153,7 +155,8 @@ def dcp_tiers(logdir: str, local: str, last_step: str, persist_every: str, crash
                                   persist_every_steps=int(persist_every), save_checkpoint_steps=1,
                                   storage_options=options, restore_step=_restore_step(),
                                   hooks=[hooks.StopAtStepHook(last_step=int(last_step)), *loss],
-                                  log_step_count_steps=None, save_summaries_steps=None, stop_grace_secs=30,
+                                  log_step_count_steps=None, save_summaries_steps=None,
+                                  stop_grace_secs=float(os.environ.get("TIER_STOP_GRACE", "30")),
                                   max_wait_secs=120) as s:
         sessions.append(s)
         start, start_digest = s.global_step, digest(model, optimizer)
