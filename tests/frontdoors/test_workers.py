@@ -10,6 +10,7 @@ import torch
 
 import hooks
 from supervisor import MonitoredTrainingSession, latest_checkpoint
+from tests.log_handshake import LineSeen
 
 
 def make_state(seed=0):
@@ -35,23 +36,11 @@ def run_chief(logdir, last_step, started, go):
             s.run(lambda: None)
 
 
-class _SetOnWaiting(logging.Handler):
-    """Sets ``go`` at the waiter's "waiting for global step" line: the handshake that the worker
-    is waiting while the chief is behind."""
-
-    def __init__(self, go: threading.Event) -> None:
-        super().__init__(logging.INFO)
-        self.go = go
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("waiting for global step 10"):
-            self.go.set()
-
 
 def test_worker_waits_for_the_chiefs_committed_step(tmp_path):
     started, go = threading.Event(), threading.Event()
     chief = threading.Thread(target=run_chief, args=(tmp_path, 30, started, go), name="chief")
-    waiting, waiter_logger = _SetOnWaiting(go), logging.getLogger("hooks.basic")
+    waiting, waiter_logger = LineSeen("waiting for global step 10", go), logging.getLogger("hooks.basic")
     level = waiter_logger.level
     waiter_logger.addHandler(waiting)
     waiter_logger.setLevel(logging.INFO)

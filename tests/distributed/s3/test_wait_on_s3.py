@@ -15,6 +15,7 @@ from supervisor import MonitoredTrainingSession
 from supervisor.distributed import committed_step, wait_for_global_step
 from tests.s3_fixtures import options
 from tests.frontdoors.s3.models import build, train_step
+from tests.log_handshake import LineSeen
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,18 +30,6 @@ def _chief(url: str, opts: dict, last_step: int, hold: threading.Event | None = 
             if hold is not None and s.global_step == 2:
                 assert hold.wait(60), "the worker never started waiting"
             s.run(train_step, model, optimizer)
-
-
-class _SetOnWaiting(logging.Handler):
-    """Sets ``event`` at the waiter's "waiting for global step" line (the worker is waiting)."""
-
-    def __init__(self, event: threading.Event) -> None:
-        super().__init__(logging.INFO)
-        self.event = event
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("waiting for global step"):
-            self.event.set()
 
 
 def test_wait_for_global_step_reads_the_chiefs_index_on_the_url(s3_server, s3_root):
@@ -62,7 +51,7 @@ def test_global_step_waiter_hook_in_a_worker_waits_for_the_chiefs_commits_on_the
     waiter = GlobalStepWaiterHook(4, poll_secs=0.1, timeout_secs=60, storage_options=opts)
     waiting = threading.Event()  # the handshake: the chief holds at step 2 until the worker waits
     chief = threading.Thread(target=_chief, args=(url, opts, 4, waiting), name="chief")
-    handler = _SetOnWaiting(waiting)
+    handler = LineSeen("waiting for global step", waiting)
     logging.getLogger("hooks.basic").addHandler(handler)
     try:
         with caplog.at_level(logging.INFO, logger="hooks.basic"), \
